@@ -1,0 +1,13 @@
+"""looptool: named-dimension tensors compiled to loop nests, scheduled, checked and tuned."""
+from .frontend import (Symbol, Symbols, Tensor, abs, concat, exp, log, maximum, minimum, reciprocal, relu,
+                       sqrt, symbols)
+from .looptree import LoopTree
+from .runtime import Kernel, cache_info, clear_cache, interpret
+from .schedule import Schedule
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Symbol", "Symbols", "Tensor", "symbols", "concat", "exp", "log", "sqrt", "abs", "reciprocal", "relu",
+    "maximum", "minimum", "LoopTree", "Schedule", "Kernel", "cache_info", "clear_cache", "interpret",
+]

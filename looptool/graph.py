@@ -1,0 +1,192 @@
+"""The lazy computation graph behind `lt.Tensor`: nodes with named dimensions.
+
+Every node knows its dimension names (in order), the size of every symbol used
+anywhere below it, and its dtype.  Building a node checks that each symbol keeps
+one size, so errors surface where the user combined the tensors, not at run time.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+UNARY_OPS = ("neg", "exp", "log", "sqrt", "abs", "reciprocal", "relu")
+BINARY_OPS = ("add", "sub", "mul", "div", "maximum", "minimum")
+REDUCE_OPS = ("sum", "max", "min")
+
+
+def describe(node: "Node") -> str:
+    """A short human description of a node, used in error messages."""
+    dims = ", ".join(node.dims)
+    shape = tuple(node.sizes[d] for d in node.dims)
+    return f"{node.label}(dims=({dims}), shape={shape})"
+
+
+def merge_sizes(nodes: list["Node"]) -> dict[str, int]:
+    """Union of the symbol sizes of `nodes`; a symbol with two sizes is an error."""
+    sizes: dict[str, int] = {}
+    owner: dict[str, "Node"] = {}
+    for node in nodes:
+        for name, size in node.sizes.items():
+            if name in sizes and sizes[name] != size:
+                raise ValueError(
+                    f"symbol '{name}' has two sizes: {sizes[name]} in {describe(owner[name])} "
+                    f"and {size} in {describe(node)}")
+            sizes[name] = size
+            owner.setdefault(name, node)
+    return sizes
+
+
+class Node:
+    """Base class of graph nodes. Subclasses set dims, sizes, dtype and label."""
+
+    dims: tuple[str, ...]
+    sizes: dict[str, int]
+    dtype: np.dtype
+    label: str
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.sizes[d] for d in self.dims)
+
+    def children(self) -> tuple["Node", ...]:
+        return ()
+
+
+class Input(Node):
+    """A user array with named dimensions."""
+
+    def __init__(self, array: np.ndarray, dims: tuple[str, ...]):
+        self.array, self.dims, self.dtype, self.label = array, dims, array.dtype, "Tensor"
+        self.sizes = dict(zip(dims, array.shape))
+
+
+class Scalar(Node):
+    """A Python number inside an expression; it takes the dtype of its partner."""
+
+    def __init__(self, value: float, dtype: np.dtype):
+        self.value, self.dtype, self.dims, self.sizes, self.label = float(value), dtype, (), {}, "scalar"
+
+
+class Map(Node):
+    """A pointwise operation; dimensions broadcast by name (left operand's dims first)."""
+
+    def __init__(self, op: str, args: tuple[Node, ...]):
+        self.op, self.args, self.label = op, args, op
+        self.sizes = merge_sizes(list(args))
+        self.dims = tuple(dict.fromkeys(d for a in args for d in a.dims))
+        self.dtype = np.result_type(*[a.dtype for a in args])
+
+    def children(self):
+        return self.args
+
+
+class Reduce(Node):
+    """A reduction (sum, max or min) over some dimensions of its source."""
+
+    def __init__(self, op: str, src: Node, reduce_dims: tuple[str, ...]):
+        for d in reduce_dims:
+            if d not in src.dims:
+                raise ValueError(f"cannot reduce over '{d}': {describe(src)} has no dimension '{d}'")
+        if len(set(reduce_dims)) != len(reduce_dims):
+            raise ValueError(f"reduction over {reduce_dims} names a dimension twice")
+        self.op, self.src, self.reduce_dims, self.label = op, src, reduce_dims, op
+        self.dims = tuple(d for d in src.dims if d not in reduce_dims)
+        self.sizes, self.dtype = dict(src.sizes), src.dtype
+
+    def children(self):
+        return (self.src,)
+
+
+def _replace_dim(node: Node, dim: str, new_dims: tuple[str, ...], new_sizes: dict[str, int], what: str):
+    if dim not in node.dims:
+        raise ValueError(f"{what}: {describe(node)} has no dimension '{dim}'")
+    for new in new_dims:
+        if new in node.dims:
+            raise ValueError(f"{what}: new dimension '{new}' is already a dimension of {describe(node)}")
+    for name, size in new_sizes.items():
+        if size <= 0:
+            raise ValueError(f"{what}: dimension '{name}' would have size {size} (from '{dim}' of size "
+                             f"{node.sizes[dim]} in {describe(node)})")
+    i = node.dims.index(dim)
+    dims = node.dims[:i] + new_dims + node.dims[i + 1:]
+    sizes = merge_sizes([node, _Sized(new_sizes, what)])
+    return dims, sizes
+
+
+class _Sized(Node):
+    """Carries sizes for merge_sizes' conflict check."""
+
+    def __init__(self, sizes: dict[str, int], label: str):
+        self.sizes, self.dims, self.label = sizes, tuple(sizes), label
+
+
+def _pair(amount, what: str) -> tuple[int, int]:
+    before, after = (amount, amount) if isinstance(amount, (int, np.integer)) else tuple(amount)
+    if before < 0 or after < 0:
+        raise ValueError(f"{what}: padding must be non-negative, got {amount}")
+    return int(before), int(after)
+
+
+class Pad(Node):
+    """Dimension `dim` replaced by `new_dim`, padded with `value` on both sides."""
+
+    def __init__(self, src: Node, dim: str, new_dim: str, amount, value: float):
+        self.before, self.after = _pair(amount, "pad")
+        self.src, self.dim, self.new_dim, self.value, self.dtype, self.label = src, dim, new_dim, float(value), src.dtype, "pad"
+        size = src.sizes.get(dim, 0) + self.before + self.after
+        self.dims, self.sizes = _replace_dim(src, dim, (new_dim,), {new_dim: size}, "pad")
+
+    def children(self):
+        return (self.src,)
+
+
+class Window(Node):
+    """Dimension `dim` replaced by (out_dim, kernel_dim): [o, r] reads o*stride + r*dilation - before."""
+
+    def __init__(self, src: Node, dim: str, out_dim: str, kernel_dim: str, size: int, stride: int,
+                 dilation: int, padding):
+        if size < 1 or stride < 1 or dilation < 1:
+            raise ValueError(f"window over '{dim}': size, stride and dilation must be >= 1, "
+                             f"got size={size}, stride={stride}, dilation={dilation}")
+        self.before, self.after = _pair(padding, f"window over '{dim}'")
+        self.src, self.dim, self.out_dim, self.kernel_dim = src, dim, out_dim, kernel_dim
+        self.size, self.stride, self.dilation, self.dtype, self.label = size, stride, dilation, src.dtype, "window"
+        if dim not in src.dims:
+            raise ValueError(f"window: {describe(src)} has no dimension '{dim}'")
+        padded = src.sizes[dim] + self.before + self.after
+        span = dilation * (size - 1) + 1
+        if span > padded:
+            raise ValueError(f"window over '{dim}': a window spans {span} elements but '{dim}' has only "
+                             f"{padded} (size {src.sizes[dim]} plus padding {self.before}+{self.after})")
+        out = (padded - span) // stride + 1
+        self.dims, self.sizes = _replace_dim(src, dim, (out_dim, kernel_dim), {out_dim: out, kernel_dim: size},
+                                             f"window over '{dim}'")
+
+    def children(self):
+        return (self.src,)
+
+
+class Concat(Node):
+    """Sources concatenated along their dims `src_dims` (one per source) into `new_dim`."""
+
+    def __init__(self, srcs: tuple[Node, ...], src_dims: tuple[str, ...], new_dim: str):
+        if len(srcs) != len(src_dims) or not srcs:
+            raise ValueError(f"concat: got {len(srcs)} tensors but {len(src_dims)} dimensions to join")
+        for src, d in zip(srcs, src_dims):
+            if d not in src.dims:
+                raise ValueError(f"concat: {describe(src)} has no dimension '{d}'")
+        first = [x for x in srcs[0].dims if x != src_dims[0]]
+        for src, d in zip(srcs[1:], src_dims[1:]):
+            rest = [x for x in src.dims if x != d]
+            if rest != first:
+                raise ValueError(f"concat: {describe(src)} has other dimensions {tuple(rest)} than "
+                                 f"{describe(srcs[0])} {tuple(first)} besides the joined one")
+        self.srcs, self.src_dims, self.new_dim, self.label = srcs, src_dims, new_dim, "concat"
+        self.dtype = np.result_type(*[s.dtype for s in srcs])
+        total = sum(s.sizes[d] for s, d in zip(srcs, src_dims))
+        base = merge_sizes(list(srcs))
+        self.dims, _ = _replace_dim(srcs[0], src_dims[0], (new_dim,), {new_dim: total}, "concat")
+        self.sizes = merge_sizes([_Sized(base, "concat"), _Sized({new_dim: total}, "concat")])
+
+    def children(self):
+        return self.srcs

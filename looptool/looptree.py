@@ -1,0 +1,308 @@
+"""The loop tree: a program under a schedule, as concrete nested loops and statements.
+
+This is what the interpreter and the code generators walk and what users print.
+Each statement knows the index of every dimension as an affine function of the
+loop variables around it; each buffer knows its (possibly shrunk) shape and
+where it lives.  Transforms on a `LoopTree` return a new tree.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import ir
+from .ir import Affine, Program
+from .schedule import Loop, Schedule, Tail
+
+DTYPE_SHORT = {"float32": "f32", "float64": "f64"}
+
+
+@dataclass(frozen=True)
+class Limit:
+    """coeff * loop + rest < bound, with `rest` over outer loop variables."""
+
+    rest: Affine
+    coeff: int
+    bound: int
+
+    def count(self, outer: dict[str, int]) -> int:
+        """The trip count this limit allows, given outer loop values."""
+        room = self.bound - _eval_affine(self.rest, outer)
+        return max(0, -(-room // self.coeff))
+
+
+@dataclass(eq=False)
+class LoopNode:
+    loop: Loop
+    limits: tuple[Limit, ...]
+    body: list = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class StmtNode:
+    """kind: 'assign' (pure stage), 'init' or 'update' (reduction stage)."""
+
+    stage: ir.Stage
+    kind: str
+    index: dict[str, Affine]
+
+
+@dataclass(frozen=True)
+class BufferPlan:
+    """Where a buffer lives and how a full-coordinate index maps into it.
+
+    kind: 'input', 'output', 'temp' (full size, made by the runtime) or 'local'
+    (shrunk to one tile of the loops it is placed in). `offsets[d]` is subtracted
+    from dimension d's index, `strides` are in elements."""
+
+    name: str
+    dims: tuple[str, ...]
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: str
+    kind: str
+    offsets: tuple[tuple[str, Affine], ...] = ()
+
+    @property
+    def size(self) -> int:
+        return 1 + sum((n - 1) * abs(s) for n, s in zip(self.shape, self.strides))
+
+    def element_index(self, index: tuple[Affine, ...]) -> tuple[Affine, ...]:
+        """Per-axis index into this buffer, for a load/store at full coordinates `index`."""
+        offs = dict(self.offsets)
+        return tuple(ix + offs[d].scale(-1) if d in offs else ix for d, ix in zip(self.dims, index))
+
+
+class LoopTree:
+    """A program under a schedule: inspect it with str(), reshape it with the transform methods."""
+
+    def __init__(self, program: Program, schedule: Schedule | None = None):
+        self.program = program
+        self.schedule = schedule or Schedule.default(program)
+        self.buffers = _plan_buffers(program, self.schedule)
+        self.local_buffers: dict[int, list[BufferPlan]] = {}
+        self.root: list = []
+        for stage in program.stages:
+            if self.schedule.of(stage.name).consumer is None:
+                self._emit_stage(stage, self.root, [])
+
+    # Building --------------------------------------------------------------------
+    def _emit_stage(self, stage: ir.Stage, container: list, path: list[LoopNode]):
+        sched = self.schedule.of(stage.name)
+        loops = self.schedule.effective_loops(stage.name)
+        tails = self.schedule.effective_tails(stage.name)
+        placed = self.schedule.placed_in(stage.name)
+        first_reduce = next((i for i, lp in enumerate(loops) if lp.dim in stage.reduce_dims), None)
+        if self.buffers[stage.name].kind == "local":
+            self.local_buffers.setdefault(id(path[-1]), []).append(self.buffers[stage.name])
+
+        def nest(depth: int, body: list, path: list[LoopNode]):
+            for other in self.program.stages:
+                if other.name in placed and self.schedule.of(other.name).at == depth:
+                    self._emit_stage(other, body, path)
+            if stage.reduce_op and depth == max(first_reduce, sched.at):
+                pure = [lp for lp in loops[depth:] if lp.dim not in stage.reduce_dims]
+                body.append(self._plain_nest(stage, "init", pure, tails, path))
+            if depth == len(loops):
+                body.append(StmtNode(stage, "update" if stage.reduce_op else "assign", _index_of(path)))
+                return
+            node = LoopNode(loops[depth], _limits(loops[depth], tails, path))
+            body.append(node)
+            nest(depth + 1, node.body, path + [node])
+
+        nest(sched.at, container, path)
+
+    def _plain_nest(self, stage, kind, loops, tails, path):
+        if not loops:
+            return StmtNode(stage, kind, _index_of(path))
+        node = LoopNode(loops[0], _limits(loops[0], tails, path))
+        node.body.append(self._plain_nest(stage, kind, loops[1:], tails, path + [node]))
+        return node
+
+    # Walking ---------------------------------------------------------------------
+    def walk(self):
+        """Yield (node, path of enclosing LoopNodes) for every node, depth first."""
+        def rec(body, path):
+            for node in body:
+                yield node, path
+                if isinstance(node, LoopNode):
+                    yield from rec(node.body, path + [node])
+        yield from rec(self.root, [])
+
+    def statements(self) -> list[tuple[StmtNode, list[LoopNode]]]:
+        return [(n, p) for n, p in self.walk() if isinstance(n, StmtNode)]
+
+    # Transforms (each returns a new tree) -----------------------------------------
+    def _stage(self, stage: str | None) -> str:
+        return stage or self.program.output.name
+
+    def split(self, loop: str, factor: int, stage: str | None = None) -> "LoopTree":
+        """Split `loop` by `factor` into `loop.0` and `loop.1`; non-dividing factors get a tail."""
+        return LoopTree(self.program, self.schedule.split(self._stage(stage), loop, factor))
+
+    def reorder(self, *loops: str, stage: str | None = None) -> "LoopTree":
+        """Put the named loops in the given order (in the positions they hold now)."""
+        return LoopTree(self.program, self.schedule.reorder(self._stage(stage), *loops))
+
+    def unroll(self, loop: str, stage: str | None = None) -> "LoopTree":
+        """Fully unroll `loop`."""
+        return LoopTree(self.program, self.schedule.annotate(self._stage(stage), loop, "unroll"))
+
+    def vectorize(self, loop: str, stage: str | None = None) -> "LoopTree":
+        """Run `loop` (an innermost loop) as SIMD lanes."""
+        return LoopTree(self.program, self.schedule.annotate(self._stage(stage), loop, "vectorize"))
+
+    def parallel(self, loop: str, stage: str | None = None) -> "LoopTree":
+        """Run the iterations of `loop` on several CPU threads."""
+        return LoopTree(self.program, self.schedule.annotate(self._stage(stage), loop, "parallel"))
+
+    def place(self, stage: str, consumer: str | None, depth: int = 0) -> "LoopTree":
+        """Compute `stage` inside the first `depth` loops of `consumer` (None: at the root)."""
+        return LoopTree(self.program, self.schedule.place(stage, consumer, depth))
+
+    # Printing --------------------------------------------------------------------
+    def __str__(self):
+        lines = []
+        for buf in self.buffers.values():
+            if buf.kind != "local":
+                lines.append(f"{buf.name}: {_buffer_text(buf)}")
+
+        def rec(body, indent):
+            for node in body:
+                pad = "  " * indent
+                if isinstance(node, LoopNode):
+                    lines.append(pad + _loop_text(node))
+                    for buf in self.local_buffers.get(id(node), []):
+                        lines.append(pad + f"  {buf.name}: {_buffer_text(buf)}")
+                    rec(node.body, indent + 1)
+                else:
+                    lines.append(pad + _stmt_text(node, self.buffers))
+        rec(self.root, 0)
+        return "\n".join(lines)
+
+    def __repr__(self):
+        return str(self)
+
+    def _repr_pretty_(self, p, cycle):
+        p.text(str(self))
+
+
+def _eval_affine(a: Affine, values: dict[str, int]) -> int:
+    return a.const + sum(c * values[v] for v, c in a.terms)
+
+
+def _index_of(path: list[LoopNode]) -> dict[str, Affine]:
+    index: dict[str, Affine] = {}
+    for node in path:
+        lp = node.loop
+        index[lp.dim] = index.get(lp.dim, Affine()) + Affine.var(lp.name, lp.stride)
+    return index
+
+
+def _limits(loop: Loop, tails: tuple[Tail, ...], path: list[LoopNode]) -> tuple[Limit, ...]:
+    """Tails whose innermost loop is `loop` (all others are already on the path)."""
+    outer = {node.loop.name for node in path}
+    out = []
+    for tail in tails:
+        names = dict(tail.terms)
+        if loop.name in names and all(n in outer for n in names if n != loop.name):
+            rest = Affine.of({n: c for n, c in names.items() if n != loop.name})
+            out.append(Limit(rest, names[loop.name], tail.bound))
+    return tuple(out)
+
+
+def _row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= n
+    return tuple(reversed(strides))
+
+
+def _plan_buffers(program: Program, schedule: Schedule) -> dict[str, BufferPlan]:
+    plans = {b.name: BufferPlan(b.name, b.dims, b.shape, b.strides, b.dtype, "input") for b in program.inputs}
+    for stage in program.stages:
+        full = tuple(program.size(d) for d in stage.dims)
+        sched = schedule.of(stage.name)
+        kind = "output" if stage is program.output else "temp"
+        plan = BufferPlan(stage.name, stage.dims, full, _row_major(full), stage.dtype, kind)
+        if sched.consumer is not None:
+            plan = _shrunk(program, schedule, stage, plan) or plan
+        plans[stage.name] = plan
+    return plans
+
+
+def _shrunk(program: Program, schedule: Schedule, stage: ir.Stage, plan: BufferPlan) -> BufferPlan | None:
+    """The local buffer of a placed stage, or None when it must stay full size."""
+    sched = schedule.of(stage.name)
+    readers = program.readers(stage.name)
+    if [r.name for r in readers] != [sched.consumer]:
+        return None
+    shared = schedule.effective_loops(stage.name)[:sched.at]
+    own = schedule.effective_loops(stage.name)[sched.at:]
+    shapes, offsets = [], []
+    for axis, d in enumerate(stage.dims):
+        plain = all(ld.index[axis] == Affine.var(d)
+                    for r in readers for ld in ir.loads(r.expr) if ld.buffer == stage.name)
+        shared_d = [lp for lp in shared if lp.dim == d]
+        if plain and shared_d:
+            shapes.append(1 + sum(lp.stride * (lp.extent - 1) for lp in own if lp.dim == d))
+            offsets.append((d, Affine.of({lp.name: lp.stride for lp in shared_d})))
+        else:
+            shapes.append(program.size(d))
+    if not offsets:
+        return None
+    shape = tuple(shapes)
+    return BufferPlan(stage.name, stage.dims, shape, _row_major(shape), stage.dtype, "local", tuple(offsets))
+
+
+def _loop_text(node: LoopNode) -> str:
+    lp = node.loop
+    text = f"for {lp.name} in 0..{lp.extent}"
+    if node.limits:
+        text += " while " + " and ".join(
+            f"{'' if lim.coeff == 1 else str(lim.coeff) + '*'}{lp.name} + {lim.rest} < {lim.bound}"
+            for lim in node.limits)
+    if lp.annotation:
+        text += f"  [{lp.annotation}]"
+    return text
+
+
+def _buffer_text(buf: BufferPlan) -> str:
+    shape = ", ".join(map(str, buf.shape))
+    return f"{DTYPE_SHORT[buf.dtype]}[{shape}] {buf.kind}"
+
+
+def _stmt_text(stmt: StmtNode, buffers: dict[str, BufferPlan]) -> str:
+    stage = stmt.stage
+    target = f"{stage.name}[{', '.join(stage.dims)}]"
+    if stmt.kind == "init":
+        return f"{target} = {_identity_text(stage.reduce_op)}"
+    value = expr_text(stage.expr)
+    if stmt.kind == "assign":
+        return f"{target} = {value}"
+    if stage.reduce_op == "sum":
+        return f"{target} += {value}"
+    return f"{target} = {stage.reduce_op}({target}, {value})"
+
+
+def _identity_text(op: str) -> str:
+    return {"sum": "0", "max": "-inf", "min": "inf"}[op]
+
+
+def expr_text(e: ir.Expr) -> str:
+    """A readable one-line rendering of an expression."""
+    if isinstance(e, ir.Const):
+        return repr(e.value)
+    if isinstance(e, ir.Load):
+        return f"{e.buffer}[{', '.join(str(i) for i in e.index)}]"
+    if isinstance(e, ir.Select):
+        guards = " and ".join(str(g) for g in e.guards)
+        return f"({expr_text(e.then)} if {guards} else {expr_text(e.otherwise)})"
+    if isinstance(e, ir.Cast):
+        return f"{DTYPE_SHORT[e.dtype]}({expr_text(e.x)})"
+    if isinstance(e, ir.Unary):
+        return f"-{expr_text(e.x)}" if e.op == "neg" else f"{e.op}({expr_text(e.x)})"
+    symbols = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+    if e.op in symbols:
+        return f"({expr_text(e.a)} {symbols[e.op]} {expr_text(e.b)})"
+    return f"{e.op}({expr_text(e.a)}, {expr_text(e.b)})"

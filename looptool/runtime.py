@@ -1,0 +1,150 @@
+"""Compiling, caching and calling kernels on NumPy arrays."""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import threading
+import time
+
+import llvmlite.binding as llvm
+import numpy as np
+
+from . import codegen_cpu, graph, interpreter, ir
+from .looptree import LoopTree
+from .schedule import Schedule
+
+ALIGNMENT = 64
+
+
+class Kernel:
+    """A compiled loop tree: call it with the input arrays (in `program.inputs` order)."""
+
+    def __init__(self, tree: LoopTree):
+        start = time.perf_counter()
+        target = codegen_cpu.HostTarget.get()
+        source = codegen_cpu.generate(tree, target.triple)
+        self.tree, self.params = tree, source.params
+        self.llvm_ir = str(source.module)
+        module = target.optimize(self.llvm_ir)
+        self.optimized_ir = str(module)
+        self.assembly = target.machine.emit_assembly(module)
+        self._engine = llvm.create_mcjit_compiler(module, target.machine)
+        self._engine.finalize_object()
+        address = self._engine.get_function_address("kernel")
+        self._fn = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * len(self.params))(address)
+        self.compile_seconds = time.perf_counter() - start
+
+    @property
+    def loop_tree(self) -> LoopTree:
+        return self.tree
+
+    def __call__(self, arrays: list[np.ndarray]) -> np.ndarray:
+        program = self.tree.program
+        memory = {}
+        for buf, array in zip(program.inputs, arrays):
+            _check_input(buf, array)
+            memory[buf.name] = array
+        for plan in self.tree.buffers.values():
+            if plan.kind in ("temp", "output"):
+                memory[plan.name] = aligned_empty(plan.shape, plan.dtype)
+        self._fn(*[memory[name].ctypes.data for name in self.params])
+        return memory[program.output.name]
+
+
+def _check_input(buf: ir.Buffer, array: np.ndarray):
+    if array.shape != buf.shape or array.dtype.name != buf.dtype or \
+            tuple(s // array.itemsize for s in array.strides) != buf.strides:
+        raise ValueError(f"kernel input {buf.name} expects shape {buf.shape}, dtype {buf.dtype}, strides "
+                         f"{buf.strides}; got shape {array.shape}, dtype {array.dtype}, strides {array.strides}")
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """An uninitialized C-contiguous array whose data starts on a 64-byte boundary."""
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape, dtype=np.int64))
+    raw = np.empty(count * dtype.itemsize + ALIGNMENT, dtype=np.uint8)
+    start = -raw.ctypes.data % ALIGNMENT
+    return raw[start:start + count * dtype.itemsize].view(dtype).reshape(shape)
+
+
+class KernelCache:
+    """Compiled kernels keyed by structure: program (graph, shapes, strides, dtypes) and schedule."""
+
+    def __init__(self):
+        self._kernels: dict = {}
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def get(self, tree: LoopTree) -> Kernel:
+        key = (tree.program, tree.schedule.stages)
+        with self._lock:
+            kernel = self._kernels.get(key)
+            if kernel is not None:
+                self.hits += 1
+                return kernel
+            self.misses += 1
+        kernel = Kernel(tree)
+        with self._lock:
+            self._kernels[key] = kernel
+        return kernel
+
+    def clear(self):
+        with self._lock:
+            self._kernels.clear()
+            self.hits = self.misses = 0
+
+
+CACHE = KernelCache()
+
+
+def cache_info() -> dict:
+    """Kernel cache statistics: hits, misses (= compilations) and size."""
+    return {"hits": CACHE.hits, "misses": CACHE.misses, "size": len(CACHE._kernels)}
+
+
+def clear_cache():
+    """Forget every compiled kernel and reset the statistics."""
+    CACHE.clear()
+
+
+def _schedule_for(program: ir.Program, schedule) -> Schedule:
+    if schedule is None:
+        return Schedule.default(program)
+    if isinstance(schedule, LoopTree):
+        schedule = schedule.schedule
+    if isinstance(schedule, str):
+        return Schedule.from_json(schedule, program)
+    return Schedule.default(program).apply(schedule.steps)
+
+
+def loop_tree_of(node: graph.Node, schedule=None) -> LoopTree:
+    """The loop tree of a graph under a schedule (a Schedule, LoopTree, or JSON text)."""
+    program, _ = ir.lower(node)
+    return LoopTree(program, _schedule_for(program, schedule))
+
+
+def kernel_for(node: graph.Node, schedule=None) -> Kernel:
+    """The compiled kernel for a graph, from the cache when it was built before."""
+    return CACHE.get(loop_tree_of(node, schedule))
+
+
+def evaluate(node: graph.Node, schedule=None) -> np.ndarray:
+    """Compile (cached) and run a graph; the result's axes follow the graph's dims."""
+    program, arrays = ir.lower(node)
+    kernel = CACHE.get(LoopTree(program, _schedule_for(program, schedule)))
+    return kernel(arrays)
+
+
+def interpret(tensor, schedule=None) -> np.ndarray:
+    """Run a tensor's computation with the NumPy reference interpreter (no compilation)."""
+    program, arrays = ir.lower(tensor.node)
+    return interpreter.interpret(LoopTree(program, _schedule_for(program, schedule)), arrays)
+
+
+def _load_libm():
+    name = ctypes.util.find_library("m")
+    if name:
+        llvm.load_library_permanently(name)
+
+
+_load_libm()

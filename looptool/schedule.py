@@ -1,0 +1,214 @@
+"""Schedules: how each stage's loops are ordered, split, annotated and placed.
+
+A schedule is data.  It is kept as the list of transform steps that produced it
+(JSON-serializable, replayable on the same computation built again) together
+with the per-stage state those steps lead to.  Every transform returns a new
+Schedule; nothing is mutated.
+
+Loops are named after their dimension; splitting loop `k` makes `k.0` (outer)
+and `k.1` (inner), splitting `k.1` makes `k.1.0` and `k.1.1`, and so on, so
+names survive later transforms.  A loop contributes `stride * value` to its
+dimension's index.  Splits by factors that do not divide the extent record a
+`Tail` bound, which the loop tree turns into a cheap trip-count limit.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+
+from .ir import Program
+
+ANNOTATIONS = ("", "unroll", "vectorize", "parallel")
+
+
+@dataclass(frozen=True)
+class Loop:
+    """One loop of a stage: `extent` iterations, each adding `stride` to dimension `dim`."""
+
+    name: str
+    dim: str
+    extent: int
+    stride: int
+    annotation: str = ""
+
+
+@dataclass(frozen=True)
+class Tail:
+    """sum(coeff * loop value) < bound: the constraint a non-dividing split leaves."""
+
+    terms: tuple[tuple[str, int], ...]
+    bound: int
+
+
+@dataclass(frozen=True)
+class StageSchedule:
+    """A stage's own loops (outer to inner) and tails; placed inside the first `at` loops of `consumer`."""
+
+    loops: tuple[Loop, ...]
+    tails: tuple[Tail, ...] = ()
+    at: int = 0
+    consumer: str | None = None
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Per-stage schedules of one program plus the steps that made them."""
+
+    stages: tuple[tuple[str, StageSchedule], ...]
+    sizes: tuple[tuple[str, int], ...]
+    steps: tuple[tuple, ...] = ()
+
+    @staticmethod
+    def default(program: Program) -> "Schedule":
+        """Every stage at the root, loops in the order its expression's dims appeared, no splits."""
+        stages = tuple((st.name, StageSchedule(tuple(Loop(d, d, program.size(d), 1) for d in st.loop_dims)))
+                       for st in program.stages)
+        return Schedule(stages, program.sizes)
+
+    def of(self, stage: str) -> StageSchedule:
+        for name, sched in self.stages:
+            if name == stage:
+                return sched
+        raise ValueError(f"no stage named {stage!r}; stages are {[n for n, _ in self.stages]}")
+
+    def effective_loops(self, stage: str) -> tuple[Loop, ...]:
+        """All loops around the stage's statements: the shared ones of its consumer, then its own."""
+        sched = self.of(stage)
+        shared = self.effective_loops(sched.consumer)[:sched.at] if sched.consumer else ()
+        return shared + sched.loops
+
+    def effective_tails(self, stage: str) -> tuple[Tail, ...]:
+        sched = self.of(stage)
+        names = {lp.name for lp in self.effective_loops(stage)}
+        inherited = self.effective_tails(sched.consumer) if sched.consumer else ()
+        own = tuple(t for t in inherited if all(n in names for n, _ in t.terms))
+        return tuple(dict.fromkeys(own + sched.tails))
+
+    def placed_in(self, stage: str) -> list[str]:
+        """Stages placed inside `stage`'s loops."""
+        return [name for name, s in self.stages if s.consumer == stage]
+
+    def _with(self, stage: str, sched: StageSchedule, step: tuple) -> "Schedule":
+        stages = tuple((n, sched if n == stage else s) for n, s in self.stages)
+        return Schedule(stages, self.sizes, self.steps + (step,))
+
+    def _loop(self, stage: str, loop: str) -> tuple[int, Loop]:
+        loops = self.of(stage).loops
+        for i, lp in enumerate(loops):
+            if lp.name == loop:
+                return i, lp
+        shared = [lp.name for lp in self.effective_loops(stage)[:self.of(stage).at]]
+        where = f" ('{loop}' belongs to its consumer {self.of(stage).consumer})" if loop in shared else ""
+        raise ValueError(f"stage {stage} has no loop '{loop}' of its own{where}; its loops are "
+                         f"{[lp.name for lp in loops]}")
+
+    def _check_not_shared(self, stage: str, position: int, what: str):
+        for other in self.placed_in(stage):
+            at = self.of(other).at
+            if position < at:
+                loop = self.of(stage).loops[position].name
+                raise ValueError(f"cannot {what} loop '{loop}' of stage {stage}: stage {other} is placed inside "
+                                 f"it (at depth {at}); reshape {stage}'s outer loops before placing {other}")
+
+    # Transforms ------------------------------------------------------------------
+    def split(self, stage: str, loop: str, factor: int) -> "Schedule":
+        """Split `loop` into `loop.0` (outer) and `loop.1` (inner, `factor` iterations)."""
+        if not isinstance(factor, int) or factor < 1:
+            raise ValueError(f"split of '{loop}' in stage {stage}: factor must be a positive integer, got {factor!r}")
+        i, lp = self._loop(stage, loop)
+        self._check_not_shared(stage, i, "split")
+        factor = min(factor, lp.extent)
+        outer = Loop(f"{lp.name}.0", lp.dim, -(-lp.extent // factor), lp.stride * factor, "")
+        inner = Loop(f"{lp.name}.1", lp.dim, factor, lp.stride, lp.annotation)
+        sched = self.of(stage)
+        tails = tuple(_split_tail(t, lp.name, outer.name, inner.name, factor) for t in sched.tails)
+        if lp.extent % factor:
+            tails += (Tail(((outer.name, factor), (inner.name, 1)), lp.extent),)
+        loops = sched.loops[:i] + (outer, inner) + sched.loops[i + 1:]
+        return self._with(stage, replace(sched, loops=loops, tails=tails), ("split", stage, loop, factor))
+
+    def reorder(self, stage: str, *order: str) -> "Schedule":
+        """Put the named loops in this order, in the positions they occupy now."""
+        sched = self.of(stage)
+        positions = sorted(self._loop(stage, name)[0] for name in order)
+        if len(set(order)) != len(order):
+            raise ValueError(f"reorder of stage {stage} names a loop twice: {order}")
+        for pos in positions:
+            self._check_not_shared(stage, pos, "reorder")
+        loops = list(sched.loops)
+        for pos, name in zip(positions, order):
+            loops[pos] = self._loop(stage, name)[1]
+        return self._with(stage, replace(sched, loops=tuple(loops)), ("reorder", stage, *order))
+
+    def annotate(self, stage: str, loop: str, annotation: str) -> "Schedule":
+        """Mark a loop 'unroll', 'vectorize', 'parallel', or '' to clear it."""
+        if annotation not in ANNOTATIONS:
+            raise ValueError(f"unknown loop annotation {annotation!r}; use one of {ANNOTATIONS}")
+        i, lp = self._loop(stage, loop)
+        sched = self.of(stage)
+        loops = sched.loops[:i] + (replace(lp, annotation=annotation),) + sched.loops[i + 1:]
+        return self._with(stage, replace(sched, loops=loops), ("annotate", stage, loop, annotation))
+
+    def place(self, stage: str, consumer: str | None, depth: int = 0) -> "Schedule":
+        """Compute `stage` inside the first `depth` loops of `consumer` (None or depth 0: at the root).
+
+        The stage keeps its own loops for whatever of its dims the shared loops do
+        not cover, so its buffer shrinks to one tile of the consumer's loops."""
+        sched = self.of(stage)
+        if consumer is None or depth == 0:
+            dims = dict.fromkeys(lp.dim for lp in self.effective_loops(stage))
+            loops = tuple(Loop(d, d, dict(self.sizes)[d], 1) for d in dims)
+            return self._with(stage, StageSchedule(loops), ("place", stage, None, 0))
+        consumer_loops = self.effective_loops(consumer)
+        if not 0 <= depth <= len(consumer_loops):
+            raise ValueError(f"cannot place {stage} at depth {depth} of {consumer}: it has "
+                             f"{len(consumer_loops)} loops {[lp.name for lp in consumer_loops]}")
+        if self._reaches(consumer, stage):
+            raise ValueError(f"cannot place {stage} inside {consumer}: {consumer} is computed inside {stage}")
+        shared = consumer_loops[:depth]
+        shared_dims = {lp.dim for lp in shared}
+        own_dims = {lp.dim for lp in self.effective_loops(stage)}
+        own = tuple(lp for lp in sched.loops if lp.dim not in shared_dims)
+        inner = tuple(lp for lp in consumer_loops[depth:] if lp.dim in shared_dims and lp.dim in own_dims)
+        tails = tuple(t for t in self.effective_tails(consumer) + sched.tails
+                      if {n for n, _ in t.terms} <= {lp.name for lp in shared + own + inner}
+                      and any(n in {lp.name for lp in own + inner} for n, _ in t.terms))
+        loops = inner + own
+        return self._with(stage, StageSchedule(loops, tuple(dict.fromkeys(tails)), depth, consumer),
+                          ("place", stage, consumer, depth))
+
+    def _reaches(self, stage: str, target: str) -> bool:
+        consumer = self.of(stage).consumer
+        return consumer is not None and (consumer == target or self._reaches(consumer, target))
+
+    # Data -----------------------------------------------------------------------
+    def to_json(self) -> str:
+        """The steps as JSON; `Schedule.from_json(text, program)` replays them."""
+        return json.dumps({"format": 1, "steps": [list(s) for s in self.steps]})
+
+    @staticmethod
+    def from_json(text: str, program: Program) -> "Schedule":
+        """Replay the steps stored by `to_json` on `program`'s default schedule."""
+        data = json.loads(text)
+        return Schedule.default(program).apply(data["steps"])
+
+    def apply(self, steps) -> "Schedule":
+        """Apply a list of steps like ("split", stage, loop, factor) in order."""
+        sched = self
+        for step in steps:
+            op, *args = step
+            if op not in ("split", "reorder", "annotate", "place"):
+                raise ValueError(f"unknown schedule step {op!r}")
+            sched = getattr(sched, op)(*args)
+        return sched
+
+
+def _split_tail(tail: Tail, name: str, outer: str, inner: str, factor: int) -> Tail:
+    terms: dict[str, int] = {}
+    for n, c in tail.terms:
+        if n == name:
+            terms[outer] = terms.get(outer, 0) + c * factor
+            terms[inner] = terms.get(inner, 0) + c
+        else:
+            terms[n] = terms.get(n, 0) + c
+    return Tail(tuple(terms.items()), tail.bound)
