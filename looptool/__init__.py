@@ -1,6 +1,7 @@
 """looptool: named-dimension tensors compiled to loop nests, scheduled, checked and tuned."""
 from .frontend import (Symbol, Symbols, Tensor, abs, concat, exp, log, maximum, minimum, reciprocal, relu,
                        sqrt, symbols)
+from .legality import IllegalScheduleError
 from .looptree import LoopTree
 from .runtime import Kernel, cache_info, clear_cache, interpret
 from .schedule import Schedule
@@ -9,5 +10,5 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Symbol", "Symbols", "Tensor", "symbols", "concat", "exp", "log", "sqrt", "abs", "reciprocal", "relu",
-    "maximum", "minimum", "LoopTree", "Schedule", "Kernel", "cache_info", "clear_cache", "interpret",
+    "maximum", "minimum", "LoopTree", "Schedule", "IllegalScheduleError", "Kernel", "cache_info", "clear_cache", "interpret",
 ]

@@ -159,6 +159,16 @@ class LoopTree:
         """Compute `stage` inside the first `depth` loops of `consumer` (None: at the root)."""
         return LoopTree(self.program, self.schedule.place(stage, consumer, depth))
 
+    def check(self) -> tuple[bool, str]:
+        """(legal, reason): the isl verdict on this schedule, without raising."""
+        from . import legality
+        return legality.check(self)
+
+    def assert_legal(self) -> None:
+        """Raise IllegalScheduleError (a ValueError) naming the dependence this schedule breaks."""
+        from . import legality
+        legality.assert_legal(self)
+
     # Printing --------------------------------------------------------------------
     def __str__(self):
         lines = []

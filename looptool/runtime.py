@@ -9,7 +9,7 @@ import time
 import llvmlite.binding as llvm
 import numpy as np
 
-from . import codegen_cpu, graph, interpreter, ir
+from . import codegen_cpu, graph, interpreter, ir, legality
 from .looptree import LoopTree
 from .schedule import Schedule
 
@@ -38,8 +38,11 @@ class Kernel:
     def loop_tree(self) -> LoopTree:
         return self.tree
 
-    def __call__(self, arrays: list[np.ndarray]) -> np.ndarray:
+    def __call__(self, arrays: list[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
+        """Run on the input arrays; write into `out` (C-contiguous, right shape and dtype) if given."""
         program = self.tree.program
+        if len(arrays) != len(program.inputs):
+            raise ValueError(f"kernel takes {len(program.inputs)} input arrays, got {len(arrays)}")
         memory = {}
         for buf, array in zip(program.inputs, arrays):
             _check_input(buf, array)
@@ -47,6 +50,12 @@ class Kernel:
         for plan in self.tree.buffers.values():
             if plan.kind in ("temp", "output"):
                 memory[plan.name] = aligned_empty(plan.shape, plan.dtype)
+        if out is not None:
+            plan = self.tree.buffers[program.output.name]
+            if out.shape != plan.shape or out.dtype.name != plan.dtype or not out.flags.c_contiguous:
+                raise ValueError(f"out must be a C-contiguous {plan.dtype} array of shape {plan.shape}; got "
+                                 f"{out.dtype} {out.shape} (contiguous: {out.flags.c_contiguous})")
+            memory[program.output.name] = out
         self._fn(*[memory[name].ctypes.data for name in self.params])
         return memory[program.output.name]
 
@@ -83,6 +92,8 @@ class KernelCache:
                 self.hits += 1
                 return kernel
             self.misses += 1
+        if tree.schedule.steps:
+            legality.assert_legal(tree)
         kernel = Kernel(tree)
         with self._lock:
             self._kernels[key] = kernel

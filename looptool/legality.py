@@ -1,0 +1,251 @@
+"""Polyhedral legality: does a scheduled loop tree respect every dependence of its program?
+
+Each statement of the tree is an isl set of loop-variable values (its domain,
+tails included) with an isl map to its time (the 2d+1 schedule vector of the
+tree) and to the buffer elements it reads and writes.  Dependences are the
+pairs of instances that touch one element, at least one of them writing, in
+the order the program's default schedule (stages one after another) runs
+them.  A schedule is legal when, under its own time, every such pair still runs
+in that order; reduction updates of one stage may be reordered among
+themselves (sum, max and min are reassociated), except across threads.  Two
+more rules follow from the tree: a parallel loop may carry no dependence at all,
+and a buffer shrunk to one tile of its consumer's loops must be read in the
+same iteration of those loops in which it was written.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import islpy as isl
+
+from . import ir
+from .looptree import LoopNode, LoopTree, StmtNode, _stmt_text
+
+
+class IllegalScheduleError(ValueError):
+    """A schedule that would break a dependence; the message says which one and where."""
+
+
+@dataclass
+class _Stmt:
+    """One statement of a tree in isl terms: loop values i0, i1, ... along its path."""
+
+    node: StmtNode
+    path: list[LoopNode]
+    time: list[str]
+
+    @property
+    def names(self) -> dict[str, str]:
+        return {n.loop.name: f"i{k}" for k, n in enumerate(self.path)}
+
+    @property
+    def variables(self) -> str:
+        return ", ".join(f"i{k}" for k in range(len(self.path)))
+
+    @property
+    def constraints(self) -> str:
+        cons = []
+        for k, n in enumerate(self.path):
+            cons.append(f"0 <= i{k} < {n.loop.extent}")
+            for lim in n.limits:
+                cons.append(f"{lim.coeff}*i{k} + {_isl_affine(lim.rest, self.names)} < {lim.bound}")
+        return " and ".join(cons) or "true"
+
+    def dim_value(self, index: ir.Affine) -> str:
+        """An affine of dims (full coordinates) as an isl expression of the loop values."""
+        return _isl_affine(index.substitute(self.node.index), self.names)
+
+    def text(self, buffers) -> str:
+        return _stmt_text(self.node, buffers)
+
+
+def check(tree: LoopTree) -> tuple[bool, str]:
+    """(True, "legal") or (False, reason in plain words) for a scheduled loop tree."""
+    try:
+        assert_legal(tree)
+    except IllegalScheduleError as err:
+        return False, str(err)
+    return True, "legal"
+
+
+def assert_legal(tree: LoopTree) -> None:
+    """Raise IllegalScheduleError naming the broken dependence, or return for a legal tree."""
+    _check_structure(tree)
+    original = {(s.node.stage.name, s.node.kind): s for s in _statements(LoopTree(tree.program))}
+    stmts = _statements(tree)
+    width = max(len(s.time) for s in stmts + list(original.values()))
+    for src in stmts:
+        for dst in stmts:
+            for buffer, kinds in _shared_accesses(src.node, dst.node):
+                _check_pair(tree, src, dst, buffer, kinds, original, width)
+
+
+def _check_structure(tree: LoopTree):
+    for stmt, path in tree.statements():
+        parallel = [n.loop.name for n in path if n.loop.annotation == "parallel"]
+        if len(parallel) > 1:
+            raise IllegalScheduleError(f"stage {stmt.stage.name} is inside two parallel loops {parallel}; "
+                                       f"parallelize only one loop of a nest")
+    for node, _ in tree.walk():
+        if isinstance(node, LoopNode) and node.loop.annotation == "vectorize":
+            if any(isinstance(child, LoopNode) for child in node.body):
+                raise IllegalScheduleError(f"loop '{node.loop.name}' is vectorized but has loops inside it; "
+                                           f"vectorize an innermost loop")
+
+
+def _statements(tree: LoopTree) -> list[_Stmt]:
+    out = []
+
+    def rec(body, path, prefix):
+        for pos, node in enumerate(body):
+            if isinstance(node, LoopNode):
+                rec(node.body, path + [node], prefix + [str(pos), f"i{len(path)}"])
+            else:
+                out.append(_Stmt(node, path, prefix + [str(pos)]))
+    rec(tree.root, [], [])
+    return out
+
+
+def _isl_affine(a: ir.Affine, names: dict[str, str]) -> str:
+    parts = [f"{c}*{names.get(v, v)}" for v, c in a.terms]
+    return "(" + " + ".join(parts + [str(a.const)]) + ")"
+
+
+def _accesses(node: StmtNode) -> list[tuple[str, tuple[ir.Affine, ...], bool]]:
+    """(buffer, full-coordinate index, is_write) of a statement, reads first."""
+    stage = node.stage
+    own = tuple(ir.Affine.var(d) for d in stage.dims)
+    if node.kind == "init":
+        return [(stage.name, own, True)]
+    reads = [(ld.buffer, ld.index, False) for ld in ir.loads(stage.expr)]
+    if node.kind == "update":
+        reads.append((stage.name, own, False))
+    return reads + [(stage.name, own, True)]
+
+
+def _shared_accesses(a: StmtNode, b: StmtNode):
+    """Buffers both statements touch with at least one write, and the access pairs."""
+    pairs: dict[str, list] = {}
+    for buf_a, ix_a, w_a in _accesses(a):
+        for buf_b, ix_b, w_b in _accesses(b):
+            if buf_a == buf_b and (w_a or w_b):
+                pairs.setdefault(buf_a, []).append((ix_a, w_a, ix_b, w_b))
+    return pairs.items()
+
+
+def _access_map(stmt: _Stmt, tree: LoopTree, buffer: str, index: tuple[ir.Affine, ...]) -> isl.Map:
+    """Loop values -> element of `buffer` read or written (only where the index is in bounds)."""
+    shape = tree.program.buffer_shape(buffer)
+    exprs = [stmt.dim_value(ix) for ix in index]
+    bounds = " and ".join(f"0 <= {e} < {n}" for e, n in zip(exprs, shape)) or "true"
+    return isl.Map(f"{{ [{stmt.variables}] -> B[{', '.join(exprs)}] : {stmt.constraints} and {bounds} }}")
+
+
+def _time_map(stmt: _Stmt, time: list[str], width: int) -> isl.Map:
+    padded = time + ["0"] * (width - len(time))
+    return isl.Map(f"{{ [{stmt.variables}] -> [{', '.join(padded)}] : {stmt.constraints} }}")
+
+
+def _original_time(stmt: _Stmt, original: dict, width: int) -> isl.Map:
+    """Loop values -> time of the same instance under the default schedule (one loop per dim)."""
+    orig = original[(stmt.node.stage.name, stmt.node.kind)]
+    time = [stmt.dim_value(ir.Affine.var(orig.path[int(t[1:])].loop.dim)) if t.startswith("i") else t
+            for t in orig.time]
+    return _time_map(stmt, time, width)
+
+
+def _check_pair(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, access_pairs, original, width):
+    same_reduction = (src.node.stage is dst.node.stage and src.node.kind == dst.node.kind == "update")
+    orig_src, orig_dst = _original_time(src, original, width), _original_time(dst, original, width)
+    new_src, new_dst = _time_map(src, src.time, width), _time_map(dst, dst.time, width)
+    for ix_a, w_a, ix_b, w_b in access_pairs:
+        touch = _access_map(src, tree, buffer, ix_a).apply_range(_access_map(dst, tree, buffer, ix_b).reverse())
+        deps = touch.intersect(orig_src.lex_lt_map(orig_dst))
+        if deps.is_empty():
+            continue
+        if not same_reduction:
+            broken = deps.intersect(new_src.lex_ge_map(new_dst))
+            if not broken.is_empty():
+                raise IllegalScheduleError(_order_message(tree, src, dst, buffer, broken, w_a, w_b))
+        _check_parallel(tree, src, dst, buffer, deps)
+        if w_a and not w_b:
+            _check_local(tree, src, dst, buffer, deps)
+
+
+def _common_loops(src: _Stmt, dst: _Stmt) -> list[int]:
+    common = []
+    for k, (a, b) in enumerate(zip(src.path, dst.path)):
+        if a is not b:
+            break
+        common.append(k)
+    return common
+
+
+def _differ_at(src: _Stmt, dst: _Stmt, k: int) -> isl.Map:
+    n_src, n_dst = len(src.path), len(dst.path)
+    a = ", ".join(f"i{j}" for j in range(n_src))
+    b = ", ".join(f"j{j}" for j in range(n_dst))
+    return isl.Map(f"{{ [{a}] -> [{b}] : i{k} < j{k} or i{k} > j{k} }}")
+
+
+def _check_parallel(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, deps: isl.Map):
+    for k in _common_loops(src, dst):
+        loop = src.path[k].loop
+        if loop.annotation not in ("parallel", "vectorize"):
+            continue
+        if src.node.stage is dst.node.stage and src.node.kind == dst.node.kind == "update" \
+                and loop.annotation == "vectorize":
+            continue
+        carried = deps.intersect(_differ_at(src, dst, k))
+        if not carried.is_empty():
+            raise IllegalScheduleError(
+                f"loop '{loop.name}' cannot be {'parallel' if loop.annotation == 'parallel' else 'vectorized'}: "
+                f"it carries a dependence on buffer {buffer} from `{src.text(tree.buffers)}` to "
+                f"`{dst.text(tree.buffers)}` (different iterations of '{loop.name}' touch the same element)")
+
+
+def _check_local(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, deps: isl.Map):
+    plan = tree.buffers[buffer]
+    if plan.kind != "local":
+        return
+    tile_loops = {name for _, off in plan.offsets for name, _ in off.terms}
+    for k in _common_loops(src, dst):
+        if src.path[k].loop.name in tile_loops:
+            crossing = deps.intersect(_differ_at(src, dst, k))
+            if not crossing.is_empty():
+                raise IllegalScheduleError(
+                    f"buffer {buffer} is shrunk to one tile of loop '{src.path[k].loop.name}', but "
+                    f"`{dst.text(tree.buffers)}` reads values written by `{src.text(tree.buffers)}` in another "
+                    f"iteration of it")
+    if not tile_loops <= {src.path[k].loop.name for k in _common_loops(src, dst)}:
+        raise IllegalScheduleError(f"buffer {buffer} is shrunk to a tile of loops {sorted(tile_loops)}, but "
+                                   f"`{dst.text(tree.buffers)}` reads it outside them")
+
+
+def _order_message(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, broken: isl.Map, w_a, w_b) -> str:
+    point = broken.wrap().sample_point()
+    n_src = len(src.path)
+    i = [point.get_coordinate_val(isl.dim_type.set, k).to_python() for k in range(n_src)]
+    j = [point.get_coordinate_val(isl.dim_type.set, n_src + k).to_python() for k in range(len(dst.path))]
+    kind = "flow (read after write)" if w_a and not w_b else ("anti (write after read)" if w_b and not w_a
+                                                               else "output (write after write)")
+    where = _where_broken(src, dst, i, j)
+    return (f"illegal schedule: the {kind} dependence on buffer {buffer} from `{src.text(tree.buffers)}` "
+            f"(stage {src.node.stage.name}) to `{dst.text(tree.buffers)}` (stage {dst.node.stage.name}) is broken "
+            f"{where}: e.g. the instance at {_values(src, i)} must run before the one at {_values(dst, j)}, "
+            f"but the schedule runs it after")
+
+
+def _where_broken(src: _Stmt, dst: _Stmt, i: list[int], j: list[int]) -> str:
+    common = _common_loops(src, dst)
+    for k in common:
+        if i[k] != j[k]:
+            return f"at loop '{src.path[k].loop.name}'"
+    if common:
+        loop = src.path[common[-1]].loop.name
+        return f"inside loop '{loop}' (the reading statement comes first in its body)"
+    return "at the top level (the reading statement comes first)"
+
+
+def _values(stmt: _Stmt, values: list[int]) -> str:
+    return "{" + ", ".join(f"{n.loop.name}={v}" for n, v in zip(stmt.path, values)) + "}"
