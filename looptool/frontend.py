@@ -199,10 +199,12 @@ class Tensor:
         return Tensor(None, _node=node)
 
     # Running
-    def numpy(self) -> np.ndarray:
-        """Compile (or fetch from the cache) and run the computation; axes follow `.dims`."""
+    def numpy(self, schedule=None) -> np.ndarray:
+        """Compile (or fetch from the cache) and run the computation; axes follow `.dims`.
+
+        `schedule` may be a LoopTree, a Schedule or its JSON text; None means the default."""
         from . import runtime
-        return runtime.evaluate(self.node)
+        return runtime.evaluate(self.node, schedule)
 
     def loop_tree(self, schedule=None):
         """The loop tree this tensor lowers to, under `schedule` (default schedule if None)."""

@@ -74,10 +74,11 @@ def assert_legal(tree: LoopTree) -> None:
     original = {(s.node.stage.name, s.node.kind): s for s in _statements(LoopTree(tree.program))}
     stmts = _statements(tree)
     width = max(len(s.time) for s in stmts + list(original.values()))
-    for src in stmts:
-        for dst in stmts:
-            for buffer, kinds in _shared_accesses(src.node, dst.node):
-                _check_pair(tree, src, dst, buffer, kinds, original, width)
+    pairs = [(src, dst) for src in stmts for dst in stmts]
+    pairs.sort(key=lambda p: (p[0].node.stage is p[1].node.stage, p[0].node.kind == "init"))
+    for src, dst in pairs:
+        for buffer, kinds in _shared_accesses(src.node, dst.node):
+            _check_pair(tree, src, dst, buffer, kinds, original, width)
 
 
 def _check_structure(tree: LoopTree):
