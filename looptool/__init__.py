@@ -3,12 +3,13 @@ from .frontend import (Symbol, Symbols, Tensor, abs, concat, exp, log, maximum, 
                        sqrt, symbols)
 from .legality import IllegalScheduleError
 from .looptree import LoopTree
-from .runtime import Kernel, cache_info, clear_cache, interpret
+from .runtime import Kernel, cache_info, clear_cache, get_num_threads, interpret, set_num_threads
 from .schedule import Schedule
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Symbol", "Symbols", "Tensor", "symbols", "concat", "exp", "log", "sqrt", "abs", "reciprocal", "relu",
-    "maximum", "minimum", "LoopTree", "Schedule", "IllegalScheduleError", "Kernel", "cache_info", "clear_cache", "interpret",
+    "maximum", "minimum", "LoopTree", "Schedule", "IllegalScheduleError", "Kernel", "cache_info", "clear_cache", "interpret", "set_num_threads",
+    "get_num_threads",
 ]

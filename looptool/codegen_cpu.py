@@ -16,6 +16,8 @@ from . import ir
 from .looptree import BufferPlan, Limit, LoopNode, LoopTree, StmtNode
 
 I64 = llir.IntType(64)
+ZERO = llir.Constant(I64, 0)
+ONE = llir.Constant(I64, 1)
 I1 = llir.IntType(1)
 PTR = llir.PointerType()
 FLOAT = {"float32": llir.FloatType(), "float64": llir.DoubleType()}
@@ -42,8 +44,8 @@ def kernel_params(tree: LoopTree) -> list[str]:
     return [p.name for p in sorted(plans, key=lambda p: order[p.kind])]
 
 
-def generate(tree: LoopTree, triple: str) -> CpuKernelSource:
-    """Build the LLVM module for a loop tree."""
+def generate(tree: LoopTree, triple: str, threads: int) -> CpuKernelSource:
+    """Build the LLVM module for a loop tree; parallel loops split their range over `threads`."""
     module = llir.Module(name="looptool")
     module.triple = triple
     params = kernel_params(tree)
@@ -51,23 +53,23 @@ def generate(tree: LoopTree, triple: str) -> CpuKernelSource:
     for arg, name in zip(fn.args, params):
         arg.name = name
         arg.add_attribute("noalias")
-    _FunctionBuilder(tree, fn, dict(zip(params, fn.args))).build()
+    builder = _FunctionBuilder(tree, fn, dict(zip(params, fn.args)), threads)
+    builder.body(tree.root, {})
+    builder.builder.ret_void()
     return CpuKernelSource(module, params)
 
 
 class _FunctionBuilder:
-    def __init__(self, tree: LoopTree, fn: llir.Function, pointers: dict[str, llir.Value]):
-        self.tree, self.fn, self.pointers = tree, fn, dict(pointers)
-        self.entry = fn.append_basic_block("entry")
-        self.builder = llir.IRBuilder(self.entry)
+    """Emits loop-tree nodes into one LLVM function (the kernel or an outlined parallel body)."""
 
-    def build(self):
-        for plans in self.tree.local_buffers.values():
-            for plan in plans:
-                self.pointers[plan.name] = self.builder.alloca(
-                    FLOAT[plan.dtype], size=llir.Constant(I64, plan.size), name=plan.name)
-        self.body(self.tree.root, {})
-        self.builder.ret_void()
+    def __init__(self, tree: LoopTree, fn: llir.Function, pointers: dict[str, llir.Value], threads: int):
+        self.tree, self.fn, self.pointers, self.threads = tree, fn, dict(pointers), threads
+        entry = fn.append_basic_block("entry")
+        start = fn.append_basic_block("start")
+        self.allocas = llir.IRBuilder(entry)
+        self.allocas.branch(start)
+        self.allocas.position_at_start(entry)
+        self.builder = llir.IRBuilder(start)
 
     # Control flow -----------------------------------------------------------------
     def body(self, nodes: list, env: dict):
@@ -78,12 +80,16 @@ class _FunctionBuilder:
                 self.loop(node, env)
 
     def loop(self, node: LoopNode, env: dict):
+        for plan in self.tree.local_buffers.get(id(node), []):
+            self.pointers[plan.name] = self.allocas.alloca(FLOAT[plan.dtype], size=llir.Constant(I64, plan.size),
+                                                           name=plan.name)
         lp = node.loop
         count = self.trip_count(node, env)
-        if lp.annotation == "unroll":
-            self.unrolled(node, env, count)
+        emit = {"unroll": self.unrolled, "vectorize": self.vectorized, "parallel": self.parallel}.get(lp.annotation)
+        if emit:
+            emit(node, env, count)
         else:
-            self.counted_loop(count, lambda i: self.body(node.body, {**env, lp.name: i}), lp.name)
+            self.counted_loop(ZERO, count, lambda i: self.body(node.body, {**env, lp.name: i}), lp.name)
 
     def trip_count(self, node: LoopNode, env: dict) -> llir.Value:
         count: llir.Value = llir.Constant(I64, node.loop.extent)
@@ -94,10 +100,10 @@ class _FunctionBuilder:
     def limit_count(self, lim: Limit, env: dict) -> llir.Value:
         b = self.builder
         room = b.sub(llir.Constant(I64, lim.bound), self.affine(lim.rest, env))
-        room = self.smax(room, llir.Constant(I64, 0))
+        room = self.smax(room, ZERO)
         return b.sdiv(b.add(room, llir.Constant(I64, lim.coeff - 1)), llir.Constant(I64, lim.coeff))
 
-    def counted_loop(self, count: llir.Value, emit_body, name: str):
+    def counted_loop(self, start: llir.Value, end: llir.Value, emit_body, name: str):
         b = self.builder
         pre = b.block
         header = self.fn.append_basic_block(f"{name}.head")
@@ -106,29 +112,69 @@ class _FunctionBuilder:
         b.branch(header)
         b.position_at_end(header)
         i = b.phi(I64, name=name)
-        i.add_incoming(llir.Constant(I64, 0), pre)
-        b.cbranch(b.icmp_signed("<", i, count), body, done)
+        i.add_incoming(start, pre)
+        b.cbranch(b.icmp_signed("<", i, end), body, done)
         b.position_at_end(body)
         emit_body(i)
-        i.add_incoming(b.add(i, llir.Constant(I64, 1), flags=("nsw", "nuw")), b.block)
+        i.add_incoming(b.add(i, ONE, flags=("nsw", "nuw")), b.block)
         b.branch(header)
         b.position_at_end(done)
 
-    def unrolled(self, node: LoopNode, env: dict, count: llir.Value):
-        """Full copies when the loop runs its whole extent; a rolled loop for a tail."""
+    def full_or_tail(self, node: LoopNode, env: dict, count: llir.Value, emit_full):
+        """emit_full() when the loop runs its whole extent; a plain rolled loop for a tail."""
         lp = node.loop
         if not node.limits:
-            for k in range(lp.extent):
-                self.body(node.body, {**env, lp.name: llir.Constant(I64, k)})
+            emit_full()
             return
         b = self.builder
-        full = b.icmp_signed("==", count, llir.Constant(I64, lp.extent))
-        with b.if_else(full) as (then, otherwise):
+        with b.if_else(b.icmp_signed("==", count, llir.Constant(I64, lp.extent))) as (then, otherwise):
             with then:
-                for k in range(lp.extent):
-                    self.body(node.body, {**env, lp.name: llir.Constant(I64, k)})
+                emit_full()
             with otherwise:
-                self.counted_loop(count, lambda i: self.body(node.body, {**env, lp.name: i}), lp.name)
+                self.counted_loop(ZERO, count, lambda i: self.body(node.body, {**env, lp.name: i}), lp.name)
+
+    def unrolled(self, node: LoopNode, env: dict, count: llir.Value):
+        lp = node.loop
+
+        def copies():
+            for k in range(lp.extent):
+                self.body(node.body, {**env, lp.name: llir.Constant(I64, k)})
+        self.full_or_tail(node, env, count, copies)
+
+    def vectorized(self, node: LoopNode, env: dict, count: llir.Value):
+        lanes = _Lanes(node.loop.name, node.loop.extent)
+
+        def vector_body():
+            for stmt in node.body:
+                self.vector_statement(stmt, env, lanes)
+        self.full_or_tail(node, env, count, vector_body)
+
+    def parallel(self, node: LoopNode, env: dict, count: llir.Value):
+        """Outline the loop body into a function of (ctx, start, end) and run chunks on threads."""
+        module = self.fn.module
+        body_fn = llir.Function(module, llir.FunctionType(llir.VoidType(), [PTR, I64, I64]),
+                                name=f"{self.fn.name}.{node.loop.name}.par{len(module.globals)}")
+        captured = list(self.pointers.items()) + list(env.items())
+        b = self.builder
+        ctx = self.allocas.alloca(I64, size=llir.Constant(I64, max(1, len(captured))), name="ctx")
+        for k, (_, value) in enumerate(captured):
+            slot = b.gep(ctx, [llir.Constant(I64, k)], source_etype=I64)
+            b.store(b.ptrtoint(value, I64) if value.type == PTR else value, slot)
+        b.call(_parallel_for(module), [body_fn, ctx, count, llir.Constant(I64, self.threads)])
+
+        inner = _FunctionBuilder(self.tree, body_fn, {}, self.threads)
+        ib = inner.builder
+        inner_env = {}
+        for k, (name, value) in enumerate(captured):
+            loaded = ib.load(ib.gep(body_fn.args[0], [llir.Constant(I64, k)], source_etype=I64), typ=I64)
+            if value.type == PTR:
+                inner.pointers[name] = ib.inttoptr(loaded, PTR)
+            else:
+                inner_env[name] = loaded
+        lp = node.loop
+        inner.counted_loop(body_fn.args[1], body_fn.args[2],
+                           lambda i: inner.body(node.body, {**inner_env, lp.name: i}), lp.name)
+        ib.ret_void()
 
     # Statements --------------------------------------------------------------------
     def statement(self, stmt: StmtNode, env: dict):
@@ -149,14 +195,105 @@ class _FunctionBuilder:
         """Pointer to element `index` (full coordinates) of a buffer."""
         b = self.builder
         offsets = dict(plan.offsets)
-        linear: llir.Value = llir.Constant(I64, 0)
+        linear: llir.Value = ZERO
         for d, ix, n, stride in zip(plan.dims, index, plan.shape, plan.strides):
             if d in offsets:
                 ix = b.sub(ix, self.affine(offsets[d], env))
             if clamp:
-                ix = self.smin(self.smax(ix, llir.Constant(I64, 0)), llir.Constant(I64, n - 1))
+                ix = self.smin(self.smax(ix, ZERO), llir.Constant(I64, n - 1))
             linear = b.add(linear, b.mul(ix, llir.Constant(I64, stride)))
         return b.gep(self.pointers[plan.name], [linear], source_etype=FLOAT[plan.dtype], inbounds=True)
+
+    # Vector statements -----------------------------------------------------------------
+    def vector_statement(self, stmt: StmtNode, env: dict, lanes: "_Lanes"):
+        """One statement for all lanes of a vectorized loop: packed where addresses are contiguous."""
+        stage = stmt.stage
+        b = self.builder
+        ty = FLOAT[stage.dtype]
+        vty = llir.VectorType(ty, lanes.width)
+        own = tuple(ir.Affine.var(d) for d in stage.dims)
+        base, step = self.linear_address(stage.name, own, stmt, env, lanes)
+        if stmt.kind == "init":
+            value = llir.Constant(vty, [IDENTITY[stage.reduce_op]] * lanes.width)
+        else:
+            value = self.vector_expr(stage.expr, stmt, env, lanes)
+        if step == 1:
+            if stmt.kind == "update":
+                value = self.binary(REDUCE_BINARY[stage.reduce_op], b.load(base, typ=vty, align=ty_bytes(ty)), value)
+            b.store(value, base, align=ty_bytes(ty))
+        elif step == 0 and stmt.kind == "update":
+            old = b.load(base, typ=ty)
+            b.store(self.binary(REDUCE_BINARY[stage.reduce_op], old, self.horizontal(stage.reduce_op, value)), base)
+        elif step == 0:
+            b.store(b.extract_element(value, llir.Constant(I64, lanes.width - 1)), base)
+        else:
+            for k in range(lanes.width):
+                lane_env = {**env, lanes.name: llir.Constant(I64, k)}
+                dims = {d: self.affine(a, lane_env) for d, a in stmt.index.items()}
+                target = self.address(self.tree.buffers[stage.name], [dims[d] for d in stage.dims], False, lane_env)
+                lane_value = b.extract_element(value, llir.Constant(I64, k))
+                if stmt.kind == "update":
+                    lane_value = self.binary(REDUCE_BINARY[stage.reduce_op], b.load(target, typ=ty), lane_value)
+                b.store(lane_value, target)
+
+    def linear_address(self, buffer: str, index: tuple[ir.Affine, ...], stmt: StmtNode, env: dict,
+                       lanes: "_Lanes") -> tuple[llir.Value, int]:
+        """(pointer at lane 0, element step per lane) of an unclamped access."""
+        plan = self.tree.buffers[buffer]
+        loops = plan.element_index(tuple(ix.substitute(stmt.index) for ix in index))
+        linear = ir.Affine()
+        for ix, stride in zip(loops, plan.strides):
+            linear = linear + ix.scale(stride)
+        step = linear.coeffs().get(lanes.name, 0)
+        offset = self.affine(linear, {**env, lanes.name: ZERO})
+        return self.builder.gep(self.pointers[buffer], [offset], source_etype=FLOAT[plan.dtype]), step
+
+    def vector_expr(self, e: ir.Expr, stmt: StmtNode, env: dict, lanes: "_Lanes") -> llir.Value:
+        b = self.builder
+        ty = FLOAT[e.dtype]
+        vty = llir.VectorType(ty, lanes.width)
+        if isinstance(e, ir.Const):
+            return llir.Constant(vty, [e.value] * lanes.width)
+        if isinstance(e, ir.Load) and not e.clamped:
+            base, step = self.linear_address(e.buffer, e.index, stmt, env, lanes)
+            if step == 1:
+                return b.load(base, typ=vty, align=ty_bytes(ty))
+            if step == 0:
+                return self.splat(b.load(base, typ=ty), lanes.width)
+        if isinstance(e, ir.Load | ir.Select):
+            return self.per_lane(e, stmt, env, lanes)
+        if isinstance(e, ir.Cast):
+            x = self.vector_expr(e.x, stmt, env, lanes)
+            return b.fpext(x, vty) if e.dtype == "float64" else b.fptrunc(x, vty)
+        if isinstance(e, ir.Unary):
+            return self.unary(e.op, self.vector_expr(e.x, stmt, env, lanes))
+        return self.binary(e.op, self.vector_expr(e.a, stmt, env, lanes), self.vector_expr(e.b, stmt, env, lanes))
+
+    def per_lane(self, e: ir.Expr, stmt: StmtNode, env: dict, lanes: "_Lanes") -> llir.Value:
+        """Gathered loads and guarded selects: each lane computed as a scalar, then packed."""
+        b = self.builder
+        vector = llir.Constant(llir.VectorType(FLOAT[e.dtype], lanes.width), None)
+        for k in range(lanes.width):
+            lane_env = {**env, lanes.name: llir.Constant(I64, k)}
+            dims = {d: self.affine(a, lane_env) for d, a in stmt.index.items()}
+            vector = b.insert_element(vector, self.expr(e, dims, lane_env), llir.Constant(I64, k))
+        return vector
+
+    def splat(self, scalar: llir.Value, width: int) -> llir.Value:
+        b = self.builder
+        vty = llir.VectorType(scalar.type, width)
+        one = b.insert_element(llir.Constant(vty, None), scalar, ZERO)
+        return b.shuffle_vector(one, llir.Constant(vty, None), llir.Constant(llir.VectorType(llir.IntType(32), width),
+                                                                             [0] * width))
+
+    def horizontal(self, op: str, vector: llir.Value) -> llir.Value:
+        ty = vector.type.element
+        if op == "sum":
+            fn = self.declare(f"llvm.vector.reduce.fadd.{_suffix(vector.type)}", ty, [ty, vector.type])
+            return self.builder.call(fn, [llir.Constant(ty, 0.0), vector], fastmath=FAST)
+        name = {"max": "fmaximum", "min": "fminimum"}[op]
+        fn = self.declare(f"llvm.vector.reduce.{name}.{_suffix(vector.type)}", ty, [vector.type])
+        return self.builder.call(fn, [vector])
 
     # Expressions -------------------------------------------------------------------
     def expr(self, e: ir.Expr, dims: dict[str, llir.Value], env: dict) -> llir.Value:
@@ -186,9 +323,9 @@ class _FunctionBuilder:
         if op == "neg":
             return b.fneg(x)
         if op == "reciprocal":
-            return b.fdiv(llir.Constant(x.type, 1.0), x, flags=FAST)
+            return b.fdiv(_constant_like(x.type, 1.0), x, flags=FAST)
         if op == "relu":
-            return self.binary("maximum", x, llir.Constant(x.type, 0.0))
+            return self.binary("maximum", x, _constant_like(x.type, 0.0))
         return b.call(self.intrinsic(INTRINSIC_UNARY[op], x.type, 1), [x], fastmath=FAST)
 
     def binary(self, op: str, x: llir.Value, y: llir.Value) -> llir.Value:
@@ -197,12 +334,13 @@ class _FunctionBuilder:
         return self.builder.call(self.intrinsic(INTRINSIC_BINARY[op], x.type, 2), [x, y])
 
     def intrinsic(self, name: str, ty: llir.Type, arity: int) -> llir.Function:
-        suffix = "f32" if ty == FLOAT["float32"] else "f64"
-        full = f"{name}.{suffix}"
+        return self.declare(f"{name}.{_suffix(ty)}", ty, [ty] * arity)
+
+    def declare(self, name: str, ret: llir.Type, args: list[llir.Type]) -> llir.Function:
         module = self.fn.module
-        if full in module.globals:
-            return module.globals[full]
-        return llir.Function(module, llir.FunctionType(ty, [ty] * arity), name=full)
+        if name in module.globals:
+            return module.globals[name]
+        return llir.Function(module, llir.FunctionType(ret, args), name=name)
 
     # Integer helpers ------------------------------------------------------------------
     def affine(self, a: ir.Affine, env: dict) -> llir.Value:
@@ -213,6 +351,87 @@ class _FunctionBuilder:
 
     def smax(self, x, y):
         return self.builder.select(self.builder.icmp_signed(">", x, y), x, y)
+
+
+@dataclass(frozen=True)
+class _Lanes:
+    """The vectorized loop: its name and width (its extent)."""
+
+    name: str
+    width: int
+
+
+def ty_bytes(ty: llir.Type) -> int:
+    return 4 if ty == FLOAT["float32"] else 8
+
+
+def _suffix(ty: llir.Type) -> str:
+    if isinstance(ty, llir.VectorType):
+        return f"v{ty.count}{_suffix(ty.element)}"
+    return "f32" if ty == FLOAT["float32"] else "f64"
+
+
+def _constant_like(ty: llir.Type, value: float) -> llir.Constant:
+    if isinstance(ty, llir.VectorType):
+        return llir.Constant(ty, [value] * ty.count)
+    return llir.Constant(ty, value)
+
+
+def _parallel_for(module: llir.Module) -> llir.Function:
+    """`void looptool.parallel_for(fn, ctx, count, threads)`: fn(ctx, start, end) on pthreads, one chunk each."""
+    name = "looptool.parallel_for"
+    if name in module.globals:
+        return module.globals[name]
+    body_ty = llir.FunctionType(llir.VoidType(), [PTR, I64, I64])
+    create = llir.Function(module, llir.FunctionType(llir.IntType(32), [PTR, PTR, PTR, PTR]), name="pthread_create")
+    join = llir.Function(module, llir.FunctionType(llir.IntType(32), [I64, PTR]), name="pthread_join")
+
+    # Each thread's argument block is four i64 slots: body, ctx, start, end.
+    trampoline = llir.Function(module, llir.FunctionType(PTR, [PTR]), name="looptool.trampoline")
+    b = llir.IRBuilder(trampoline.append_basic_block())
+    slots = [b.load(b.gep(trampoline.args[0], [llir.Constant(I64, k)], source_etype=I64), typ=I64) for k in range(4)]
+    b.call(_TypedCallee(b.inttoptr(slots[0], PTR), body_ty), [b.inttoptr(slots[1], PTR), slots[2], slots[3]])
+    b.ret(llir.Constant(PTR, None))
+
+    fn = llir.Function(module, llir.FunctionType(llir.VoidType(), [PTR, PTR, I64, I64]), name=name)
+    body, ctx, count, threads = fn.args
+    b = llir.IRBuilder(fn.append_basic_block("entry"))
+    tids = b.alloca(I64, size=threads)
+    argv = b.alloca(I64, size=b.mul(threads, llir.Constant(I64, 4)))
+    chunk = b.sdiv(b.add(count, b.sub(threads, ONE)), threads)
+    helper = _FunctionBuilder.__new__(_FunctionBuilder)
+    helper.fn, helper.builder = fn, b
+
+    def spawn(t):
+        start = b.mul(t, chunk)
+        end = helper.smin(b.add(start, chunk), count)
+        slot = b.gep(argv, [b.mul(t, llir.Constant(I64, 4))], source_etype=I64)
+        for k, value in enumerate([b.ptrtoint(body, I64), b.ptrtoint(ctx, I64), start, end]):
+            b.store(value, b.gep(slot, [llir.Constant(I64, k)], source_etype=I64))
+        with b.if_then(b.icmp_signed("<", start, end)):
+            b.call(create, [b.gep(tids, [t], source_etype=I64), llir.Constant(PTR, None), trampoline, slot])
+
+    def join_one(t):
+        start = b.mul(t, chunk)
+        with b.if_then(b.icmp_signed("<", start, count)):
+            b.call(join, [b.load(b.gep(tids, [t], source_etype=I64), typ=I64), llir.Constant(PTR, None)])
+
+    helper.counted_loop(ONE, threads, spawn, "spawn")
+    b.call(_TypedCallee(body, body_ty), [ctx, ZERO, helper.smin(chunk, count)])
+    helper.counted_loop(ONE, threads, join_one, "join")
+    b.ret_void()
+    return fn
+
+
+class _TypedCallee:
+    """Lets llvmlite call through an opaque pointer: it needs the callee's function type."""
+
+    def __init__(self, ptr: llir.Value, fnty: llir.FunctionType):
+        self.ptr, self.function_type = ptr, fnty
+        self.type = llir.PointerType()
+
+    def get_reference(self):
+        return self.ptr.get_reference()
 
 
 def llir_affine(b: llir.IRBuilder, a: ir.Affine, values: dict[str, llir.Value]) -> llir.Value:

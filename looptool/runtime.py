@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import threading
 import time
 
@@ -14,15 +15,28 @@ from .looptree import LoopTree
 from .schedule import Schedule
 
 ALIGNMENT = 64
+_THREADS = [os.cpu_count() or 1]
+
+
+def set_num_threads(n: int) -> None:
+    """Threads that parallel loops use in kernels compiled from now on (default: all cores)."""
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"set_num_threads: need a positive integer, got {n!r}")
+    _THREADS[0] = n
+
+
+def get_num_threads() -> int:
+    """Threads that parallel loops use."""
+    return _THREADS[0]
 
 
 class Kernel:
     """A compiled loop tree: call it with the input arrays (in `program.inputs` order)."""
 
-    def __init__(self, tree: LoopTree):
+    def __init__(self, tree: LoopTree, threads: int):
         start = time.perf_counter()
         target = codegen_cpu.HostTarget.get()
-        source = codegen_cpu.generate(tree, target.triple)
+        source = codegen_cpu.generate(tree, target.triple, threads)
         self.tree, self.params = tree, source.params
         self.llvm_ir = str(source.module)
         module = target.optimize(self.llvm_ir)
@@ -85,7 +99,7 @@ class KernelCache:
         self.hits = self.misses = 0
 
     def get(self, tree: LoopTree) -> Kernel:
-        key = (tree.program, tree.schedule.stages)
+        key = (tree.program, tree.schedule.stages, _THREADS[0])
         with self._lock:
             kernel = self._kernels.get(key)
             if kernel is not None:
@@ -94,7 +108,7 @@ class KernelCache:
             self.misses += 1
         if tree.schedule.steps:
             legality.assert_legal(tree)
-        kernel = Kernel(tree)
+        kernel = Kernel(tree, _THREADS[0])
         with self._lock:
             self._kernels[key] = kernel
         return kernel
@@ -152,10 +166,12 @@ def interpret(tensor, schedule=None) -> np.ndarray:
     return interpreter.interpret(LoopTree(program, _schedule_for(program, schedule)), arrays)
 
 
-def _load_libm():
-    name = ctypes.util.find_library("m")
-    if name:
-        llvm.load_library_permanently(name)
+def _load_system_libraries():
+    """libm for exp/log, libpthread for parallel loops (part of libc on new glibc)."""
+    for lib in ("m", "pthread"):
+        name = ctypes.util.find_library(lib)
+        if name:
+            llvm.load_library_permanently(name)
 
 
-_load_libm()
+_load_system_libraries()
