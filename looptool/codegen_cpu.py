@@ -81,8 +81,9 @@ class _FunctionBuilder:
 
     def loop(self, node: LoopNode, env: dict):
         for plan in self.tree.local_buffers.get(id(node), []):
-            self.pointers[plan.name] = self.allocas.alloca(FLOAT[plan.dtype], size=llir.Constant(I64, plan.size),
-                                                           name=plan.name)
+            buffer = self.allocas.alloca(FLOAT[plan.dtype], size=llir.Constant(I64, plan.size), name=plan.name)
+            buffer.align = 64
+            self.pointers[plan.name] = buffer
         lp = node.loop
         count = self.trip_count(node, env)
         emit = {"unroll": self.unrolled, "vectorize": self.vectorized, "parallel": self.parallel}.get(lp.annotation)
@@ -150,31 +151,37 @@ class _FunctionBuilder:
         self.full_or_tail(node, env, count, vector_body)
 
     def parallel(self, node: LoopNode, env: dict, count: llir.Value):
-        """Outline the loop body into a function of (ctx, start, end) and run chunks on threads."""
+        """Outline the loop into body(noalias buffers..., outer loop values..., start, end) and run
+        chunks of its range on threads through a (ctx, start, end) wrapper."""
         module = self.fn.module
-        body_fn = llir.Function(module, llir.FunctionType(llir.VoidType(), [PTR, I64, I64]),
-                                name=f"{self.fn.name}.{node.loop.name}.par{len(module.globals)}")
-        captured = list(self.pointers.items()) + list(env.items())
-        b = self.builder
-        ctx = self.allocas.alloca(I64, size=llir.Constant(I64, max(1, len(captured))), name="ctx")
-        for k, (_, value) in enumerate(captured):
-            slot = b.gep(ctx, [llir.Constant(I64, k)], source_etype=I64)
-            b.store(b.ptrtoint(value, I64) if value.type == PTR else value, slot)
-        b.call(_parallel_for(module), [body_fn, ctx, count, llir.Constant(I64, self.threads)])
+        pointers, values = list(self.pointers.items()), list(env.items())
+        name = f"{self.fn.name}.{node.loop.name}.par{len(module.globals)}"
+        body_fn = llir.Function(module, llir.FunctionType(
+            llir.VoidType(), [PTR] * len(pointers) + [I64] * (len(values) + 2)), name=name)
+        for arg in body_fn.args[:len(pointers)]:
+            arg.add_attribute("noalias")
+        wrapper = llir.Function(module, llir.FunctionType(llir.VoidType(), [PTR, I64, I64]), name=name + ".ctx")
 
-        inner = _FunctionBuilder(self.tree, body_fn, {}, self.threads)
-        ib = inner.builder
-        inner_env = {}
-        for k, (name, value) in enumerate(captured):
-            loaded = ib.load(ib.gep(body_fn.args[0], [llir.Constant(I64, k)], source_etype=I64), typ=I64)
-            if value.type == PTR:
-                inner.pointers[name] = ib.inttoptr(loaded, PTR)
-            else:
-                inner_env[name] = loaded
+        b = self.builder
+        ctx = self.allocas.alloca(I64, size=llir.Constant(I64, max(1, len(pointers) + len(values))), name="ctx")
+        for k, (_, value) in enumerate(pointers + values):
+            b.store(b.ptrtoint(value, I64) if isinstance(value.type, llir.PointerType) else value,
+                    b.gep(ctx, [llir.Constant(I64, k)], source_etype=I64))
+        b.call(_parallel_for(module), [wrapper, ctx, count, llir.Constant(I64, self.threads)])
+
+        wb = llir.IRBuilder(wrapper.append_basic_block())
+        slots = [wb.load(wb.gep(wrapper.args[0], [llir.Constant(I64, k)], source_etype=I64), typ=I64)
+                 for k in range(len(pointers) + len(values))]
+        args = [wb.inttoptr(v, PTR) for v in slots[:len(pointers)]] + slots[len(pointers):]
+        wb.call(body_fn, args + list(wrapper.args[1:]))
+        wb.ret_void()
+
+        inner = _FunctionBuilder(self.tree, body_fn, dict(zip([n for n, _ in pointers], body_fn.args)), self.threads)
+        inner_env = dict(zip([n for n, _ in values], body_fn.args[len(pointers):]))
+        start, end = body_fn.args[-2:]
         lp = node.loop
-        inner.counted_loop(body_fn.args[1], body_fn.args[2],
-                           lambda i: inner.body(node.body, {**inner_env, lp.name: i}), lp.name)
-        ib.ret_void()
+        inner.counted_loop(start, end, lambda i: inner.body(node.body, {**inner_env, lp.name: i}), lp.name)
+        inner.builder.ret_void()
 
     # Statements --------------------------------------------------------------------
     def statement(self, stmt: StmtNode, env: dict):
@@ -218,6 +225,7 @@ class _FunctionBuilder:
         else:
             value = self.vector_expr(stage.expr, stmt, env, lanes)
         if step == 1:
+            base = b.bitcast(base, vty.as_pointer())
             if stmt.kind == "update":
                 value = self.binary(REDUCE_BINARY[stage.reduce_op], b.load(base, typ=vty, align=ty_bytes(ty)), value)
             b.store(value, base, align=ty_bytes(ty))
@@ -257,7 +265,7 @@ class _FunctionBuilder:
         if isinstance(e, ir.Load) and not e.clamped:
             base, step = self.linear_address(e.buffer, e.index, stmt, env, lanes)
             if step == 1:
-                return b.load(base, typ=vty, align=ty_bytes(ty))
+                return b.load(b.bitcast(base, vty.as_pointer()), typ=vty, align=ty_bytes(ty))
             if step == 0:
                 return self.splat(b.load(base, typ=ty), lanes.width)
         if isinstance(e, ir.Load | ir.Select):

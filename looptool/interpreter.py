@@ -99,7 +99,7 @@ class _Runner:
             index = [_affine(a, dims) for a in plan.element_index(e.index)]
             if e.clamped:
                 index = [np.clip(ix, 0, n - 1) for ix, n in zip(index, plan.shape)]
-            return self.memory[e.buffer][tuple(index)]
+            return self.memory[e.buffer][tuple(index) if index else 0]
         if isinstance(e, ir.Select):
             ok = True
             for g in e.guards:

@@ -76,12 +76,12 @@ class LoopTree:
     """A program under a schedule: inspect it with str(), reshape it with the transform methods."""
 
     def __init__(self, program: Program, schedule: Schedule | None = None):
-        self.program = program
         self.schedule = schedule or Schedule.default(program)
-        self.buffers = _plan_buffers(program, self.schedule)
+        self.program = self.schedule.program
+        self.buffers = _plan_buffers(self.program, self.schedule)
         self.local_buffers: dict[int, list[BufferPlan]] = {}
         self.root: list = []
-        for stage in program.stages:
+        for stage in self.program.stages:
             if self.schedule.of(stage.name).consumer is None:
                 self._emit_stage(stage, self.root, [])
 
@@ -154,6 +154,11 @@ class LoopTree:
     def parallel(self, loop: str, stage: str | None = None) -> "LoopTree":
         """Run the iterations of `loop` on several CPU threads."""
         return LoopTree(self.program, self.schedule.annotate(self._stage(stage), loop, "parallel"))
+
+    def cache(self, buffer: str, stage: str | None = None, order=None) -> "LoopTree":
+        """Read `buffer` in `stage` through a copy stage `<buffer>.<stage>` laid out in `order`
+        (then `place` the copy to pack just the tile a loop uses)."""
+        return LoopTree(self.program, self.schedule.cache(self._stage(stage), buffer, order))
 
     def place(self, stage: str, consumer: str | None, depth: int = 0) -> "LoopTree":
         """Compute `stage` inside the first `depth` loops of `consumer` (None: at the root)."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 
+from . import ir
 from .ir import Program
 
 ANNOTATIONS = ("", "unroll", "vectorize", "parallel")
@@ -54,16 +55,14 @@ class StageSchedule:
 class Schedule:
     """Per-stage schedules of one program plus the steps that made them."""
 
+    program: Program
     stages: tuple[tuple[str, StageSchedule], ...]
-    sizes: tuple[tuple[str, int], ...]
     steps: tuple[tuple, ...] = ()
 
     @staticmethod
     def default(program: Program) -> "Schedule":
         """Every stage at the root, loops in the order its expression's dims appeared, no splits."""
-        stages = tuple((st.name, StageSchedule(tuple(Loop(d, d, program.size(d), 1) for d in st.loop_dims)))
-                       for st in program.stages)
-        return Schedule(stages, program.sizes)
+        return Schedule(program, tuple((st.name, _default_stage(program, st)) for st in program.stages))
 
     def of(self, stage: str) -> StageSchedule:
         for name, sched in self.stages:
@@ -90,7 +89,7 @@ class Schedule:
 
     def _with(self, stage: str, sched: StageSchedule, step: tuple) -> "Schedule":
         stages = tuple((n, sched if n == stage else s) for n, s in self.stages)
-        return Schedule(stages, self.sizes, self.steps + (step,))
+        return Schedule(self.program, stages, self.steps + (step,))
 
     def _loop(self, stage: str, loop: str) -> tuple[int, Loop]:
         loops = self.of(stage).loops
@@ -157,7 +156,7 @@ class Schedule:
         sched = self.of(stage)
         if consumer is None or depth == 0:
             dims = dict.fromkeys(lp.dim for lp in self.effective_loops(stage))
-            loops = tuple(Loop(d, d, dict(self.sizes)[d], 1) for d in dims)
+            loops = tuple(Loop(d, d, self.program.size(d), 1) for d in dims)
             return self._with(stage, StageSchedule(loops), ("place", stage, None, 0))
         consumer_loops = self.effective_loops(consumer)
         if not 0 <= depth <= len(consumer_loops):
@@ -176,6 +175,35 @@ class Schedule:
         loops = inner + own
         return self._with(stage, StageSchedule(loops, tuple(dict.fromkeys(tails)), depth, consumer),
                           ("place", stage, consumer, depth))
+
+    def cache(self, stage: str, buffer: str, order: tuple[str, ...] | None = None) -> "Schedule":
+        """Read `buffer` in `stage` through a copy: a new stage `<buffer>.<stage>` with the dims in `order`.
+
+        Placed inside the stage's loops, the copy shrinks to the tile those loops
+        use: this packs a panel of a matrix or relayouts filters contiguously."""
+        consumer = self.program.stage(stage)
+        loads = [ld for ld in ir.loads(consumer.expr) if ld.buffer == buffer]
+        if not loads:
+            raise ValueError(f"cannot cache {buffer} in stage {stage}: the stage does not read it")
+        dims = _buffer_dims(self.program, buffer)
+        order = tuple(order) if order else dims
+        if sorted(order) != sorted(dims):
+            raise ValueError(f"cache of {buffer}: order {order} must list its dims {dims}")
+        name = f"{buffer}.{stage}"
+        if any(st.name == name for st in self.program.stages):
+            raise ValueError(f"stage {stage} already reads {buffer} through the copy {name}")
+        dtype = loads[0].dtype
+        copy = ir.Stage(name, order, (), None, ir.Load(buffer, tuple(ir.Affine.var(d) for d in dims), dtype),
+                        dtype, order)
+        rewired = ir.Stage(consumer.name, consumer.dims, consumer.reduce_dims, consumer.reduce_op,
+                           _redirect(consumer.expr, buffer, name, dims, order), consumer.dtype, consumer.loop_dims)
+        position = self.program.stages.index(consumer)
+        program_stages = list(self.program.stages)
+        program_stages[position:position + 1] = [copy, rewired]
+        program = replace(self.program, stages=tuple(program_stages))
+        stages = list(self.stages)
+        stages.insert(position, (name, _default_stage(program, copy)))
+        return Schedule(program, tuple(stages), self.steps + (("cache", stage, buffer, list(order)),))
 
     def _reaches(self, stage: str, target: str) -> bool:
         consumer = self.of(stage).consumer
@@ -197,7 +225,7 @@ class Schedule:
         sched = self
         for step in steps:
             op, *args = step
-            if op not in ("split", "reorder", "annotate", "place"):
+            if op not in ("split", "reorder", "annotate", "place", "cache"):
                 raise ValueError(f"unknown schedule step {op!r}")
             sched = getattr(sched, op)(*args)
         return sched
@@ -212,3 +240,34 @@ def _split_tail(tail: Tail, name: str, outer: str, inner: str, factor: int) -> T
         else:
             terms[n] = terms.get(n, 0) + c
     return Tail(tuple(terms.items()), tail.bound)
+
+
+def _default_stage(program: Program, stage: ir.Stage) -> StageSchedule:
+    return StageSchedule(tuple(Loop(d, d, program.size(d), 1) for d in stage.loop_dims))
+
+
+def _buffer_dims(program: Program, buffer: str) -> tuple[str, ...]:
+    for buf in program.inputs:
+        if buf.name == buffer:
+            return buf.dims
+    return program.stage(buffer).dims
+
+
+def _redirect(expr: ir.Expr, buffer: str, copy: str, dims: tuple[str, ...], order: tuple[str, ...]) -> ir.Expr:
+    """`expr` with every load of `buffer` reading the copy (axes permuted to `order`) instead."""
+    if isinstance(expr, ir.Load):
+        if expr.buffer != buffer:
+            return expr
+        index = dict(zip(dims, expr.index))
+        return ir.Load(copy, tuple(index[d] for d in order), expr.dtype, expr.clamped)
+    if isinstance(expr, ir.Select):
+        return ir.Select(expr.guards, _redirect(expr.then, buffer, copy, dims, order),
+                         _redirect(expr.otherwise, buffer, copy, dims, order))
+    if isinstance(expr, ir.Unary):
+        return ir.Unary(expr.op, _redirect(expr.x, buffer, copy, dims, order))
+    if isinstance(expr, ir.Cast):
+        return ir.Cast(_redirect(expr.x, buffer, copy, dims, order), expr.dtype)
+    if isinstance(expr, ir.Binary):
+        return ir.Binary(expr.op, _redirect(expr.a, buffer, copy, dims, order),
+                         _redirect(expr.b, buffer, copy, dims, order))
+    return expr
