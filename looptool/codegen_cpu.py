@@ -334,7 +334,35 @@ class _FunctionBuilder:
             return b.fdiv(_constant_like(x.type, 1.0), x, flags=FAST)
         if op == "relu":
             return self.binary("maximum", x, _constant_like(x.type, 0.0))
+        if op == "exp" and _element(x.type) == FLOAT["float32"]:
+            return self.exp_f32(x)
         return b.call(self.intrinsic(INTRINSIC_UNARY[op], x.type, 1), [x], fastmath=FAST)
+
+    def exp_f32(self, x: llir.Value) -> llir.Value:
+        """e**x for float32 scalars or vectors, inline: Cephes' range reduction and polynomial (~1 ulp).
+
+        libm's expf cannot be vectorized by LLVM here, so this keeps exp-heavy loops in SIMD
+        registers. Below -87.3 it gives 0, above 88.7 inf, and NaN stays NaN."""
+        b, ty = self.builder, x.type
+
+        def c(v):
+            return _constant_like(ty, v)
+        clamped = self.binary("minimum", self.binary("maximum", x, c(-87.33654)), c(88.72284))
+        n = b.call(self.intrinsic("llvm.rint", ty, 1), [b.fmul(clamped, c(1.44269504088896341))])
+        r = b.fsub(b.fsub(clamped, b.fmul(n, c(0.693359375))), b.fmul(n, c(-2.12194440e-4)))
+        poly = c(1.9875691500e-4)
+        for coeff in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
+            poly = b.fadd(b.fmul(poly, r), c(coeff))
+        y = b.fadd(b.fadd(b.fmul(poly, b.fmul(r, r)), r), c(1.0))
+        ity = llir.VectorType(llir.IntType(32), ty.count) if isinstance(ty, llir.VectorType) else llir.IntType(32)
+        whole = b.fptosi(n, ity)
+        half = b.ashr(whole, _int_like(ity, 1))
+        for part in (half, b.sub(whole, half)):
+            y = b.fmul(y, b.bitcast(b.shl(b.add(part, _int_like(ity, 127)), _int_like(ity, 23)), ty))
+        result = y
+        result = b.select(b.fcmp_ordered("<", x, c(-87.33654)), c(0.0), result)
+        result = b.select(b.fcmp_ordered(">", x, c(88.72284)), c(float("inf")), result)
+        return b.select(b.fcmp_unordered("uno", x, x), x, result)
 
     def binary(self, op: str, x: llir.Value, y: llir.Value) -> llir.Value:
         if op in ARITH:
@@ -377,6 +405,16 @@ def _suffix(ty: llir.Type) -> str:
     if isinstance(ty, llir.VectorType):
         return f"v{ty.count}{_suffix(ty.element)}"
     return "f32" if ty == FLOAT["float32"] else "f64"
+
+
+def _element(ty: llir.Type) -> llir.Type:
+    return ty.element if isinstance(ty, llir.VectorType) else ty
+
+
+def _int_like(ty: llir.Type, value: int) -> llir.Constant:
+    if isinstance(ty, llir.VectorType):
+        return llir.Constant(ty, [value] * ty.count)
+    return llir.Constant(ty, value)
 
 
 def _constant_like(ty: llir.Type, value: float) -> llir.Constant:
