@@ -46,12 +46,44 @@ def demo(m: int = 200, k: int = 300, n: int = 500) -> None:
         raise SystemExit("result does not match NumPy")
 
 
+def tune_command(args) -> None:
+    """`looptool tune WORKLOAD ...`: tune with Optuna, print the summary, write plots."""
+    from tuner import report, study, workloads
+
+    work = workloads.resolve(args.workload)
+    result = study.tune(work.tensor, trials=args.trials, timeout=args.timeout, storage=args.storage,
+                        study_name=args.study, sampler=args.sampler, seed=args.seed, jobs=args.jobs,
+                        threads=args.threads)
+    baseline = _median_time(work.baseline, 10) if work.baseline else None
+    print(result.summary(baseline))
+    if args.plots:
+        for path in report.save_plots(result.study, args.plots):
+            print(f"wrote {path}")
+
+
 def main(argv=None) -> None:
-    """Command-line entry point."""
-    parser = argparse.ArgumentParser(prog="looptool", description=__doc__)
-    parser.add_argument("--size", nargs=3, type=int, default=(200, 300, 500), metavar=("M", "K", "N"))
+    """Command-line entry point: `looptool [demo]` or `looptool tune WORKLOAD`."""
+    parser = argparse.ArgumentParser(prog="looptool", description="looptool: loop-nest compiler and tuner")
+    commands = parser.add_subparsers(dest="command")
+    demo_cmd = commands.add_parser("demo", help="matmul as (a * b).sum(k): loop tree, check, timing (default)")
+    demo_cmd.add_argument("--size", nargs=3, type=int, default=(200, 300, 500), metavar=("M", "K", "N"))
+    tune_cmd = commands.add_parser("tune", help="search schedules with Optuna")
+    tune_cmd.add_argument("workload", help="matmul:512x512x512, softmax:4096x1024, layernorm:4096x1024 "
+                                           "or package.module:function returning a Tensor")
+    tune_cmd.add_argument("--trials", type=int, default=100, help="trials the study should hold in all")
+    tune_cmd.add_argument("--timeout", type=float, default=None, help="seconds to stop after")
+    tune_cmd.add_argument("--jobs", type=int, default=1, help="worker processes sharing the study")
+    tune_cmd.add_argument("--storage", default=None, help="Optuna storage URL (default: SQLite in ~/.cache/looptool)")
+    tune_cmd.add_argument("--study", default=None, help="study name (default: derived from the workload)")
+    tune_cmd.add_argument("--sampler", default="tpe", choices=("tpe", "random"))
+    tune_cmd.add_argument("--seed", type=int, default=None)
+    tune_cmd.add_argument("--threads", type=int, default=1, help="cores each kernel may use")
+    tune_cmd.add_argument("--plots", default=None, help="folder for history.png and importances.png")
     args = parser.parse_args(argv)
-    demo(*args.size)
+    if args.command == "tune":
+        tune_command(args)
+    else:
+        demo(*getattr(args, "size", (200, 300, 500)))
 
 
 if __name__ == "__main__":

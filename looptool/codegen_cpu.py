@@ -7,6 +7,7 @@ clamp their indices into bounds, so no schedule reads outside a buffer.
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import llvmlite.binding as llvm
@@ -21,7 +22,9 @@ ONE = llir.Constant(I64, 1)
 I1 = llir.IntType(1)
 PTR = llir.PointerType()
 FLOAT = {"float32": llir.FloatType(), "float64": llir.DoubleType()}
-FAST = ("reassoc", "contract", "nsz")
+# No 'contract': products feeding sums become explicit fma calls, so every schedule of a
+# computation (serial or parallel, vectorized or not) rounds each element the same way.
+FAST = ("reassoc", "nsz")
 IDENTITY = {"sum": 0.0, "max": float("-inf"), "min": float("inf")}
 INTRINSIC_UNARY = {"exp": "llvm.exp", "log": "llvm.log", "sqrt": "llvm.sqrt", "abs": "llvm.fabs"}
 INTRINSIC_BINARY = {"maximum": "llvm.maximum", "minimum": "llvm.minimum"}
@@ -192,10 +195,11 @@ class _FunctionBuilder:
         if stmt.kind == "init":
             self.builder.store(llir.Constant(ty, IDENTITY[stage.reduce_op]), target)
             return
-        value = self.expr(stage.expr, dims, env)
+        evaluate = lambda e: self.expr(e, dims, env)  # noqa: E731
         if stmt.kind == "update":
-            old = self.builder.load(target, typ=ty)
-            value = self.binary(REDUCE_BINARY[stage.reduce_op], old, value)
+            value = self.accumulate(stage.reduce_op, self.builder.load(target, typ=ty), stage.expr, evaluate)
+        else:
+            value = evaluate(stage.expr)
         self.builder.store(value, target)
 
     def address(self, plan: BufferPlan, index: list[llir.Value], clamp: bool, env: dict) -> llir.Value:
@@ -220,16 +224,23 @@ class _FunctionBuilder:
         vty = llir.VectorType(ty, lanes.width)
         own = tuple(ir.Affine.var(d) for d in stage.dims)
         base, step = self.linear_address(stage.name, own, stmt, env, lanes)
+        evaluate = lambda e: self.vector_expr(e, stmt, env, lanes)  # noqa: E731
+        if step == 1:
+            base = b.bitcast(base, vty.as_pointer())
+            if stmt.kind == "init":
+                value = llir.Constant(vty, [IDENTITY[stage.reduce_op]] * lanes.width)
+            elif stmt.kind == "update":
+                old = b.load(base, typ=vty, align=ty_bytes(ty))
+                value = self.accumulate(stage.reduce_op, old, stage.expr, evaluate)
+            else:
+                value = evaluate(stage.expr)
+            b.store(value, base, align=ty_bytes(ty))
+            return
         if stmt.kind == "init":
             value = llir.Constant(vty, [IDENTITY[stage.reduce_op]] * lanes.width)
         else:
-            value = self.vector_expr(stage.expr, stmt, env, lanes)
-        if step == 1:
-            base = b.bitcast(base, vty.as_pointer())
-            if stmt.kind == "update":
-                value = self.binary(REDUCE_BINARY[stage.reduce_op], b.load(base, typ=vty, align=ty_bytes(ty)), value)
-            b.store(value, base, align=ty_bytes(ty))
-        elif step == 0 and stmt.kind == "update":
+            value = evaluate(stage.expr)
+        if step == 0 and stmt.kind == "update":
             old = b.load(base, typ=ty)
             b.store(self.binary(REDUCE_BINARY[stage.reduce_op], old, self.horizontal(stage.reduce_op, value)), base)
         elif step == 0:
@@ -275,7 +286,7 @@ class _FunctionBuilder:
             return b.fpext(x, vty) if e.dtype == "float64" else b.fptrunc(x, vty)
         if isinstance(e, ir.Unary):
             return self.unary(e.op, self.vector_expr(e.x, stmt, env, lanes))
-        return self.binary(e.op, self.vector_expr(e.a, stmt, env, lanes), self.vector_expr(e.b, stmt, env, lanes))
+        return self.combine(e, lambda sub: self.vector_expr(sub, stmt, env, lanes))
 
     def per_lane(self, e: ir.Expr, stmt: StmtNode, env: dict, lanes: "_Lanes") -> llir.Value:
         """Gathered loads and guarded selects: each lane computed as a scalar, then packed."""
@@ -324,7 +335,28 @@ class _FunctionBuilder:
             return b.fpext(x, ty) if e.dtype == "float64" else b.fptrunc(x, ty)
         if isinstance(e, ir.Unary):
             return self.unary(e.op, self.expr(e.x, dims, env))
-        return self.binary(e.op, self.expr(e.a, dims, env), self.expr(e.b, dims, env))
+        return self.combine(e, lambda sub: self.expr(sub, dims, env))
+
+    def combine(self, e: ir.Binary, evaluate) -> llir.Value:
+        """A binary operation; a product feeding an add or subtract becomes one fused multiply-add."""
+        b = self.builder
+        if e.op in ("add", "sub"):
+            if _is_product(e.a):
+                addend = evaluate(e.b)
+                return self.fma(evaluate(e.a.a), evaluate(e.a.b), addend if e.op == "add" else b.fneg(addend))
+            if _is_product(e.b):
+                x = evaluate(e.b.a)
+                return self.fma(x if e.op == "add" else b.fneg(x), evaluate(e.b.b), evaluate(e.a))
+        return self.binary(e.op, evaluate(e.a), evaluate(e.b))
+
+    def accumulate(self, op: str, old: llir.Value, e: ir.Expr, evaluate) -> llir.Value:
+        """old (+, max, min) e; a product summed into `old` is one fused multiply-add."""
+        if op == "sum" and _is_product(e):
+            return self.fma(evaluate(e.a), evaluate(e.b), old)
+        return self.binary(REDUCE_BINARY[op], old, evaluate(e))
+
+    def fma(self, x: llir.Value, y: llir.Value, z: llir.Value) -> llir.Value:
+        return self.builder.call(self.intrinsic("llvm.fma", x.type, 3), [x, y, z], fastmath=FAST)
 
     def unary(self, op: str, x: llir.Value) -> llir.Value:
         b = self.builder
@@ -405,6 +437,10 @@ def _suffix(ty: llir.Type) -> str:
     if isinstance(ty, llir.VectorType):
         return f"v{ty.count}{_suffix(ty.element)}"
     return "f32" if ty == FLOAT["float32"] else "f64"
+
+
+def _is_product(e: ir.Expr) -> bool:
+    return isinstance(e, ir.Binary) and e.op == "mul"
 
 
 def _element(ty: llir.Type) -> llir.Type:
@@ -503,6 +539,12 @@ class HostTarget:
         target = llvm.Target.from_triple(self.triple)
         self.machine = target.create_target_machine(cpu=self.cpu, features=self.features, opt=3,
                                                     codemodel="jitdefault", jit=True)
+
+    @property
+    def name(self) -> str:
+        """What a tuned schedule is specific to: the CPU model and its features."""
+        digest = hashlib.sha256(self.features.encode()).hexdigest()[:12]
+        return f"cpu:{self.cpu}:{digest}"
 
     @classmethod
     def get(cls) -> "HostTarget":

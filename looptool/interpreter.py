@@ -72,19 +72,22 @@ class _Runner:
         self.statement(stmt, grid, mask)
 
     def statement(self, stmt: StmtNode, env: dict, mask):
+        """Run a statement at every point of `env` (scalars or broadcast grids) where `mask` holds."""
         stage = stmt.stage
         plan = self.tree.buffers[stage.name]
         dims = {d: _affine(a, env) for d, a in stmt.index.items()}
+        shape = np.broadcast_shapes(np.shape(mask), *[np.shape(v) for v in (*dims.values(), *env.values())])
+        mask = np.broadcast_to(mask, shape)
+        values = {k: np.broadcast_to(v, shape)[mask] for k, v in (*env.items(), *dims.items())}
         full = tuple(ir.Affine.var(d) for d in stage.dims)
-        target = tuple(_affine(a, dims) for a in plan.element_index(full))
-        shape = np.broadcast_shapes(np.shape(mask), *[np.shape(v) for v in dims.values()])
-        target = target or (0,)
-        target = tuple(np.broadcast_to(t, shape)[mask] for t in target)
+        count = int(mask.sum())
+        target = tuple(np.broadcast_to(_affine(a, values), (count,)) for a in plan.element_index(full))
+        target = target or (np.zeros(count, dtype=np.intp),)
         buf = self.memory[stage.name]
         if stmt.kind == "init":
             buf[target] = IDENTITY[stage.reduce_op]
             return
-        value = np.broadcast_to(self.expr(stage.expr, dims), shape)[mask]
+        value = np.broadcast_to(self.expr(stage.expr, values), (count,))
         if stmt.kind == "assign":
             buf[target] = value
         else:

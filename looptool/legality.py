@@ -161,6 +161,12 @@ def _check_pair(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, access_pair
     new_src, new_dst = _time_map(src, src.time, width), _time_map(dst, dst.time, width)
     for ix_a, w_a, ix_b, w_b in access_pairs:
         touch = _access_map(src, tree, buffer, ix_a).apply_range(_access_map(dst, tree, buffer, ix_b).reverse())
+        if src.node.kind == "assign" and w_a and buffer == src.node.stage.name:
+            if dst.node is src.node:
+                _check_private_writes(tree, src, buffer, touch)
+            elif not w_b:
+                _check_fed(tree, src, dst, buffer, touch.intersect(new_src.lex_lt_map(new_dst)), touch)
+            continue
         deps = touch.intersect(orig_src.lex_lt_map(orig_dst))
         if deps.is_empty():
             continue
@@ -171,6 +177,53 @@ def _check_pair(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, access_pair
         _check_parallel(tree, src, dst, buffer, deps)
         if w_a and not w_b:
             _check_local(tree, src, dst, buffer, deps)
+
+
+def _check_fed(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, earlier: isl.Map, touch: isl.Map):
+    """A pure stage may be computed redundantly; each read just needs some write of its element
+    before it, in the same iteration of the shared parallel loops and of the loops the buffer is tiled by."""
+    plan = tree.buffers[buffer]
+    tiles = {name for _, off in plan.offsets for name, _ in off.terms}
+    pinned = [k for k in _common_loops(src, dst)
+              if src.path[k].loop.annotation == "parallel" or src.path[k].loop.name in tiles]
+    for k in pinned:
+        earlier = earlier.intersect(_equal_at(src, dst, k))
+    unfed = touch.range().subtract(earlier.range())
+    if unfed.is_empty():
+        return
+    point = unfed.sample_point()
+    values = [point.get_coordinate_val(isl.dim_type.set, k).to_python() for k in range(len(dst.path))]
+    where = "".join(f" in the same iteration of loop '{src.path[k].loop.name}'" for k in pinned[:1])
+    raise IllegalScheduleError(
+        f"illegal schedule: `{dst.text(tree.buffers)}` (stage {dst.node.stage.name}) reads buffer {buffer} at "
+        f"{_values(dst, values)} before `{src.text(tree.buffers)}` (stage {src.node.stage.name}) has written that "
+        f"element{where}")
+
+
+def _check_private_writes(tree: LoopTree, src: _Stmt, buffer: str, touch: isl.Map):
+    """Redundant writes of one element from different iterations of a parallel loop race,
+    unless the buffer is private to each iteration (allocated inside the loop)."""
+    owner = _allocation_loop(tree, buffer)
+    for k, node in enumerate(src.path):
+        if node.loop.annotation != "parallel" or (owner is not None and owner in src.path[k:]):
+            continue
+        if not touch.intersect(_differ_at(src, src, k)).is_empty():
+            raise IllegalScheduleError(
+                f"loop '{node.loop.name}' cannot be parallel: its iterations write the same elements of buffer "
+                f"{buffer} (`{src.text(tree.buffers)}`), which is shared by all threads")
+
+
+def _allocation_loop(tree: LoopTree, buffer: str) -> LoopNode | None:
+    for node, _ in tree.walk():
+        if isinstance(node, LoopNode) and any(p.name == buffer for p in tree.local_buffers.get(id(node), [])):
+            return node
+    return None
+
+
+def _equal_at(src: _Stmt, dst: _Stmt, k: int) -> isl.Map:
+    a = ", ".join(f"i{j}" for j in range(len(src.path)))
+    b = ", ".join(f"j{j}" for j in range(len(dst.path)))
+    return isl.Map(f"{{ [{a}] -> [{b}] : i{k} = j{k} }}")
 
 
 def _common_loops(src: _Stmt, dst: _Stmt) -> list[int]:

@@ -10,7 +10,7 @@ import time
 import llvmlite.binding as llvm
 import numpy as np
 
-from . import codegen_cpu, graph, interpreter, ir, legality
+from . import codegen_cpu, graph, interpreter, ir, legality, tuning_db
 from .looptree import LoopTree
 from .schedule import Schedule
 
@@ -154,8 +154,12 @@ def kernel_for(node: graph.Node, schedule=None) -> Kernel:
 
 
 def evaluate(node: graph.Node, schedule=None) -> np.ndarray:
-    """Compile (cached) and run a graph; the result's axes follow the graph's dims."""
+    """Compile (cached) and run a graph; the result's axes follow the graph's dims.
+
+    With no schedule given, a schedule the tuner stored for this workload is used."""
     program, arrays = ir.lower(node)
+    if schedule is None:
+        schedule = tuning_db.lookup(program, codegen_cpu.HostTarget.get().name)
     kernel = CACHE.get(LoopTree(program, _schedule_for(program, schedule)))
     return kernel(arrays)
 

@@ -77,11 +77,13 @@ class Schedule:
         return shared + sched.loops
 
     def effective_tails(self, stage: str) -> tuple[Tail, ...]:
+        """The stage's own tails plus those of its consumer that involve only the shared loops."""
         sched = self.of(stage)
-        names = {lp.name for lp in self.effective_loops(stage)}
-        inherited = self.effective_tails(sched.consumer) if sched.consumer else ()
-        own = tuple(t for t in inherited if all(n in names for n, _ in t.terms))
-        return tuple(dict.fromkeys(own + sched.tails))
+        if sched.consumer is None:
+            return sched.tails
+        shared = {lp.name for lp in self.effective_loops(sched.consumer)[:sched.at]}
+        inherited = tuple(t for t in self.effective_tails(sched.consumer) if all(n in shared for n, _ in t.terms))
+        return tuple(dict.fromkeys(inherited + sched.tails))
 
     def placed_in(self, stage: str) -> list[str]:
         """Stages placed inside `stage`'s loops."""
@@ -166,10 +168,11 @@ class Schedule:
             raise ValueError(f"cannot place {stage} inside {consumer}: {consumer} is computed inside {stage}")
         shared = consumer_loops[:depth]
         shared_dims = {lp.dim for lp in shared}
-        own_dims = {lp.dim for lp in self.effective_loops(stage)}
-        own = tuple(lp for lp in sched.loops if lp.dim not in shared_dims)
+        current = self.effective_loops(stage)
+        own_dims = {lp.dim for lp in current}
+        own = tuple(lp for lp in current if lp.dim not in shared_dims)
         inner = tuple(lp for lp in consumer_loops[depth:] if lp.dim in shared_dims and lp.dim in own_dims)
-        tails = tuple(t for t in self.effective_tails(consumer) + sched.tails
+        tails = tuple(t for t in self.effective_tails(consumer) + self.effective_tails(stage)
                       if {n for n, _ in t.terms} <= {lp.name for lp in shared + own + inner}
                       and any(n in {lp.name for lp in own + inner} for n, _ in t.terms))
         loops = inner + own

@@ -10,8 +10,6 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
-from helpers import assert_close, rtol_for  # noqa: E402,F401  (re-exported)
-
 
 @pytest.fixture
 def rng(request):

@@ -100,7 +100,7 @@ def test_non_numeric_input_rejected(obj):
 @pytest.mark.parametrize("size, kwargs", [
     (8, {}),                      # 8 > 5
     (8, {"padding": 1}),          # 8 > 5 + 2
-    (7, {"padding": (2, 0)}),     # 7 > 5 + 2
+    (8, {"padding": (2, 0)}),     # 8 > 5 + 2
     (3, {"dilation": 3}),         # dilated extent 7 > 5
 ], ids=["plain", "padded", "asym-padded", "dilated"])
 def test_window_larger_than_padded_extent(size, kwargs):

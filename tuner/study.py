@@ -1,0 +1,214 @@
+"""Tuning a computation with Optuna: studies, trials, persistence and the result.
+
+`tune(tensor)` derives the search space from the tensor's loop tree, measures
+every legal drawn schedule in an isolated worker, and records the best schedule
+in looptool's tuning database so later `.numpy()` calls use it.  Studies live in
+any Optuna storage; the embedded default is the SQLite file
+`~/.cache/looptool/studies.sqlite` (or `$LOOPTOOL_STORAGE`).  `trials` is the
+size the study should reach, so re-running a stopped study finishes it.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing as mp
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import optuna
+
+from looptool import codegen_cpu, ir, tuning_db
+from looptool.looptree import LoopTree
+from looptool.schedule import Schedule
+
+from . import space
+from .worker import MeasureError, Measurer
+
+log = logging.getLogger("looptool.tuner")
+FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
+
+
+class TrialFailed(RuntimeError):
+    """Raised inside the objective for a trial that compiled wrongly, crashed or timed out."""
+
+
+def default_storage() -> str:
+    """The study storage URL used when none is given."""
+    if os.environ.get("LOOPTOOL_STORAGE"):
+        return os.environ["LOOPTOOL_STORAGE"]
+    path = Path.home() / ".cache" / "looptool" / "studies.sqlite"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{path}"
+
+
+def make_storage(url: str | None):
+    """An Optuna storage for a URL; RDB storages get heartbeats so killed trials are marked failed."""
+    url = url or default_storage()
+    if url.startswith(("sqlite", "postgresql", "mysql")):
+        return optuna.storages.RDBStorage(url, heartbeat_interval=5, grace_period=20,
+                                          engine_kwargs={"connect_args": {"timeout": 30}}
+                                          if url.startswith("sqlite") else {})
+    return url
+
+
+def make_sampler(name: str, seed: int | None):
+    """'tpe' (multivariate, safe for parallel workers) or 'random'."""
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, constant_liar=True,
+                                          n_startup_trials=10)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    raise ValueError(f"unknown sampler {name!r}; use 'tpe' or 'random'")
+
+
+def study_name_for(program: ir.Program, threads: int) -> str:
+    """Default study name: the workload, target and thread count."""
+    return f"{tuning_db.workload_key(program)}-{codegen_cpu.HostTarget.get().name}-t{threads}"
+
+
+@dataclass
+class TuneResult:
+    """What a tuning run found."""
+
+    study: optuna.Study
+    best_tree: LoopTree | None
+    best_seconds: float
+    default_seconds: float
+
+    @property
+    def speedup_over_default(self) -> float:
+        return self.default_seconds / self.best_seconds
+
+    def summary(self, baseline_seconds: float | None = None) -> str:
+        """Best schedule as loop-tree text and the speed-ups, for printing."""
+        states = [t.state for t in self.study.trials]
+        counts = {s.name.lower(): states.count(s) for s in FINISHED}
+        lines = [f"study {self.study.study_name}: {len(states)} trials ({counts['complete']} measured, "
+                 f"{counts['pruned']} pruned as illegal or invalid, {counts['fail']} failed)"]
+        if self.best_tree is None:
+            return "\n".join(lines + ["no schedule was measured"])
+        lines += [f"best: {self.best_seconds * 1e3:.3f} ms; default schedule: {self.default_seconds * 1e3:.3f} ms "
+                  f"(speed-up {self.speedup_over_default:.2f}x)"]
+        if baseline_seconds:
+            lines.append(f"NumPy: {baseline_seconds * 1e3:.3f} ms (speed-up {baseline_seconds / self.best_seconds:.2f}x)")
+        lines += ["best schedule:", str(self.best_tree)]
+        return "\n".join(lines)
+
+
+class Objective:
+    """Draws a schedule, rejects illegal ones before compiling, measures the rest."""
+
+    def __init__(self, tree: LoopTree, measurer: Measurer, threads: int, inject_crash_at: set[int] = frozenset()):
+        self.tree, self.measurer, self.threads, self.inject_crash_at = tree, measurer, threads, inject_crash_at
+
+    def __call__(self, trial: optuna.Trial) -> float:
+        started = time.perf_counter()
+        try:
+            tree = space.sample(trial, self.tree, self.threads)
+        except space.InvalidDraw as err:
+            trial.set_user_attr("rejected", f"invalid transform: {err}")
+            raise optuna.TrialPruned(str(err)) from None
+        legal, reason = tree.check()
+        trial.set_user_attr("schedule", tree.schedule.to_json())
+        if not legal:
+            trial.set_user_attr("rejected", reason)
+            raise optuna.TrialPruned(reason)
+        try:
+            result = self.measurer.measure(tree.schedule.steps, inject_crash=trial.number in self.inject_crash_at)
+        except MeasureError as err:
+            trial.set_user_attr("failure", str(err))
+            raise TrialFailed(str(err)) from None
+        trial.set_user_attr("compile_seconds", result.compile_seconds)
+        trial.set_user_attr("relative_error", result.relative_error)
+        trial.set_user_attr("overhead_seconds", time.perf_counter() - started - result.seconds * (
+            self.measurer.repeats + 2))
+        return result.seconds
+
+
+def _run_trials(node, storage_url, study_name, trials, timeout, sampler, seed, threads, repeats, progress,
+                inject_crash_at=frozenset()):
+    """Optimize one study in this process until it holds `trials` finished trials or time runs out."""
+    program, _ = ir.lower(node)
+    study = optuna.load_study(study_name=study_name, storage=make_storage(storage_url),
+                              sampler=make_sampler(sampler, seed))
+    remaining = trials - sum(t.state in FINISHED for t in study.trials)
+    if remaining <= 0:
+        return
+    with Measurer(node, repeats=repeats, threads=threads, seed=seed or 0) as measurer:
+        objective = Objective(LoopTree(program), measurer, threads, inject_crash_at)
+        study.optimize(objective, n_trials=remaining, timeout=timeout, catch=(TrialFailed,),
+                       callbacks=[optuna.study.MaxTrialsCallback(trials, states=FINISHED)],
+                       show_progress_bar=progress)
+
+
+def tune(tensor, trials: int = 100, timeout: float | None = None, storage: str | None = None,
+         study_name: str | None = None, sampler: str = "tpe", seed: int | None = None, jobs: int = 1,
+         threads: int = 1, repeats: int = 10, progress: bool = True, record: bool = True,
+         inject_crash_at: set[int] = frozenset()) -> TuneResult:
+    """Search schedules for `tensor` with Optuna and return the best (and store it for `.numpy()`).
+
+    `trials` is how many finished trials the study should hold; `jobs` worker processes share
+    it through the storage; `threads` is how many cores each kernel may use."""
+    node = tensor.node
+    program, _ = ir.lower(node)
+    storage_url = storage or default_storage()
+    name = study_name or study_name_for(program, threads)
+    study = optuna.create_study(study_name=name, storage=make_storage(storage_url), direction="minimize",
+                                sampler=make_sampler(sampler, seed), load_if_exists=True)
+    default_seconds = _default_seconds(study, node, threads, repeats)
+    args = (node, storage_url, name, trials, timeout, sampler, seed, threads, repeats)
+    helpers = [mp.get_context("spawn").Process(target=_run_trials, args=args[:6] + (
+        None if seed is None else seed + k + 1,) + args[7:] + (False,)) for k in range(jobs - 1)]
+    for proc in helpers:
+        proc.start()
+    _run_trials(*args, progress, inject_crash_at)
+    for proc in helpers:
+        proc.join()
+    return _result(optuna.load_study(study_name=name, storage=make_storage(storage_url)), program,
+                   default_seconds, record)
+
+
+def _default_seconds(study: optuna.Study, node, threads: int, repeats: int) -> float:
+    """The default schedule's time, measured once per study and kept as a study attribute."""
+    if "default_seconds" not in study.user_attrs:
+        with Measurer(node, repeats=repeats, threads=threads) as measurer:
+            study.set_user_attr("default_seconds", measurer.measure([]).seconds)
+    return study.user_attrs["default_seconds"]
+
+
+def _result(study: optuna.Study, program: ir.Program, default_seconds: float, record: bool) -> TuneResult:
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    if not complete:
+        return TuneResult(study, None, float("inf"), default_seconds)
+    best = min(complete, key=lambda t: t.value)
+    schedule = Schedule.from_json(best.user_attrs["schedule"], program)
+    tree = LoopTree(program, schedule)
+    if record:
+        stored = tuning_db.store(program, codegen_cpu.HostTarget.get().name, schedule.to_json(), best.value,
+                                 f"study {study.study_name}, trial {best.number}")
+        log.info("best schedule %s in the tuning database", "stored" if stored else "not better than the one")
+    return TuneResult(study, tree, best.value, default_seconds)
+
+
+def best_schedule_json(study: optuna.Study) -> str:
+    """The schedule JSON of a study's best trial."""
+    return study.best_trial.user_attrs["schedule"]
+
+
+def trial_table(study: optuna.Study) -> list[dict]:
+    """Each trial's number, state, value and reason, for reports and tests."""
+    rows = []
+    for t in study.trials:
+        rows.append({"number": t.number, "state": t.state.name, "value": t.value,
+                     "reason": t.user_attrs.get("rejected") or t.user_attrs.get("failure"),
+                     "overhead": t.user_attrs.get("overhead_seconds")})
+    return rows
+
+
+def dumps_summary(result: TuneResult) -> str:
+    """A JSON summary of a tuning result."""
+    return json.dumps({"study": result.study.study_name, "best_seconds": result.best_seconds,
+                       "default_seconds": result.default_seconds,
+                       "schedule": result.best_tree.schedule.to_json() if result.best_tree else None})

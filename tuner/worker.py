@@ -1,0 +1,145 @@
+"""Measuring schedules in an isolated worker process that may crash or hang without harm.
+
+The parent sends the computation once, then one schedule (its steps) per trial.
+The worker compiles it, runs it on fresh random inputs, checks the result
+against the default schedule on the same inputs, then times warm-up plus
+repeated runs and answers with the median.  A crash (segfault, abort) or a run
+past the time limit kills only the worker: the parent reports the failure and
+starts a new one.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import signal
+import time
+import traceback
+from dataclasses import dataclass
+
+import numpy as np
+
+MAX_RELATIVE_ERROR = {"float32": 1e-4, "float64": 1e-10}
+
+
+class MeasureError(RuntimeError):
+    """A trial whose kernel failed: crashed, timed out, or computed a wrong result."""
+
+
+@dataclass
+class Measurement:
+    seconds: float
+    compile_seconds: float
+    relative_error: float
+    overhead_seconds: float
+
+
+def fresh_like(array: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """A new array with the same shape, dtype and strides, filled with values in [0.5, 1.5)."""
+    span = 1 + sum((n - 1) * abs(s) for n, s in zip(array.shape, array.strides)) // array.itemsize
+    base = rng.uniform(0.5, 1.5, size=span).astype(array.dtype)
+    offset = sum((n - 1) * -s for n, s in zip(array.shape, array.strides) if s < 0) // array.itemsize
+    return np.lib.stride_tricks.as_strided(base[offset:], array.shape, array.strides)
+
+
+def _serve(conn, node, repeats: int, seed: int):
+    """The worker's loop: answer one request per schedule until told to stop."""
+    from looptool import ir, runtime
+    from looptool.looptree import LoopTree
+    from looptool.schedule import Schedule
+
+    program, arrays = ir.lower(node)
+    reference_kernel = runtime.Kernel(LoopTree(program), runtime.get_num_threads())
+    rng = np.random.default_rng(seed)
+    while True:
+        request = conn.recv()
+        if request is None:
+            return
+        try:
+            if request.get("inject_crash"):
+                signal.raise_signal(signal.SIGSEGV)
+            schedule = Schedule.default(program).apply(request["steps"])
+            kernel = runtime.Kernel(LoopTree(program, schedule), runtime.get_num_threads())
+            inputs = [fresh_like(a, rng) for a in arrays]
+            expected = reference_kernel(inputs).astype(np.float64)
+            got = kernel(inputs)
+            scale = max(float(np.abs(expected).max()), 1e-30)
+            error = float(np.abs(got - expected).max() / scale)
+            if not error <= MAX_RELATIVE_ERROR[program.output.dtype]:
+                conn.send({"error": f"wrong result: relative error {error:.3g} against the default schedule"})
+                continue
+            kernel(inputs)
+            times = []
+            for _ in range(request.get("repeats", repeats)):
+                start = time.perf_counter()
+                kernel(inputs)
+                times.append(time.perf_counter() - start)
+            seconds = float(np.median(times))
+            conn.send({"seconds": seconds, "compile": kernel.compile_seconds, "relative_error": error})
+        except Exception:
+            conn.send({"error": traceback.format_exc(limit=3)})
+
+
+class Measurer:
+    """Owns one worker process for a computation; restarts it after a crash or a time-out."""
+
+    def __init__(self, node, repeats: int = 10, timeout: float = 60.0, seed: int = 0, threads: int | None = None):
+        self.node, self.repeats, self.timeout, self.seed, self.threads = node, repeats, timeout, seed, threads
+        self._context = mp.get_context("spawn")
+        self._process = None
+        self._conn = None
+
+    def _start(self):
+        parent, child = self._context.Pipe()
+        self._process = self._context.Process(target=_worker_main, args=(child, self.node, self.repeats,
+                                                                         self.seed, self.threads), daemon=True)
+        self._process.start()
+        child.close()
+        self._conn = parent
+
+    def measure(self, steps, inject_crash: bool = False) -> Measurement:
+        """Compile, check and time one schedule; raise MeasureError when the trial must fail."""
+        if self._process is None or not self._process.is_alive():
+            self._start()
+        hop = time.perf_counter()
+        self._conn.send({"steps": [list(s) for s in steps], "inject_crash": inject_crash})
+        if not self._conn.poll(self.timeout):
+            self.close(kill=True)
+            raise MeasureError(f"timed out after {self.timeout:.0f} s (worker killed)")
+        try:
+            reply = self._conn.recv()
+        except (EOFError, ConnectionResetError):
+            code = self._process.exitcode if self._process else None
+            self.close(kill=True)
+            raise MeasureError(f"worker crashed (exit code {code})") from None
+        if "error" in reply:
+            raise MeasureError(reply["error"])
+        overhead = time.perf_counter() - hop - reply["seconds"] * (self.repeats + 2)
+        return Measurement(reply["seconds"], reply["compile"], reply["relative_error"], max(overhead, 0.0))
+
+    def close(self, kill: bool = False):
+        """Stop the worker (politely unless `kill`)."""
+        if self._process is None:
+            return
+        if not kill and self._process.is_alive():
+            try:
+                self._conn.send(None)
+                self._process.join(5)
+            except (BrokenPipeError, OSError):
+                pass
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join(5)
+        self._process = None
+        self._conn = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _worker_main(conn, node, repeats, seed, threads):
+    import looptool
+    if threads:
+        looptool.set_num_threads(threads)
+    _serve(conn, node, repeats, seed)
