@@ -18,6 +18,7 @@ from .looptree import BufferPlan, Limit, LoopNode, LoopTree, StmtNode
 
 I64 = llir.IntType(64)
 ZERO = llir.Constant(I64, 0)
+STACK_LIMIT = 128 * 1024
 ONE = llir.Constant(I64, 1)
 I1 = llir.IntType(1)
 PTR = llir.PointerType()
@@ -58,7 +59,7 @@ def generate(tree: LoopTree, triple: str, threads: int) -> CpuKernelSource:
         arg.add_attribute("noalias")
     builder = _FunctionBuilder(tree, fn, dict(zip(params, fn.args)), threads)
     builder.body(tree.root, {})
-    builder.builder.ret_void()
+    builder.finish()
     return CpuKernelSource(module, params)
 
 
@@ -73,6 +74,25 @@ class _FunctionBuilder:
         self.allocas.branch(start)
         self.allocas.position_at_start(entry)
         self.builder = llir.IRBuilder(start)
+        self.heap: list[llir.Value] = []
+
+    def finish(self):
+        """Free heap buffers and return."""
+        for pointer in self.heap:
+            self.builder.call(self.declare("free", llir.VoidType(), [PTR]), [pointer])
+        self.builder.ret_void()
+
+    def allocate(self, plan: BufferPlan) -> llir.Value:
+        """A local buffer: on the stack when small, else on the heap (freed on return); 64-byte aligned."""
+        size = plan.size * ty_bytes(FLOAT[plan.dtype])
+        if size <= STACK_LIMIT:
+            buffer = self.allocas.alloca(FLOAT[plan.dtype], size=llir.Constant(I64, plan.size), name=plan.name)
+            buffer.align = 64
+            return buffer
+        aligned_alloc = self.declare("aligned_alloc", PTR, [I64, I64])
+        pointer = self.allocas.call(aligned_alloc, [llir.Constant(I64, 64), llir.Constant(I64, -(-size // 64) * 64)])
+        self.heap.append(pointer)
+        return pointer
 
     # Control flow -----------------------------------------------------------------
     def body(self, nodes: list, env: dict):
@@ -84,9 +104,7 @@ class _FunctionBuilder:
 
     def loop(self, node: LoopNode, env: dict):
         for plan in self.tree.local_buffers.get(id(node), []):
-            buffer = self.allocas.alloca(FLOAT[plan.dtype], size=llir.Constant(I64, plan.size), name=plan.name)
-            buffer.align = 64
-            self.pointers[plan.name] = buffer
+            self.pointers[plan.name] = self.allocate(plan)
         lp = node.loop
         count = self.trip_count(node, env)
         emit = {"unroll": self.unrolled, "vectorize": self.vectorized, "parallel": self.parallel}.get(lp.annotation)
@@ -184,7 +202,7 @@ class _FunctionBuilder:
         start, end = body_fn.args[-2:]
         lp = node.loop
         inner.counted_loop(start, end, lambda i: inner.body(node.body, {**inner_env, lp.name: i}), lp.name)
-        inner.builder.ret_void()
+        inner.finish()
 
     # Statements --------------------------------------------------------------------
     def statement(self, stmt: StmtNode, env: dict):
@@ -526,7 +544,7 @@ def llir_affine(b: llir.IRBuilder, a: ir.Affine, values: dict[str, llir.Value]) 
 
 
 class HostTarget:
-    """The JIT target for this CPU: name, features and an O3 target machine."""
+    """The JIT target for this CPU: triple, CPU name and features; makes O3 target machines."""
 
     _instance = None
 
@@ -536,9 +554,12 @@ class HostTarget:
         self.triple = llvm.get_process_triple()
         self.cpu = llvm.get_host_cpu_name()
         self.features = llvm.get_host_cpu_features().flatten()
+
+    def new_machine(self) -> llvm.TargetMachine:
+        """A fresh target machine: an MCJIT engine owns (and frees) the one it is given."""
         target = llvm.Target.from_triple(self.triple)
-        self.machine = target.create_target_machine(cpu=self.cpu, features=self.features, opt=3,
-                                                    codemodel="jitdefault", jit=True)
+        return target.create_target_machine(cpu=self.cpu, features=self.features, opt=3,
+                                            codemodel="jitdefault", jit=True)
 
     @property
     def name(self) -> str:
@@ -552,16 +573,16 @@ class HostTarget:
             cls._instance = cls()
         return cls._instance
 
-    def optimize(self, text: str) -> llvm.ModuleRef:
+    def optimize(self, text: str, machine: llvm.TargetMachine) -> llvm.ModuleRef:
         """Parse, verify and optimize LLVM IR with the new pass manager at O3."""
         mod = llvm.parse_assembly(text)
         mod.triple = self.triple
-        mod.data_layout = str(self.machine.target_data)
+        mod.data_layout = str(machine.target_data)
         mod.verify()
         options = llvm.create_pipeline_tuning_options(speed_level=3)
         options.loop_vectorization = True
         options.slp_vectorization = True
         options.loop_unrolling = True
-        builder = llvm.create_pass_builder(self.machine, options)
+        builder = llvm.create_pass_builder(machine, options)
         builder.getModulePassManager().run(mod, builder)
         return mod

@@ -260,7 +260,8 @@ def _shrunk(program: Program, schedule: Schedule, stage: ir.Stage, plan: BufferP
                     for r in readers for ld in ir.loads(r.expr) if ld.buffer == stage.name)
         shared_d = [lp for lp in shared if lp.dim == d]
         if plain and shared_d:
-            shapes.append(1 + sum(lp.stride * (lp.extent - 1) for lp in own if lp.dim == d))
+            span = 1 + sum(lp.stride * (lp.extent - 1) for lp in own if lp.dim == d)
+            shapes.append(min(span, program.size(d)))
             offsets.append((d, Affine.of({lp.name: lp.stride for lp in shared_d})))
         else:
             shapes.append(program.size(d))

@@ -39,10 +39,12 @@ class Kernel:
         source = codegen_cpu.generate(tree, target.triple, threads)
         self.tree, self.params = tree, source.params
         self.llvm_ir = str(source.module)
-        module = target.optimize(self.llvm_ir)
+        machine = target.new_machine()
+        module = target.optimize(self.llvm_ir, machine)
         self.optimized_ir = str(module)
-        self.assembly = target.machine.emit_assembly(module)
-        self._engine = llvm.create_mcjit_compiler(module, target.machine)
+        self.assembly = machine.emit_assembly(module)
+        self._engine = llvm.create_mcjit_compiler(module, machine)
+        self._machine = machine
         self._engine.finalize_object()
         address = self._engine.get_function_address("kernel")
         self._fn = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * len(self.params))(address)

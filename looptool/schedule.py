@@ -171,7 +171,8 @@ class Schedule:
         current = self.effective_loops(stage)
         own_dims = {lp.dim for lp in current}
         own = tuple(lp for lp in current if lp.dim not in shared_dims)
-        inner = tuple(lp for lp in consumer_loops[depth:] if lp.dim in shared_dims and lp.dim in own_dims)
+        inner = tuple(replace(lp, annotation="") for lp in consumer_loops[depth:]
+                      if lp.dim in shared_dims and lp.dim in own_dims)
         tails = tuple(t for t in self.effective_tails(consumer) + self.effective_tails(stage)
                       if {n for n, _ in t.terms} <= {lp.name for lp in shared + own + inner}
                       and any(n in {lp.name for lp in own + inner} for n, _ in t.terms))

@@ -62,6 +62,9 @@ def fuzz_one(data, stats):
         stats["op " + step[0]] += 1
     stats["kind " + case.name] += 1
     stats["legal, " + ("with " if any(s[0] == "place" and s[3] for s in steps) else "no ") + "placement"] += 1
+    computed = {stmt.stage.name for stmt, _ in tree.statements()}
+    missing = [s.name for s in tree.program.stages if s.name not in computed]
+    assert not missing, f"judged legal, but stage(s) {missing} are computed nowhere"
     result = run_guarded(t, tree, rng)
     case.check(result.value, f"compiled {steps_text(steps)}\n{tree}")
     # schedules are data: the same steps on the computation built again give the same tree

@@ -208,6 +208,55 @@ def test_check_never_raises(rng):
         assert legal is False and why
 
 
+# ------------------------------------------------------------------ found by the fuzz: legal must mean right
+
+def assert_refused_or_right(case, steps):
+    """The property of the fuzz on one schedule: a transform refuses to build, check() rejects
+    it, or every stage is still computed and the numbers are right (compiled and interpreted)."""
+    t = case.make()
+    try:
+        tree = apply_steps(t.loop_tree(), steps)
+    except ValueError:
+        return "refused"
+    legal, why = tree.check()
+    if not legal:
+        return "illegal"
+    computed = {stmt.stage.name for stmt, _ in tree.statements()}
+    missing = [st.name for st in tree.program.stages if st.name not in computed]
+    assert not missing, f"judged legal, but stage(s) {missing} are no longer computed anywhere:\n{tree}"
+    case.check(run_guarded(t, tree).value, f"judged legal, compiled {steps_text(steps)}\n{tree}")
+    case.check(lt.interpret(t, tree), f"judged legal, interpreted {steps_text(steps)}\n{tree}")
+    return "right"
+
+
+def test_consumer_placed_after_a_stage_was_placed_inside_it(rng):
+    """t0 sits at depth 1 of t1 (its row loop m).  Placing t1 inside t2's m.0 loop turns t1's
+    first loop into m.0, so t0 would only be computed for every third row."""
+    assert_refused_or_right(layernorm(rng, 7, 5), [("split", "m", 3), ("place", "t0", "t1", 1),
+                                                   ("place", "t1", "t2", 1)])
+
+
+def test_stage_placed_deeper_than_its_consumer_has_loops(rng):
+    """t0 sits at depth 3 of t1 (m.0, m.1, n); t1 placed in t2 keeps only two loops (m, n),
+    so t0 is never emitted at all."""
+    assert_refused_or_right(softmax(rng, 4, 6), [("split", "m", 1, {"stage": "t1"}), ("place", "t0", "t1", 3),
+                                                 ("place", "t1", "t2", 1)])
+
+
+def test_placed_stage_does_not_keep_tails_of_its_old_loops(rng):
+    """t0 split its own n by 25 (tail n.1 + 25*n.0 < 40); placed into t1's loops, which are
+    also named n.0 and n.1 (split by 2), that stale tail must not limit t1's loops."""
+    assert_refused_or_right(matmul_bias_relu(rng, 3, 2, 40), [("split", "n", 25, {"stage": "t0"}),
+                                                              ("split", "n", 2), ("place", "t0", "t1", 2)])
+
+
+def test_placed_stage_split_does_not_inherit_consumer_tails(rng):
+    """t0 (placed at depth 1, sharing m) splits its own n by 8; t1's n is split by 16. The
+    tail of t1's n.0/n.1 must not apply to t0's loops of the same names."""
+    assert_refused_or_right(softmax(rng, 3, 20), [("split", "n", 16), ("place", "t1", "t2", 1),
+                                                  ("split", "n", 8, {"stage": "t1"})])
+
+
 # ------------------------------------------------------------------ the oracle
 
 ORACLE_DRAWS = 300
