@@ -89,9 +89,10 @@ class Schedule:
         """Stages placed inside `stage`'s loops."""
         return [name for name, s in self.stages if s.consumer == stage]
 
-    def _with(self, stage: str, sched: StageSchedule, step: tuple) -> "Schedule":
+    def _with(self, stage: str, sched: StageSchedule, step: tuple | None) -> "Schedule":
+        """This schedule with one stage's schedule replaced, and `step` (if any) recorded."""
         stages = tuple((n, sched if n == stage else s) for n, s in self.stages)
-        return Schedule(self.program, stages, self.steps + (step,))
+        return Schedule(self.program, stages, self.steps + ((step,) if step else ()))
 
     def _loop(self, stage: str, loop: str) -> tuple[int, Loop]:
         loops = self.of(stage).loops
@@ -154,12 +155,22 @@ class Schedule:
         """Compute `stage` inside the first `depth` loops of `consumer` (None or depth 0: at the root).
 
         The stage keeps its own loops for whatever of its dims the shared loops do
-        not cover, so its buffer shrinks to one tile of the consumer's loops."""
-        sched = self.of(stage)
+        not cover, so its buffer shrinks to one tile of the consumer's loops.  Stages
+        already placed inside `stage` are placed again at their depth of its new loops."""
+        return self._placed(stage, consumer, depth)._with_steps(self.steps + (("place", stage, consumer, depth),))
+
+    def _placed(self, stage: str, consumer: str | None, depth: int) -> "Schedule":
         if consumer is None or depth == 0:
             dims = dict.fromkeys(lp.dim for lp in self.effective_loops(stage))
-            loops = tuple(Loop(d, d, self.program.size(d), 1) for d in dims)
-            return self._with(stage, StageSchedule(loops), ("place", stage, None, 0))
+            moved = self._with(stage, StageSchedule(tuple(Loop(d, d, self.program.size(d), 1) for d in dims)), ())
+        else:
+            moved = self._with(stage, self._placement(stage, consumer, depth), ())
+        for inner in moved.placed_in(stage):
+            at = min(moved.of(inner).at, len(moved.effective_loops(stage)))
+            moved = moved._placed(inner, stage, at)
+        return moved
+
+    def _placement(self, stage: str, consumer: str, depth: int) -> StageSchedule:
         consumer_loops = self.effective_loops(consumer)
         if not 0 <= depth <= len(consumer_loops):
             raise ValueError(f"cannot place {stage} at depth {depth} of {consumer}: it has "
@@ -173,12 +184,15 @@ class Schedule:
         own = tuple(lp for lp in current if lp.dim not in shared_dims)
         inner = tuple(replace(lp, annotation="") for lp in consumer_loops[depth:]
                       if lp.dim in shared_dims and lp.dim in own_dims)
-        tails = tuple(t for t in self.effective_tails(consumer) + self.effective_tails(stage)
-                      if {n for n, _ in t.terms} <= {lp.name for lp in shared + own + inner}
-                      and any(n in {lp.name for lp in own + inner} for n, _ in t.terms))
-        loops = inner + own
-        return self._with(stage, StageSchedule(loops, tuple(dict.fromkeys(tails)), depth, consumer),
-                          ("place", stage, consumer, depth))
+        own_names, inner_names = {lp.name for lp in own}, {lp.name for lp in inner}
+        from_consumer = tuple(t for t in self.effective_tails(consumer)
+                              if {n for n, _ in t.terms} <= {lp.name for lp in shared} | inner_names
+                              and any(n in inner_names for n, _ in t.terms))
+        kept = tuple(t for t in self.effective_tails(stage) if {n for n, _ in t.terms} <= own_names)
+        return StageSchedule(inner + own, tuple(dict.fromkeys(from_consumer + kept)), depth, consumer)
+
+    def _with_steps(self, steps: tuple) -> "Schedule":
+        return Schedule(self.program, self.stages, steps)
 
     def cache(self, stage: str, buffer: str, order: tuple[str, ...] | None = None) -> "Schedule":
         """Read `buffer` in `stage` through a copy: a new stage `<buffer>.<stage>` with the dims in `order`.

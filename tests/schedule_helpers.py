@@ -407,7 +407,7 @@ def _split_factor(ch, extent: int) -> int:
     return ch.choice([1, 2, 3, 4, 5, 7, 8, 16, extent, extent + 1, ch.int(1, max(1, extent))])
 
 
-def random_steps(tree: lt.LoopTree, ch, max_steps: int = 6, wild: bool = False, wild_replace: bool = False):
+def random_steps(tree: lt.LoopTree, ch, max_steps: int = 6, wild: bool = False):
     """Draw and apply a random transform sequence; returns (tree, steps).
 
     Normal mode draws what a user would plausibly write: splits with any factor,
@@ -433,13 +433,7 @@ def random_steps(tree: lt.LoopTree, ch, max_steps: int = 6, wild: bool = False, 
             candidates = [s for s in stages if s != producer] if wild else readers
             consumer = ch.choice(candidates)
             depth = ch.int(0, len(sched.effective_loops(consumer)))
-            if sched.of(producer).consumer is not None and depth and not wild_replace:
-                # Re-placing a placed stage loses the loops its old consumer shared with it
-                # (see test_replace_placed_stage_keeps_its_loops); send it back to the root
-                # first, so the fuzz keeps exploring everything else.
-                new = [("place", producer, None, 0), ("place", producer, consumer, depth)]
-            else:
-                new = [("place", producer, consumer, depth)]
+            new = [("place", producer, consumer, depth)]
         else:
             stage = ch.choice(stages)
             own = sched.of(stage).loops
