@@ -61,6 +61,28 @@ def tune_command(args) -> None:
             print(f"wrote {path}")
 
 
+def export_command(args) -> None:
+    """`looptool export WORKLOAD OUT`: write a kernel artifact (tuned schedule if one is stored)."""
+    from tuner import workloads
+
+    work = workloads.resolve(args.workload)
+    schedule = open(args.schedule).read() if args.schedule else None
+    path = lt.export(work.tensor, args.out, schedule, input_names=args.names)
+    print(f"exported {args.workload} to {path}: {', '.join(sorted(p.name for p in path.iterdir()))}")
+
+
+def run_command(args) -> None:
+    """`looptool run ARTIFACT IN.npy... --output OUT.npy`: run an exported kernel on .npy files."""
+    kernel = lt.load(args.artifact, rebuild=args.rebuild)
+    arrays = [np.load(p) for p in args.inputs]
+    start = time.perf_counter()
+    out = kernel(*arrays)
+    elapsed = time.perf_counter() - start
+    np.save(args.output, out)
+    print(f"ran {args.artifact} in {elapsed * 1e3:.3f} ms; wrote {args.output} "
+          f"(dims {tuple(kernel.output['dims'])}, shape {out.shape}, {out.dtype})")
+
+
 def main(argv=None) -> None:
     """Command-line entry point: `looptool [demo]` or `looptool tune WORKLOAD`."""
     parser = argparse.ArgumentParser(prog="looptool", description="looptool: loop-nest compiler and tuner")
@@ -79,9 +101,20 @@ def main(argv=None) -> None:
     tune_cmd.add_argument("--seed", type=int, default=None)
     tune_cmd.add_argument("--threads", type=int, default=1, help="cores each kernel may use")
     tune_cmd.add_argument("--plots", default=None, help="folder for history.png and importances.png")
+    export_cmd = commands.add_parser("export", help="write a kernel artifact (manifest, LLVM IR, object, .so/.h)")
+    export_cmd.add_argument("workload", help="as for tune")
+    export_cmd.add_argument("out", help="artifact directory to write")
+    export_cmd.add_argument("--schedule", default=None, help="schedule JSON file (default: tuned, else default)")
+    export_cmd.add_argument("--names", nargs="+", default=None, help="names for the inputs")
+    run_cmd = commands.add_parser("run", help="run an exported kernel on .npy inputs")
+    run_cmd.add_argument("artifact")
+    run_cmd.add_argument("inputs", nargs="+", help=".npy files, one per kernel input")
+    run_cmd.add_argument("--output", required=True, help=".npy file to write")
+    run_cmd.add_argument("--rebuild", action="store_true", help="recompile the LLVM IR for this CPU")
     args = parser.parse_args(argv)
-    if args.command == "tune":
-        tune_command(args)
+    commands_run = {"tune": tune_command, "export": export_command, "run": run_command}
+    if args.command in commands_run:
+        commands_run[args.command](args)
     else:
         demo(*getattr(args, "size", (200, 300, 500)))
 

@@ -35,10 +35,15 @@ REDUCE_BINARY = {"sum": "add", "max": "maximum", "min": "minimum"}
 
 @dataclass
 class CpuKernelSource:
-    """The generated module and the buffer name of each kernel parameter."""
+    """The generated module and the buffer name of each kernel parameter.
+
+    `kernel(params...)` takes every buffer; the C entry `int <entry>(inputs..., output)`
+    allocates the temporaries itself and returns 0 (or 1 when out of memory)."""
 
     module: llir.Module
     params: list[str]
+    entry: str
+    entry_params: list[str]
 
 
 def kernel_params(tree: LoopTree) -> list[str]:
@@ -48,7 +53,7 @@ def kernel_params(tree: LoopTree) -> list[str]:
     return [p.name for p in sorted(plans, key=lambda p: order[p.kind])]
 
 
-def generate(tree: LoopTree, triple: str, threads: int) -> CpuKernelSource:
+def generate(tree: LoopTree, triple: str, threads: int, entry: str = "looptool_kernel") -> CpuKernelSource:
     """Build the LLVM module for a loop tree; parallel loops split their range over `threads`."""
     module = llir.Module(name="looptool")
     module.triple = triple
@@ -60,7 +65,34 @@ def generate(tree: LoopTree, triple: str, threads: int) -> CpuKernelSource:
     builder = _FunctionBuilder(tree, fn, dict(zip(params, fn.args)), threads)
     builder.body(tree.root, {})
     builder.finish()
-    return CpuKernelSource(module, params)
+    entry_params = [name for name in params if tree.buffers[name].kind != "temp"]
+    _c_entry(module, fn, tree, params, entry_params, entry)
+    return CpuKernelSource(module, params, entry, entry_params)
+
+
+def _c_entry(module: llir.Module, kernel: llir.Function, tree: LoopTree, params: list[str],
+             entry_params: list[str], name: str):
+    """`int name(inputs..., output)`: allocate the temporaries, run the kernel, free them."""
+    fn = llir.Function(module, llir.FunctionType(llir.IntType(32), [PTR] * len(entry_params)), name=name)
+    b = llir.IRBuilder(fn.append_basic_block("entry"))
+    given = dict(zip(entry_params, fn.args))
+    alloc = llir.Function(module, llir.FunctionType(PTR, [I64, I64]), name="aligned_alloc") \
+        if "aligned_alloc" not in module.globals else module.globals["aligned_alloc"]
+    free = module.globals.get("free") or llir.Function(module, llir.FunctionType(llir.VoidType(), [PTR]), name="free")
+    temps = {}
+    for param in params:
+        if param not in given:
+            plan = tree.buffers[param]
+            size = -(-plan.size * ty_bytes(FLOAT[plan.dtype]) // 64) * 64
+            temps[param] = b.call(alloc, [llir.Constant(I64, 64), llir.Constant(I64, size)])
+    failed = llir.Constant(I1, 0)
+    for pointer in temps.values():
+        failed = b.or_(failed, b.icmp_unsigned("==", b.ptrtoint(pointer, I64), ZERO))
+    with b.if_then(b.not_(failed)):
+        b.call(kernel, [given[p] if p in given else temps[p] for p in params])
+    for pointer in temps.values():
+        b.call(free, [pointer])
+    b.ret(b.zext(failed, llir.IntType(32)))
 
 
 class _FunctionBuilder:

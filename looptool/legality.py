@@ -19,11 +19,9 @@ from dataclasses import dataclass
 import islpy as isl
 
 from . import ir
+from .errors import IllegalScheduleError
 from .looptree import LoopNode, LoopTree, StmtNode, _stmt_text
 
-
-class IllegalScheduleError(ValueError):
-    """A schedule that would break a dependence; the message says which one and where."""
 
 
 @dataclass

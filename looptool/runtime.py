@@ -10,7 +10,7 @@ import time
 import llvmlite.binding as llvm
 import numpy as np
 
-from . import codegen_cpu, graph, interpreter, ir, legality, tuning_db
+from . import codegen_cpu, graph, interpreter, ir, tuning_db
 from .looptree import LoopTree
 from .schedule import Schedule
 
@@ -109,7 +109,7 @@ class KernelCache:
                 return kernel
             self.misses += 1
         if tree.schedule.steps:
-            legality.assert_legal(tree)
+            tree.assert_legal()
         kernel = Kernel(tree, _THREADS[0])
         with self._lock:
             self._kernels[key] = kernel

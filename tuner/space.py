@@ -1,11 +1,11 @@
 """The search space: schedules of a loop tree, drawn with Optuna's define-by-run API.
 
-Every stage is tiled in three levels (`d.0` outer/cache tiles, `d.1.0` middle,
-`d.1.1` register tiles); the outer and middle levels are permuted freely, the
-register level keeps reductions outside and the output's contiguous dim
-innermost, where it may be vectorized.  Register-level loops may be unrolled,
-the outermost loop run in parallel, inputs packed through a placed copy, and
-producer stages placed at any depth of their consumer.  Parameter names carry
+The output stage is tiled for the memory hierarchy: every dim gets a cache block
+(`d.0` outer, permuted freely; reductions `k.0`/`k.1`), every pure dim a middle
+level (`d.1.0`, permuted freely) and a register tile (`d.1.1`): unrolled, with the
+output's contiguous dim innermost as SIMD lanes.  Inputs may be packed through a
+copy placed at any cache-level depth, the outermost loop may run in parallel, and
+producer stages are placed at a chosen depth of their consumer.  Parameter names carry
 the stage and dim, so each one's choices are fixed for a study.
 """
 from __future__ import annotations
@@ -17,8 +17,9 @@ import optuna
 from looptool import ir
 from looptool.looptree import LoopTree
 
-TILE_FACTORS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
-BLOCK_FACTORS = (1, 2, 4, 8, 16, 32, 64)
+TILE_FACTORS = (1, 2, 3, 4, 5, 6, 8)
+LANE_FACTORS = (8, 16, 32, 48, 64)
+BLOCK_FACTORS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 UNROLL_LIMIT = 8
 
 
@@ -52,27 +53,36 @@ def _loads(stage):
 
 
 def _tile_stage(trial: optuna.Trial, tree: LoopTree, stage_name: str, threads: int) -> LoopTree:
+    """Cache-block every dim; give pure dims a register tile, the contiguous one as SIMD lanes."""
     stage = tree.program.stage(stage_name)
-    levels: list[list[str]] = [[], [], []]
+    lanes_dim = stage.dims[-1] if stage.dims else None
+    outer, middle, register = [], [], []
     for dim in stage.loop_dims:
         size = tree.program.size(dim)
-        inner = _choose(trial, f"{stage_name}.{dim}.tile", [f for f in TILE_FACTORS if f <= size])
+        if dim in stage.reduce_dims:
+            block = _choose(trial, f"{stage_name}.{dim}.block", [g for g in BLOCK_FACTORS if g <= size])
+            tree = tree.split(dim, block, stage=stage_name)
+            outer.append(f"{dim}.0")
+            middle.append(f"{dim}.1")
+            continue
+        options = [w for w in LANE_FACTORS if w <= size] if dim == lanes_dim else \
+            [f for f in TILE_FACTORS if f <= size]
+        tile = _choose(trial, f"{stage_name}.{dim}.tile", options or [size])
         block = _choose(trial, f"{stage_name}.{dim}.block", [g for g in BLOCK_FACTORS if g <= size])
-        tree = tree.split(dim, inner * block, stage=stage_name).split(f"{dim}.1", inner, stage=stage_name)
-        levels[0].append(f"{dim}.0")
-        levels[1].append(f"{dim}.1.0")
-        levels[2].append(f"{dim}.1.1")
-    outer = _permutation(trial, f"{stage_name}.order0", levels[0])
-    middle = _permutation(trial, f"{stage_name}.order1", levels[1])
-    register = _register_order(stage, levels[2])
+        tree = tree.split(dim, tile * block, stage=stage_name).split(f"{dim}.1", tile, stage=stage_name)
+        outer.append(f"{dim}.0")
+        middle.append(f"{dim}.1.0")
+        register.append(f"{dim}.1.1")
+    outer = _permutation(trial, f"{stage_name}.order0", outer)
+    middle = _permutation(trial, f"{stage_name}.order1", middle)
+    register = sorted(register, key=lambda loop: loop.split(".")[0] == lanes_dim)
     tree = tree.reorder(*(outer + middle + register), stage=stage_name)
-    for loop in register[:-1]:
+    for loop in register:
         extent = _extent(tree, stage_name, loop)
-        if 1 < extent <= UNROLL_LIMIT and trial.suggest_categorical(f"{stage_name}.unroll.{loop}", [True, False]):
+        if loop.split(".")[0] == lanes_dim and extent >= 8:
+            tree = tree.vectorize(loop, stage=stage_name)
+        elif 1 < extent <= UNROLL_LIMIT:
             tree = tree.unroll(loop, stage=stage_name)
-    innermost = register[-1]
-    if _extent(tree, stage_name, innermost) > 1 and trial.suggest_categorical(f"{stage_name}.vectorize", [True, False]):
-        tree = tree.vectorize(innermost, stage=stage_name)
     for buffer in sorted({ld.buffer for ld in _loads(stage) if ld.buffer.startswith("in")}):
         depth = trial.suggest_int(f"{stage_name}.pack.{buffer}", 0, len(outer) + len(middle))
         if depth:
@@ -92,16 +102,6 @@ def _place_producer(trial: optuna.Trial, tree: LoopTree, producer: str, consumer
         last = own[-1].name
         tree = tree.split(last, 16, stage=producer).vectorize(f"{last}.1", stage=producer)
     return tree
-
-
-def _register_order(stage, loops: list[str]) -> list[str]:
-    """Reductions outside, pure dims inside, the output's last (contiguous) dim innermost."""
-    def rank(loop: str) -> tuple[int, int]:
-        dim = loop.split(".")[0]
-        if dim in stage.reduce_dims:
-            return (0, 0)
-        return (2, 0) if stage.dims and dim == stage.dims[-1] else (1, stage.dims.index(dim))
-    return sorted(loops, key=rank)
 
 
 def _extent(tree: LoopTree, stage: str, loop: str) -> int:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 MAX_RELATIVE_ERROR = {"float32": 1e-4, "float64": 1e-10}
+STARTUP_TIMEOUT = 300.0
 
 
 class MeasureError(RuntimeError):
@@ -49,6 +50,7 @@ def _serve(conn, node, repeats: int, seed: int):
     program, arrays = ir.lower(node)
     reference_kernel = runtime.Kernel(LoopTree(program), runtime.get_num_threads())
     rng = np.random.default_rng(seed)
+    conn.send({"ready": True})
     while True:
         request = conn.recv()
         if request is None:
@@ -94,6 +96,17 @@ class Measurer:
         self._process.start()
         child.close()
         self._conn = parent
+        # Start-up (spawn, imports, compiling the reference kernel) is not part of a trial's time limit.
+        if not parent.poll(STARTUP_TIMEOUT):
+            self.close(kill=True)
+            raise MeasureError(f"worker did not start within {STARTUP_TIMEOUT:g} s (worker killed)")
+        try:
+            parent.recv()
+        except (EOFError, ConnectionResetError):
+            self._process.join(5)
+            code = self._process.exitcode
+            self.close(kill=True)
+            raise MeasureError(f"worker crashed while starting (exit code {code})") from None
 
     def measure(self, steps, inject_crash: bool = False) -> Measurement:
         """Compile, check and time one schedule; raise MeasureError when the trial must fail."""
@@ -103,11 +116,12 @@ class Measurer:
         self._conn.send({"steps": [list(s) for s in steps], "inject_crash": inject_crash})
         if not self._conn.poll(self.timeout):
             self.close(kill=True)
-            raise MeasureError(f"timed out after {self.timeout:.0f} s (worker killed)")
+            raise MeasureError(f"timed out after {self.timeout:g} s (worker killed)")
         try:
             reply = self._conn.recv()
         except (EOFError, ConnectionResetError):
-            code = self._process.exitcode if self._process else None
+            self._process.join(5)
+            code = self._process.exitcode
             self.close(kill=True)
             raise MeasureError(f"worker crashed (exit code {code})") from None
         if "error" in reply:

@@ -1,0 +1,9 @@
+"""Exceptions users catch, importable without islpy or optuna."""
+
+
+class IllegalScheduleError(ValueError):
+    """A schedule that would break a dependence; the message says which one and where."""
+
+
+class ArtifactError(ValueError):
+    """An exported kernel that cannot be loaded or called as asked; the message says why."""
