@@ -107,6 +107,8 @@ class _FunctionBuilder:
         self.allocas.position_at_start(entry)
         self.builder = llir.IRBuilder(start)
         self.heap: list[llir.Value] = []
+        self.hoisted = _hoisted_tail_checks(tree)
+        self.full: set[int] = set()
 
     def finish(self):
         """Free heap buffers and return."""
@@ -143,7 +145,29 @@ class _FunctionBuilder:
         if emit:
             emit(node, env, count)
         else:
-            self.counted_loop(ZERO, count, lambda i: self.body(node.body, {**env, lp.name: i}), lp.name)
+            self.counted_loop(ZERO, count, lambda i: self.loop_body(node, {**env, lp.name: i}), lp.name)
+
+    def loop_body(self, node: LoopNode, env: dict):
+        """A plain loop's body; where tails of unrolled or vectorized loops below depend on this loop
+        last, test once here whether they are all full and emit a copy free of tail checks."""
+        checks = self.hoisted.get(id(node))
+        if not checks:
+            self.body(node.body, env)
+            return
+        b = self.builder
+        full = llir.Constant(I1, 1)
+        for limited, lim, spans in checks:
+            top = b.add(self.affine(lim.rest, {**env, **{name: llir.Constant(I64, span) for name, span in spans}}),
+                        llir.Constant(I64, lim.coeff * (limited.loop.extent - 1)))
+            full = b.and_(full, b.icmp_signed("<", top, llir.Constant(I64, lim.bound)))
+        with b.if_else(full) as (then, otherwise):
+            with then:
+                saved = set(self.full)
+                self.full |= {id(limited) for limited, _, _ in checks}
+                self.body(node.body, env)
+                self.full = saved
+            with otherwise:
+                self.body(node.body, env)
 
     def trip_count(self, node: LoopNode, env: dict) -> llir.Value:
         count: llir.Value = llir.Constant(I64, node.loop.extent)
@@ -177,7 +201,7 @@ class _FunctionBuilder:
     def full_or_tail(self, node: LoopNode, env: dict, count: llir.Value, emit_full):
         """emit_full() when the loop runs its whole extent; a plain rolled loop for a tail."""
         lp = node.loop
-        if not node.limits:
+        if not node.limits or id(node) in self.full:
             emit_full()
             return
         b = self.builder
@@ -233,7 +257,8 @@ class _FunctionBuilder:
         inner_env = dict(zip([n for n, _ in values], body_fn.args[len(pointers):]))
         start, end = body_fn.args[-2:]
         lp = node.loop
-        inner.counted_loop(start, end, lambda i: inner.body(node.body, {**inner_env, lp.name: i}), lp.name)
+        inner.full = set(self.full)
+        inner.counted_loop(start, end, lambda i: inner.loop_body(node, {**inner_env, lp.name: i}), lp.name)
         inner.finish()
 
     # Statements --------------------------------------------------------------------
@@ -469,6 +494,26 @@ class _FunctionBuilder:
 
     def smax(self, x, y):
         return self.builder.select(self.builder.icmp_signed(">", x, y), x, y)
+
+
+def _hoisted_tail_checks(tree: LoopTree) -> dict[int, list]:
+    """For each tail limit of an unrolled or vectorized loop: the deepest plain loop among the loops it
+    depends on, with the largest value each unrolled/vectorized loop in between can add."""
+    hoisted: dict[int, list] = {}
+    for node, path in tree.walk():
+        if not isinstance(node, LoopNode) or node.loop.annotation not in ("unroll", "vectorize"):
+            continue
+        for lim in node.limits:
+            names = {v for v, _ in lim.rest.terms}
+            plain = [p for p in path if p.loop.name in names and p.loop.annotation not in ("unroll", "vectorize")]
+            if not plain:
+                continue
+            host = plain[-1]
+            inner = path[path.index(host) + 1:]
+            spans = [(p.loop.name, (p.loop.extent - 1) if lim.rest.coeffs().get(p.loop.name, 0) > 0 else 0)
+                     for p in inner if p.loop.name in names]
+            hoisted.setdefault(id(host), []).append((node, lim, spans))
+    return hoisted
 
 
 @dataclass(frozen=True)

@@ -173,6 +173,10 @@ def _prepare(spec: dict, array) -> np.ndarray:
         if any(s < 0 for s in spec["strides"]):
             raise ArtifactError(f"input {name}: strides {strides}, the kernel was built for {spec['strides']}")
         relaid[...] = array
+        if 0 in spec["strides"] and not np.array_equal(relaid, array, equal_nan=True):
+            broadcast = [d for d, n, s in zip(dims, shape, spec["strides"]) if s == 0 and n > 1]
+            raise ArtifactError(f"input {name}: the kernel was built for an input broadcast along "
+                                f"({', '.join(broadcast)}) (stride 0), but this array varies along them")
         return relaid
     return array
 
@@ -208,13 +212,21 @@ def _read_manifest(path: Path) -> dict:
         raise ArtifactError(f"{path} is not a looptool kernel: {manifest_path} is missing")
     try:
         manifest = json.loads(manifest_path.read_text())
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ArtifactError(f"{manifest_path} is corrupted: {err}") from None
+    if not isinstance(manifest, dict):
+        raise ArtifactError(f"{manifest_path} is corrupted: not a JSON object")
     version = manifest.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
+    if isinstance(version, int) and version > FORMAT_VERSION:
         raise ArtifactError(f"{path} has artifact format version {version}; this looptool ({_version()}) reads "
                             f"versions up to {FORMAT_VERSION}: upgrade looptool")
-    for name, digest in manifest.get("files", {}).items():
+    absent = [key for key in ("entry", "inputs", "output", "target", "files") if key not in manifest]
+    if not isinstance(version, int) or version < 1 or absent:
+        raise ArtifactError(f"{manifest_path} is corrupted: format_version {version!r}, missing keys {absent}")
+    unhashed = [name for name in ("kernel.ll", "kernel.o") if name not in manifest["files"]]
+    if unhashed:  # never hand unchecked object code to the JIT
+        raise ArtifactError(f"{manifest_path} is corrupted: no SHA-256 listed for {', '.join(unhashed)}")
+    for name, digest in manifest["files"].items():
         file = path / name
         if not file.is_file():
             raise ArtifactError(f"{path}: {name} is missing")
