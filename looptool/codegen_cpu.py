@@ -23,9 +23,12 @@ ONE = llir.Constant(I64, 1)
 I1 = llir.IntType(1)
 PTR = llir.PointerType()
 FLOAT = {"float32": llir.FloatType(), "float64": llir.DoubleType()}
-# No 'contract': products feeding sums become explicit fma calls, so every schedule of a
-# computation (serial or parallel, vectorized or not) rounds each element the same way.
-FAST = ("reassoc", "nsz")
+# Neither 'contract' nor 'reassoc': products feeding sums become explicit fma calls and sums
+# keep the order the loop tree gives them, so a schedule rounds the same way however LLVM
+# optimizes it (serial or parallel, hoisted tails or not). The only reassociation is the one
+# the schedule asks for: the horizontal sum of a vectorized reduction loop.
+FAST = ("nsz",)
+REASSOCIATE = ("reassoc", "nsz")
 IDENTITY = {"sum": 0.0, "max": float("-inf"), "min": float("inf")}
 INTRINSIC_UNARY = {"exp": "llvm.exp", "log": "llvm.log", "sqrt": "llvm.sqrt", "abs": "llvm.fabs"}
 INTRINSIC_BINARY = {"maximum": "llvm.maximum", "minimum": "llvm.minimum"}
@@ -144,8 +147,61 @@ class _FunctionBuilder:
         emit = {"unroll": self.unrolled, "vectorize": self.vectorized, "parallel": self.parallel}.get(lp.annotation)
         if emit:
             emit(node, env, count)
+        elif self.is_vector_reduction(node):
+            self.vector_reduction(node, env, count)
         else:
             self.counted_loop(ZERO, count, lambda i: self.loop_body(node, {**env, lp.name: i}), lp.name)
+
+    def is_vector_reduction(self, node: LoopNode) -> bool:
+        """A loop whose whole body is a vectorized loop of reduction updates into one element each."""
+        if len(node.body) != 1 or not isinstance(node.body[0], LoopNode):
+            return False
+        inner = node.body[0]
+        if inner.loop.annotation != "vectorize" or not inner.body:
+            return False
+        for stmt in inner.body:
+            if not isinstance(stmt, StmtNode) or stmt.kind != "update":
+                return False
+            own = tuple(ir.Affine.var(d) for d in stmt.stage.dims)
+            linear = self.linear_offset(stmt.stage.name, own, stmt)
+            if linear.coeffs().get(node.loop.name, 0) or linear.coeffs().get(inner.loop.name, 0):
+                return False
+        return True
+
+    def vector_reduction(self, node: LoopNode, env: dict, count: llir.Value):
+        """Keep one vector of partial results per statement across `node`; reduce the lanes once at
+        the end. Tail iterations (fewer lanes than the vector) add straight into the accumulator."""
+        b = self.builder
+        inner = node.body[0]
+        lanes = _Lanes(inner.loop.name, inner.loop.extent)
+        slots = {}
+        for stmt in inner.body:
+            vty = llir.VectorType(FLOAT[stmt.stage.dtype], lanes.width)
+            slots[id(stmt)] = self.allocas.alloca(vty)
+            b.store(llir.Constant(vty, [IDENTITY[stmt.stage.reduce_op]] * lanes.width), slots[id(stmt)])
+
+        def step(i):
+            here = {**env, node.loop.name: i}
+            inner_count = self.trip_count(inner, here)
+
+            def full():
+                for stmt in inner.body:
+                    vty = llir.VectorType(FLOAT[stmt.stage.dtype], lanes.width)
+                    evaluate = lambda e, stmt=stmt: self.vector_expr(e, stmt, here, lanes)  # noqa: E731
+                    partial = self.accumulate(stmt.stage.reduce_op, b.load(slots[id(stmt)], typ=vty),
+                                              stmt.stage.expr, evaluate)
+                    b.store(partial, slots[id(stmt)])
+            self.full_or_tail(inner, here, inner_count, full)
+        self.counted_loop(ZERO, count, step, node.loop.name)
+        for stmt in inner.body:
+            stage = stmt.stage
+            vty = llir.VectorType(FLOAT[stage.dtype], lanes.width)
+            dims = {d: self.affine(a, {**env, node.loop.name: ZERO, lanes.name: ZERO}) for d, a in stmt.index.items()}
+            target = self.address(self.tree.buffers[stage.name], [dims[d] for d in stage.dims], False,
+                                  {**env, node.loop.name: ZERO, lanes.name: ZERO})
+            total = self.horizontal(stage.reduce_op, b.load(slots[id(stmt)], typ=vty))
+            b.store(self.binary(REDUCE_BINARY[stage.reduce_op], b.load(target, typ=FLOAT[stage.dtype]), total),
+                    target)
 
     def loop_body(self, node: LoopNode, env: dict):
         """A plain loop's body; where tails of unrolled or vectorized loops below depend on this loop
@@ -333,14 +389,20 @@ class _FunctionBuilder:
     def linear_address(self, buffer: str, index: tuple[ir.Affine, ...], stmt: StmtNode, env: dict,
                        lanes: "_Lanes") -> tuple[llir.Value, int]:
         """(pointer at lane 0, element step per lane) of an unclamped access."""
+        linear = self.linear_offset(buffer, index, stmt)
+        step = linear.coeffs().get(lanes.name, 0)
+        offset = self.affine(linear, {**env, lanes.name: ZERO})
+        plan = self.tree.buffers[buffer]
+        return self.builder.gep(self.pointers[buffer], [offset], source_etype=FLOAT[plan.dtype]), step
+
+    def linear_offset(self, buffer: str, index: tuple[ir.Affine, ...], stmt: StmtNode) -> ir.Affine:
+        """The element offset of an access, as an affine function of loop variables."""
         plan = self.tree.buffers[buffer]
         loops = plan.element_index(tuple(ix.substitute(stmt.index) for ix in index))
         linear = ir.Affine()
         for ix, stride in zip(loops, plan.strides):
             linear = linear + ix.scale(stride)
-        step = linear.coeffs().get(lanes.name, 0)
-        offset = self.affine(linear, {**env, lanes.name: ZERO})
-        return self.builder.gep(self.pointers[buffer], [offset], source_etype=FLOAT[plan.dtype]), step
+        return linear
 
     def vector_expr(self, e: ir.Expr, stmt: StmtNode, env: dict, lanes: "_Lanes") -> llir.Value:
         b = self.builder
@@ -384,7 +446,7 @@ class _FunctionBuilder:
         ty = vector.type.element
         if op == "sum":
             fn = self.declare(f"llvm.vector.reduce.fadd.{_suffix(vector.type)}", ty, [ty, vector.type])
-            return self.builder.call(fn, [llir.Constant(ty, 0.0), vector], fastmath=FAST)
+            return self.builder.call(fn, [llir.Constant(ty, 0.0), vector], fastmath=REASSOCIATE)
         name = {"max": "fmaximum", "min": "fminimum"}[op]
         fn = self.declare(f"llvm.vector.reduce.{name}.{_suffix(vector.type)}", ty, [vector.type])
         return self.builder.call(fn, [vector])
