@@ -114,7 +114,10 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     commands_run = {"tune": tune_command, "export": export_command, "run": run_command}
     if args.command in commands_run:
-        commands_run[args.command](args)
+        try:
+            commands_run[args.command](args)
+        except (ValueError, OSError) as err:
+            raise SystemExit(f"looptool {args.command}: error: {err}") from None
     else:
         demo(*getattr(args, "size", (200, 300, 500)))
 
