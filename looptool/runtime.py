@@ -42,13 +42,22 @@ class Kernel:
         machine = target.new_machine()
         module = target.optimize(self.llvm_ir, machine)
         self.optimized_ir = str(module)
-        self.assembly = machine.emit_assembly(module)
+        self._assembly = None
         self._engine = llvm.create_mcjit_compiler(module, machine)
         self._machine = machine
         self._engine.finalize_object()
         address = self._engine.get_function_address("kernel")
         self._fn = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * len(self.params))(address)
         self.compile_seconds = time.perf_counter() - start
+
+    @property
+    def assembly(self) -> str:
+        """Native assembly of the optimized kernel (made on first use: it costs a backend run)."""
+        if self._assembly is None:
+            target = codegen_cpu.HostTarget.get()
+            module = llvm.parse_assembly(self.optimized_ir)
+            self._assembly = target.new_machine().emit_assembly(module)
+        return self._assembly
 
     @property
     def loop_tree(self) -> LoopTree:
