@@ -80,6 +80,15 @@ def assert_legal(tree: LoopTree) -> None:
 
 
 def _check_structure(tree: LoopTree):
+    emitted = {(stmt.stage.name, stmt.kind) for stmt, _ in tree.statements()}
+    for stage in tree.program.stages:
+        kinds = ("init", "update") if stage.reduce_op else ("assign",)
+        for kind in kinds:
+            if (stage.name, kind) not in emitted:
+                raise IllegalScheduleError(f"stage {stage.name} is never computed: its placement "
+                                           f"(at depth {tree.schedule.of(stage.name).at} of "
+                                           f"{tree.schedule.of(stage.name).consumer}) lies outside the loops "
+                                           f"that exist")
     for stmt, path in tree.statements():
         parallel = [n.loop.name for n in path if n.loop.annotation == "parallel"]
         if len(parallel) > 1:
@@ -284,8 +293,8 @@ def _order_message(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, broken: 
     where = _where_broken(src, dst, i, j)
     return (f"illegal schedule: the {kind} dependence on buffer {buffer} from `{src.text(tree.buffers)}` "
             f"(stage {src.node.stage.name}) to `{dst.text(tree.buffers)}` (stage {dst.node.stage.name}) is broken "
-            f"{where}: e.g. the instance at {_values(src, i)} must run before the one at {_values(dst, j)}, "
-            f"but the schedule runs it after")
+            f"{where}: e.g. stage {src.node.stage.name} at {_values(src, i)} must run before stage "
+            f"{dst.node.stage.name} at {_values(dst, j)}, but the schedule runs it after")
 
 
 def _where_broken(src: _Stmt, dst: _Stmt, i: list[int], j: list[int]) -> str:

@@ -96,8 +96,9 @@ class LoopTree:
             self.local_buffers.setdefault(id(path[-1]), []).append(self.buffers[stage.name])
 
         def nest(depth: int, body: list, path: list[LoopNode]):
+            hosted = self._hosted(stage.name, depth)
             for other in self.program.stages:
-                if other.name in placed and self.schedule.of(other.name).at == depth:
+                if other.name in hosted:
                     self._emit_stage(other, body, path)
             if stage.reduce_op and depth == max(first_reduce, sched.at):
                 pure = [lp for lp in loops[depth:] if lp.dim not in stage.reduce_dims]
@@ -110,6 +111,18 @@ class LoopTree:
             nest(depth + 1, node.body, path + [node])
 
         nest(sched.at, container, path)
+
+    def _hosted(self, stage: str, depth: int) -> set[str]:
+        """Stages emitted at `depth` of `stage`'s nest: those placed there, and those placed at that
+        depth in a stage that is itself placed deeper in `stage` (they share the same loops)."""
+        hosted = set()
+        for other in self.schedule.placed_in(stage):
+            at = self.schedule.of(other).at
+            if at == depth:
+                hosted.add(other)
+            elif at > depth:
+                hosted |= self._hosted(other, depth)
+        return hosted
 
     def _plain_nest(self, stage, kind, loops, tails, path):
         if not loops:

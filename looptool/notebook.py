@@ -28,15 +28,15 @@ cached per schedule, so undo and revisits cost nothing.
 """
 from __future__ import annotations
 
+import contextlib
 import html
 import io
-import os
 import shlex
 import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -123,6 +123,21 @@ class _Measured:
     relative_error: float
 
 
+@contextlib.contextmanager
+def _blas_threads(limit: int | None):
+    """Limit NumPy's BLAS/OpenMP threads while timing the baseline (looptool kernels run on one
+    thread unless a loop is parallel); no limit when `limit` is None or threadpoolctl is missing."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        limit = None
+    if limit is None:
+        yield
+        return
+    with threadpool_limits(limit):
+        yield
+
+
 def estimate_flops(program: ir.Program) -> float | None:
     """2 * prod(loop sizes) per stage when every stage is a sum of products (matmul, conv); else None."""
     total = 0
@@ -146,11 +161,12 @@ class ScheduleEditor:
 
     `tensor` is an `lt.Tensor` (or a `tuner.workloads.Workload`, whose baseline is used);
     `baseline` is an optional callable returning the NumPy result, timed for comparison
-    and used as the correctness reference.  `measure=False` checks legality only."""
+    and used as the correctness reference (timed with NumPy's BLAS limited to `baseline_threads`,
+    default 1, like looptool's kernels; None: no limit).  `measure=False` checks legality only."""
 
     def __init__(self, tensor, baseline: Callable[[], np.ndarray] | None = None, *, name: str | None = None,
                  measure: bool = True, repeats: int = 7, budget_seconds: float = 0.3, max_unroll: int = 64,
-                 flops: float | None = None):
+                 flops: float | None = None, baseline_threads: int | None = 1):
         if hasattr(tensor, "tensor") and not hasattr(tensor, "node"):      # a tuner Workload
             baseline = baseline or getattr(tensor, "baseline", None)
             name = name or getattr(tensor, "name", None)
@@ -159,7 +175,7 @@ class ScheduleEditor:
         self.program, self.arrays = ir.lower(tensor.node)
         self.name = name or f"{self.program.output.name}[{', '.join(self.program.output.dims)}]"
         self.measure_enabled, self.repeats, self.budget_seconds = measure, repeats, budget_seconds
-        self.max_unroll = max_unroll
+        self.max_unroll, self.baseline_threads = max_unroll, baseline_threads
         self.flops = flops if flops is not None else estimate_flops(self.program)
         self.default_tree = LoopTree(self.program)
         self.tree = self.default_tree
@@ -351,9 +367,12 @@ class ScheduleEditor:
         stage = stage or self.stage
         if consumer is None and depth:
             readers = self.consumers(stage)
-            if len(readers) != 1:
+            if not readers:
                 return self._refused(f"place {stage} at depth {depth}", ValueError(
-                    f"stage {stage} is read by {readers or 'no stage'}; name the consumer to place it in"))
+                    f"no stage reads {stage} (it is the output), so there is nothing to place it in"))
+            if len(readers) > 1:
+                return self._refused(f"place {stage} at depth {depth}", ValueError(
+                    f"stage {stage} is read by {readers}; name the consumer to place it in"))
             consumer = readers[0]
         where = f"in {consumer} at depth {depth}" if consumer and depth else "at the root"
         return self._transform(f"place {stage} {where}", lambda t: t.place(stage, consumer, int(depth)),
@@ -586,7 +605,8 @@ class ScheduleEditor:
             ref = np.asarray(self.baseline())
             if ref.shape == expected_shape:
                 self._reference, self._reference_source = ref, "the NumPy baseline"
-                self._baseline_seconds = self._time(self.baseline)
+                with _blas_threads(self.baseline_threads):
+                    self._baseline_seconds = self._time(self.baseline)
             else:
                 raise ValueError(f"the baseline returned shape {ref.shape}; the tensor has dims "
                                  f"{self.program.output.dims} of shape {expected_shape}")
@@ -918,12 +938,13 @@ def log_html(results: list[ActionResult], last: int = 8) -> str:
         reason = "" if r.reason == "legal" else r.reason
         if len(reason) > 140:
             reason = reason[:137] + "…"
-        rows.append(f"<tr><td>[{r.index}]</td><td>{html.escape(r.action)}</td>"
-                    f"<td style='color:{color}'>{r.status}</td><td>{timing}</td>"
+        cell = "<td style='padding:0 12px 0 0'>"
+        rows.append(f"<tr>{cell}[{r.index}]</td>{cell}{html.escape(r.action)}</td>"
+                    f"<td style='padding:0 12px 0 0;color:{color}'>{r.status}</td>{cell}{timing}</td>"
                     f"<td style='color:#666'>{html.escape(reason)}</td></tr>")
+    head = "".join(f"<th style='padding:0 12px 0 0'>{h}</th>" for h in ("#", "action", "verdict", "time", "reason"))
     return ('<table style="font-size:11px;border-collapse:collapse">'
-            "<tr style='text-align:left'><th>#</th><th>action</th><th>verdict</th><th>time</th><th>reason</th></tr>"
-            + "".join(rows) + "</table>")
+            f"<tr style='text-align:left'>{head}</tr>" + "".join(rows) + "</table>")
 
 
 # The terminal fallback ----------------------------------------------------------------------

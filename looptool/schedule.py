@@ -161,7 +161,9 @@ class Schedule:
 
     def _placed(self, stage: str, consumer: str | None, depth: int) -> "Schedule":
         if consumer is None or depth == 0:
-            dims = dict.fromkeys(lp.dim for lp in self.effective_loops(stage))
+            own_dims = self.program.stage(stage).loop_dims
+            dims = [d for d in dict.fromkeys(lp.dim for lp in self.effective_loops(stage)) if d in own_dims]
+            dims += [d for d in own_dims if d not in dims]
             moved = self._with(stage, StageSchedule(tuple(Loop(d, d, self.program.size(d), 1) for d in dims)), ())
         else:
             moved = self._with(stage, self._placement(stage, consumer, depth), ())
@@ -179,8 +181,8 @@ class Schedule:
             raise ValueError(f"cannot place {stage} inside {consumer}: {consumer} is computed inside {stage}")
         shared = consumer_loops[:depth]
         shared_dims = {lp.dim for lp in shared}
-        current = self.effective_loops(stage)
-        own_dims = {lp.dim for lp in current}
+        own_dims = set(self.program.stage(stage).loop_dims)
+        current = self._own_cover(stage)
         own = tuple(lp for lp in current if lp.dim not in shared_dims)
         inner = tuple(replace(lp, annotation="") for lp in consumer_loops[depth:]
                       if lp.dim in shared_dims and lp.dim in own_dims)
@@ -190,6 +192,13 @@ class Schedule:
                               and any(n in inner_names for n, _ in t.terms))
         kept = tuple(t for t in self.effective_tails(stage) if {n for n, _ in t.terms} <= own_names)
         return StageSchedule(inner + own, tuple(dict.fromkeys(from_consumer + kept)), depth, consumer)
+
+    def _own_cover(self, stage: str) -> tuple[Loop, ...]:
+        """The stage's loops over its own dims; dims its current loops do not cover get a plain loop."""
+        own_dims = self.program.stage(stage).loop_dims
+        loops = tuple(lp for lp in self.effective_loops(stage) if lp.dim in own_dims)
+        covered = {lp.dim for lp in loops}
+        return loops + tuple(Loop(d, d, self.program.size(d), 1) for d in own_dims if d not in covered)
 
     def _with_steps(self, steps: tuple) -> "Schedule":
         return Schedule(self.program, self.stages, steps)

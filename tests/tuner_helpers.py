@@ -85,6 +85,15 @@ def rel_err(got, ref) -> float:
     return float(np.abs(got - ref).max() / max(float(np.abs(ref).max()), 1e-300))
 
 
+def unwritten_stages(tree) -> list[str]:
+    """Computed stages of the program that no statement of the printed loop tree writes.
+
+    A legal schedule must keep every stage; one that lost a stage reads an uninitialised buffer."""
+    text = str(tree)
+    return [st.name for st in tree.program.stages
+            if not re.search(rf"^\s*{re.escape(st.name)}(\[[^\]]*\])? (=|\+=) ", text, re.MULTILINE)]
+
+
 # Storages, environments, subprocesses ----------------------------------------------------
 
 def sqlite_url(path: Path) -> str:
@@ -170,7 +179,7 @@ def postgres_driver() -> str | None:
 def postgres_bindir() -> Path | None:
     """A directory with initdb and pg_ctl: $PATH first, then Debian's /usr/lib/postgresql/<ver>/bin."""
     found = shutil.which("initdb")
-    candidates = [Path(found).parent] if found else []
+    candidates = [Path(found).parent, Path(found).resolve().parent] if found else []
 
     def version(path: str):
         return [int(p) for p in re.findall(r"\d+", path)] or [0]
@@ -238,9 +247,22 @@ class PostgresCluster:
                    f"-c synchronous_commit=off -c full_page_writes=off")
         self._run(self.bindir / "pg_ctl", "-D", self.data, "-l", self.root / "server.log", "-w", "-t", "60",
                   "-o", options, "start")
-        self._run(self.bindir / "createdb", "-h", "127.0.0.1", "-p", self.port, "-U", "postgres", "looptool")
+        if (self.bindir / "createdb").exists():
+            self._run(self.bindir / "createdb", "-h", "127.0.0.1", "-p", self.port, "-U", "postgres", "looptool")
+        else:
+            self._create_database_with_the_driver("looptool")
         self.url = f"{self.driver}://postgres@127.0.0.1:{self.port}/looptool"
         return self.url
+
+    def _create_database_with_the_driver(self, name: str):
+        import sqlalchemy
+        engine = sqlalchemy.create_engine(f"{self.driver}://postgres@127.0.0.1:{self.port}/postgres",
+                                          isolation_level="AUTOCOMMIT")
+        try:
+            with engine.connect() as conn:
+                conn.execute(sqlalchemy.text(f'CREATE DATABASE "{name}"'))
+        finally:
+            engine.dispose()
 
     def log(self) -> str:
         try:

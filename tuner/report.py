@@ -8,8 +8,6 @@ import optuna
 
 def save_plots(study: optuna.Study, folder: str | Path) -> list[Path]:
     """Write history.png and (with enough trials) importances.png into `folder`; return the paths."""
-    import matplotlib
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from optuna.visualization import matplotlib as ovm
 

@@ -29,13 +29,16 @@ class InvalidDraw(ValueError):
 
 def sample(trial: optuna.Trial, tree: LoopTree, threads: int = 1) -> LoopTree:
     """Draw one schedule for `tree` (illegal ones are possible: the caller checks them)."""
+    placed: set[str] = set()
     try:
         for stage in reversed(tree.program.stages):
             sched = tree.schedule.of(stage.name)
             if sched.consumer is None and stage is tree.program.output:
                 tree = _tile_stage(trial, tree, stage.name, threads)
             for producer in _producers(tree, stage.name):
-                tree = _place_producer(trial, tree, producer, stage.name)
+                if producer not in placed:
+                    placed.add(producer)
+                    tree = _place_producer(trial, tree, producer, stage.name)
     except ValueError as err:
         raise InvalidDraw(str(err)) from None
     return tree

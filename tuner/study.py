@@ -14,6 +14,7 @@ import logging
 import multiprocessing as mp
 import os
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from . import space
 from .worker import MeasureError, Measurer
 
 log = logging.getLogger("looptool.tuner")
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
 
 
@@ -46,11 +48,22 @@ def default_storage() -> str:
 def make_storage(url: str | None):
     """An Optuna storage for a URL; RDB storages get heartbeats so killed trials are marked failed."""
     url = url or default_storage()
-    if url.startswith(("sqlite", "postgresql", "mysql")):
-        return optuna.storages.RDBStorage(url, heartbeat_interval=5, grace_period=20,
-                                          engine_kwargs={"connect_args": {"timeout": 30}}
-                                          if url.startswith("sqlite") else {})
-    return url
+    if not url.startswith(("sqlite", "postgresql", "mysql")):
+        return url
+    import sqlalchemy.exc
+    for attempt in range(5):
+        try:
+            return optuna.storages.RDBStorage(url, heartbeat_interval=5, grace_period=20,
+                                              engine_kwargs={"connect_args": {"timeout": 30}}
+                                              if url.startswith("sqlite") else {})
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError) as err:
+            # Processes creating the same fresh database race to create its tables and stamp its
+            # schema version (UNIQUE constraint failed: alembic_version.version_num); the loser
+            # finds them made on a second look.  Other errors (no server, bad login) are raised.
+            if attempt == 4 or not isinstance(err, sqlalchemy.exc.IntegrityError) and \
+                    "already exists" not in str(err):
+                raise
+            time.sleep(0.2 * (attempt + 1))
 
 
 def make_sampler(name: str, seed: int | None):
