@@ -36,7 +36,7 @@ def sample(trial: optuna.Trial, tree: LoopTree, threads: int = 1) -> LoopTree:
             if sched.consumer is None and stage is tree.program.output:
                 tree = _tile_stage(trial, tree, stage.name, threads)
             for producer in _producers(tree, stage.name):
-                if producer not in placed:
+                if producer not in placed and tree.schedule.of(producer).consumer is None:
                     placed.add(producer)
                     tree = _place_producer(trial, tree, producer, stage.name)
     except ValueError as err:
