@@ -356,8 +356,8 @@ def test_widget_editor_softmax_and_export(tmp_path):
 @pytest.fixture(scope="module")
 def kernel_name(tmp_path_factory):
     """A kernel spec for this interpreter, in a temporary JUPYTER_PATH (nothing written to ~)."""
-    pytest.importorskip("nbclient", reason="executing notebooks needs nbclient (pip install 'looptool[notebook-test]')")
-    pytest.importorskip("ipykernel", reason="executing notebooks needs ipykernel (pip install 'looptool[notebook-test]')")
+    pytest.importorskip("nbclient", reason="executing notebooks needs nbclient (pip install 'looptool[test]')")
+    pytest.importorskip("ipykernel", reason="executing notebooks needs ipykernel (pip install 'looptool[test]')")
     pytest.importorskip("nbformat", reason="executing notebooks needs nbformat")
     pytest.importorskip("ipywidgets", reason="the notebooks need ipywidgets (pip install 'looptool[notebook]')")
     root = tmp_path_factory.mktemp("jupyter")
