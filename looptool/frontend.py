@@ -57,7 +57,14 @@ class Tensor:
         if _node is not None:
             self._node, self._array = _node, None
             return
-        array = data if isinstance(data, np.ndarray) else _as_array(data)
+        if isinstance(data, np.ndarray):
+            array = data
+        elif hasattr(data, "__cuda_array_interface__") or hasattr(data, "__dlpack_device__") and \
+                data.__dlpack_device__()[0] == 2:
+            from .runtime_gpu import as_device
+            array = as_device(data)
+        else:
+            array = _as_array(data)
         if array.dtype not in graph.SUPPORTED_DTYPES:
             raise TypeError(f"lt.Tensor: dtype {array.dtype} is not supported; use float32 or float64 "
                             f"(e.g. array.astype(np.float32))")
@@ -205,6 +212,12 @@ class Tensor:
         `schedule` may be a LoopTree, a Schedule or its JSON text; None means the default."""
         from . import runtime
         return runtime.evaluate(self.node, schedule)
+
+    def cuda(self, schedule=None):
+        """Run on the GPU (CuPy, `looptool[gpu]`) under `schedule`; returns a CuPy array that stays on
+        the device. Inputs already on the GPU are used in place."""
+        from . import runtime_gpu
+        return runtime_gpu.evaluate(self.node, schedule)
 
     def loop_tree(self, schedule=None):
         """The loop tree this tensor lowers to, under `schedule` (default schedule if None)."""

@@ -220,7 +220,8 @@ def element_strides(array: np.ndarray) -> tuple[int, ...]:
 class _Lowering:
     """Turns a graph into a Program, collecting the input arrays it reads."""
 
-    def __init__(self):
+    def __init__(self, on_device: bool):
+        self.on_device = on_device
         self.inputs: list[Buffer] = []
         self.arrays: list[np.ndarray] = []
         self.input_ids: dict[int, str] = {}
@@ -231,6 +232,9 @@ class _Lowering:
         name = self.input_ids.get(id(node))
         if name is None:
             array = node.array
+            if hasattr(array, "__cuda_array_interface__") and not self.on_device:
+                from .runtime_gpu import to_host
+                array = to_host(array)
             if any(s % array.itemsize for s in array.strides):
                 array = np.ascontiguousarray(array)
             name = f"in{len(self.inputs)}"
@@ -295,9 +299,11 @@ class _Lowering:
         return expr if expr.dtype == dtype else Cast(expr, dtype)
 
 
-def lower(node: graph.Node) -> tuple[Program, list[np.ndarray]]:
-    """Lower a graph to a Program plus the input arrays, in the order of `Program.inputs`."""
-    lowering = _Lowering()
+def lower(node: graph.Node, on_device: bool = False) -> tuple[Program, list[np.ndarray]]:
+    """Lower a graph to a Program plus the input arrays, in the order of `Program.inputs`.
+
+    GPU arrays among the inputs are copied to the host unless `on_device`."""
+    lowering = _Lowering(on_device)
     if isinstance(node, graph.Reduce):
         lowering.stage_for(node)
     else:

@@ -21,6 +21,7 @@ import islpy as isl
 from . import ir
 from .errors import IllegalScheduleError
 from .looptree import LoopNode, LoopTree, StmtNode, _stmt_text
+from .schedule import GPU_AXES
 
 
 
@@ -182,6 +183,7 @@ def _check_pair(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, access_pair
             if not broken.is_empty():
                 raise IllegalScheduleError(_order_message(tree, src, dst, buffer, broken, w_a, w_b))
         _check_parallel(tree, src, dst, buffer, deps)
+        _check_gpu_threads(tree, src, dst, buffer, deps)
         if w_a and not w_b:
             _check_local(tree, src, dst, buffer, deps)
 
@@ -195,6 +197,9 @@ def _check_fed(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, earlier: isl
               if src.path[k].loop.annotation == "parallel" or src.path[k].loop.name in tiles]
     for k in pinned:
         earlier = earlier.intersect(_equal_at(src, dst, k))
+    other_thread = _thread_differs(src, dst)
+    if other_thread is not None:
+        earlier = earlier.subtract(other_thread)
     unfed = touch.range().subtract(earlier.range())
     if unfed.is_empty():
         return
@@ -263,6 +268,42 @@ def _check_parallel(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, deps: i
                 f"loop '{loop.name}' cannot be {'parallel' if loop.annotation == 'parallel' else 'vectorized'}: "
                 f"it carries a dependence on buffer {buffer} from `{src.text(tree.buffers)}` to "
                 f"`{dst.text(tree.buffers)}` (different iterations of '{loop.name}' touch the same element)")
+
+
+def _gpu_positions(stmt: _Stmt) -> dict[str, int]:
+    return {n.loop.annotation: k for k, n in enumerate(stmt.path) if n.loop.annotation in GPU_AXES}
+
+
+def _thread_differs(src: _Stmt, dst: _Stmt) -> isl.Map | None:
+    """Pairs of instances that run in different GPU threads of one kernel (None: not a GPU kernel)."""
+    if not src.path or not dst.path or src.path[0] is not dst.path[0]:
+        return None
+    a, b = _gpu_positions(src), _gpu_positions(dst)
+    if not a and not b:
+        return None
+    left = ", ".join(f"i{j}" for j in range(len(src.path)))
+    right = ", ".join(f"j{j}" for j in range(len(dst.path)))
+    differs = []
+    for axis in sorted(set(a) | set(b)):
+        x = f"i{a[axis]}" if axis in a else "0"
+        y = f"j{b[axis]}" if axis in b else "0"
+        differs.append(f"{x} < {y} or {x} > {y}")
+    return isl.Map(f"{{ [{left}] -> [{right}] : {' or '.join(differs)} }}")
+
+
+def _check_gpu_threads(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, deps: isl.Map):
+    """Within one GPU kernel, a dependence may not cross threads: there is no barrier between them."""
+    other_thread = _thread_differs(src, dst)
+    if other_thread is None:
+        return
+    crossing = deps.intersect(other_thread)
+    if not crossing.is_empty():
+        reduction = src.node.stage is dst.node.stage and src.node.kind == dst.node.kind == "update"
+        what = ("a reduction loop is bound to GPU blocks or threads without a combine across them"
+                if reduction else "no barrier orders different GPU threads of one kernel")
+        raise IllegalScheduleError(
+            f"illegal GPU schedule: the dependence on buffer {buffer} from `{src.text(tree.buffers)}` to "
+            f"`{dst.text(tree.buffers)}` crosses GPU threads ({what})")
 
 
 def _check_local(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, deps: isl.Map):

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from . import ir
 from .ir import Affine, Program
-from .schedule import Loop, Schedule, Tail
+from .schedule import GPU_AXES, Loop, Schedule, Tail
 
 DTYPE_SHORT = {"float32": "f32", "float64": "f64"}
 
@@ -172,6 +172,12 @@ class LoopTree:
         """Read `buffer` in `stage` through a copy stage `<buffer>.<stage>` laid out in `order`
         (then `place` the copy to pack just the tile a loop uses)."""
         return LoopTree(self.program, self.schedule.cache(self._stage(stage), buffer, order))
+
+    def bind(self, loop: str, axis: str, stage: str | None = None) -> "LoopTree":
+        """Map a loop's iterations onto GPU blocks or threads: axis 'block.x' ... 'thread.z'."""
+        if axis not in GPU_AXES:
+            raise ValueError(f"bind: unknown GPU axis {axis!r}; use one of {GPU_AXES}")
+        return LoopTree(self.program, self.schedule.annotate(self._stage(stage), loop, axis))
 
     def place(self, stage: str, consumer: str | None, depth: int = 0) -> "LoopTree":
         """Compute `stage` inside the first `depth` loops of `consumer` (None: at the root)."""

@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 from . import ir
 from .ir import Program
 
-ANNOTATIONS = ("", "unroll", "vectorize", "parallel")
+GPU_AXES = ("block.x", "block.y", "block.z", "thread.x", "thread.y", "thread.z")
+ANNOTATIONS = ("", "unroll", "vectorize", "parallel") + GPU_AXES
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,8 @@ class Schedule:
         return self._with(stage, replace(sched, loops=tuple(loops)), ("reorder", stage, *order))
 
     def annotate(self, stage: str, loop: str, annotation: str) -> "Schedule":
-        """Mark a loop 'unroll', 'vectorize', 'parallel', or '' to clear it."""
+        """Mark a loop 'unroll', 'vectorize', 'parallel', a GPU axis ('block.x', 'thread.y', ...),
+        or '' to clear it. CPU backends run GPU-bound loops as plain loops."""
         if annotation not in ANNOTATIONS:
             raise ValueError(f"unknown loop annotation {annotation!r}; use one of {ANNOTATIONS}")
         i, lp = self._loop(stage, loop)

@@ -1,0 +1,122 @@
+"""GPU backend: PTX structure and GPU legality on any machine; execution where a GPU is present."""
+import re
+
+import numpy as np
+import pytest
+
+import looptool as lt
+from looptool import codegen_gpu
+
+from helpers import assert_close
+
+
+def matmul(rng, m=64, k=32, n=48):
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    sm, sk, sn = lt.symbols("m k n")
+    return (lt.Tensor(a).to(sm, sk) * lt.Tensor(b).to(sk, sn)).sum(sk), a.astype(np.float64) @ b
+
+
+def tiled(tree):
+    return (tree.split("m", 16).split("n", 32).split("m.1", 4)
+            .reorder("m.0", "n.0", "m.1.0", "n.1", "k", "m.1.1")
+            .bind("m.0", "block.y").bind("n.0", "block.x").bind("m.1.0", "thread.y").bind("n.1", "thread.x")
+            .unroll("m.1.1"))
+
+
+def test_ptx_has_one_entry_per_root_nest_with_guards_and_global_memory(rng):
+    c, _ = matmul(rng, 50, 32, 70)
+    module = codegen_gpu.generate(tiled(c.loop_tree()), "sm_90")
+    assert module.launches[0].grid == (3, 4, 1) and module.launches[0].block == (32, 4, 1)
+    ptx = module.ptx
+    assert ".target sm_90" in ptx and ".visible .entry looptool_k0(" in ptx
+    for register in ("%ctaid.x", "%ctaid.y", "%tid.x", "%tid.y"):
+        assert register in ptx
+    assert re.search(r"ld\.global(\.nc)?\.b32", ptx) and re.search(r"st\.global\.b32", ptx)
+    assert re.search(r"fma\.rn\.f32", ptx)
+    assert "setp" in ptx  # tails of 50 and 70 are guarded
+
+
+def test_root_stages_are_separate_launches_and_softmax_ptx_is_arch_specific(rng):
+    x = lt.Tensor(rng.standard_normal((40, 24)).astype(np.float32)).to(*lt.symbols("m n"))
+    m, n = lt.symbols("m n")
+    e = (x - x.max(n)).exp()
+    sm = e / e.sum(n)
+    tree = sm.loop_tree().split("m", 8, stage="t2").bind("m.0", "block.x", stage="t2").bind("m.1", "thread.x", stage="t2")
+    module = codegen_gpu.generate(tree, "sm_80")
+    assert [k.name for k in module.launches] == ["looptool_k0", "looptool_k1", "looptool_k2"]
+    assert ".target sm_80" in module.ptx
+    assert module.launches[2].grid == (5, 1, 1) and module.launches[2].block == (8, 1, 1)
+
+
+def test_bound_loops_run_as_plain_loops_on_the_cpu(rng):
+    c, ref = matmul(rng, 37, 29, 41)
+    tree = tiled(c.loop_tree())
+    assert tree.check() == (True, "legal")
+    assert_close(c.numpy(tree), ref, 1e-5)
+    assert_close(lt.interpret(c, tree), ref, 1e-5)
+    assert "[thread.x]" in str(tree) and "[block.y]" in str(tree)
+
+
+def test_reduction_bound_to_threads_is_illegal(rng):
+    c, _ = matmul(rng)
+    tree = c.loop_tree().reorder("m", "n", "k").bind("m", "block.x").bind("k", "thread.x")
+    legal, reason = tree.check()
+    assert not legal
+    assert "crosses GPU threads" in reason and "without a combine" in reason and "buffer t0" in reason
+
+
+def test_consumer_reading_another_threads_result_in_one_kernel_is_illegal(rng):
+    x_np = rng.standard_normal((16, 8)).astype(np.float32)
+    m, n = lt.symbols("m n")
+    x = lt.Tensor(x_np).to(m, n)
+    y = x.exp() - x.exp().sum(n)
+    tree = y.loop_tree().bind("m", "block.x").bind("n", "thread.x").place("t0", "t1", 1)
+    legal, reason = tree.check()
+    assert not legal and "crosses GPU threads" in reason and "no barrier" in reason
+
+
+def test_unknown_axis_and_oversized_blocks_are_refused(rng):
+    c, _ = matmul(rng)
+    with pytest.raises(ValueError, match="unknown GPU axis 'warp.x'"):
+        c.loop_tree().bind("m", "warp.x")
+    big = c.loop_tree().reorder("m", "n", "k").bind("m", "thread.y").bind("n", "thread.x")
+    with pytest.raises(ValueError, match="1024-thread limit"):
+        codegen_gpu.generate(big, "sm_90")
+
+
+def test_parallel_annotation_is_refused_on_the_gpu(rng):
+    c, _ = matmul(rng)
+    with pytest.raises(ValueError, match="bind it to blocks or threads"):
+        codegen_gpu.generate(c.loop_tree().parallel("m"), "sm_90")
+
+
+def _cupy_or_skip():
+    cp = pytest.importorskip("cupy", reason="GPU execution needs CuPy (pip install 'looptool[gpu]')")
+    try:
+        if cp.cuda.runtime.getDeviceCount() == 0:
+            pytest.skip("no NVIDIA GPU present")
+    except cp.cuda.runtime.CUDARuntimeError as err:
+        pytest.skip(f"no usable NVIDIA GPU: {err}")
+    return cp
+
+
+@pytest.mark.gpu
+def test_matmul_runs_on_the_gpu_and_writes_every_element(rng):
+    cp = _cupy_or_skip()
+    c, ref = matmul(rng, 50, 33, 70)
+    got = c.cuda(tiled(c.loop_tree()))
+    assert isinstance(got, cp.ndarray)
+    assert_close(cp.asnumpy(got), ref, 1e-5)
+
+
+@pytest.mark.gpu
+def test_gpu_inputs_stay_on_the_device(rng):
+    cp = _cupy_or_skip()
+    x = cp.asarray(rng.standard_normal(1000).astype(np.float32))
+    i, = lt.symbols("i")
+    t = lt.Tensor(x).to(i)
+    y = (t * t + 1.0).relu()
+    tree = y.loop_tree().split("i", 128).bind("i.0", "block.x").bind("i.1", "thread.x")
+    assert_close(cp.asnumpy(y.cuda(tree)), np.maximum(cp.asnumpy(x).astype(np.float64) ** 2 + 1, 0), 1e-5)
+    assert_close(y.numpy(), np.maximum(cp.asnumpy(x).astype(np.float64) ** 2 + 1, 0), 1e-5)
