@@ -100,6 +100,11 @@ def _check_structure(tree: LoopTree):
             if any(isinstance(child, LoopNode) for child in node.body):
                 raise IllegalScheduleError(f"loop '{node.loop.name}' is vectorized but has loops inside it; "
                                            f"vectorize an innermost loop")
+            for plan in tree.local_buffers.get(id(node), []):
+                raise IllegalScheduleError(
+                    f"buffer {plan.name} is shrunk to one tile per iteration of the vectorized loop "
+                    f"'{node.loop.name}', so its lanes would share it: place stage {plan.name} outside "
+                    f"'{node.loop.name}' or do not vectorize it")
 
 
 def _statements(tree: LoopTree) -> list[_Stmt]:
