@@ -96,7 +96,12 @@ def workloads(scale: float):
         .reorder("m.0", "n.0", "m.1.0", "n.1.1", "k", "m.1.1", "n.1.0") \
         .bind("m.0", "block.y").bind("n.0", "block.x").bind("m.1.0", "thread.y").bind("n.1.1", "thread.x") \
         .unroll("m.1.1").unroll("n.1.0")
-    yield ("matmul float32", mat, {"1 output/thread": naive, "4x4 register tile/thread": tiled}, mat_ref,
+    tiled8 = mat.loop_tree().split("m", 128).split("n", 128).split("m.1", 8).split("n.1", 16) \
+        .reorder("m.0", "n.0", "m.1.0", "n.1.1", "k", "m.1.1", "n.1.0") \
+        .bind("m.0", "block.y").bind("n.0", "block.x").bind("m.1.0", "thread.y").bind("n.1.1", "thread.x") \
+        .unroll("m.1.1").unroll("n.1.0")
+    yield ("matmul float32", mat, {"1 output/thread": naive, "4x4 register tile/thread": tiled,
+                                   "8x8 register tile/thread": tiled8}, mat_ref,
            lambda: torch.matmul(ta, tb), ("flops", 2 * size ** 3))
 
 
