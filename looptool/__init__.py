@@ -1,6 +1,7 @@
 """looptool: named-dimension tensors compiled to loop nests, scheduled, checked and tuned."""
 from .frontend import (Symbol, Symbols, Tensor, abs, concat, exp, log, maximum, minimum, reciprocal, relu,
                        sqrt, symbols)
+from . import ir
 from .errors import ArtifactError, IllegalScheduleError
 from .looptree import LoopTree
 from .runtime import Kernel, cache_info, clear_cache, get_num_threads, interpret, set_num_threads
