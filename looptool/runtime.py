@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import json
 import os
 import threading
 import time
@@ -110,13 +111,20 @@ class KernelCache:
         self.hits = self.misses = 0
 
     def get(self, tree: LoopTree) -> Kernel:
-        key = (tree.program, tree.schedule.stages, _THREADS[0])
+        """The kernel of a loop tree, compiled (after the legality check) on the first request."""
+        return self.get_for(tree.program, tree.schedule.steps, lambda: tree)
+
+    def get_for(self, program: ir.Program, steps, make_tree) -> Kernel:
+        """The kernel of `program` under schedule `steps`; `make_tree()` is only called on a miss,
+        so a cached computation costs no schedule replay and no tree building."""
+        key = (program, _frozen(steps), _THREADS[0])
         with self._lock:
             kernel = self._kernels.get(key)
             if kernel is not None:
                 self.hits += 1
                 return kernel
             self.misses += 1
+        tree = make_tree()
         if tree.schedule.steps:
             tree.assert_legal()
         kernel = Kernel(tree, _THREADS[0])
@@ -141,6 +149,21 @@ def cache_info() -> dict:
 def clear_cache():
     """Forget every compiled kernel and reset the statistics."""
     CACHE.clear()
+
+
+def _frozen(value):
+    """Lists (from JSON) as tuples, so schedule steps can be part of a dictionary key."""
+    return tuple(_frozen(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def _steps_of(schedule) -> tuple:
+    if schedule is None:
+        return ()
+    if isinstance(schedule, LoopTree):
+        return schedule.schedule.steps
+    if isinstance(schedule, str):
+        return _frozen(json.loads(schedule)["steps"])
+    return schedule.steps
 
 
 def _schedule_for(program: ir.Program, schedule) -> Schedule:
@@ -171,7 +194,8 @@ def evaluate(node: graph.Node, schedule=None) -> np.ndarray:
     program, arrays = ir.lower(node)
     if schedule is None:
         schedule = tuning_db.lookup(program, codegen_cpu.HostTarget.get().name)
-    kernel = CACHE.get(LoopTree(program, _schedule_for(program, schedule)))
+    kernel = CACHE.get_for(program, _steps_of(schedule),
+                           lambda: LoopTree(program, _schedule_for(program, schedule)))
     return kernel(arrays)
 
 
