@@ -237,10 +237,15 @@ def _allocation_loop(tree: LoopTree, buffer: str) -> LoopNode | None:
     return None
 
 
-def _equal_at(src: _Stmt, dst: _Stmt, k: int) -> isl.Map:
+def _pairs(src: _Stmt, dst: _Stmt, condition: str) -> isl.Map:
+    """Pairs of instances (loop values i0.. of src, j0.. of dst) that satisfy an isl condition."""
     a = ", ".join(f"i{j}" for j in range(len(src.path)))
     b = ", ".join(f"j{j}" for j in range(len(dst.path)))
-    return isl.Map(f"{{ [{a}] -> [{b}] : i{k} = j{k} }}")
+    return isl.Map(f"{{ [{a}] -> [{b}] : {condition} }}")
+
+
+def _equal_at(src: _Stmt, dst: _Stmt, k: int) -> isl.Map:
+    return _pairs(src, dst, f"i{k} = j{k}")
 
 
 def _common_loops(src: _Stmt, dst: _Stmt) -> list[int]:
@@ -253,10 +258,7 @@ def _common_loops(src: _Stmt, dst: _Stmt) -> list[int]:
 
 
 def _differ_at(src: _Stmt, dst: _Stmt, k: int) -> isl.Map:
-    n_src, n_dst = len(src.path), len(dst.path)
-    a = ", ".join(f"i{j}" for j in range(n_src))
-    b = ", ".join(f"j{j}" for j in range(n_dst))
-    return isl.Map(f"{{ [{a}] -> [{b}] : i{k} < j{k} or i{k} > j{k} }}")
+    return _pairs(src, dst, f"i{k} < j{k} or i{k} > j{k}")
 
 
 def _check_parallel(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, deps: isl.Map):
@@ -286,14 +288,12 @@ def _thread_differs(src: _Stmt, dst: _Stmt) -> isl.Map | None:
     a, b = _gpu_positions(src), _gpu_positions(dst)
     if not a and not b:
         return None
-    left = ", ".join(f"i{j}" for j in range(len(src.path)))
-    right = ", ".join(f"j{j}" for j in range(len(dst.path)))
     differs = []
     for axis in sorted(set(a) | set(b)):
         x = f"i{a[axis]}" if axis in a else "0"
         y = f"j{b[axis]}" if axis in b else "0"
         differs.append(f"{x} < {y} or {x} > {y}")
-    return isl.Map(f"{{ [{left}] -> [{right}] : {' or '.join(differs)} }}")
+    return _pairs(src, dst, " or ".join(differs))
 
 
 def _check_gpu_threads(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, deps: isl.Map):
