@@ -80,7 +80,11 @@ def workloads(scale: float):
     tx = torch.from_dlpack(x)
     base = softmax.loop_tree().split("m", 128, stage="t2").bind("m.0", "block.x", stage="t2") \
         .bind("m.1", "thread.x", stage="t2").place("t0", "t2", 2).place("t1", "t2", 2)
-    yield ("softmax 8192 cols", softmax, {"row per thread": base}, sm_ref,
+    block = softmax.loop_tree().bind("m", "block.x", stage="t2").place("t0", "t2", 1).place("t1", "t2", 1)
+    for stage in ("t0", "t1", "t2"):
+        block = block.split("k", 512, stage=stage).reorder("k.1", "k.0", stage=stage) \
+            .bind("k.1", "thread.x", stage=stage)
+    yield ("softmax 8192 cols", softmax, {"row per thread": base, "row per block, 512 threads": block}, sm_ref,
            lambda: torch.softmax(tx, dim=1), ("bytes", 8 * rows * 8192))
 
     size = int(4096 * scale ** (1 / 3))

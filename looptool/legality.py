@@ -202,9 +202,9 @@ def _check_fed(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, earlier: isl
               if src.path[k].loop.annotation == "parallel" or src.path[k].loop.name in tiles]
     for k in pinned:
         earlier = earlier.intersect(_equal_at(src, dst, k))
-    other_thread = _thread_differs(src, dst)
-    if other_thread is not None:
-        earlier = earlier.subtract(other_thread)
+    unsynchronized = _unsynchronized(src, dst)
+    if unsynchronized is not None:
+        earlier = earlier.subtract(unsynchronized)
     unfed = touch.range().subtract(earlier.range())
     if unfed.is_empty():
         return
@@ -281,31 +281,50 @@ def _gpu_positions(stmt: _Stmt) -> dict[str, int]:
     return {n.loop.annotation: k for k, n in enumerate(stmt.path) if n.loop.annotation in GPU_AXES}
 
 
-def _thread_differs(src: _Stmt, dst: _Stmt) -> isl.Map | None:
-    """Pairs of instances that run in different GPU threads of one kernel (None: not a GPU kernel)."""
+def _unsynchronized(src: _Stmt, dst: _Stmt) -> isl.Map | None:
+    """Pairs of instances of one GPU kernel that nothing orders: in different blocks, or in different
+    threads inside the same iteration of a common thread-bound loop (block-level code is followed by
+    barriers, so threads are ordered across its statements and nests). None outside GPU kernels."""
     if not src.path or not dst.path or src.path[0] is not dst.path[0]:
         return None
     a, b = _gpu_positions(src), _gpu_positions(dst)
     if not a and not b:
         return None
-    differs = []
-    for axis in sorted(set(a) | set(b)):
+
+    def differ(axis):
         x = f"i{a[axis]}" if axis in a else "0"
         y = f"j{b[axis]}" if axis in b else "0"
-        differs.append(f"{x} < {y} or {x} > {y}")
-    return _pairs(src, dst, " or ".join(differs))
+        return f"{x} < {y} or {x} > {y}"
+    parts = [differ(axis) for axis in sorted(set(a) | set(b)) if axis.startswith("block")]
+    common = _common_loops(src, dst)
+    shared_thread = next((k for k in common if src.path[k].loop.annotation.startswith("thread")), None)
+    threads = [differ(axis) for axis in sorted(set(a) | set(b)) if axis.startswith("thread")]
+    if shared_thread is not None and threads:
+        same_above = [f"i{k} = j{k}" for k in common if k < shared_thread]
+        parts.append("(" + " and ".join([f"({' or '.join(threads)})"] + same_above) + ")")
+    return _pairs(src, dst, " or ".join(parts)) if parts else None
+
+
+def _combined_reduction(src: _Stmt, dst: _Stmt) -> bool:
+    """Updates of one reduction under its outermost thread-bound loop, when that loop runs over a
+    reduction dim and holds no other thread-bound loop: the GPU backend combines their partials."""
+    if src.node is not dst.node or src.node.kind != "update":
+        return False
+    bound = [k for k, n in enumerate(src.path) if n.loop.annotation.startswith("thread")]
+    return len(bound) == 1 and src.path[bound[0]].loop.dim in src.node.stage.reduce_dims
 
 
 def _check_gpu_threads(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, deps: isl.Map):
-    """Within one GPU kernel, a dependence may not cross threads: there is no barrier between them."""
-    other_thread = _thread_differs(src, dst)
-    if other_thread is None:
+    """Within one GPU kernel a dependence may cross threads only where a barrier orders them."""
+    unsynchronized = _unsynchronized(src, dst)
+    if unsynchronized is None or _combined_reduction(src, dst):
         return
-    crossing = deps.intersect(other_thread)
+    crossing = deps.intersect(unsynchronized)
     if not crossing.is_empty():
         reduction = src.node.stage is dst.node.stage and src.node.kind == dst.node.kind == "update"
-        what = ("a reduction loop is bound to GPU blocks or threads without a combine across them"
-                if reduction else "no barrier orders different GPU threads of one kernel")
+        what = ("a reduction loop is bound to GPU blocks, or to threads nested in other thread-bound loops, "
+                "without a combine across them" if reduction else
+                "no barrier orders them: they run in different blocks, or in one thread-bound loop")
         raise IllegalScheduleError(
             f"illegal GPU schedule: the dependence on buffer {buffer} from `{src.text(tree.buffers)}` to "
             f"`{dst.text(tree.buffers)}` crosses GPU threads ({what})")

@@ -58,22 +58,45 @@ def test_bound_loops_run_as_plain_loops_on_the_cpu(rng):
     assert "[thread.x]" in str(tree) and "[block.y]" in str(tree)
 
 
-def test_reduction_bound_to_threads_is_illegal(rng):
+def test_reduction_bound_to_blocks_is_illegal(rng):
     c, _ = matmul(rng)
-    tree = c.loop_tree().reorder("m", "n", "k").bind("m", "block.x").bind("k", "thread.x")
+    tree = c.loop_tree().reorder("m", "n", "k").bind("k", "block.x").bind("n", "thread.x")
     legal, reason = tree.check()
     assert not legal
     assert "crosses GPU threads" in reason and "without a combine" in reason and "buffer t0" in reason
 
 
-def test_consumer_reading_another_threads_result_in_one_kernel_is_illegal(rng):
+def test_reading_a_reduction_inside_the_thread_loop_that_combines_it_is_illegal(rng):
     x_np = rng.standard_normal((16, 8)).astype(np.float32)
     m, n = lt.symbols("m n")
     x = lt.Tensor(x_np).to(m, n)
-    y = x.exp() - x.exp().sum(n)
-    tree = y.loop_tree().bind("m", "block.x").bind("n", "thread.x").place("t0", "t1", 1)
+    y = x - x.exp().sum(n)
+    tree = y.loop_tree().bind("m", "block.x").bind("n", "thread.x").place("t0", "t1", 2)
     legal, reason = tree.check()
-    assert not legal and "crosses GPU threads" in reason and "no barrier" in reason
+    assert not legal and "buffer t0" in reason and "loop 'n'" in reason
+
+
+def softmax_rows(rng, rows=6, cols=40, threads=16):
+    x_np = rng.standard_normal((rows, cols)).astype(np.float32)
+    m, n = lt.symbols("m n")
+    x = lt.Tensor(x_np).to(m, n)
+    e = (x - x.max(n)).exp()
+    sm = e / e.sum(n)
+    tree = sm.loop_tree().bind("m", "block.x", stage="t2").place("t0", "t2", 1).place("t1", "t2", 1)
+    for stage in ("t0", "t1", "t2"):
+        tree = tree.split("n", threads, stage=stage).reorder("n.1", "n.0", stage=stage) \
+            .bind("n.1", "thread.x", stage=stage)
+    ref = np.exp(x_np - x_np.max(1, keepdims=True))
+    return sm, tree, ref / ref.sum(1, keepdims=True)
+
+
+def test_reductions_bound_to_threads_are_combined_through_shared_memory(rng):
+    sm, tree, ref = softmax_rows(rng)
+    assert tree.check() == (True, "legal")
+    assert_close(sm.numpy(tree), ref, 1e-5)
+    assert_close(lt.interpret(sm, tree), ref, 1e-5)
+    ptx = codegen_gpu.generate(tree, "sm_90").ptx
+    assert ".shared" in ptx and "bar.sync" in ptx
 
 
 def test_unknown_axis_and_oversized_blocks_are_refused(rng):
@@ -108,6 +131,13 @@ def test_matmul_runs_on_the_gpu_and_writes_every_element(rng):
     got = c.cuda(tiled(c.loop_tree()))
     assert isinstance(got, cp.ndarray)
     assert_close(cp.asnumpy(got), ref, 1e-5)
+
+
+@pytest.mark.gpu
+def test_softmax_with_combined_reductions_runs_on_the_gpu(rng):
+    cp = _cupy_or_skip()
+    sm, tree, ref = softmax_rows(rng, rows=37, cols=1000, threads=128)
+    assert_close(cp.asnumpy(sm.cuda(tree)), ref, 1e-5)
 
 
 @pytest.mark.gpu
