@@ -139,9 +139,13 @@ class _FunctionBuilder:
             else:
                 self.loop(node, env)
 
-    def loop(self, node: LoopNode, env: dict):
+    def allocate_placed(self, node: LoopNode):
+        """Allocate the local buffers placed at this loop."""
         for plan in self.tree.local_buffers.get(id(node), []):
             self.pointers[plan.name] = self.allocate(plan)
+
+    def loop(self, node: LoopNode, env: dict):
+        self.allocate_placed(node)
         lp = node.loop
         count = self.trip_count(node, env)
         emit = {"unroll": self.unrolled, "vectorize": self.vectorized, "parallel": self.parallel}.get(lp.annotation)

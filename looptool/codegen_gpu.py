@@ -116,10 +116,7 @@ class _GpuBuilder(_FunctionBuilder):
 
     def body(self, nodes: list, env: dict):
         for node in nodes:
-            if isinstance(node, StmtNode):
-                self.statement(node, env)
-            else:
-                self.loop(node, env)
+            super().body([node], env)
             if self.thread_depth == 0:
                 self.barrier()
 
@@ -133,8 +130,7 @@ class _GpuBuilder(_FunctionBuilder):
         if axis not in GPU_AXES:
             super().loop(node, env)
             return
-        for plan in self.tree.local_buffers.get(id(node), []):
-            self.pointers[plan.name] = self.allocate(plan)
+        self.allocate_placed(node)
         kind, dim = axis.split(".")
         register = self.declare(f"llvm.nvvm.read.ptx.sreg.{SREG[kind]}.{dim}", llir.IntType(32), [])
         value = self.builder.zext(self.builder.call(register, []), I64)

@@ -103,21 +103,23 @@ def aligned_empty(shape: tuple[int, ...], dtype: str) -> np.ndarray:
 
 
 class KernelCache:
-    """Compiled kernels keyed by structure: program (graph, shapes, strides, dtypes) and schedule."""
+    """Compiled kernels keyed by structure: program (graph, shapes, strides, dtypes), schedule and
+    the target variant (`variant()`: thread count on the CPU, architecture on a GPU)."""
 
-    def __init__(self):
+    def __init__(self, compile_tree, variant):
+        self._compile, self._variant = compile_tree, variant
         self._kernels: dict = {}
         self._lock = threading.Lock()
         self.hits = self.misses = 0
 
-    def get(self, tree: LoopTree) -> Kernel:
+    def get(self, tree: LoopTree):
         """The kernel of a loop tree, compiled (after the legality check) on the first request."""
         return self.get_for(tree.program, tree.schedule.steps, lambda: tree)
 
-    def get_for(self, program: ir.Program, steps, make_tree) -> Kernel:
+    def get_for(self, program: ir.Program, steps, make_tree):
         """The kernel of `program` under schedule `steps`; `make_tree()` is only called on a miss,
         so a cached computation costs no schedule replay and no tree building."""
-        key = (program, _frozen(steps), _THREADS[0])
+        key = (program, _frozen(steps), self._variant())
         with self._lock:
             kernel = self._kernels.get(key)
             if kernel is not None:
@@ -127,7 +129,7 @@ class KernelCache:
         tree = make_tree()
         if tree.schedule.steps:
             tree.assert_legal()
-        kernel = Kernel(tree, _THREADS[0])
+        kernel = self._compile(tree)
         with self._lock:
             self._kernels[key] = kernel
         return kernel
@@ -138,7 +140,7 @@ class KernelCache:
             self.hits = self.misses = 0
 
 
-CACHE = KernelCache()
+CACHE = KernelCache(lambda tree: Kernel(tree, _THREADS[0]), lambda: _THREADS[0])
 
 
 def cache_info() -> dict:

@@ -6,15 +6,12 @@ CuPy arrays come in without copies; cuda-python would need all of that by hand.
 """
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 
 from . import codegen_gpu, ir
 from .looptree import LoopTree
 
-_LOCK = threading.Lock()
-_KERNELS: dict = {}
+_CACHE = None
 
 
 def cupy():
@@ -79,23 +76,24 @@ class GpuKernel:
 
 def kernel_for(tree: LoopTree) -> GpuKernel:
     """The cached GPU kernel of a loop tree (legality checked for non-default schedules)."""
-    key = (tree.program, tree.schedule.stages)
-    with _LOCK:
-        kernel = _KERNELS.get(key)
-    if kernel is None:
-        if tree.schedule.steps:
-            tree.assert_legal()
-        kernel = GpuKernel(tree)
-        with _LOCK:
-            _KERNELS[key] = kernel
-    return kernel
+    return _cache().get(tree)
+
+
+def _cache():
+    global _CACHE
+    if _CACHE is None:
+        from .runtime import KernelCache
+        _CACHE = KernelCache(GpuKernel, device_arch)
+    return _CACHE
 
 
 def evaluate(node, schedule) -> object:
     """Run a graph on the GPU under `schedule`; the result is a CuPy array (axes follow the dims)."""
-    from .runtime import _schedule_for
+    from .runtime import _schedule_for, _steps_of
     program, arrays = ir.lower(node, on_device=True)
-    return kernel_for(LoopTree(program, _schedule_for(program, schedule)))(arrays)
+    kernel = _cache().get_for(program, _steps_of(schedule),
+                              lambda: LoopTree(program, _schedule_for(program, schedule)))
+    return kernel(arrays)
 
 
 def to_host(array) -> np.ndarray:
