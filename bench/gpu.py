@@ -11,6 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import subprocess
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +22,7 @@ import looptool as lt
 from looptool import ir, runtime_gpu
 from looptool.looptree import LoopTree
 from looptool.runtime import _schedule_for
+from tuner import space
 
 
 def median_ms(fn, repeat: int = 20) -> float:
@@ -47,6 +51,18 @@ def check_and_time(tensor, schedule, reference: np.ndarray, repeat: int):
     got = cp.asnumpy(kernel(arrays, out=out)).astype(np.float64)
     err = float(np.linalg.norm(np.nan_to_num(got - reference, nan=1e30)) / np.linalg.norm(reference))
     return err, median_ms(lambda: kernel(arrays, out=out), repeat), kernel.ptx
+
+
+def resources(ptx: str) -> str:
+    """ptxas's report (registers, shared memory, spills) for sm_90, where ptxas is installed."""
+    ptxas = shutil.which("ptxas") or "/usr/local/cuda/bin/ptxas"
+    if not os.path.exists(ptxas):
+        return "ptxas not found"
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+        f.write(ptx)
+        f.flush()
+        run = subprocess.run([ptxas, "-arch=sm_90", "-v", f.name, "-o", os.devnull], capture_output=True, text=True)
+    return " ".join(line.split("info    : ")[-1] for line in run.stderr.splitlines() if "Used" in line or "spill" in line)
 
 
 def workloads(scale: float):
@@ -94,6 +110,11 @@ def workloads(scale: float):
     mat = (lt.Tensor(A).to(mm, kk) * lt.Tensor(B).to(kk, nn)).sum(kk)
     mat_ref = cp.asnumpy(A).astype(np.float64) @ cp.asnumpy(B).astype(np.float64)
     ta, tb = torch.from_dlpack(A), torch.from_dlpack(B)
+
+    def tiles(x_threads=16, y_threads=16, y_tile=8, k_tile=8, unroll_k=False):
+        """The tuner's register-tile template with both inputs staged in shared memory."""
+        return space.register_tiled(mat.loop_tree(), "t0", x_threads, 2, 4, y_threads, y_tile, k_tile, unroll_k,
+                                    ("in0", "in1"))
     naive = mat.loop_tree().split("m", 8).split("n", 128).reorder("m.0", "n.0", "m.1", "n.1", "k") \
         .bind("m.0", "block.y").bind("n.0", "block.x").bind("m.1", "thread.y").bind("n.1", "thread.x")
     tiled = mat.loop_tree().split("m", 64).split("n", 128).split("m.1", 4).split("n.1", 32) \
@@ -113,7 +134,12 @@ def workloads(scale: float):
         .bind("n.1.1", "thread.x", stage="in1.t0").bind("k.1", "thread.y", stage="in1.t0")
     yield ("matmul float32", mat, {"1 output/thread": naive, "4x4 register tile/thread": tiled,
                                    "8x8 register tile/thread": tiled8,
-                                   "128x128x16 tiles in shared memory, 8x8/thread": staged}, mat_ref,
+                                   "128x128x16 tiles in shared memory, 8x8/thread": staged,
+                                   "register tiles 128x128x8, 8x8/thread": tiles(),
+                                   "register tiles 128x128x8, k unrolled": tiles(unroll_k=True),
+                                   "register tiles 128x128x16, k unrolled": tiles(k_tile=16, unroll_k=True),
+                                   "register tiles 64x64x8, 4x8/thread": tiles(x_threads=8, y_threads=16, y_tile=4),
+                                   }, mat_ref,
            lambda: torch.matmul(ta, tb), ("flops", 2 * size ** 3))
 
 
@@ -123,14 +149,17 @@ def main(argv=None):
     parser.add_argument("--scale", type=float, default=1.0, help="shrink the problems (e.g. 0.01 to smoke-test)")
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--out", default=os.environ.get("OUT"))
+    parser.add_argument("--only", default="", help="run only workloads whose name contains this")
     args = parser.parse_args(argv)
     cp = runtime_gpu.cupy()
     name = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
     print(f"GPU: {name} ({runtime_gpu.device_arch()})")
     results = []
     for label, tensor, schedules, ref, baseline, (unit, amount) in workloads(args.scale):
-        base_ms = median_ms(baseline, args.repeat)
+        if args.only and args.only not in label:
+            continue
         for variant, schedule in schedules.items():
+            base_ms = median_ms(baseline, args.repeat)   # again next to each variant: clocks drift
             try:
                 err, ms, ptx = check_and_time(tensor, schedule, ref, args.repeat)
             except Exception as exc:  # report and go on to the next variant
@@ -140,7 +169,9 @@ def main(argv=None):
             rate = amount / ms / 1e6 if unit == "bytes" else amount / ms / 1e9
             results.append({"workload": label, "variant": variant, "rel_error": err, "ours_ms": ms,
                             "baseline_ms": base_ms, "ratio": base_ms / ms,
-                            "rate": f"{rate:.0f} {'GB/s' if unit == 'bytes' else 'TFLOP/s'}"})
+                            "rate": f"{rate:.0f} {'GB/s' if unit == 'bytes' else 'TFLOP/s'}",
+                            "ptxas": resources(ptx)})
+            print(f"{label} / {variant}: {base_ms / ms:.2f}x, {results[-1]['ptxas']}", flush=True)
             if args.out:
                 safe = "".join(ch if ch.isalnum() else "_" for ch in f"{label}_{variant}")
                 Path(args.out, f"{safe}.ptx").write_text(ptx)

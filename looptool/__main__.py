@@ -68,8 +68,8 @@ def tune_command(args) -> None:
     work = workloads.resolve(args.workload)
     result = study.tune(work.tensor, trials=args.trials, timeout=args.timeout, storage=args.storage,
                         study_name=args.study, sampler=args.sampler, seed=args.seed, jobs=args.jobs,
-                        threads=args.threads)
-    baseline = _median_time(work.baseline, 10) if work.baseline else None
+                        threads=args.threads, device=args.device)
+    baseline = _median_time(work.baseline, 10) if work.baseline and args.device == "cpu" else None
     print(result.summary(baseline))
     if args.plots:
         for path in report.save_plots(result.study, args.plots):
@@ -115,6 +115,8 @@ def main(argv=None) -> None:
     tune_cmd.add_argument("--sampler", default="tpe", choices=("tpe", "random"))
     tune_cmd.add_argument("--seed", type=int, default=None)
     tune_cmd.add_argument("--threads", type=int, default=1, help="cores each kernel may use")
+    tune_cmd.add_argument("--device", default="cpu", choices=("cpu", "gpu"),
+                          help="tune for this CPU or for the current NVIDIA GPU (needs looptool[gpu])")
     tune_cmd.add_argument("--plots", default=None, help="folder for history.png and importances.png")
     export_cmd = commands.add_parser("export", help="write a kernel artifact (manifest, LLVM IR, object, .so/.h)")
     export_cmd.add_argument("workload", help="as for tune")

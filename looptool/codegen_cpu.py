@@ -166,7 +166,7 @@ class _FunctionBuilder:
         for stmt in inner.body:
             if not isinstance(stmt, StmtNode) or stmt.kind != "update":
                 return False
-            own = tuple(ir.Affine.var(d) for d in stmt.stage.dims)
+            own = _own_index(stmt.stage)
             linear = self.linear_offset(stmt.stage.name, own, stmt)
             if linear.coeffs().get(node.loop.name, 0) or linear.coeffs().get(inner.loop.name, 0):
                 return False
@@ -200,9 +200,8 @@ class _FunctionBuilder:
         for stmt in inner.body:
             stage = stmt.stage
             vty = llir.VectorType(FLOAT[stage.dtype], lanes.width)
-            dims = {d: self.affine(a, {**env, node.loop.name: ZERO, lanes.name: ZERO}) for d, a in stmt.index.items()}
-            target = self.address(self.tree.buffers[stage.name], [dims[d] for d in stage.dims], False,
-                                  {**env, node.loop.name: ZERO, lanes.name: ZERO})
+            target = self.access(stage.name, _own_index(stage), False, stmt,
+                                 {**env, node.loop.name: ZERO, lanes.name: ZERO})
             total = self.horizontal(stage.reduce_op, b.load(slots[id(stmt)], typ=vty))
             b.store(self.binary(REDUCE_BINARY[stage.reduce_op], b.load(target, typ=FLOAT[stage.dtype]), total),
                     target)
@@ -324,31 +323,35 @@ class _FunctionBuilder:
     # Statements --------------------------------------------------------------------
     def statement(self, stmt: StmtNode, env: dict):
         stage = stmt.stage
-        dims = {d: self.affine(a, env) for d, a in stmt.index.items()}
-        target = self.address(self.tree.buffers[stage.name], [dims[d] for d in stage.dims], False, env)
+        target = self.access(stage.name, _own_index(stage), False, stmt, env)
+        align = self.alignment(stage.name, _own_index(stage), stmt, env)
         ty = FLOAT[stage.dtype]
         if stmt.kind == "init":
-            self.builder.store(llir.Constant(ty, IDENTITY[stage.reduce_op]), target)
+            self.builder.store(llir.Constant(ty, IDENTITY[stage.reduce_op]), target, align=align)
             return
-        evaluate = lambda e: self.expr(e, dims, env)  # noqa: E731
+        evaluate = lambda e: self.expr(e, stmt, env)  # noqa: E731
         if stmt.kind == "update":
-            value = self.accumulate(stage.reduce_op, self.builder.load(target, typ=ty), stage.expr, evaluate)
+            old = self.builder.load(target, typ=ty, align=align)
+            value = self.accumulate(stage.reduce_op, old, stage.expr, evaluate)
         else:
             value = evaluate(stage.expr)
-        self.builder.store(value, target)
+        self.builder.store(value, target, align=align)
 
-    def address(self, plan: BufferPlan, index: list[llir.Value], clamp: bool, env: dict) -> llir.Value:
-        """Pointer to element `index` (full coordinates) of a buffer."""
-        b = self.builder
-        offsets = dict(plan.offsets)
-        linear: llir.Value = ZERO
-        for d, ix, n, stride in zip(plan.dims, index, plan.shape, plan.strides):
-            if d in offsets:
-                ix = b.sub(ix, self.affine(offsets[d], env))
-            if clamp:
-                ix = self.smin(self.smax(ix, ZERO), llir.Constant(I64, n - 1))
-            linear = b.add(linear, b.mul(ix, llir.Constant(I64, stride)))
-        return b.gep(self.pointers[plan.name], [linear], source_etype=FLOAT[plan.dtype], inbounds=True)
+    def access(self, buffer: str, index: tuple[ir.Affine, ...], clamp: bool, stmt: StmtNode,
+               env: dict) -> llir.Value:
+        """Pointer to the element of `buffer` at `index` (full coordinates over the statement's dims);
+        a clamped access has each axis clamped into the buffer."""
+        plan = self.tree.buffers[buffer]
+        if not clamp:
+            offset = self.affine(self.linear_offset(buffer, index, stmt), env)
+        else:
+            b = self.builder
+            offset = ZERO
+            for ix, n, stride in zip(plan.element_index(tuple(ix.substitute(stmt.index) for ix in index)),
+                                     plan.shape, plan.strides):
+                clamped = self.smin(self.smax(self.affine(ix, env), ZERO), llir.Constant(I64, n - 1))
+                offset = b.add(offset, b.mul(clamped, llir.Constant(I64, stride)))
+        return self.builder.gep(self.pointers[buffer], [offset], source_etype=FLOAT[plan.dtype], inbounds=True)
 
     # Vector statements -----------------------------------------------------------------
     def vector_statement(self, stmt: StmtNode, env: dict, lanes: "_Lanes"):
@@ -357,56 +360,55 @@ class _FunctionBuilder:
         b = self.builder
         ty = FLOAT[stage.dtype]
         vty = llir.VectorType(ty, lanes.width)
-        own = tuple(ir.Affine.var(d) for d in stage.dims)
-        base, step = self.linear_address(stage.name, own, stmt, env, lanes)
+        own = _own_index(stage)
+        base, step, align = self.linear_address(stage.name, own, stmt, env, lanes)
         evaluate = lambda e: self.vector_expr(e, stmt, env, lanes)  # noqa: E731
         if step == 1:
             base = b.bitcast(base, vty.as_pointer())
             if stmt.kind == "init":
                 value = llir.Constant(vty, [IDENTITY[stage.reduce_op]] * lanes.width)
             elif stmt.kind == "update":
-                old = b.load(base, typ=vty, align=ty_bytes(ty))
+                old = b.load(base, typ=vty, align=align)
                 value = self.accumulate(stage.reduce_op, old, stage.expr, evaluate)
             else:
                 value = evaluate(stage.expr)
-            b.store(value, base, align=ty_bytes(ty))
+            b.store(value, base, align=align)
             return
         if stmt.kind == "init":
             value = llir.Constant(vty, [IDENTITY[stage.reduce_op]] * lanes.width)
         else:
             value = evaluate(stage.expr)
         if step == 0 and stmt.kind == "update":
-            old = b.load(base, typ=ty)
+            old = b.load(base, typ=ty, align=align)
             b.store(self.binary(REDUCE_BINARY[stage.reduce_op], old, self.horizontal(stage.reduce_op, value)), base)
         elif step == 0:
             b.store(b.extract_element(value, llir.Constant(I64, lanes.width - 1)), base)
         else:
             for k in range(lanes.width):
                 lane_env = {**env, lanes.name: llir.Constant(I64, k)}
-                dims = {d: self.affine(a, lane_env) for d, a in stmt.index.items()}
-                target = self.address(self.tree.buffers[stage.name], [dims[d] for d in stage.dims], False, lane_env)
+                target = self.access(stage.name, _own_index(stage), False, stmt, lane_env)
                 lane_value = b.extract_element(value, llir.Constant(I64, k))
                 if stmt.kind == "update":
                     lane_value = self.binary(REDUCE_BINARY[stage.reduce_op], b.load(target, typ=ty), lane_value)
                 b.store(lane_value, target)
 
     def linear_address(self, buffer: str, index: tuple[ir.Affine, ...], stmt: StmtNode, env: dict,
-                       lanes: "_Lanes") -> tuple[llir.Value, int]:
-        """(pointer at lane 0, element step per lane) of an unclamped access."""
-        linear = self.linear_offset(buffer, index, stmt)
-        step = linear.coeffs().get(lanes.name, 0)
-        offset = self.affine(linear, {**env, lanes.name: ZERO})
-        plan = self.tree.buffers[buffer]
-        return self.builder.gep(self.pointers[buffer], [offset], source_etype=FLOAT[plan.dtype]), step
+                       lanes: "_Lanes") -> tuple[llir.Value, int, int]:
+        """(pointer at lane 0, element step per lane, alignment in bytes of a packed access)."""
+        step = self.linear_offset(buffer, index, stmt).coeffs().get(lanes.name, 0)
+        first = {**env, lanes.name: ZERO}
+        pointer = self.access(buffer, index, False, stmt, first)
+        return pointer, step, self.alignment(buffer, index, stmt, first, lanes if step == 1 else None)
+
+    def alignment(self, buffer: str, index: tuple[ir.Affine, ...], stmt: StmtNode, env: dict,
+                  lanes: "_Lanes | None" = None) -> int:
+        """Bytes an access (packed across `lanes`, if given) may assume aligned: one element here,
+        since CPUs load unaligned vectors at full speed."""
+        return ty_bytes(FLOAT[self.tree.buffers[buffer].dtype])
 
     def linear_offset(self, buffer: str, index: tuple[ir.Affine, ...], stmt: StmtNode) -> ir.Affine:
         """The element offset of an access, as an affine function of loop variables."""
-        plan = self.tree.buffers[buffer]
-        loops = plan.element_index(tuple(ix.substitute(stmt.index) for ix in index))
-        linear = ir.Affine()
-        for ix, stride in zip(loops, plan.strides):
-            linear = linear + ix.scale(stride)
-        return linear
+        return self.tree.buffers[buffer].linear_offset(tuple(ix.substitute(stmt.index) for ix in index))
 
     def vector_expr(self, e: ir.Expr, stmt: StmtNode, env: dict, lanes: "_Lanes") -> llir.Value:
         b = self.builder
@@ -415,11 +417,11 @@ class _FunctionBuilder:
         if isinstance(e, ir.Const):
             return llir.Constant(vty, [e.value] * lanes.width)
         if isinstance(e, ir.Load) and not e.clamped:
-            base, step = self.linear_address(e.buffer, e.index, stmt, env, lanes)
+            base, step, align = self.linear_address(e.buffer, e.index, stmt, env, lanes)
             if step == 1:
-                return b.load(b.bitcast(base, vty.as_pointer()), typ=vty, align=ty_bytes(ty))
+                return b.load(b.bitcast(base, vty.as_pointer()), typ=vty, align=align)
             if step == 0:
-                return self.splat(b.load(base, typ=ty), lanes.width)
+                return self.splat(b.load(base, typ=ty, align=align), lanes.width)
         if isinstance(e, ir.Load | ir.Select):
             return self.per_lane(e, stmt, env, lanes)
         if isinstance(e, ir.Cast):
@@ -435,8 +437,7 @@ class _FunctionBuilder:
         vector = llir.Constant(llir.VectorType(FLOAT[e.dtype], lanes.width), None)
         for k in range(lanes.width):
             lane_env = {**env, lanes.name: llir.Constant(I64, k)}
-            dims = {d: self.affine(a, lane_env) for d, a in stmt.index.items()}
-            vector = b.insert_element(vector, self.expr(e, dims, lane_env), llir.Constant(I64, k))
+            vector = b.insert_element(vector, self.expr(e, stmt, lane_env), llir.Constant(I64, k))
         return vector
 
     def splat(self, scalar: llir.Value, width: int) -> llir.Value:
@@ -456,27 +457,28 @@ class _FunctionBuilder:
         return self.builder.call(fn, [vector])
 
     # Expressions -------------------------------------------------------------------
-    def expr(self, e: ir.Expr, dims: dict[str, llir.Value], env: dict) -> llir.Value:
+    def expr(self, e: ir.Expr, stmt: StmtNode, env: dict) -> llir.Value:
+        """The scalar value of `e` (over the statement's dims) at the loop values in `env`."""
         b = self.builder
         ty = FLOAT[e.dtype]
         if isinstance(e, ir.Const):
             return llir.Constant(ty, e.value)
         if isinstance(e, ir.Load):
-            index = [llir_affine(b, a, dims) for a in e.index]
-            return b.load(self.address(self.tree.buffers[e.buffer], index, e.clamped, env), typ=ty)
+            align = ty_bytes(ty) if e.clamped else self.alignment(e.buffer, e.index, stmt, env)
+            return b.load(self.access(e.buffer, e.index, e.clamped, stmt, env), typ=ty, align=align)
         if isinstance(e, ir.Select):
             ok = llir.Constant(I1, 1)
             for g in e.guards:
-                v = llir_affine(b, g.expr, dims)
+                v = self.affine(g.expr.substitute(stmt.index), env)
                 ok = b.and_(ok, b.and_(b.icmp_signed(">=", v, llir.Constant(I64, g.lo)),
                                        b.icmp_signed("<", v, llir.Constant(I64, g.hi))))
-            return b.select(ok, self.expr(e.then, dims, env), self.expr(e.otherwise, dims, env))
+            return b.select(ok, self.expr(e.then, stmt, env), self.expr(e.otherwise, stmt, env))
         if isinstance(e, ir.Cast):
-            x = self.expr(e.x, dims, env)
+            x = self.expr(e.x, stmt, env)
             return b.fpext(x, ty) if e.dtype == "float64" else b.fptrunc(x, ty)
         if isinstance(e, ir.Unary):
-            return self.unary(e.op, self.expr(e.x, dims, env))
-        return self.combine(e, lambda sub: self.expr(sub, dims, env))
+            return self.unary(e.op, self.expr(e.x, stmt, env))
+        return self.combine(e, lambda sub: self.expr(sub, stmt, env))
 
     def combine(self, e: ir.Binary, evaluate) -> llir.Value:
         """A binary operation; a product feeding an add or subtract becomes one fused multiply-add."""
@@ -598,6 +600,10 @@ def _suffix(ty: llir.Type) -> str:
     if isinstance(ty, llir.VectorType):
         return f"v{ty.count}{_suffix(ty.element)}"
     return "f32" if ty == FLOAT["float32"] else "f64"
+
+
+def _own_index(stage: ir.Stage) -> tuple[ir.Affine, ...]:
+    return tuple(ir.Affine.var(d) for d in stage.dims)
 
 
 def _is_product(e: ir.Expr) -> bool:

@@ -9,8 +9,10 @@ its tile.  Kernel parameters are generic pointers, which NVPTX lowers to
 global memory for kernel arguments.
 
 Code outside thread-bound loops ("block level") runs in every thread of a block;
-a barrier follows each of its statements and nests, so what threads wrote in one
-nest is visible to all of them in the next (the legality check relies on this).
+a barrier follows each of its statements and nests that the next one could
+conflict with (by buffer), and ends every block-level loop body, so what threads
+wrote in one nest is visible to all of them in the next (the legality check
+relies on this).
 A buffer placed at block level and written only inside thread-bound loops lives
 in shared memory; otherwise each thread keeps its own copy.  A reduction whose
 loop is bound to threads accumulates per-thread partials and combines them
@@ -18,12 +20,15 @@ through shared memory (a tree over the threads), then thread 0 updates the resul
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import llvmlite.binding as llvm
 from llvmlite import ir as llir
 
-from .codegen_cpu import FLOAT, I64, IDENTITY, REDUCE_BINARY, ZERO, _element, _FunctionBuilder, kernel_params
+from .codegen_cpu import (FLOAT, I64, IDENTITY, REDUCE_BINARY, ZERO, _element, _FunctionBuilder, _own_index, ty_bytes,
+                          kernel_params)
+from . import ir
 from .ir import Affine
 from .looptree import LoopNode, LoopTree, StmtNode
 from .schedule import GPU_AXES
@@ -45,22 +50,25 @@ class Launch:
 
 @dataclass
 class GpuModule:
-    """PTX text, the kernels to launch in order, and the buffer name of each parameter."""
+    """PTX text, the kernels to launch in order, the buffer name of each parameter, and the
+    parameters whose packed accesses assume 16-byte aligned memory."""
 
     ptx: str
     llvm_ir: str
     launches: list[Launch]
     params: list[str]
     arch: str
+    aligned: tuple[str, ...] = ()
 
 
-def generate(tree: LoopTree, arch: str = "sm_90") -> GpuModule:
-    """Lower every top-level nest of `tree` to a kernel and compile the module to PTX for `arch`."""
+def generate(tree: LoopTree, arch: str = "sm_90", aligned_params: bool = True) -> GpuModule:
+    """Lower every top-level nest of `tree` to a kernel and compile the module to PTX for `arch`.
+    With `aligned_params`, packed accesses to kernel parameters may assume 16-byte aligned buffers."""
     module = llir.Module(name="looptool_gpu")
     module.triple = TRIPLE
     module.data_layout = DATA_LAYOUT
     params = kernel_params(tree)
-    launches = []
+    launches, aligned = [], set()
     for index, node in enumerate(tree.root):
         name = f"looptool_k{index}"
         fn = llir.Function(module, llir.FunctionType(llir.VoidType(), [llir.PointerType()] * len(params)), name=name)
@@ -69,15 +77,25 @@ def generate(tree: LoopTree, arch: str = "sm_90") -> GpuModule:
             arg.name = buffer
             if tree.buffers[buffer].kind == "input":
                 arg.add_attribute("noalias")   # written buffers are shared between threads: not noalias
-        builder = _GpuBuilder(tree, fn, dict(zip(params, fn.args)))
+        builder = _GpuBuilder(tree, fn, dict(zip(params, fn.args)), aligned_params)
         builder.body([node], {})
         builder.finish()
-        launches.append(Launch(name, *_launch_dims(node)))
+        aligned |= builder.aligned_params
+        launches.append(Launch(name, *launch_dims(node)))
+        _declare_block_size(module, fn, launches[-1].block)
     text = str(module)
-    return GpuModule(_compile(text, arch), text, launches, params, arch)
+    return GpuModule(_compile(text, arch), text, launches, params, arch, tuple(sorted(aligned)))
 
 
-def _launch_dims(node) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+def _declare_block_size(module: llir.Module, fn: llir.Function, block: tuple[int, int, int]):
+    """Tell ptxas the block size (.maxntid), so it keeps registers within what such a block may use
+    instead of producing a kernel that fails to launch."""
+    for axis, extent in zip("xyz", block):
+        module.add_named_metadata("nvvm.annotations", [fn, llir.MetaDataString(module, f"maxntid{axis}"),
+                                                       llir.Constant(llir.IntType(32), extent)])
+
+
+def launch_dims(node) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     extents = {axis: 1 for axis in GPU_AXES}
     stack = [node]
     while stack:
@@ -109,16 +127,43 @@ def _compile(text: str, arch: str) -> str:
 class _GpuBuilder(_FunctionBuilder):
     """The CPU loop-tree walker with GPU-bound loops read from special registers."""
 
-    def __init__(self, tree: LoopTree, fn: llir.Function, pointers: dict):
+    def __init__(self, tree: LoopTree, fn: llir.Function, pointers: dict, aligned_params: bool):
         super().__init__(tree, fn, pointers, threads=1)
-        self.thread_depth = 0
+        self.aligned = aligned_params
+        self.thread_loops: list[str] = []
+        self.params = set(pointers)
+        self.close_body = False
+        self.aligned_params: set[str] = set()
         self.partials: dict[int, llir.Value] = {}
 
     def body(self, nodes: list, env: dict):
-        for node in nodes:
+        """At block level, a barrier follows a node unless the next one touches none of the buffers
+        written since the last barrier and writes none read since then.  One ends the body of a
+        loop that repeats (not that of a block-bound loop, nor the kernel)."""
+        closing, self.close_body = self.close_body, True
+        if self.thread_loops:
+            super().body(nodes, env)
+            return
+        written, read = set(), set()
+        for node, after in zip(nodes, nodes[1:] + [None]):
             super().body([node], env)
-            if self.thread_depth == 0:
-                self.barrier()
+            node_written, node_read = self.buffers_shared(node)
+            written |= node_written
+            read |= node_read
+            if after is not None:
+                next_written, next_read = self.buffers_shared(after)
+                if not (next_read & written or next_written & (written | read)):
+                    continue
+            elif not closing:
+                continue
+            self.barrier()
+            written, read = set(), set()
+
+    def buffers_shared(self, node) -> tuple[set[str], set[str]]:
+        """(written, read) buffers of a node that other threads can see (not kept per thread)."""
+        written, read = _buffers_touched(node)
+        private = set(self.tree.thread_slices)
+        return written - private, read - private
 
     def barrier(self):
         self.builder.call(self.declare("llvm.nvvm.barrier0", llir.VoidType(), []), [])
@@ -135,15 +180,18 @@ class _GpuBuilder(_FunctionBuilder):
         register = self.declare(f"llvm.nvvm.read.ptx.sreg.{SREG[kind]}.{dim}", llir.IntType(32), [])
         value = self.builder.zext(self.builder.call(register, []), I64)
         inside = {**env, node.loop.name: value}
-        combined = self.combined_reductions(node) if kind == "thread" and self.thread_depth == 0 else []
+        combined = self.combined_reductions(node) if kind == "thread" and not self.thread_loops else []
         for stmt in combined:
             ty = FLOAT[stmt.stage.dtype]
             self.partials[id(stmt)] = self.allocas.alloca(ty)
             self.builder.store(llir.Constant(ty, IDENTITY[stmt.stage.reduce_op]), self.partials[id(stmt)])
-        self.thread_depth += kind == "thread"
+        if kind == "thread":
+            self.thread_loops.append(node.loop.name)
         with self.builder.if_then(self.builder.icmp_signed("<", value, self.trip_count(node, env))):
+            self.close_body = kind == "thread"
             self.loop_body(node, inside)
-        self.thread_depth -= kind == "thread"
+        if kind == "thread":
+            self.thread_loops.pop()
         for stmt in combined:
             self.combine_across_threads(stmt, node, value, env)
 
@@ -158,8 +206,7 @@ class _GpuBuilder(_FunctionBuilder):
                     return []
                 stack.extend(current.body)
             elif current.kind == "update" and node.loop.dim in current.stage.reduce_dims:
-                own = tuple(Affine.var(d) for d in current.stage.dims)
-                if not self.linear_offset(current.stage.name, own, current).coeffs().get(node.loop.name):
+                if not self.linear_offset(current.stage.name, _own_index(current.stage), current).coeffs().get(node.loop.name):
                     found.append(current)
         return found
 
@@ -168,9 +215,8 @@ class _GpuBuilder(_FunctionBuilder):
         if partial is None:
             super().statement(stmt, env)
             return
-        dims = {d: self.affine(a, env) for d, a in stmt.index.items()}
         old = self.builder.load(partial, typ=FLOAT[stmt.stage.dtype])
-        value = self.accumulate(stmt.stage.reduce_op, old, stmt.stage.expr, lambda e: self.expr(e, dims, env))
+        value = self.accumulate(stmt.stage.reduce_op, old, stmt.stage.expr, lambda e: self.expr(e, stmt, env))
         self.builder.store(value, partial)
 
     def combine_across_threads(self, stmt: StmtNode, node: LoopNode, tid: llir.Value, env: dict):
@@ -196,8 +242,7 @@ class _GpuBuilder(_FunctionBuilder):
             self.barrier()
         zeros = {name: ZERO for name in _loop_names(node)}
         here = {**env, **zeros}
-        dims = {d: self.affine(a, here) for d, a in stmt.index.items()}
-        target = self.address(self.tree.buffers[stage.name], [dims[d] for d in stage.dims], False, here)
+        target = self.access(stage.name, _own_index(stage), False, stmt, here)
         with b.if_then(b.icmp_signed("==", tid, ZERO)):
             b.store(self.binary(op, b.load(target, typ=ty), b.load(at(ZERO), typ=ty)), target)
         self.barrier()
@@ -211,13 +256,57 @@ class _GpuBuilder(_FunctionBuilder):
         return self.allocas.addrspacecast(variable, llir.PointerType())
 
     def allocate(self, plan):
-        if self.thread_depth == 0 and self._written_by_threads(plan.name):
+        private = self.tree.thread_slices.get(plan.name)
+        if private is not None:
+            buffer = self.allocas.alloca(FLOAT[plan.dtype], size=llir.Constant(I64, private.size), name=plan.name)
+            buffer.align = 16
+            return buffer
+        if not self.thread_loops and self._written_by_threads(plan.name):
             return self.shared(FLOAT[plan.dtype], plan.size, plan.name)
         size = plan.size * (4 if plan.dtype == "float32" else 8)
         if size > LOCAL_LIMIT:
             raise ValueError(f"buffer {plan.name} ({size} bytes) is too large for a GPU thread's local memory; "
                              f"place it deeper")
-        return self.allocas.alloca(FLOAT[plan.dtype], size=llir.Constant(I64, plan.size), name=plan.name)
+        buffer = self.allocas.alloca(FLOAT[plan.dtype], size=llir.Constant(I64, plan.size), name=plan.name)
+        buffer.align = 16
+        return buffer
+
+    def access(self, buffer, index, clamp, stmt, env):
+        """Accesses of a buffer kept per thread index this thread's slice: the thread-bound loops'
+        terms drop out of the offset, so unrolled loops give constant offsets (registers)."""
+        private = self.tree.thread_slices.get(buffer)
+        if private is None:
+            return super().access(buffer, index, clamp, stmt, env)
+        linear = self.linear_offset(buffer, index, stmt)
+        own = Affine.of({name: c for name, c in linear.terms if name not in self.thread_loops})
+        offset = self.affine(own + (linear.const - private.low), env)
+        return self.builder.gep(self.pointers[buffer], [offset], source_etype=FLOAT[self.tree.buffers[buffer].dtype],
+                                inbounds=True)
+
+    def alignment(self, buffer, index, stmt, env, lanes=None):
+        """Up to 16 bytes where every term of the offset is a multiple of the lanes (so LLVM emits
+        128-bit loads and stores).  Kernel parameters get more than one element only for packed
+        accesses, and the runtime then checks that they are 16-byte aligned; local and shared
+        buffers always are."""
+        element = ty_bytes(FLOAT[self.tree.buffers[buffer].dtype])
+        if buffer in self.params and (lanes is None or not self.aligned):
+            return element
+        linear = self.linear_offset(buffer, index, stmt)
+        private = self.tree.thread_slices.get(buffer)
+        skip = {lanes.name} if lanes else set()
+        if private:
+            skip |= set(self.thread_loops)
+        known = {name: env[name].constant for name, _ in linear.terms
+                 if name not in skip and isinstance(env.get(name), llir.Constant)}
+        const = linear.const - (private.low if private else 0) + sum(c * known.get(name, 0) for name, c in linear.terms)
+        common = math.gcd(*(c for name, c in linear.terms if name not in skip and name not in known), const)
+        elements = 1
+        while 2 * elements * element <= 16 and common % (2 * elements) == 0 \
+                and (lanes is None or lanes.width % (2 * elements) == 0):
+            elements *= 2
+        if elements > 1 and buffer in self.params:
+            self.aligned_params.add(buffer)
+        return elements * element
 
     def _written_by_threads(self, buffer: str) -> bool:
         """Every non-init write of the buffer happens inside a thread-bound loop."""
@@ -228,6 +317,22 @@ class _GpuBuilder(_FunctionBuilder):
         if op in ("log",) or (op == "exp" and _element(x.type) == FLOAT["float64"]):
             raise ValueError(f"{op} of {_element(x.type)} is not supported on the GPU backend yet")
         return super().unary(op, x)
+
+
+def _buffers_touched(node) -> tuple[set[str], set[str]]:
+    """(buffers written, buffers read) by the statements in a node."""
+    written, read, stack = set(), set(), [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, LoopNode):
+            stack.extend(current.body)
+            continue
+        written.add(current.stage.name)
+        if current.kind != "init":
+            read |= {ld.buffer for ld in ir.loads(current.stage.expr)}
+            if current.kind == "update":
+                read.add(current.stage.name)
+    return written, read
 
 
 def _loop_names(node: LoopNode) -> set[str]:

@@ -202,9 +202,9 @@ def _check_fed(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, earlier: isl
               if src.path[k].loop.annotation == "parallel" or src.path[k].loop.name in tiles]
     for k in pinned:
         earlier = earlier.intersect(_equal_at(src, dst, k))
-    unsynchronized = _unsynchronized(src, dst)
-    if unsynchronized is not None:
-        earlier = earlier.subtract(unsynchronized)
+    for unordered in (_unsynchronized(src, dst), _other_thread(tree, src, dst, buffer)):
+        if unordered is not None:
+            earlier = earlier.subtract(unordered)
     unfed = touch.range().subtract(earlier.range())
     if unfed.is_empty():
         return
@@ -305,6 +305,16 @@ def _unsynchronized(src: _Stmt, dst: _Stmt) -> isl.Map | None:
     return _pairs(src, dst, " or ".join(parts)) if parts else None
 
 
+def _other_thread(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str) -> isl.Map | None:
+    """For a buffer the GPU backend keeps in each thread's registers: pairs of instances in different
+    threads (they cannot see each other's copy). None for other buffers."""
+    if buffer not in tree.thread_slices:
+        return None
+    a, b = _gpu_positions(src), _gpu_positions(dst)
+    differ = [f"i{a[axis]} < j{b[axis]} or i{a[axis]} > j{b[axis]}" for axis in a if axis.startswith("thread")]
+    return _pairs(src, dst, " or ".join(differ))
+
+
 def _combined_reduction(src: _Stmt, dst: _Stmt) -> bool:
     """Updates of one reduction under its outermost thread-bound loop, when that loop runs over a
     reduction dim and holds no other thread-bound loop: the GPU backend combines their partials."""
@@ -316,6 +326,12 @@ def _combined_reduction(src: _Stmt, dst: _Stmt) -> bool:
 
 def _check_gpu_threads(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, deps: isl.Map):
     """Within one GPU kernel a dependence may cross threads only where a barrier orders them."""
+    private = _other_thread(tree, src, dst, buffer)
+    if private is not None and not deps.intersect(private).is_empty():
+        raise IllegalScheduleError(
+            f"illegal GPU schedule: buffer {buffer} is kept in each thread's registers (it is placed outside the "
+            f"thread-bound loops and every access is inside them), but `{dst.text(tree.buffers)}` uses an element "
+            f"that another thread's `{src.text(tree.buffers)}` touches; bind the loops of both the same way")
     unsynchronized = _unsynchronized(src, dst)
     if unsynchronized is None or _combined_reduction(src, dst):
         return

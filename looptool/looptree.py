@@ -8,6 +8,7 @@ where it lives.  Transforms on a `LoopTree` return a new tree.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from . import ir
 from .ir import Affine, Program
@@ -72,6 +73,24 @@ class BufferPlan:
         return tuple(ix + offs[d].scale(-1) if d in offs else ix for d, ix in zip(self.dims, index))
 
 
+    def linear_offset(self, index: tuple[Affine, ...]) -> Affine:
+        """The element offset (in elements from the buffer's start) of an access at full coordinates."""
+        linear = Affine()
+        for ix, stride in zip(self.element_index(index), self.strides):
+            linear = linear + ix.scale(stride)
+        return linear
+
+
+@dataclass(frozen=True)
+class ThreadSlice:
+    """A block-level buffer each GPU thread touches only its own part of: the element offset is
+    sum(coeffs[axis] * thread index) + a rest in [low, low + size) that is the thread's own slice."""
+
+    coeffs: tuple[tuple[str, int], ...]
+    low: int
+    size: int
+
+
 class LoopTree:
     """A program under a schedule: inspect it with str(), reshape it with the transform methods."""
 
@@ -131,6 +150,27 @@ class LoopTree:
         node.body.append(self._plain_nest(stage, kind, loops[1:], tails, path + [node]))
         return node
 
+    # GPU memory ------------------------------------------------------------------
+    @cached_property
+    def thread_slices(self) -> dict[str, ThreadSlice]:
+        """Local buffers placed outside thread-bound loops whose every access is inside them, with the
+        same nonzero coefficient on each thread axis and a per-thread rest that keeps threads apart
+        (mixed-radix): the GPU backend keeps each thread's slice in its registers, and the legality
+        check refuses any dependence on them between threads."""
+        accesses: dict[str, list] = {}
+        for stmt, path in self.statements():
+            for buffer, index in _access_indices(stmt):
+                accesses.setdefault(buffer, []).append((stmt, path, index))
+        slices = {}
+        for node, path in self.walk():
+            if not isinstance(node, LoopNode) or any(_thread_bound(n) for n in path + [node]):
+                continue
+            for plan in self.local_buffers.get(id(node), []):
+                found = _thread_slice(plan, accesses.get(plan.name, []))
+                if found is not None:
+                    slices[plan.name] = found
+        return slices
+
     # Walking ---------------------------------------------------------------------
     def walk(self):
         """Yield (node, path of enclosing LoopNodes) for every node, depth first."""
@@ -172,6 +212,11 @@ class LoopTree:
         """Read `buffer` in `stage` through a copy stage `<buffer>.<stage>` laid out in `order`
         (then `place` the copy to pack just the tile a loop uses)."""
         return LoopTree(self.program, self.schedule.cache(self._stage(stage), buffer, order))
+
+    def cache_write(self, stage: str | None = None) -> "LoopTree":
+        """Compute `stage` into a new stage `<stage>.acc` and make `stage` a copy of it; place the
+        `.acc` stage inside the copy's loops to keep one tile of results (e.g. in GPU registers)."""
+        return LoopTree(self.program, self.schedule.cache_write(self._stage(stage)))
 
     def bind(self, loop: str, axis: str, stage: str | None = None) -> "LoopTree":
         """Map a loop's iterations onto GPU blocks or threads: axis 'block.x' ... 'thread.z'."""
@@ -218,6 +263,45 @@ class LoopTree:
 
     def _repr_pretty_(self, p, cycle):
         p.text(str(self))
+
+
+def _thread_bound(node: LoopNode) -> bool:
+    return node.loop.annotation.startswith("thread")
+
+
+def _access_indices(stmt: StmtNode):
+    """(buffer, full-coordinate index) of every element a statement reads or writes."""
+    yield stmt.stage.name, tuple(Affine.var(d) for d in stmt.stage.dims)
+    if stmt.kind != "init":
+        for load in ir.loads(stmt.stage.expr):
+            yield load.buffer, load.index
+
+
+def _thread_slice(plan: BufferPlan, accesses: list) -> ThreadSlice | None:
+    coeffs, low, high = None, None, None
+    for stmt, path, index in accesses:
+        linear = plan.linear_offset(tuple(ix.substitute(stmt.index) for ix in index))
+        terms = linear.coeffs()
+        threads = [n for n in path if _thread_bound(n)]
+        axes = {n.loop.annotation: terms.get(n.loop.name, 0) for n in threads}
+        if not threads or len(axes) < len(threads) or 0 in axes.values() or coeffs not in (None, axes):
+            return None
+        coeffs = axes
+        rest = [(c, n.loop.extent) for n in path if not _thread_bound(n) for c in [terms.get(n.loop.name, 0)]]
+        rest_low = linear.const + sum(c * (e - 1) for c, e in rest if c < 0)
+        rest_high = linear.const + sum(c * (e - 1) for c, e in rest if c > 0)
+        low = rest_low if low is None else min(low, rest_low)
+        high = rest_high if high is None else max(high, rest_high)
+        radix = sorted([(abs(c), n.loop.extent) for n in threads for c in [axes[n.loop.annotation]]] +
+                       [(abs(c), e) for c, e in rest if c])
+        reach = 0
+        for c, e in radix:
+            if c <= reach:
+                return None
+            reach += c * (e - 1)
+    if coeffs is None:
+        return None
+    return ThreadSlice(tuple(sorted(coeffs.items())), low, high - low + 1)
 
 
 def _eval_affine(a: Affine, values: dict[str, int]) -> int:

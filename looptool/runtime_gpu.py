@@ -43,13 +43,24 @@ class GpuKernel:
     """A loop tree compiled to PTX and loaded on the current GPU."""
 
     def __init__(self, tree: LoopTree, arch: str | None = None):
-        self.tree = tree
-        self.module = codegen_gpu.generate(tree, arch or device_arch())
+        self.tree, self.arch = tree, arch or device_arch()
+        self.module = codegen_gpu.generate(tree, self.arch)
         self.ptx, self.llvm_ir = self.module.ptx, self.module.llvm_ir
-        cp = cupy()
-        self._cuda_module = cp.cuda.function.Module()
-        self._cuda_module.load(self.module.ptx.encode())
-        self._functions = [self._cuda_module.get_function(k.name) for k in self.module.launches]
+        self._loaded = {True: self._load(self.module)}
+
+    @staticmethod
+    def _load(module: codegen_gpu.GpuModule):
+        cuda_module = cupy().cuda.function.Module()
+        cuda_module.load(module.ptx.encode())
+        return module, cuda_module, [cuda_module.get_function(k.name) for k in module.launches]
+
+    def _for_alignment(self, memory: dict):
+        """The module for these buffers: the one assuming 16-byte aligned parameters where they are,
+        else one built without that assumption (scalar accesses to parameters)."""
+        aligned = all(memory[name].data.ptr % 16 == 0 for name in self.module.aligned)
+        if aligned not in self._loaded:
+            self._loaded[aligned] = self._load(codegen_gpu.generate(self.tree, self.arch, aligned_params=False))
+        return self._loaded[aligned]
 
     def __call__(self, arrays: list, out=None):
         """Run on device (or host, copied) arrays in `program.inputs` order; returns a CuPy array."""
@@ -68,8 +79,9 @@ class GpuKernel:
                 memory[plan.name] = cp.empty(plan.shape, dtype=plan.dtype)
         if out is not None:
             memory[program.output.name] = out
-        args = tuple(memory[name] for name in self.module.params)
-        for launch, function in zip(self.module.launches, self._functions):
+        module, _, functions = self._for_alignment(memory)
+        args = tuple(memory[name] for name in module.params)
+        for launch, function in zip(module.launches, functions):
             function(launch.grid, launch.block, args)
         return memory[program.output.name]
 
@@ -87,10 +99,38 @@ def _cache():
     return _CACHE
 
 
+def target_name() -> str:
+    """The tuning database's name for the current GPU, e.g. 'cuda-sm_90'."""
+    return f"cuda-{device_arch()}"
+
+
+def default_tree(program: ir.Program) -> LoopTree:
+    """The GPU schedule used when none is given or tuned: one output element per thread, 128 threads
+    per block along each stage's contiguous dim, its other pure dims (up to two) over blocks."""
+    tree = LoopTree(program)
+    for stage in program.stages:
+        pure = [d for d in stage.loop_dims if d not in stage.reduce_dims]
+        if not pure:
+            continue
+        x = stage.dims[-1]
+        tree = tree.split(x, 128, stage=stage.name).bind(f"{x}.0", "block.x", stage=stage.name) \
+            .bind(f"{x}.1", "thread.x", stage=stage.name)
+        outer = [d for d in pure if d != x][-2:]
+        for dim, axis in zip(reversed(outer), ("block.y", "block.z")):
+            tree = tree.bind(dim, axis, stage=stage.name)
+        tree = tree.reorder(*outer, f"{x}.0", f"{x}.1", stage=stage.name)
+    return tree
+
+
 def evaluate(node, schedule) -> object:
-    """Run a graph on the GPU under `schedule`; the result is a CuPy array (axes follow the dims)."""
+    """Run a graph on the GPU under `schedule`; the result is a CuPy array (axes follow the dims).
+
+    With no schedule, one the tuner stored for this GPU is used, else `default_tree`."""
+    from . import tuning_db
     from .runtime import _schedule_for, _steps_of
     program, arrays = ir.lower(node, on_device=True)
+    if schedule is None:
+        schedule = tuning_db.lookup(program, target_name()) or default_tree(program)
     kernel = _cache().get_for(program, _steps_of(schedule),
                               lambda: LoopTree(program, _schedule_for(program, schedule)))
     return kernel(arrays)

@@ -234,6 +234,39 @@ class Schedule:
         stages.insert(position, (name, _default_stage(program, copy)))
         return Schedule(program, tuple(stages), self.steps + (("cache", stage, buffer, list(order)),))
 
+    def cache_write(self, stage: str) -> "Schedule":
+        """Compute `stage` into a new stage `<stage>.acc` that takes over its loops, and make
+        `stage` a plain copy of it (same name, so its readers and the result are unchanged).
+
+        Placed inside the copy's loops, `.acc` shrinks to one tile: a register tile of
+        accumulators that survives a block-level reduction loop on a GPU."""
+        original = self.program.stage(stage)
+        name = f"{stage}.acc"
+        if any(st.name == name for st in self.program.stages):
+            raise ValueError(f"stage {stage} already writes through {name}")
+        acc = replace(original, name=name)
+        copy = ir.Stage(stage, original.dims, (), None,
+                        ir.Load(name, tuple(ir.Affine.var(d) for d in original.dims), original.dtype),
+                        original.dtype, original.dims)
+        position = self.program.stages.index(original)
+        program_stages = list(self.program.stages)
+        program_stages[position:position + 1] = [acc, copy]
+        program = replace(self.program, stages=tuple(program_stages))
+        sched = self.of(stage)
+        kept = tuple(lp for lp in sched.loops if lp.dim in original.dims)
+        kept_names = {lp.name for lp in kept}
+        copy_sched = replace(sched, loops=kept, tails=tuple(t for t in sched.tails
+                                                            if all(n in kept_names for n, _ in t.terms)))
+        acc_sched = StageSchedule(self.effective_loops(stage), self.effective_tails(stage))
+        stages = []
+        for other, other_sched in self.stages:
+            if other == stage:
+                stages += [(name, acc_sched), (stage, copy_sched)]
+            else:
+                stages.append((other, replace(other_sched, consumer=name) if other_sched.consumer == stage
+                               else other_sched))
+        return Schedule(program, tuple(stages), self.steps + (("cache_write", stage),))
+
     def _reaches(self, stage: str, target: str) -> bool:
         consumer = self.of(stage).consumer
         return consumer is not None and (consumer == target or self._reaches(consumer, target))
@@ -254,7 +287,7 @@ class Schedule:
         sched = self
         for step in steps:
             op, *args = step
-            if op not in ("split", "reorder", "annotate", "place", "cache"):
+            if op not in ("split", "reorder", "annotate", "place", "cache", "cache_write"):
                 raise ValueError(f"unknown schedule step {op!r}")
             sched = getattr(sched, op)(*args)
         return sched

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 import looptool as lt
-from looptool import codegen_gpu
+from looptool import codegen_gpu, runtime_gpu
+from tuner import space
 
 from helpers import assert_close
 
@@ -29,7 +30,7 @@ def test_ptx_has_one_entry_per_root_nest_with_guards_and_global_memory(rng):
     module = codegen_gpu.generate(tiled(c.loop_tree()), "sm_90")
     assert module.launches[0].grid == (3, 4, 1) and module.launches[0].block == (32, 4, 1)
     ptx = module.ptx
-    assert ".target sm_90" in ptx and ".visible .entry looptool_k0(" in ptx
+    assert ".target sm_90" in ptx and ".visible .entry looptool_k0(" in ptx and ".maxntid 32, 4, 1" in ptx
     for register in ("%ctaid.x", "%ctaid.y", "%tid.x", "%tid.y"):
         assert register in ptx
     assert re.search(r"ld\.global(\.nc)?\.b32", ptx) and re.search(r"st\.global\.b32", ptx)
@@ -114,6 +115,80 @@ def test_parallel_annotation_is_refused_on_the_gpu(rng):
         codegen_gpu.generate(c.loop_tree().parallel("m"), "sm_90")
 
 
+def register_tiles(c, **changes):
+    """The tuner's GPU matmul template: 8 x 8 outputs per thread in registers, 128-bit vectors,
+    both inputs staged in shared memory."""
+    params = dict(x_threads=8, x_groups=2, vector=4, y_threads=8, y_tile=4, k_tile=8, unroll_k=True,
+                  shared=("in0", "in1"))
+    return space.register_tiled(c.loop_tree(), "t0", **{**params, **changes})
+
+
+def test_cache_write_keeps_a_register_tile_per_thread_across_the_k_loop(rng):
+    c, ref = matmul(rng, 100, 72, 136)   # tails in both pure dims
+    tree = register_tiles(c)
+    assert tree.check() == (True, "legal")
+    assert "t0.acc[m, n] += (in0.t0.acc[k, m] * in1.t0.acc[k, n])" in str(tree)
+    slices = tree.thread_slices
+    assert set(slices) == {"t0.acc"} and dict(slices["t0.acc"].coeffs) == {"thread.x": 4, "thread.y": 256}
+    assert_close(c.numpy(tree), ref, 1e-5)
+    assert_close(lt.interpret(c, tree), ref, 1e-5)
+    ptx = codegen_gpu.generate(tree, "sm_90").ptx
+    assert ".local" not in ptx                      # accumulators never leave registers
+    assert re.search(r"ld\.global\.nc\.v4\.[bf]32", ptx) and re.search(r"st\.global\.v4\.[bf]32", ptx)
+    assert re.search(r"ld\.shared\.v4\.[bf]32", ptx)
+    assert codegen_gpu.generate(tree, "sm_90", aligned_params=False).aligned == ()
+    assert set(codegen_gpu.generate(tree, "sm_90").aligned) == {"in0", "in1", "t0"}
+
+
+def test_independent_block_level_nests_share_one_barrier(rng):
+    c, _ = matmul(rng, 64, 16, 64)
+    llvm_ir = codegen_gpu.generate(register_tiles(c, unroll_k=False), "sm_90").llvm_ir
+    # inside the k loop: both copies, one barrier, the products, one barrier that ends the body
+    # (none around the accumulators: each thread has its own)
+    assert llvm_ir.count("call void @\"llvm.nvvm.barrier0\"()") == 2
+
+
+def test_a_thread_tile_bound_differently_where_it_is_read_lives_in_shared_memory(rng):
+    c, ref = matmul(rng, 32, 16, 32)
+    tree = c.loop_tree().cache_write().split("m", 16).split("n", 16) \
+        .reorder("m.0", "n.0", "m.1", "n.1").bind("m.0", "block.y").bind("n.0", "block.x") \
+        .bind("m.1", "thread.x").bind("n.1", "thread.y").place("t0.acc", "t0", 2) \
+        .bind("m.1", "thread.y", stage="t0.acc").bind("n.1", "thread.x", stage="t0.acc")
+    assert tree.thread_slices == {} and tree.check() == (True, "legal")
+    assert_close(c.numpy(tree), ref, 1e-5)
+    assert ".shared" in codegen_gpu.generate(tree, "sm_90").ptx
+
+
+def test_every_legal_draw_of_the_gpu_search_space_computes_the_right_result(rng):
+    optuna = pytest.importorskip("optuna")
+    c, ref = matmul(rng, 64, 32, 128)
+    sm, _, sm_ref = softmax_rows(rng, rows=32, cols=128)
+    measured = 0
+    for tensor, expected in ((c, ref), (sm, sm_ref)):
+        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+        for _ in range(12):
+            trial = study.ask()
+            try:
+                tree = space.sample_gpu(trial, tensor.loop_tree())
+            except space.InvalidDraw:
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                continue
+            study.tell(trial, 1.0)
+            if tree.check()[0]:
+                assert_close(tensor.numpy(tree), expected, 1e-5)
+                measured += 1
+    assert measured >= 10
+
+
+def test_the_default_gpu_schedule_gives_every_stage_blocks_and_threads(rng):
+    sm, _, ref = softmax_rows(rng, rows=12, cols=300)
+    program = sm.loop_tree().program
+    tree = runtime_gpu.default_tree(program)
+    assert tree.check() == (True, "legal")
+    assert str(tree).count("[thread.x]") == 3 and str(tree).count("[block.x]") == 3
+    assert_close(lt.interpret(sm, tree), ref, 1e-5)
+
+
 def _cupy_or_skip():
     cp = pytest.importorskip("cupy", reason="GPU execution needs CuPy (pip install 'looptool[gpu]')")
     try:
@@ -150,3 +225,37 @@ def test_gpu_inputs_stay_on_the_device(rng):
     tree = y.loop_tree().split("i", 128).bind("i.0", "block.x").bind("i.1", "thread.x")
     assert_close(cp.asnumpy(y.cuda(tree)), np.maximum(cp.asnumpy(x).astype(np.float64) ** 2 + 1, 0), 1e-5)
     assert_close(y.numpy(), np.maximum(cp.asnumpy(x).astype(np.float64) ** 2 + 1, 0), 1e-5)
+
+
+@pytest.mark.gpu
+def test_register_tiles_run_on_the_gpu_also_on_unaligned_inputs(rng):
+    cp = _cupy_or_skip()
+    a = rng.standard_normal((100, 72)).astype(np.float32)
+    b = rng.standard_normal((72, 136)).astype(np.float32)
+    sm, sk, sn = lt.symbols("m k n")
+    base = cp.zeros(100 * 72 + 1, dtype=np.float32)
+    base[1:] = cp.asarray(a).ravel()
+    offset = base[1:].reshape(100, 72)                      # starts 4 bytes into its allocation
+    assert offset.data.ptr % 16 == 4
+    ref = a.astype(np.float64) @ b
+    for a_dev in (cp.asarray(a), offset):
+        c = (lt.Tensor(a_dev).to(sm, sk) * lt.Tensor(cp.asarray(b)).to(sk, sn)).sum(sk)
+        out = c.cuda(register_tiles(c))
+        assert_close(cp.asnumpy(out), ref, 1e-5)
+
+
+@pytest.mark.gpu
+def test_a_gpu_study_measures_draws_and_records_the_best_for_this_gpu(rng, tmp_path, monkeypatch):
+    _cupy_or_skip()
+    pytest.importorskip("optuna")
+    from tuner import study
+    from looptool import tuning_db
+    monkeypatch.setenv("LOOPTOOL_TUNING_DB", str(tmp_path / "tuned.sqlite"))
+    c, ref = matmul(rng, 256, 128, 256)
+    result = study.tune(c, trials=12, storage=f"sqlite:///{tmp_path / 's.sqlite'}", seed=0, progress=False,
+                        device="gpu", repeats=3)
+    assert result.best_tree is not None and result.best_seconds < float("inf")
+    stored = tuning_db.lookup(result.best_tree.program, runtime_gpu.target_name())
+    assert stored is not None
+    import cupy as cp
+    assert_close(cp.asnumpy(c.cuda()), ref, 1e-5)        # .cuda() now runs the tuned schedule

@@ -126,3 +126,194 @@ def _permutation(trial: optuna.Trial, name: str, items: list[str]) -> list[str]:
     for pos in range(len(items) - 1):
         order.append(remaining.pop(trial.suggest_int(f"{name}.{pos}", 0, len(remaining) - 1)))
     return order + remaining
+
+
+# GPU --------------------------------------------------------------------------------------------
+GPU_THREADS_X = (8, 16, 32, 64, 128)
+GPU_THREADS_Y = (1, 2, 4, 8, 16, 32)
+GPU_REGISTER_TILE = (1, 2, 4, 8)
+GPU_K_TILE = (4, 8, 16, 32)
+GPU_ROW_THREADS = (128, 256, 512, 1024)
+
+
+def sample_gpu(trial: optuna.Trial, tree: LoopTree) -> LoopTree:
+    """Draw one GPU schedule. Two families: 'tiles' gives every root stage blocks and threads over
+    its output with per-thread register tiles, reductions accumulated in registers (cache_write) over
+    k tiles whose inputs may be staged in shared memory, and 128-bit vectors along the contiguous
+    dim; 'rows' (programs of several stages) gives each block a row of the output, computes the
+    producers there, and binds the innermost dim to threads, combining reductions across them."""
+    try:
+        stages = [st.name for st in tree.program.stages]
+        if len(stages) > 1 and trial.suggest_categorical("gpu.family", ["tiles", "rows"]) == "rows":
+            return _gpu_rows(trial, tree)
+        for stage in stages:
+            tree = _gpu_tiles(trial, tree, stage)
+        _check_block_size(tree)
+    except ValueError as err:
+        raise InvalidDraw(str(err)) from None
+    return tree
+
+
+def register_tiled(tree: LoopTree, stage: str, x_threads: int, x_groups: int, vector: int, y_threads: int,
+                   y_tile: int, k_tile: int = 8, unroll_k: bool = False, shared: tuple[str, ...] = ()) -> LoopTree:
+    """Blocks and threads over a stage's last two pure dims (x: contiguous, y): each thread computes
+    y_tile x (x_groups * vector) outputs, its x outputs `vector`-wide and x_threads * vector apart.
+    A reduction runs in registers over k tiles of `k_tile`; inputs in `shared` are staged in shared
+    memory per k tile."""
+    st = tree.program.stage(stage)
+    pure = [d for d in st.loop_dims if d not in st.reduce_dims]
+    x, y = st.dims[-1], next((d for d in reversed(pure) if d != st.dims[-1]), None)
+    span = x_threads * vector
+    tree = tree.split(x, span * x_groups, stage=stage).split(f"{x}.1", span, stage=stage)
+    threads = [f"{x}.1.1"]
+    registers = [f"{x}.1.0"]
+    if vector > 1:
+        tree = tree.split(f"{x}.1.1", vector, stage=stage)
+        threads, registers = [f"{x}.1.1.0"], registers + [f"{x}.1.1.1"]
+    blocks = [f"{x}.0"]
+    if y is not None:
+        tree = tree.split(y, y_threads * y_tile, stage=stage).split(f"{y}.1", y_tile, stage=stage)
+        blocks, threads, registers = [f"{y}.0"] + blocks, [f"{y}.1.0"] + threads, [f"{y}.1.1"] + registers
+    others = [d for d in pure if d not in (x, y)]
+    tree = tree.reorder(*others, *blocks, *threads, *registers, stage=stage)
+    tree = _bind_tile(tree, stage, blocks, threads, registers, vector)
+    if not st.reduce_dims:
+        return tree
+    acc = f"{stage}.acc"
+    depth = len(others) + len(blocks)
+    tree = tree.cache_write(stage).place(acc, stage, depth)
+    reduce_outer, reduce_inner = [], []
+    for dim in st.reduce_dims:
+        tree = tree.split(dim, k_tile, stage=acc)
+        reduce_outer.append(f"{dim}.0")
+        reduce_inner.append(f"{dim}.1")
+    tree = tree.reorder(*reduce_outer, *threads, *reduce_inner, *registers, stage=acc)
+    tree = _bind_tile(tree, acc, [], threads, registers, vector)
+    if unroll_k:
+        for loop in reduce_inner:
+            tree = tree.unroll(loop, stage=acc)
+    for buffer in shared:
+        tree = _stage_in_shared(tree, acc, buffer, depth + len(reduce_outer))
+    return tree
+
+
+def _bind_tile(tree, stage, blocks, threads, registers, vector):
+    for loop, axis in zip(reversed(blocks), ("block.x", "block.y", "block.z")):
+        tree = tree.bind(loop, axis, stage=stage)
+    for loop, axis in zip(reversed(threads), ("thread.x", "thread.y")):
+        tree = tree.bind(loop, axis, stage=stage)
+    for loop in registers:
+        if loop == registers[-1] and vector > 1:
+            tree = tree.vectorize(loop, stage=stage)
+        elif _extent(tree, stage, loop) > 1:
+            tree = tree.unroll(loop, stage=stage)
+    return tree
+
+
+def _stage_in_shared(tree: LoopTree, acc: str, buffer: str, depth: int) -> LoopTree:
+    """Copy the tile of `buffer` one k step uses into shared memory (its reduction dims first, so the
+    register tile reads consecutive words), read 128 bits at a time along the source's contiguous
+    dim, with the copy's largest loops bound to threads."""
+    program = tree.program
+    dims = next(b.dims for b in program.inputs if b.name == buffer)
+    reduce_dims = program.stage(acc).reduce_dims
+    order = tuple(d for d in dims if d in reduce_dims) + tuple(d for d in dims if d not in reduce_dims)
+    copy = f"{buffer}.{acc}"
+    tree = tree.cache(buffer, stage=acc, order=order).place(copy, acc, depth)
+    loops = list(tree.schedule.of(copy).loops)
+    contiguous = [lp for lp in loops if lp.dim == dims[-1]]
+    vector = None
+    if contiguous and contiguous[-1].extent == 4:
+        vector = contiguous[-1].name
+    elif contiguous and contiguous[-1].extent % 4 == 0:
+        tree = tree.split(contiguous[-1].name, 4, stage=copy)
+        vector = f"{contiguous[-1].name}.1"
+        loops = list(tree.schedule.of(copy).loops)
+    free = [lp for lp in loops if lp.name != vector]
+    block = _block_size(tree, acc)
+    along_rows = sorted(free, key=lambda lp: (lp.dim != order[-1], lp.stride))   # neighbours in shared memory
+    widest = sorted(free, key=lambda lp: -lp.extent)
+    bound = []
+    for axis, limit, candidates in (("thread.x", block[0], along_rows), ("thread.y", block[1], widest)):
+        pick = next((lp for lp in candidates if 1 < lp.extent <= limit and lp not in bound), None)
+        if pick is not None:
+            bound.append(pick)
+            tree = tree.bind(pick.name, axis, stage=copy)
+    rest = [lp for lp in free if lp not in bound]
+    tree = tree.reorder(*[lp.name for lp in bound + rest] + ([vector] if vector else []), stage=copy)
+    for lp in rest:
+        if lp.extent <= UNROLL_LIMIT:
+            tree = tree.unroll(lp.name, stage=copy)
+    return tree.vectorize(vector, stage=copy) if vector else tree
+
+
+def _block_size(tree: LoopTree, stage: str) -> tuple[int, int, int]:
+    extents = {}
+    for lp in tree.schedule.effective_loops(stage):
+        if lp.annotation.startswith("thread"):
+            extents[lp.annotation] = lp.extent
+    return tuple(extents.get(f"thread.{a}", 1) for a in "xyz")
+
+
+def _check_block_size(tree: LoopTree):
+    from looptool import codegen_gpu
+    for node in tree.root:
+        codegen_gpu.launch_dims(node)
+
+
+def _gpu_tiles(trial: optuna.Trial, tree: LoopTree, stage: str) -> LoopTree:
+    st = tree.program.stage(stage)
+    pure = [d for d in st.loop_dims if d not in st.reduce_dims]
+    if not pure:
+        return tree
+    x_size = tree.program.size(st.dims[-1])
+    vector = trial.suggest_categorical(f"{stage}.gpu.vector", [1, 4]) if x_size % 4 == 0 else 1
+    x_threads = _choose(trial, f"{stage}.gpu.x.threads", [t for t in GPU_THREADS_X if t <= x_size])
+    x_groups = _choose(trial, f"{stage}.gpu.x.tile", [1, 2])
+    y_threads, y_tile = 1, 1
+    if len(pure) > 1:
+        y_size = tree.program.size(next(d for d in reversed(pure) if d != st.dims[-1]))
+        y_threads = _choose(trial, f"{stage}.gpu.y.threads", [t for t in GPU_THREADS_Y if t <= y_size])
+        y_tile = _choose(trial, f"{stage}.gpu.y.tile", [t for t in GPU_REGISTER_TILE if t <= y_size])
+        if y_threads * y_tile > y_size:
+            raise ValueError(f"a block tile of {y_threads * y_tile} rows exceeds the {y_size} there are")
+    if x_threads * vector * x_groups > x_size:
+        raise ValueError(f"a block tile of {x_threads * vector * x_groups} columns exceeds the {x_size} there are")
+    if not 32 <= x_threads * y_threads <= 1024:
+        raise ValueError(f"{x_threads * y_threads} threads per block (use 32 to 1024)")
+    k_tile, unroll_k, shared = 8, False, ()
+    if st.reduce_dims:
+        k_size = min(tree.program.size(d) for d in st.reduce_dims)
+        k_tile = _choose(trial, f"{stage}.gpu.k.tile", [k for k in GPU_K_TILE if k <= k_size])
+        unroll_k = trial.suggest_categorical(f"{stage}.gpu.k.unroll", [True, False])
+        inputs = sorted({ld.buffer for ld in _loads(st) if ld.buffer.startswith("in")})
+        shared = tuple(b for b in inputs if trial.suggest_categorical(f"{stage}.gpu.shared.{b}", [True, False]))
+    return register_tiled(tree, stage, x_threads, x_groups, vector, y_threads, y_tile, k_tile, unroll_k, shared)
+
+
+def _gpu_rows(trial: optuna.Trial, tree: LoopTree) -> LoopTree:
+    output = tree.program.output
+    x = output.dims[-1]
+    threads = _choose(trial, "gpu.rows.threads", [t for t in GPU_ROW_THREADS if t <= tree.program.size(x)])
+    outer = [d for d in output.loop_dims if d not in output.reduce_dims and d != x]
+    if not outer:
+        raise ValueError("the rows family needs an output with at least two dims")
+    for dim, axis in zip(reversed(outer[-3:]), ("block.x", "block.y", "block.z")):
+        tree = tree.bind(dim, axis, stage=output.name)
+    tree = _threads_over(tree, output.name, x, threads)
+    depth = len(outer)
+    for stage in reversed(tree.program.stages[:-1]):
+        consumer = next(st.name for st in tree.program.stages if stage.name in
+                        {ld.buffer for ld in _loads(st)})
+        tree = tree.place(stage.name, consumer, depth)
+        for dim in tree.program.stage(stage.name).loop_dims:
+            if any(lp.dim == dim for lp in tree.schedule.of(stage.name).loops):
+                tree = _threads_over(tree, stage.name, dim, threads)
+    return tree
+
+
+def _threads_over(tree: LoopTree, stage: str, dim: str, threads: int) -> LoopTree:
+    """Threads take strided elements of `dim` (coalesced): thread t handles t, t + threads, ..."""
+    loop = next(lp.name for lp in tree.schedule.of(stage).loops if lp.dim == dim)
+    tree = tree.split(loop, threads, stage=stage)
+    return tree.reorder(f"{loop}.1", f"{loop}.0", stage=stage).bind(f"{loop}.1", "thread.x", stage=stage)

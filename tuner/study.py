@@ -76,9 +76,21 @@ def make_sampler(name: str, seed: int | None):
     raise ValueError(f"unknown sampler {name!r}; use 'tpe' or 'random'")
 
 
-def study_name_for(program: ir.Program, threads: int) -> str:
+def study_name_for(program: ir.Program, threads: int, device: str = "cpu") -> str:
     """Default study name: the workload, target and thread count."""
-    return f"{tuning_db.workload_key(program)}-{codegen_cpu.HostTarget.get().name}-t{threads}"
+    if device == "gpu":
+        return f"{tuning_db.workload_key(program)}-{target_name(device)}"
+    return f"{tuning_db.workload_key(program)}-{target_name(device)}-t{threads}"
+
+
+def target_name(device: str) -> str:
+    """The tuning database's target: the host CPU, or the current GPU ('cuda-sm_90')."""
+    if device == "gpu":
+        from looptool import runtime_gpu
+        return runtime_gpu.target_name()
+    if device != "cpu":
+        raise ValueError(f"unknown device {device!r}; use 'cpu' or 'gpu'")
+    return codegen_cpu.HostTarget.get().name
 
 
 @dataclass
@@ -116,10 +128,15 @@ class Objective:
     def __init__(self, tree: LoopTree, measurer: Measurer, threads: int, inject_crash_at: set[int] = frozenset()):
         self.tree, self.measurer, self.threads, self.inject_crash_at = tree, measurer, threads, inject_crash_at
 
+    def draw(self, trial: optuna.Trial) -> LoopTree:
+        if self.measurer.device == "gpu":
+            return space.sample_gpu(trial, self.tree)
+        return space.sample(trial, self.tree, self.threads)
+
     def __call__(self, trial: optuna.Trial) -> float:
         started = time.perf_counter()
         try:
-            tree = space.sample(trial, self.tree, self.threads)
+            tree = self.draw(trial)
         except space.InvalidDraw as err:
             trial.set_user_attr("rejected", f"invalid transform: {err}")
             raise optuna.TrialPruned(str(err)) from None
@@ -140,7 +157,7 @@ class Objective:
         return result.seconds
 
 
-def _run_trials(node, storage_url, study_name, trials, timeout, sampler, seed, threads, repeats, progress,
+def _run_trials(node, storage_url, study_name, trials, timeout, sampler, seed, threads, repeats, device, progress,
                 inject_crash_at=frozenset()):
     """Optimize one study in this process until it holds `trials` finished trials or time runs out."""
     program, _ = ir.lower(node)
@@ -149,7 +166,7 @@ def _run_trials(node, storage_url, study_name, trials, timeout, sampler, seed, t
     remaining = trials - sum(t.state in FINISHED for t in study.trials)
     if remaining <= 0:
         return
-    with Measurer(node, repeats=repeats, threads=threads, seed=seed or 0) as measurer:
+    with Measurer(node, repeats=repeats, threads=threads, seed=seed or 0, device=device) as measurer:
         objective = Objective(LoopTree(program), measurer, threads, inject_crash_at)
         study.optimize(objective, n_trials=remaining, timeout=timeout, catch=(TrialFailed,),
                        callbacks=[optuna.study.MaxTrialsCallback(trials, states=FINISHED)],
@@ -159,19 +176,20 @@ def _run_trials(node, storage_url, study_name, trials, timeout, sampler, seed, t
 def tune(tensor, trials: int = 100, timeout: float | None = None, storage: str | None = None,
          study_name: str | None = None, sampler: str = "tpe", seed: int | None = None, jobs: int = 1,
          threads: int = 1, repeats: int = 10, progress: bool = True, record: bool = True,
-         inject_crash_at: set[int] = frozenset()) -> TuneResult:
+         inject_crash_at: set[int] = frozenset(), device: str = "cpu") -> TuneResult:
     """Search schedules for `tensor` with Optuna and return the best (and store it for `.numpy()`).
 
     `trials` is how many finished trials the study should hold; `jobs` worker processes share
-    it through the storage; `threads` is how many cores each kernel may use."""
+    it through the storage; `threads` is how many cores each kernel may use.  With `device="gpu"`
+    the GPU search space is drawn and kernels run on the current GPU (CuPy)."""
     node = tensor.node
     program, _ = ir.lower(node)
     storage_url = storage or default_storage()
-    name = study_name or study_name_for(program, threads)
+    name = study_name or study_name_for(program, threads, device)
     study = optuna.create_study(study_name=name, storage=make_storage(storage_url), direction="minimize",
                                 sampler=make_sampler(sampler, seed), load_if_exists=True)
-    default_seconds = _default_seconds(study, node, threads, repeats)
-    args = (node, storage_url, name, trials, timeout, sampler, seed, threads, repeats)
+    default_seconds = _default_seconds(study, node, threads, repeats, device)
+    args = (node, storage_url, name, trials, timeout, sampler, seed, threads, repeats, device)
     helpers = [mp.get_context("spawn").Process(target=_run_trials, args=args[:6] + (
         None if seed is None else seed + k + 1,) + args[7:] + (False,)) for k in range(jobs - 1)]
     for proc in helpers:
@@ -180,18 +198,24 @@ def tune(tensor, trials: int = 100, timeout: float | None = None, storage: str |
     for proc in helpers:
         proc.join()
     return _result(optuna.load_study(study_name=name, storage=make_storage(storage_url)), program,
-                   default_seconds, record)
+                   default_seconds, record, target_name(device))
 
 
-def _default_seconds(study: optuna.Study, node, threads: int, repeats: int) -> float:
-    """The default schedule's time, measured once per study and kept as a study attribute."""
+def _default_seconds(study: optuna.Study, node, threads: int, repeats: int, device: str) -> float:
+    """The default schedule's time (on a GPU: one output per thread), measured once per study and
+    kept as a study attribute."""
     if "default_seconds" not in study.user_attrs:
-        with Measurer(node, repeats=repeats, threads=threads) as measurer:
-            study.set_user_attr("default_seconds", measurer.measure([]).seconds)
+        steps = []
+        if device == "gpu":
+            from looptool import runtime_gpu
+            steps = runtime_gpu.default_tree(ir.lower(node)[0]).schedule.steps
+        with Measurer(node, repeats=repeats, threads=threads, device=device) as measurer:
+            study.set_user_attr("default_seconds", measurer.measure(steps).seconds)
     return study.user_attrs["default_seconds"]
 
 
-def _result(study: optuna.Study, program: ir.Program, default_seconds: float, record: bool) -> TuneResult:
+def _result(study: optuna.Study, program: ir.Program, default_seconds: float, record: bool,
+            target: str) -> TuneResult:
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     if not complete:
         return TuneResult(study, None, float("inf"), default_seconds)
@@ -199,7 +223,7 @@ def _result(study: optuna.Study, program: ir.Program, default_seconds: float, re
     schedule = Schedule.from_json(best.user_attrs["schedule"], program)
     tree = LoopTree(program, schedule)
     if record:
-        stored = tuning_db.store(program, codegen_cpu.HostTarget.get().name, schedule.to_json(), best.value,
+        stored = tuning_db.store(program, target, schedule.to_json(), best.value,
                                  f"study {study.study_name}, trial {best.number}")
         log.info("best schedule %s in the tuning database", "stored" if stored else "not better than the one")
     return TuneResult(study, tree, best.value, default_seconds)

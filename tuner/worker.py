@@ -42,7 +42,7 @@ def fresh_like(array: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 
 def _serve(conn, node, repeats: int, seed: int):
-    """The worker's loop: answer one request per schedule until told to stop."""
+    """The worker's loop on the CPU: answer one request per schedule until told to stop."""
     from looptool import ir, runtime
     from looptool.looptree import LoopTree
     from looptool.schedule import Schedule
@@ -80,11 +80,56 @@ def _serve(conn, node, repeats: int, seed: int):
             conn.send({"error": traceback.format_exc(limit=3)})
 
 
+def _serve_gpu(conn, node, repeats: int, seed: int):
+    """The worker's loop on the GPU: fixed random inputs on the device, each trial's output poisoned
+    with NaN, checked against the default GPU schedule, timed with CUDA events."""
+    from looptool import ir, runtime_gpu
+    from looptool.looptree import LoopTree
+    from looptool.schedule import Schedule
+
+    cp = runtime_gpu.cupy()
+    program, arrays = ir.lower(node)
+    rng = np.random.default_rng(seed)
+    inputs = [cp.asarray(fresh_like(a, rng)) for a in arrays]
+    expected = cp.asnumpy(runtime_gpu.GpuKernel(runtime_gpu.default_tree(program))(inputs)).astype(np.float64)
+    scale = max(float(np.abs(expected).max()), 1e-30)
+    conn.send({"ready": True})
+    while True:
+        request = conn.recv()
+        if request is None:
+            return
+        try:
+            if request.get("inject_crash"):
+                signal.raise_signal(signal.SIGSEGV)
+            started = time.perf_counter()
+            kernel = runtime_gpu.GpuKernel(LoopTree(program, Schedule.default(program).apply(request["steps"])))
+            compile_seconds = time.perf_counter() - started
+            out = cp.full(expected.shape, cp.nan, dtype=program.output.dtype)
+            got = cp.asnumpy(kernel(inputs, out=out))
+            error = float(np.nan_to_num(np.abs(got - expected), nan=np.inf).max() / scale)
+            if not error <= MAX_RELATIVE_ERROR[program.output.dtype]:
+                conn.send({"error": f"wrong result: relative error {error:.3g} against the default GPU schedule"})
+                continue
+            times = []
+            for _ in range(request.get("repeats", repeats)):
+                start, stop = cp.cuda.Event(), cp.cuda.Event()
+                start.record()
+                kernel(inputs, out=out)
+                stop.record()
+                stop.synchronize()
+                times.append(cp.cuda.get_elapsed_time(start, stop) / 1e3)
+            conn.send({"seconds": float(np.median(times)), "compile": compile_seconds, "relative_error": error})
+        except Exception:
+            conn.send({"error": traceback.format_exc(limit=3)})
+
+
 class Measurer:
     """Owns one worker process for a computation; restarts it after a crash or a time-out."""
 
-    def __init__(self, node, repeats: int = 10, timeout: float = 60.0, seed: int = 0, threads: int | None = None):
+    def __init__(self, node, repeats: int = 10, timeout: float = 60.0, seed: int = 0, threads: int | None = None,
+                 device: str = "cpu"):
         self.node, self.repeats, self.timeout, self.seed, self.threads = node, repeats, timeout, seed, threads
+        self.device = device
         self._context = mp.get_context("spawn")
         self._process = None
         self._conn = None
@@ -92,7 +137,8 @@ class Measurer:
     def _start(self):
         parent, child = self._context.Pipe()
         self._process = self._context.Process(target=_worker_main, args=(child, self.node, self.repeats,
-                                                                         self.seed, self.threads), daemon=True)
+                                                                         self.seed, self.threads, self.device),
+                                             daemon=True)
         self._process.start()
         child.close()
         self._conn = parent
@@ -152,8 +198,8 @@ class Measurer:
         self.close()
 
 
-def _worker_main(conn, node, repeats, seed, threads):
+def _worker_main(conn, node, repeats, seed, threads, device):
     import looptool
     if threads:
         looptool.set_num_threads(threads)
-    _serve(conn, node, repeats, seed)
+    (_serve_gpu if device == "gpu" else _serve)(conn, node, repeats, seed)
