@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import looptool as lt
-from looptool import codegen_gpu, runtime_gpu
+from looptool import codegen_gpu, ir, runtime_gpu
 from tuner import space
 
 from helpers import assert_close
