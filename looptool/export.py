@@ -25,7 +25,6 @@ import numpy as np
 
 from . import codegen_cpu, ir, tuning_db
 from .errors import ArtifactError
-from .looptree import LoopTree
 
 FORMAT_VERSION = 1
 ENTRY = "looptool_kernel"

@@ -109,7 +109,6 @@ class LoopTree:
         sched = self.schedule.of(stage.name)
         loops = self.schedule.effective_loops(stage.name)
         tails = self.schedule.effective_tails(stage.name)
-        placed = self.schedule.placed_in(stage.name)
         first_reduce = next((i for i, lp in enumerate(loops) if lp.dim in stage.reduce_dims), len(loops))
         if self.buffers[stage.name].kind == "local":
             self.local_buffers.setdefault(id(path[-1]), []).append(self.buffers[stage.name])

@@ -255,7 +255,7 @@ def test_a_gpu_study_measures_draws_and_records_the_best_for_this_gpu(rng, tmp_p
     result = study.tune(c, trials=12, storage=f"sqlite:///{tmp_path / 's.sqlite'}", seed=0, progress=False,
                         device="gpu", repeats=3)
     assert result.best_tree is not None and result.best_seconds < float("inf")
-    stored = tuning_db.lookup(result.best_tree.program, runtime_gpu.target_name())
+    stored = tuning_db.lookup(ir.lower(c.node)[0], runtime_gpu.target_name())
     assert stored is not None
     import cupy as cp
     assert_close(cp.asnumpy(c.cuda()), ref, 1e-5)        # .cuda() now runs the tuned schedule
