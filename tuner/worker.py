@@ -41,15 +41,8 @@ def fresh_like(array: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return np.lib.stride_tricks.as_strided(base[offset:], array.shape, array.strides)
 
 
-def _serve(conn, node, repeats: int, seed: int):
-    """The worker's loop on the CPU: answer one request per schedule until told to stop."""
-    from looptool import ir, runtime
-    from looptool.looptree import LoopTree
-    from looptool.schedule import Schedule
-
-    program, arrays = ir.lower(node)
-    reference_kernel = runtime.Kernel(LoopTree(program), runtime.get_num_threads())
-    rng = np.random.default_rng(seed)
+def _serve(conn, run_trial):
+    """The worker's loop: answer one request per schedule until told to stop."""
     conn.send({"ready": True})
     while True:
         request = conn.recv()
@@ -58,31 +51,50 @@ def _serve(conn, node, repeats: int, seed: int):
         try:
             if request.get("inject_crash"):
                 signal.raise_signal(signal.SIGSEGV)
-            schedule = Schedule.default(program).apply(request["steps"])
-            kernel = runtime.Kernel(LoopTree(program, schedule), runtime.get_num_threads())
-            inputs = [fresh_like(a, rng) for a in arrays]
-            expected = reference_kernel(inputs).astype(np.float64)
-            got = kernel(inputs)
-            scale = max(float(np.abs(expected).max()), 1e-30)
-            error = float(np.abs(got - expected).max() / scale)
-            if not error <= MAX_RELATIVE_ERROR[program.output.dtype]:
-                conn.send({"error": f"wrong result: relative error {error:.3g} against the default schedule"})
-                continue
-            kernel(inputs)
-            times = []
-            for _ in range(request.get("repeats", repeats)):
-                start = time.perf_counter()
-                kernel(inputs)
-                times.append(time.perf_counter() - start)
-            seconds = float(np.median(times))
-            conn.send({"seconds": seconds, "compile": kernel.compile_seconds, "relative_error": error})
+            conn.send(run_trial(request["steps"], request.get("repeats")))
         except Exception:
             conn.send({"error": traceback.format_exc(limit=3)})
 
 
-def _serve_gpu(conn, node, repeats: int, seed: int):
-    """The worker's loop on the GPU: fixed random inputs on the device, each trial's output poisoned
-    with NaN, checked against the default GPU schedule, timed with CUDA events."""
+def _wrong_result(got: np.ndarray, expected: np.ndarray, dtype: str, reference: str) -> tuple[float, dict | None]:
+    """(relative error, an error reply where it is too large; unwritten NaN elements count as wrong)."""
+    scale = max(float(np.abs(expected).max()), 1e-30)
+    error = float(np.nan_to_num(np.abs(got - expected), nan=np.inf).max() / scale)
+    if error <= MAX_RELATIVE_ERROR[dtype]:
+        return error, None
+    return error, {"error": f"wrong result: relative error {error:.3g} against the {reference}"}
+
+
+def _cpu_trials(node, repeats: int, seed: int):
+    """Trials on the CPU: fresh random inputs each time, checked against the default schedule."""
+    from looptool import ir, runtime
+    from looptool.looptree import LoopTree
+    from looptool.schedule import Schedule
+
+    program, arrays = ir.lower(node)
+    reference_kernel = runtime.Kernel(LoopTree(program), runtime.get_num_threads())
+    rng = np.random.default_rng(seed)
+
+    def run_trial(steps, trial_repeats):
+        kernel = runtime.Kernel(LoopTree(program, Schedule.default(program).apply(steps)), runtime.get_num_threads())
+        inputs = [fresh_like(a, rng) for a in arrays]
+        expected = reference_kernel(inputs).astype(np.float64)
+        error, wrong = _wrong_result(kernel(inputs), expected, program.output.dtype, "default schedule")
+        if wrong:
+            return wrong
+        kernel(inputs)
+        times = []
+        for _ in range(trial_repeats or repeats):
+            start = time.perf_counter()
+            kernel(inputs)
+            times.append(time.perf_counter() - start)
+        return {"seconds": float(np.median(times)), "compile": kernel.compile_seconds, "relative_error": error}
+    return run_trial
+
+
+def _gpu_trials(node, repeats: int, seed: int):
+    """Trials on the GPU: fixed random inputs on the device, each trial's output poisoned with NaN,
+    checked against the default GPU schedule, timed with CUDA events."""
     from looptool import ir, runtime_gpu
     from looptool.looptree import LoopTree
     from looptool.schedule import Schedule
@@ -92,35 +104,26 @@ def _serve_gpu(conn, node, repeats: int, seed: int):
     rng = np.random.default_rng(seed)
     inputs = [cp.asarray(fresh_like(a, rng)) for a in arrays]
     expected = cp.asnumpy(runtime_gpu.GpuKernel(runtime_gpu.default_tree(program))(inputs)).astype(np.float64)
-    scale = max(float(np.abs(expected).max()), 1e-30)
-    conn.send({"ready": True})
-    while True:
-        request = conn.recv()
-        if request is None:
-            return
-        try:
-            if request.get("inject_crash"):
-                signal.raise_signal(signal.SIGSEGV)
-            started = time.perf_counter()
-            kernel = runtime_gpu.GpuKernel(LoopTree(program, Schedule.default(program).apply(request["steps"])))
-            compile_seconds = time.perf_counter() - started
-            out = cp.full(expected.shape, cp.nan, dtype=program.output.dtype)
-            got = cp.asnumpy(kernel(inputs, out=out))
-            error = float(np.nan_to_num(np.abs(got - expected), nan=np.inf).max() / scale)
-            if not error <= MAX_RELATIVE_ERROR[program.output.dtype]:
-                conn.send({"error": f"wrong result: relative error {error:.3g} against the default GPU schedule"})
-                continue
-            times = []
-            for _ in range(request.get("repeats", repeats)):
-                start, stop = cp.cuda.Event(), cp.cuda.Event()
-                start.record()
-                kernel(inputs, out=out)
-                stop.record()
-                stop.synchronize()
-                times.append(cp.cuda.get_elapsed_time(start, stop) / 1e3)
-            conn.send({"seconds": float(np.median(times)), "compile": compile_seconds, "relative_error": error})
-        except Exception:
-            conn.send({"error": traceback.format_exc(limit=3)})
+
+    def run_trial(steps, trial_repeats):
+        started = time.perf_counter()
+        kernel = runtime_gpu.GpuKernel(LoopTree(program, Schedule.default(program).apply(steps)))
+        compile_seconds = time.perf_counter() - started
+        out = cp.full(expected.shape, cp.nan, dtype=program.output.dtype)
+        got = cp.asnumpy(kernel(inputs, out=out))
+        error, wrong = _wrong_result(got, expected, program.output.dtype, "default GPU schedule")
+        if wrong:
+            return wrong
+        times = []
+        for _ in range(trial_repeats or repeats):
+            start, stop = cp.cuda.Event(), cp.cuda.Event()
+            start.record()
+            kernel(inputs, out=out)
+            stop.record()
+            stop.synchronize()
+            times.append(cp.cuda.get_elapsed_time(start, stop) / 1e3)
+        return {"seconds": float(np.median(times)), "compile": compile_seconds, "relative_error": error}
+    return run_trial
 
 
 class Measurer:
@@ -202,4 +205,4 @@ def _worker_main(conn, node, repeats, seed, threads, device):
     import looptool
     if threads:
         looptool.set_num_threads(threads)
-    (_serve_gpu if device == "gpu" else _serve)(conn, node, repeats, seed)
+    _serve(conn, (_gpu_trials if device == "gpu" else _cpu_trials)(node, repeats, seed))
