@@ -166,7 +166,7 @@ class _FunctionBuilder:
         for stmt in inner.body:
             if not isinstance(stmt, StmtNode) or stmt.kind != "update":
                 return False
-            own = _own_index(stmt.stage)
+            own = ir.Affine.identity(stmt.stage.dims)
             linear = self.linear_offset(stmt.stage.name, own, stmt)
             if linear.coeffs().get(node.loop.name, 0) or linear.coeffs().get(inner.loop.name, 0):
                 return False
@@ -200,7 +200,7 @@ class _FunctionBuilder:
         for stmt in inner.body:
             stage = stmt.stage
             vty = llir.VectorType(FLOAT[stage.dtype], lanes.width)
-            target = self.access(stage.name, _own_index(stage), False, stmt,
+            target = self.access(stage.name, ir.Affine.identity(stage.dims), False, stmt,
                                  {**env, node.loop.name: ZERO, lanes.name: ZERO})
             total = self.horizontal(stage.reduce_op, b.load(slots[id(stmt)], typ=vty))
             b.store(self.binary(REDUCE_BINARY[stage.reduce_op], b.load(target, typ=FLOAT[stage.dtype]), total),
@@ -323,8 +323,8 @@ class _FunctionBuilder:
     # Statements --------------------------------------------------------------------
     def statement(self, stmt: StmtNode, env: dict):
         stage = stmt.stage
-        target = self.access(stage.name, _own_index(stage), False, stmt, env)
-        align = self.alignment(stage.name, _own_index(stage), stmt, env)
+        target = self.access(stage.name, ir.Affine.identity(stage.dims), False, stmt, env)
+        align = self.alignment(stage.name, ir.Affine.identity(stage.dims), stmt, env)
         ty = FLOAT[stage.dtype]
         if stmt.kind == "init":
             self.builder.store(llir.Constant(ty, IDENTITY[stage.reduce_op]), target, align=align)
@@ -360,7 +360,7 @@ class _FunctionBuilder:
         b = self.builder
         ty = FLOAT[stage.dtype]
         vty = llir.VectorType(ty, lanes.width)
-        own = _own_index(stage)
+        own = ir.Affine.identity(stage.dims)
         base, step, align = self.linear_address(stage.name, own, stmt, env, lanes)
         evaluate = lambda e: self.vector_expr(e, stmt, env, lanes)  # noqa: E731
         if step == 1:
@@ -386,7 +386,7 @@ class _FunctionBuilder:
         else:
             for k in range(lanes.width):
                 lane_env = {**env, lanes.name: llir.Constant(I64, k)}
-                target = self.access(stage.name, _own_index(stage), False, stmt, lane_env)
+                target = self.access(stage.name, ir.Affine.identity(stage.dims), False, stmt, lane_env)
                 lane_value = b.extract_element(value, llir.Constant(I64, k))
                 if stmt.kind == "update":
                     lane_value = self.binary(REDUCE_BINARY[stage.reduce_op], b.load(target, typ=ty), lane_value)
@@ -600,10 +600,6 @@ def _suffix(ty: llir.Type) -> str:
     if isinstance(ty, llir.VectorType):
         return f"v{ty.count}{_suffix(ty.element)}"
     return "f32" if ty == FLOAT["float32"] else "f64"
-
-
-def _own_index(stage: ir.Stage) -> tuple[ir.Affine, ...]:
-    return tuple(ir.Affine.var(d) for d in stage.dims)
 
 
 def _is_product(e: ir.Expr) -> bool:

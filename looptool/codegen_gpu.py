@@ -26,11 +26,10 @@ from dataclasses import dataclass
 import llvmlite.binding as llvm
 from llvmlite import ir as llir
 
-from .codegen_cpu import (FLOAT, I64, IDENTITY, REDUCE_BINARY, ZERO, _element, _FunctionBuilder, _own_index, ty_bytes,
+from .codegen_cpu import (FLOAT, I64, IDENTITY, REDUCE_BINARY, ZERO, _element, _FunctionBuilder, ty_bytes,
                           kernel_params)
-from . import ir
 from .ir import Affine
-from .looptree import LoopNode, LoopTree, StmtNode
+from .looptree import LoopNode, LoopTree, StmtNode, accesses, thread_bound, walk
 from .schedule import GPU_AXES
 
 TRIPLE = "nvptx64-nvidia-cuda"
@@ -97,13 +96,9 @@ def _declare_block_size(module: llir.Module, fn: llir.Function, block: tuple[int
 
 def launch_dims(node) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     extents = {axis: 1 for axis in GPU_AXES}
-    stack = [node]
-    while stack:
-        current = stack.pop()
-        if isinstance(current, LoopNode):
-            if current.loop.annotation in GPU_AXES:
-                extents[current.loop.annotation] = max(extents[current.loop.annotation], current.loop.extent)
-            stack.extend(current.body)
+    for loop in _loops([node]):
+        if loop.annotation in GPU_AXES:
+            extents[loop.annotation] = max(extents[loop.annotation], loop.extent)
     grid = tuple(extents[f"block.{a}"] for a in "xyz")
     block = tuple(extents[f"thread.{a}"] for a in "xyz")
     if block[0] * block[1] * block[2] > 1024:
@@ -129,7 +124,7 @@ class _GpuBuilder(_FunctionBuilder):
 
     def __init__(self, tree: LoopTree, fn: llir.Function, pointers: dict, aligned_params: bool):
         super().__init__(tree, fn, pointers, threads=1)
-        self.aligned = aligned_params
+        self.assume_aligned = aligned_params
         self.thread_loops: list[str] = []
         self.params = set(pointers)
         self.close_body = False
@@ -144,14 +139,14 @@ class _GpuBuilder(_FunctionBuilder):
         if self.thread_loops:
             super().body(nodes, env)
             return
+        touched = [self.buffers_shared(node) for node in nodes] + [None]
         written, read = set(), set()
-        for node, after in zip(nodes, nodes[1:] + [None]):
+        for node, (node_written, node_read), after in zip(nodes, touched, touched[1:]):
             super().body([node], env)
-            node_written, node_read = self.buffers_shared(node)
             written |= node_written
             read |= node_read
             if after is not None:
-                next_written, next_read = self.buffers_shared(after)
+                next_written, next_read = after
                 if not (next_read & written or next_written & (written | read)):
                     continue
             elif not closing:
@@ -188,7 +183,7 @@ class _GpuBuilder(_FunctionBuilder):
         if kind == "thread":
             self.thread_loops.append(node.loop.name)
         with self.builder.if_then(self.builder.icmp_signed("<", value, self.trip_count(node, env))):
-            self.close_body = kind == "thread"
+            self.close_body = kind != "block"     # a block-bound loop's body runs once: no closing barrier
             self.loop_body(node, inside)
         if kind == "thread":
             self.thread_loops.pop()
@@ -198,17 +193,13 @@ class _GpuBuilder(_FunctionBuilder):
     def combined_reductions(self, node: LoopNode) -> list[StmtNode]:
         """Reduction updates under a thread-bound loop over one of their reduction dims, into a target
         that does not depend on it (and with no other thread-bound loop inside)."""
-        found, stack = [], list(node.body)
-        while stack:
-            current = stack.pop()
-            if isinstance(current, LoopNode):
-                if current.loop.annotation.startswith("thread"):
-                    return []
-                stack.extend(current.body)
-            elif current.kind == "update" and node.loop.dim in current.stage.reduce_dims:
-                if not self.linear_offset(current.stage.name, _own_index(current.stage), current).coeffs().get(node.loop.name):
-                    found.append(current)
-        return found
+        inside = [current for current, _ in walk(node.body)]
+        if any(isinstance(current, LoopNode) and thread_bound(current) for current in inside):
+            return []
+        return [stmt for stmt in inside if isinstance(stmt, StmtNode) and stmt.kind == "update"
+                and node.loop.dim in stmt.stage.reduce_dims
+                and not self.linear_offset(stmt.stage.name, Affine.identity(stmt.stage.dims), stmt)
+                .coeffs().get(node.loop.name)]
 
     def statement(self, stmt: StmtNode, env: dict):
         partial = self.partials.get(id(stmt))
@@ -240,9 +231,9 @@ class _GpuBuilder(_FunctionBuilder):
             with b.if_then(active):
                 b.store(self.binary(op, b.load(at(tid), typ=ty), b.load(at(other), typ=ty)), at(tid))
             self.barrier()
-        zeros = {name: ZERO for name in _loop_names(node)}
+        zeros = {loop.name: ZERO for loop in _loops([node])}
         here = {**env, **zeros}
-        target = self.access(stage.name, _own_index(stage), False, stmt, here)
+        target = self.access(stage.name, Affine.identity(stage.dims), False, stmt, here)
         with b.if_then(b.icmp_signed("==", tid, ZERO)):
             b.store(self.binary(op, b.load(target, typ=ty), b.load(at(ZERO), typ=ty)), target)
         self.barrier()
@@ -257,17 +248,15 @@ class _GpuBuilder(_FunctionBuilder):
 
     def allocate(self, plan):
         private = self.tree.thread_slices.get(plan.name)
-        if private is not None:
-            buffer = self.allocas.alloca(FLOAT[plan.dtype], size=llir.Constant(I64, private.size), name=plan.name)
-            buffer.align = 16
-            return buffer
-        if not self.thread_loops and self._written_by_threads(plan.name):
-            return self.shared(FLOAT[plan.dtype], plan.size, plan.name)
-        size = plan.size * (4 if plan.dtype == "float32" else 8)
-        if size > LOCAL_LIMIT:
-            raise ValueError(f"buffer {plan.name} ({size} bytes) is too large for a GPU thread's local memory; "
-                             f"place it deeper")
-        buffer = self.allocas.alloca(FLOAT[plan.dtype], size=llir.Constant(I64, plan.size), name=plan.name)
+        count = plan.size if private is None else private.size
+        if private is None:
+            if not self.thread_loops and self._written_by_threads(plan.name):
+                return self.shared(FLOAT[plan.dtype], plan.size, plan.name)
+            size = plan.size * ty_bytes(FLOAT[plan.dtype])
+            if size > LOCAL_LIMIT:
+                raise ValueError(f"buffer {plan.name} ({size} bytes) is too large for a GPU thread's local memory; "
+                                 f"place it deeper")
+        buffer = self.allocas.alloca(FLOAT[plan.dtype], size=llir.Constant(I64, count), name=plan.name)
         buffer.align = 16
         return buffer
 
@@ -289,7 +278,7 @@ class _GpuBuilder(_FunctionBuilder):
         accesses, and the runtime then checks that they are 16-byte aligned; local and shared
         buffers always are."""
         element = ty_bytes(FLOAT[self.tree.buffers[buffer].dtype])
-        if buffer in self.params and (lanes is None or not self.aligned):
+        if buffer in self.params and (lanes is None or not self.assume_aligned):
             return element
         linear = self.linear_offset(buffer, index, stmt)
         private = self.tree.thread_slices.get(buffer)
@@ -311,7 +300,7 @@ class _GpuBuilder(_FunctionBuilder):
     def _written_by_threads(self, buffer: str) -> bool:
         """Every non-init write of the buffer happens inside a thread-bound loop."""
         writers = [path for stmt, path in self.tree.statements() if stmt.stage.name == buffer and stmt.kind != "init"]
-        return bool(writers) and all(any(n.loop.annotation.startswith("thread") for n in path) for path in writers)
+        return bool(writers) and all(any(thread_bound(n) for n in path) for path in writers)
 
     def unary(self, op: str, x):
         if op in ("log",) or (op == "exp" and _element(x.type) == FLOAT["float64"]):
@@ -321,28 +310,17 @@ class _GpuBuilder(_FunctionBuilder):
 
 def _buffers_touched(node) -> tuple[set[str], set[str]]:
     """(buffers written, buffers read) by the statements in a node."""
-    written, read, stack = set(), set(), [node]
-    while stack:
-        current = stack.pop()
-        if isinstance(current, LoopNode):
-            stack.extend(current.body)
-            continue
-        written.add(current.stage.name)
-        if current.kind != "init":
-            read |= {ld.buffer for ld in ir.loads(current.stage.expr)}
-            if current.kind == "update":
-                read.add(current.stage.name)
+    written, read = set(), set()
+    for stmt, _ in walk([node]):
+        if isinstance(stmt, StmtNode):
+            for access in accesses(stmt):
+                (written if access.write else read).add(access.buffer)
     return written, read
 
 
-def _loop_names(node: LoopNode) -> set[str]:
-    names, stack = set(), [node]
-    while stack:
-        current = stack.pop()
-        if isinstance(current, LoopNode):
-            names.add(current.loop.name)
-            stack.extend(current.body)
-    return names
+def _loops(body: list):
+    """The loops in `body`, nested ones included."""
+    return [current.loop for current, _ in walk(body) if isinstance(current, LoopNode)]
 
 
 def describe(module: GpuModule) -> str:

@@ -79,7 +79,7 @@ class _Runner:
         shape = np.broadcast_shapes(np.shape(mask), *[np.shape(v) for v in (*dims.values(), *env.values())])
         mask = np.broadcast_to(mask, shape)
         values = {k: np.broadcast_to(v, shape)[mask] for k, v in (*env.items(), *dims.items())}
-        full = tuple(ir.Affine.var(d) for d in stage.dims)
+        full = ir.Affine.identity(stage.dims)
         count = int(mask.sum())
         target = tuple(np.broadcast_to(_affine(a, values), (count,)) for a in plan.element_index(full))
         target = target or (np.zeros(count, dtype=np.intp),)

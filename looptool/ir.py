@@ -28,6 +28,11 @@ class Affine:
         return Affine(((name, coeff),), 0)
 
     @staticmethod
+    def identity(dims: tuple[str, ...]) -> tuple["Affine", ...]:
+        """The index of every element of an array over `dims`: one variable per dim."""
+        return tuple(Affine.var(d) for d in dims)
+
+    @staticmethod
     def of(coeffs: dict[str, int], const: int = 0) -> "Affine":
         return Affine(tuple(sorted((v, c) for v, c in coeffs.items() if c)), const)
 

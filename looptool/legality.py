@@ -20,7 +20,7 @@ import islpy as isl
 
 from . import ir
 from .errors import IllegalScheduleError
-from .looptree import LoopNode, LoopTree, StmtNode, _stmt_text
+from .looptree import LoopNode, LoopTree, StmtNode, _stmt_text, accesses, thread_bound
 from .schedule import GPU_AXES
 
 
@@ -125,25 +125,13 @@ def _isl_affine(a: ir.Affine, names: dict[str, str]) -> str:
     return "(" + " + ".join(parts + [str(a.const)]) + ")"
 
 
-def _accesses(node: StmtNode) -> list[tuple[str, tuple[ir.Affine, ...], bool]]:
-    """(buffer, full-coordinate index, is_write) of a statement, reads first."""
-    stage = node.stage
-    own = tuple(ir.Affine.var(d) for d in stage.dims)
-    if node.kind == "init":
-        return [(stage.name, own, True)]
-    reads = [(ld.buffer, ld.index, False) for ld in ir.loads(stage.expr)]
-    if node.kind == "update":
-        reads.append((stage.name, own, False))
-    return reads + [(stage.name, own, True)]
-
-
 def _shared_accesses(a: StmtNode, b: StmtNode):
     """Buffers both statements touch with at least one write, and the access pairs."""
     pairs: dict[str, list] = {}
-    for buf_a, ix_a, w_a in _accesses(a):
-        for buf_b, ix_b, w_b in _accesses(b):
-            if buf_a == buf_b and (w_a or w_b):
-                pairs.setdefault(buf_a, []).append((ix_a, w_a, ix_b, w_b))
+    for x in accesses(a):
+        for y in accesses(b):
+            if x.buffer == y.buffer and (x.write or y.write):
+                pairs.setdefault(x.buffer, []).append((x.index, x.write, y.index, y.write))
     return pairs.items()
 
 
@@ -297,7 +285,7 @@ def _unsynchronized(src: _Stmt, dst: _Stmt) -> isl.Map | None:
         return f"{x} < {y} or {x} > {y}"
     parts = [differ(axis) for axis in sorted(set(a) | set(b)) if axis.startswith("block")]
     common = _common_loops(src, dst)
-    shared_thread = next((k for k in common if src.path[k].loop.annotation.startswith("thread")), None)
+    shared_thread = next((k for k in common if thread_bound(src.path[k])), None)
     threads = [differ(axis) for axis in sorted(set(a) | set(b)) if axis.startswith("thread")]
     if shared_thread is not None and threads:
         same_above = [f"i{k} = j{k}" for k in common if k < shared_thread]
@@ -320,7 +308,7 @@ def _combined_reduction(src: _Stmt, dst: _Stmt) -> bool:
     reduction dim and holds no other thread-bound loop: the GPU backend combines their partials."""
     if src.node is not dst.node or src.node.kind != "update":
         return False
-    bound = [k for k, n in enumerate(src.path) if n.loop.annotation.startswith("thread")]
+    bound = [k for k, n in enumerate(src.path) if thread_bound(n)]
     return len(bound) == 1 and src.path[bound[0]].loop.dim in src.node.stage.reduce_dims
 
 

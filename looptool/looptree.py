@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import NamedTuple
 
 from . import ir
 from .ir import Affine, Program
@@ -156,16 +157,16 @@ class LoopTree:
         same nonzero coefficient on each thread axis and a per-thread rest that keeps threads apart
         (mixed-radix): the GPU backend keeps each thread's slice in its registers, and the legality
         check refuses any dependence on them between threads."""
-        accesses: dict[str, list] = {}
+        by_buffer: dict[str, list] = {}
         for stmt, path in self.statements():
-            for buffer, index in _access_indices(stmt):
-                accesses.setdefault(buffer, []).append((stmt, path, index))
+            for access in accesses(stmt):
+                by_buffer.setdefault(access.buffer, []).append((stmt, path, access))
         slices = {}
         for node, path in self.walk():
-            if not isinstance(node, LoopNode) or any(_thread_bound(n) for n in path + [node]):
+            if not isinstance(node, LoopNode) or any(thread_bound(n) for n in path + [node]):
                 continue
             for plan in self.local_buffers.get(id(node), []):
-                found = _thread_slice(plan, accesses.get(plan.name, []))
+                found = _thread_slice(plan, by_buffer.get(plan.name, []))
                 if found is not None:
                     slices[plan.name] = found
         return slices
@@ -173,12 +174,7 @@ class LoopTree:
     # Walking ---------------------------------------------------------------------
     def walk(self):
         """Yield (node, path of enclosing LoopNodes) for every node, depth first."""
-        def rec(body, path):
-            for node in body:
-                yield node, path
-                if isinstance(node, LoopNode):
-                    yield from rec(node.body, path + [node])
-        yield from rec(self.root, [])
+        return walk(self.root)
 
     def statements(self) -> list[tuple[StmtNode, list[LoopNode]]]:
         return [(n, p) for n, p in self.walk() if isinstance(n, StmtNode)]
@@ -264,29 +260,51 @@ class LoopTree:
         p.text(str(self))
 
 
-def _thread_bound(node: LoopNode) -> bool:
+def walk(body: list, path: list[LoopNode] | None = None):
+    """Yield (node, path of enclosing LoopNodes below `body`) for every node in `body`, depth first."""
+    path = path or []
+    for node in body:
+        yield node, path
+        if isinstance(node, LoopNode):
+            yield from walk(node.body, path + [node])
+
+
+def thread_bound(node: LoopNode) -> bool:
+    """Whether a loop is bound to GPU threads."""
     return node.loop.annotation.startswith("thread")
 
 
-def _access_indices(stmt: StmtNode):
-    """(buffer, full-coordinate index) of every element a statement reads or writes."""
-    yield stmt.stage.name, tuple(Affine.var(d) for d in stmt.stage.dims)
-    if stmt.kind != "init":
-        for load in ir.loads(stmt.stage.expr):
-            yield load.buffer, load.index
+class Access(NamedTuple):
+    """One buffer access of a statement, at full coordinates over the statement's dims."""
+
+    buffer: str
+    index: tuple[Affine, ...]
+    write: bool
+
+
+def accesses(stmt: StmtNode) -> list[Access]:
+    """Every access of a statement, reads first (an update also reads its target)."""
+    stage = stmt.stage
+    own = Affine.identity(stage.dims)
+    if stmt.kind == "init":
+        return [Access(stage.name, own, True)]
+    reads = [Access(ld.buffer, ld.index, False) for ld in ir.loads(stage.expr)]
+    if stmt.kind == "update":
+        reads.append(Access(stage.name, own, False))
+    return reads + [Access(stage.name, own, True)]
 
 
 def _thread_slice(plan: BufferPlan, accesses: list) -> ThreadSlice | None:
     coeffs, low, high = None, None, None
-    for stmt, path, index in accesses:
-        linear = plan.linear_offset(tuple(ix.substitute(stmt.index) for ix in index))
+    for stmt, path, access in accesses:
+        linear = plan.linear_offset(tuple(ix.substitute(stmt.index) for ix in access.index))
         terms = linear.coeffs()
-        threads = [n for n in path if _thread_bound(n)]
+        threads = [n for n in path if thread_bound(n)]
         axes = {n.loop.annotation: terms.get(n.loop.name, 0) for n in threads}
         if not threads or len(axes) < len(threads) or 0 in axes.values() or coeffs not in (None, axes):
             return None
         coeffs = axes
-        rest = [(c, n.loop.extent) for n in path if not _thread_bound(n) for c in [terms.get(n.loop.name, 0)]]
+        rest = [(c, n.loop.extent) for n in path if not thread_bound(n) for c in [terms.get(n.loop.name, 0)]]
         rest_low = linear.const + sum(c * (e - 1) for c, e in rest if c < 0)
         rest_high = linear.const + sum(c * (e - 1) for c, e in rest if c > 0)
         low = rest_low if low is None else min(low, rest_low)

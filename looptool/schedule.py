@@ -219,17 +219,15 @@ class Schedule:
         if sorted(order) != sorted(dims):
             raise ValueError(f"cache of {buffer}: order {order} must list its dims {dims}")
         name = f"{buffer}.{stage}"
-        if any(st.name == name for st in self.program.stages):
+        if _has_stage(self.program, name):
             raise ValueError(f"stage {stage} already reads {buffer} through the copy {name}")
         dtype = loads[0].dtype
-        copy = ir.Stage(name, order, (), None, ir.Load(buffer, tuple(ir.Affine.var(d) for d in dims), dtype),
+        copy = ir.Stage(name, order, (), None, ir.Load(buffer, ir.Affine.identity(dims), dtype),
                         dtype, order)
         rewired = ir.Stage(consumer.name, consumer.dims, consumer.reduce_dims, consumer.reduce_op,
                            _redirect(consumer.expr, buffer, name, dims, order), consumer.dtype, consumer.loop_dims)
         position = self.program.stages.index(consumer)
-        program_stages = list(self.program.stages)
-        program_stages[position:position + 1] = [copy, rewired]
-        program = replace(self.program, stages=tuple(program_stages))
+        program = _replaced(self.program, consumer, [copy, rewired])
         stages = list(self.stages)
         stages.insert(position, (name, _default_stage(program, copy)))
         return Schedule(program, tuple(stages), self.steps + (("cache", stage, buffer, list(order)),))
@@ -242,16 +240,13 @@ class Schedule:
         accumulators that survives a block-level reduction loop on a GPU."""
         original = self.program.stage(stage)
         name = f"{stage}.acc"
-        if any(st.name == name for st in self.program.stages):
+        if _has_stage(self.program, name):
             raise ValueError(f"stage {stage} already writes through {name}")
         acc = replace(original, name=name)
         copy = ir.Stage(stage, original.dims, (), None,
-                        ir.Load(name, tuple(ir.Affine.var(d) for d in original.dims), original.dtype),
+                        ir.Load(name, ir.Affine.identity(original.dims), original.dtype),
                         original.dtype, original.dims)
-        position = self.program.stages.index(original)
-        program_stages = list(self.program.stages)
-        program_stages[position:position + 1] = [acc, copy]
-        program = replace(self.program, stages=tuple(program_stages))
+        program = _replaced(self.program, original, [acc, copy])
         sched = self.of(stage)
         kept = tuple(lp for lp in sched.loops if lp.dim in original.dims)
         kept_names = {lp.name for lp in kept}
@@ -291,6 +286,16 @@ class Schedule:
                 raise ValueError(f"unknown schedule step {op!r}")
             sched = getattr(sched, op)(*args)
         return sched
+
+
+def _has_stage(program: Program, name: str) -> bool:
+    return any(st.name == name for st in program.stages)
+
+
+def _replaced(program: Program, stage: ir.Stage, new_stages: list[ir.Stage]) -> Program:
+    """`program` with `stage` replaced by `new_stages`, in its place."""
+    position = program.stages.index(stage)
+    return replace(program, stages=program.stages[:position] + tuple(new_stages) + program.stages[position + 1:])
 
 
 def _split_tail(tail: Tail, name: str, outer: str, inner: str, factor: int) -> Tail:

@@ -14,7 +14,7 @@ import itertools
 
 import optuna
 
-from looptool import ir
+from looptool import codegen_gpu, ir
 from looptool.looptree import LoopTree
 
 TILE_FACTORS = (1, 2, 3, 4, 5, 6, 8)
@@ -161,8 +161,7 @@ def register_tiled(tree: LoopTree, stage: str, x_threads: int, x_groups: int, ve
     A reduction runs in registers over k tiles of `k_tile`; inputs in `shared` are staged in shared
     memory per k tile."""
     st = tree.program.stage(stage)
-    pure = [d for d in st.loop_dims if d not in st.reduce_dims]
-    x, y = st.dims[-1], next((d for d in reversed(pure) if d != st.dims[-1]), None)
+    x, y, others = _tile_dims(st)
     span = x_threads * vector
     tree = tree.split(x, span * x_groups, stage=stage).split(f"{x}.1", span, stage=stage)
     threads = [f"{x}.1.1"]
@@ -174,7 +173,6 @@ def register_tiled(tree: LoopTree, stage: str, x_threads: int, x_groups: int, ve
     if y is not None:
         tree = tree.split(y, y_threads * y_tile, stage=stage).split(f"{y}.1", y_tile, stage=stage)
         blocks, threads, registers = [f"{y}.0"] + blocks, [f"{y}.1.0"] + threads, [f"{y}.1.1"] + registers
-    others = [d for d in pure if d not in (x, y)]
     tree = tree.reorder(*others, *blocks, *threads, *registers, stage=stage)
     tree = _bind_tile(tree, stage, blocks, threads, registers, vector)
     if not st.reduce_dims:
@@ -195,6 +193,14 @@ def register_tiled(tree: LoopTree, stage: str, x_threads: int, x_groups: int, ve
     for buffer in shared:
         tree = _stage_in_shared(tree, acc, buffer, depth + len(reduce_outer))
     return tree
+
+
+def _tile_dims(stage) -> tuple[str, str | None, list[str]]:
+    """(x: the contiguous output dim, y: the pure dim before it or None, the other pure dims)."""
+    pure = [d for d in stage.loop_dims if d not in stage.reduce_dims]
+    x = stage.dims[-1]
+    y = next((d for d in reversed(pure) if d != x), None)
+    return x, y, [d for d in pure if d not in (x, y)]
 
 
 def _bind_tile(tree, stage, blocks, threads, registers, vector):
@@ -256,23 +262,22 @@ def _block_size(tree: LoopTree, stage: str) -> tuple[int, int, int]:
 
 
 def _check_block_size(tree: LoopTree):
-    from looptool import codegen_gpu
     for node in tree.root:
         codegen_gpu.launch_dims(node)
 
 
 def _gpu_tiles(trial: optuna.Trial, tree: LoopTree, stage: str) -> LoopTree:
     st = tree.program.stage(stage)
-    pure = [d for d in st.loop_dims if d not in st.reduce_dims]
-    if not pure:
+    if not st.dims:
         return tree
-    x_size = tree.program.size(st.dims[-1])
+    x, y, _ = _tile_dims(st)
+    x_size = tree.program.size(x)
     vector = trial.suggest_categorical(f"{stage}.gpu.vector", [1, 4]) if x_size % 4 == 0 else 1
     x_threads = _choose(trial, f"{stage}.gpu.x.threads", [t for t in GPU_THREADS_X if t <= x_size])
     x_groups = _choose(trial, f"{stage}.gpu.x.tile", [1, 2])
     y_threads, y_tile = 1, 1
-    if len(pure) > 1:
-        y_size = tree.program.size(next(d for d in reversed(pure) if d != st.dims[-1]))
+    if y is not None:
+        y_size = tree.program.size(y)
         y_threads = _choose(trial, f"{stage}.gpu.y.threads", [t for t in GPU_THREADS_Y if t <= y_size])
         y_tile = _choose(trial, f"{stage}.gpu.y.tile", [t for t in GPU_REGISTER_TILE if t <= y_size])
         if y_threads * y_tile > y_size:
@@ -303,9 +308,7 @@ def _gpu_rows(trial: optuna.Trial, tree: LoopTree) -> LoopTree:
     tree = _threads_over(tree, output.name, x, threads)
     depth = len(outer)
     for stage in reversed(tree.program.stages[:-1]):
-        consumer = next(st.name for st in tree.program.stages if stage.name in
-                        {ld.buffer for ld in _loads(st)})
-        tree = tree.place(stage.name, consumer, depth)
+        tree = tree.place(stage.name, tree.program.readers(stage.name)[0].name, depth)
         for dim in tree.program.stage(stage.name).loop_dims:
             if any(lp.dim == dim for lp in tree.schedule.of(stage.name).loops):
                 tree = _threads_over(tree, stage.name, dim, threads)

@@ -78,9 +78,8 @@ def make_sampler(name: str, seed: int | None):
 
 def study_name_for(program: ir.Program, threads: int, device: str = "cpu") -> str:
     """Default study name: the workload, target and thread count."""
-    if device == "gpu":
-        return f"{tuning_db.workload_key(program)}-{target_name(device)}"
-    return f"{tuning_db.workload_key(program)}-{target_name(device)}-t{threads}"
+    threads_part = "" if device == "gpu" else f"-t{threads}"
+    return f"{tuning_db.workload_key(program)}-{target_name(device)}{threads_part}"
 
 
 def target_name(device: str) -> str:
