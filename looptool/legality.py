@@ -250,19 +250,24 @@ def _differ_at(src: _Stmt, dst: _Stmt, k: int) -> isl.Map:
 
 
 def _check_parallel(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, deps: isl.Map):
-    for k in _common_loops(src, dst):
+    reduction_lanes = src.node.stage is dst.node.stage and src.node.kind == dst.node.kind == "update"
+    k = _carrying_loop(src, dst, deps, lambda loop: loop.annotation == "parallel"
+                       or (loop.annotation == "vectorize" and not reduction_lanes))
+    if k is not None:
         loop = src.path[k].loop
-        if loop.annotation not in ("parallel", "vectorize"):
-            continue
-        if src.node.stage is dst.node.stage and src.node.kind == dst.node.kind == "update" \
-                and loop.annotation == "vectorize":
-            continue
-        carried = deps.intersect(_differ_at(src, dst, k))
-        if not carried.is_empty():
-            raise IllegalScheduleError(
-                f"loop '{loop.name}' cannot be {'parallel' if loop.annotation == 'parallel' else 'vectorized'}: "
-                f"it carries a dependence on buffer {buffer} from `{src.text(tree.buffers)}` to "
-                f"`{dst.text(tree.buffers)}` (different iterations of '{loop.name}' touch the same element)")
+        raise IllegalScheduleError(
+            f"loop '{loop.name}' cannot be {'parallel' if loop.annotation == 'parallel' else 'vectorized'}: "
+            f"it carries a dependence on buffer {buffer} from `{src.text(tree.buffers)}` to "
+            f"`{dst.text(tree.buffers)}` (different iterations of '{loop.name}' touch the same element)")
+
+
+def _carrying_loop(src: _Stmt, dst: _Stmt, deps: isl.Map, applies) -> int | None:
+    """The position of the first common loop that `applies` to and that `deps` cross (they join
+    different iterations of it), or None."""
+    for k in _common_loops(src, dst):
+        if applies(src.path[k].loop) and not deps.intersect(_differ_at(src, dst, k)).is_empty():
+            return k
+    return None
 
 
 def _gpu_positions(stmt: _Stmt) -> dict[str, int]:
@@ -339,14 +344,12 @@ def _check_local(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, deps: isl.
     if plan.kind != "local":
         return
     tile_loops = {name for _, off in plan.offsets for name, _ in off.terms}
-    for k in _common_loops(src, dst):
-        if src.path[k].loop.name in tile_loops:
-            crossing = deps.intersect(_differ_at(src, dst, k))
-            if not crossing.is_empty():
-                raise IllegalScheduleError(
-                    f"buffer {buffer} is shrunk to one tile of loop '{src.path[k].loop.name}', but "
-                    f"`{dst.text(tree.buffers)}` reads values written by `{src.text(tree.buffers)}` in another "
-                    f"iteration of it")
+    k = _carrying_loop(src, dst, deps, lambda loop: loop.name in tile_loops)
+    if k is not None:
+        raise IllegalScheduleError(
+            f"buffer {buffer} is shrunk to one tile of loop '{src.path[k].loop.name}', but "
+            f"`{dst.text(tree.buffers)}` reads values written by `{src.text(tree.buffers)}` in another "
+            f"iteration of it")
     if not tile_loops <= {src.path[k].loop.name for k in _common_loops(src, dst)}:
         raise IllegalScheduleError(f"buffer {buffer} is shrunk to a tile of loops {sorted(tile_loops)}, but "
                                    f"`{dst.text(tree.buffers)}` reads it outside them")

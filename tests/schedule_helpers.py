@@ -29,6 +29,14 @@ from helpers import (assert_close, conv2d_nchw_ref, f64, layernorm_ref, rand, ra
 # ------------------------------------------------------------------ schedules as data
 
 
+def scheduled(table: dict, name: str, rng):
+    """(case, tensor, steps, loop tree) of entry `name` of a {name: (build, steps)} table."""
+    build, steps = table[name]
+    case = build(rng)
+    t = case.make()
+    return case, t, steps, apply_steps(t.loop_tree(), steps)
+
+
 def apply_steps(tree: lt.LoopTree, steps) -> lt.LoopTree:
     """Apply transform steps (see module doc) to a loop tree, returning the new tree."""
     for step in steps:
@@ -218,19 +226,20 @@ def layernorm(rng, m=7, n=13, dtype=np.float32, inp=_identity, eps=1e-2):
 
 
 def rowsum_exp(rng, m=7, n=13, dtype=np.float32, inp=_identity):
-    sm, sn = lt.symbols("m n")
-    X = rand(rng, (m, n), dtype, -2.0, 2.0)
-    x = inp(X)
-    return Case("rowsum_exp", lambda: lt.Tensor(x).to(sm, sn).exp().sum(sn), np.exp(f64(X)).sum(axis=1),
-                np.dtype(dtype), dict(m=m, n=n))
+    return _sum_exp("rowsum_exp", 1, rng, m, n, dtype, inp)
 
 
 def colsum_exp(rng, m=7, n=13, dtype=np.float32, inp=_identity):
     """Reduction over the outer dimension: the reduction loop comes first."""
+    return _sum_exp("colsum_exp", 0, rng, m, n, dtype, inp)
+
+
+def _sum_exp(name, axis, rng, m, n, dtype, inp):
+    """exp of an m x n matrix summed over `axis` (0: m, 1: n)."""
     sm, sn = lt.symbols("m n")
     X = rand(rng, (m, n), dtype, -2.0, 2.0)
     x = inp(X)
-    return Case("colsum_exp", lambda: lt.Tensor(x).to(sm, sn).exp().sum(sm), np.exp(f64(X)).sum(axis=0),
+    return Case(name, lambda: lt.Tensor(x).to(sm, sn).exp().sum((sm, sn)[axis]), np.exp(f64(X)).sum(axis=axis),
                 np.dtype(dtype), dict(m=m, n=n))
 
 

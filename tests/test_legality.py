@@ -14,7 +14,7 @@ import looptool as lt
 from helpers import mentions
 from schedule_helpers import (Rejected, RandomChooser, apply_steps, colsum_exp, draw_case, layernorm, matmul,
                               matmul_bias_relu, matmul_chain, random_steps, reduce_broadcast, rowsum_exp,
-                              run_guarded, softmax, steps_text)
+                              run_guarded, scheduled, softmax, steps_text)
 
 
 def exp_minus_max(rng, m=4, n=6):
@@ -159,10 +159,7 @@ LEGAL = {
 
 @pytest.mark.parametrize("name", list(LEGAL))
 def test_legal_schedules_are_accepted_and_run(rng, name):
-    build, steps = LEGAL[name]
-    case = build(rng)
-    t = case.make()
-    tree = apply_steps(t.loop_tree(), steps)
+    case, t, steps, tree = scheduled(LEGAL, name, rng)
     assert tree.check() == (True, "legal"), tree.check()[1]
     assert tree.assert_legal() is None
     case.check(t.numpy(tree), f"{steps_text(steps)}\n{tree}")

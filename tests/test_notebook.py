@@ -11,6 +11,7 @@ import pytest
 
 import looptool as lt
 from looptool.notebook import ActionResult, ScheduleEditor, estimate_flops, run_command, tree_html
+from tuner import workloads
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -33,15 +34,8 @@ def matmul(m=24, k=40, n=48, seed=0):
 
 
 def softmax(rows=8, cols=32, seed=0):
-    x_np = np.random.default_rng(seed).standard_normal((rows, cols), dtype=np.float32)
-    m, n = lt.symbols("m n")
-    x = lt.Tensor(x_np).to(m, n)
-    e = (x - x.max(n)).exp()
-
-    def ref():
-        ex = np.exp(x_np - x_np.max(1, keepdims=True))
-        return ex / ex.sum(1, keepdims=True)
-    return e / e.sum(n), ref
+    work = workloads.softmax(rows, cols, seed)
+    return work.tensor, work.baseline
 
 
 @pytest.fixture

@@ -14,7 +14,8 @@ import pytest
 import looptool as lt
 from looptool import ir
 from schedule_helpers import (apply_steps, colsum_exp, conv2d, embed, layernorm, matmul, matmul_bias_relu,
-                              matmul_chain, pointwise, rowsum_exp, run_guarded, softmax, steps_text, without)
+                              matmul_chain, pointwise, rowsum_exp, run_guarded, scheduled, softmax, steps_text,
+                              without)
 
 
 def run_case(case, steps, rng=None, interpret=True):
@@ -493,10 +494,7 @@ def test_transforms_return_new_trees(rng):
 
 @pytest.mark.parametrize("name", list(COMBOS))
 def test_json_round_trip_on_a_rebuilt_computation(rng, name):
-    build, steps = COMBOS[name]
-    case = build(rng)
-    t = case.make()
-    tree = apply_steps(t.loop_tree(), steps)
+    case, t, steps, tree = scheduled(COMBOS, name, rng)
     text = tree.schedule.to_json()
     data = json.loads(text)
     assert data["format"] == 1 and len(data["steps"]) == len(steps)
@@ -610,9 +608,6 @@ INTERPRETED = {
 def test_interpreter_runs_scheduled_trees(rng, name):
     """lt.interpret is the brute-force oracle of the legality tests: it must run every
     legal tree (tails, split tile offsets, placed stages) and agree with NumPy."""
-    build, steps = INTERPRETED[name]
-    case = build(rng)
-    t = case.make()
-    tree = apply_steps(t.loop_tree(), steps)
+    case, t, steps, tree = scheduled(INTERPRETED, name, rng)
     assert tree.check()[0]
     case.check(lt.interpret(t, tree), f"interpreted {steps_text(steps)}\n{tree}")
