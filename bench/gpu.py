@@ -19,9 +19,10 @@ from pathlib import Path
 import numpy as np
 
 import looptool as lt
-from looptool import ir, runtime_gpu
-from looptool.looptree import LoopTree
-from looptool.runtime import _schedule_for
+from looptool import ir
+from looptool.runtime import gpu as runtime_gpu
+from looptool.runtime import resolve_schedule
+from looptool.schedule.looptree import LoopTree
 from tuner import space
 
 
@@ -44,8 +45,8 @@ def median_ms(fn, repeat: int = 20) -> float:
 def check_and_time(tensor, schedule, reference: np.ndarray, repeat: int):
     """(relative error, median ms, PTX) of one schedule on poisoned outputs."""
     cp = runtime_gpu.cupy()
-    program, arrays = ir.lower(tensor.node, on_device=True)
-    tree = LoopTree(program, _schedule_for(program, schedule))
+    program, arrays = ir.lower(tensor.node)
+    tree = LoopTree(program, resolve_schedule(program, schedule))
     kernel = runtime_gpu.kernel_for(tree)
     out = cp.full(tree.buffers[program.output.name].shape, cp.nan, dtype=program.output.dtype)
     got = cp.asnumpy(kernel(arrays, out=out)).astype(np.float64)

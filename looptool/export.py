@@ -23,8 +23,12 @@ from pathlib import Path
 import llvmlite.binding as llvm
 import numpy as np
 
-from . import codegen_cpu, ir, tuning_db
+from . import ir, runtime
+from .analysis import legality
+from .codegen import cpu as codegen_cpu
 from .errors import ArtifactError
+from .runtime import tuning_db
+from .version import __version__
 
 FORMAT_VERSION = 1
 ENTRY = "looptool_kernel"
@@ -37,14 +41,13 @@ def export(tensor, path, schedule=None, *, input_names=None, tuning: dict | None
 
     `input_names` names the inputs (in the order they first appear in the computation)
     for calling the loaded kernel by keyword; `tuning` is stored as the tuning result."""
-    from . import runtime
-    program, _ = ir.lower(tensor.node)
+    program, _ = runtime.lower_on_host(tensor.node)
     target = codegen_cpu.HostTarget.get()
     if schedule is None:
         schedule = tuning_db.lookup(program, target.name)
     tree = runtime.loop_tree_of(tensor.node, schedule)
     if tree.schedule.steps:
-        tree.assert_legal()
+        legality.assert_legal(tree)
     names = list(input_names or [b.name for b in program.inputs])
     if len(names) != len(program.inputs):
         raise ArtifactError(f"export: {len(program.inputs)} inputs but {len(names)} input_names {names}")
@@ -61,7 +64,7 @@ def export(tensor, path, schedule=None, *, input_names=None, tuning: dict | None
         (out / name).write_bytes(data)
     built = _build_shared_library(out)
     manifest = {
-        "format_version": FORMAT_VERSION, "looptool_version": _version(), "entry": ENTRY,
+        "format_version": FORMAT_VERSION, "looptool_version": __version__, "entry": ENTRY,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
         "inputs": [{"name": n, "dims": list(b.dims), "shape": list(b.shape), "dtype": b.dtype,
                     "strides": list(b.strides)} for n, b in zip(names, program.inputs)],
@@ -75,11 +78,6 @@ def export(tensor, path, schedule=None, *, input_names=None, tuning: dict | None
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return out
-
-
-def _version() -> str:
-    from . import __version__
-    return __version__
 
 
 def _sha256(path: Path) -> str:
@@ -217,7 +215,7 @@ def _read_manifest(path: Path) -> dict:
         raise ArtifactError(f"{manifest_path} is corrupted: not a JSON object")
     version = manifest.get("format_version")
     if isinstance(version, int) and version > FORMAT_VERSION:
-        raise ArtifactError(f"{path} has artifact format version {version}; this looptool ({_version()}) reads "
+        raise ArtifactError(f"{path} has artifact format version {version}; this looptool ({__version__}) reads "
                             f"versions up to {FORMAT_VERSION}: upgrade looptool")
     absent = [key for key in ("entry", "inputs", "output", "target", "files") if key not in manifest]
     if not isinstance(version, int) or version < 1 or absent:

@@ -1,14 +1,12 @@
-import os
-import sys
 import zlib
 
 import numpy as np
 import pytest
 
-# Make tests/helpers.py importable whatever pytest's import mode is.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-if _HERE not in sys.path:
-    sys.path.insert(0, _HERE)
+# tests/ is a package (one subpackage per layer: frontend, ir, schedule, analysis, codegen, runtime,
+# export, notebook, tuner), so the shared helpers are imported as `tests.helpers`,
+# `tests.schedule_helpers`, `tests.gpu_helpers` and `tests.tuner_helpers`.  tests/ itself is not
+# put on sys.path: its folder tuner/ would shadow the tuner package.
 
 
 @pytest.fixture

@@ -141,3 +141,35 @@ def layernorm_ref(x, gamma, beta, eps=1e-5):
     mu = x.mean(axis=1, keepdims=True)
     var = ((x - mu) ** 2).mean(axis=1, keepdims=True)
     return (x - mu) / np.sqrt(var + eps) * f64(gamma) + f64(beta)
+
+
+# --------------------------------------------------------------- loop trees
+
+def random_matmul(rng, mm, kk, nn, dtype=np.float32):
+    """(a * b).sum(k) over random (mm, kk) and (kk, nn) inputs; returns (tensor, a, b)."""
+    import looptool as lt
+    m, k, n = lt.symbols("m k n")
+    a, b = randn(rng, (mm, kk), dtype), randn(rng, (kk, nn), dtype)
+    return (lt.Tensor(a).to(m, k) * lt.Tensor(b).to(k, n)).sum(k), a, b
+
+
+def _loop_lines(text):
+    return [ln for ln in text.splitlines() if re.match(r"\s*for\b", ln)]
+
+
+def _indent(line):
+    return len(line) - len(line.lstrip())
+
+
+def assert_loop_tree_text(text, sizes):
+    """The loop tree text has a nested `for` line of each given size and statements inside loops."""
+    loops = _loop_lines(text)
+    assert loops, f"no 'for' lines in loop tree:\n{text}"
+    for name, size in sizes.items():
+        pat = rf"^\s*for\b.*(?<!\w){name}(?!\w).*(?<!\d){size}(?!\d)"
+        assert re.search(pat, text, re.M), f"no loop line for {name} with size {size}:\n{text}"
+    # Nested loops are indented deeper; statements sit inside loops.
+    assert len({_indent(ln) for ln in loops}) >= 2, f"loops not nested/indented:\n{text}"
+    body = [ln for ln in text.splitlines() if ln.strip() and not re.match(r"\s*for\b", ln)]
+    assert any(_indent(ln) > min(_indent(lp) for lp in loops) for ln in body), (
+        f"no statement inside a loop:\n{text}")

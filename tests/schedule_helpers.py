@@ -23,7 +23,7 @@ import numpy as np
 
 import looptool as lt
 from looptool import ir
-from helpers import (assert_close, conv2d_nchw_ref, f64, layernorm_ref, rand, randn, rtol_for, softmax_ref,
+from tests.helpers import (assert_close, conv2d_nchw_ref, f64, layernorm_ref, rand, randn, rtol_for, softmax_ref,
                      window_ref)
 
 # ------------------------------------------------------------------ schedules as data

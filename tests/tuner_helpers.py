@@ -1,4 +1,4 @@
-"""Helpers for tests/test_tuner.py: tiny workloads with float64 references, storage URLs,
+"""Helpers for tests/tuner/test_tuner.py: tiny workloads with float64 references, storage URLs,
 subprocess environments, trial-state checks and a throw-away PostgreSQL cluster.
 
 Importable from a subprocess too (put tests/ on PYTHONPATH), so a fresh process can

@@ -14,8 +14,9 @@ import itertools
 
 import optuna
 
-from looptool import codegen_gpu, ir
-from looptool.looptree import LoopTree
+from looptool import ir
+from looptool.codegen import gpu as codegen_gpu
+from looptool.schedule import LoopTree
 
 TILE_FACTORS = (1, 2, 3, 4, 5, 6, 8)
 LANE_FACTORS = (8, 16, 32, 48, 64)

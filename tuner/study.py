@@ -20,9 +20,11 @@ from pathlib import Path
 
 import optuna
 
-from looptool import codegen_cpu, ir, tuning_db
-from looptool.looptree import LoopTree
-from looptool.schedule import Schedule
+from looptool import ir
+from looptool.codegen import cpu as codegen_cpu
+from looptool.runtime import gpu as runtime_gpu
+from looptool.runtime import tuning_db
+from looptool.schedule import LoopTree, Schedule
 
 from . import space
 from .worker import MeasureError, Measurer
@@ -85,7 +87,6 @@ def study_name_for(program: ir.Program, threads: int, device: str = "cpu") -> st
 def target_name(device: str) -> str:
     """The tuning database's target: the host CPU, or the current GPU ('cuda-sm_90')."""
     if device == "gpu":
-        from looptool import runtime_gpu
         return runtime_gpu.target_name()
     if device != "cpu":
         raise ValueError(f"unknown device {device!r}; use 'cpu' or 'gpu'")
@@ -206,7 +207,6 @@ def _default_seconds(study: optuna.Study, node, threads: int, repeats: int, devi
     if "default_seconds" not in study.user_attrs:
         steps = []
         if device == "gpu":
-            from looptool import runtime_gpu
             steps = runtime_gpu.default_tree(ir.lower(node)[0]).schedule.steps
         with Measurer(node, repeats=repeats, threads=threads, device=device) as measurer:
             study.set_user_attr("default_seconds", measurer.measure(steps).seconds)

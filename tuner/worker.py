@@ -68,8 +68,7 @@ def _wrong_result(got: np.ndarray, expected: np.ndarray, dtype: str, reference: 
 def _cpu_trials(node, repeats: int, seed: int):
     """Trials on the CPU: fresh random inputs each time, checked against the default schedule."""
     from looptool import ir, runtime
-    from looptool.looptree import LoopTree
-    from looptool.schedule import Schedule
+    from looptool.schedule import LoopTree, Schedule
 
     program, arrays = ir.lower(node)
     reference_kernel = runtime.Kernel(LoopTree(program), runtime.get_num_threads())
@@ -95,9 +94,9 @@ def _cpu_trials(node, repeats: int, seed: int):
 def _gpu_trials(node, repeats: int, seed: int):
     """Trials on the GPU: fixed random inputs on the device, each trial's output poisoned with NaN,
     checked against the default GPU schedule, timed with CUDA events."""
-    from looptool import ir, runtime_gpu
-    from looptool.looptree import LoopTree
-    from looptool.schedule import Schedule
+    from looptool import ir
+    from looptool.runtime import gpu as runtime_gpu
+    from looptool.schedule import LoopTree, Schedule
 
     cp = runtime_gpu.cupy()
     program, arrays = ir.lower(node)

@@ -1,0 +1,397 @@
+"""Polyhedral legality: does a scheduled loop tree respect every dependence of its program?
+
+Each statement of the tree is an isl set of loop-variable values (its domain,
+tails included) with an isl map to its time (the 2d+1 schedule vector of the
+tree) and to the buffer elements it reads and writes.  Dependences are the
+pairs of instances that touch one element, at least one of them writing, in
+the order the program's default schedule (stages one after another) runs
+them.  A schedule is legal when, under its own time, every such pair still runs
+in that order; reduction updates of one stage may be reordered among
+themselves (sum, max and min are reassociated), except across threads.  Two
+more rules follow from the tree: a parallel loop may carry no dependence at all,
+and a buffer shrunk to one tile of its consumer's loops must be read in the
+same iteration of those loops in which it was written.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import islpy as isl
+
+from .. import ir
+from ..errors import IllegalScheduleError
+from ..schedule import GPU_AXES, LoopNode, LoopTree, StmtNode, accesses, thread_bound
+from ..schedule.printing import stmt_text
+
+
+
+def _isl():
+    """islpy, imported on first use: `import looptool` and loading an exported kernel never need it."""
+    import islpy
+    return islpy
+
+
+def _isl_map(text: str) -> "isl.Map":
+    """An isl map parsed from text."""
+    return _isl().Map(text)
+
+
+@dataclass
+class _Stmt:
+    """One statement of a tree in isl terms: loop values i0, i1, ... along its path."""
+
+    node: StmtNode
+    path: list[LoopNode]
+    time: list[str]
+
+    @property
+    def names(self) -> dict[str, str]:
+        return {n.loop.name: f"i{k}" for k, n in enumerate(self.path)}
+
+    @property
+    def variables(self) -> str:
+        return ", ".join(f"i{k}" for k in range(len(self.path)))
+
+    @property
+    def constraints(self) -> str:
+        cons = []
+        for k, n in enumerate(self.path):
+            cons.append(f"0 <= i{k} < {n.loop.extent}")
+            for lim in n.limits:
+                cons.append(f"{lim.coeff}*i{k} + {_isl_affine(lim.rest, self.names)} < {lim.bound}")
+        return " and ".join(cons) or "true"
+
+    def dim_value(self, index: ir.Affine) -> str:
+        """An affine of dims (full coordinates) as an isl expression of the loop values."""
+        return _isl_affine(index.substitute(self.node.index), self.names)
+
+    def text(self) -> str:
+        return stmt_text(self.node)
+
+
+def check(tree: LoopTree) -> tuple[bool, str]:
+    """(True, "legal") or (False, reason in plain words) for a scheduled loop tree."""
+    try:
+        assert_legal(tree)
+    except IllegalScheduleError as err:
+        return False, str(err)
+    return True, "legal"
+
+
+def assert_legal(tree: LoopTree) -> None:
+    """Raise IllegalScheduleError naming the broken dependence, or return for a legal tree."""
+    _check_structure(tree)
+    original = {(s.node.stage.name, s.node.kind): s for s in _statements(LoopTree(tree.program))}
+    stmts = _statements(tree)
+    width = max(len(s.time) for s in stmts + list(original.values()))
+    pairs = [(src, dst) for src in stmts for dst in stmts]
+    pairs.sort(key=lambda p: (p[0].node.stage is p[1].node.stage, p[0].node.kind == "init"))
+    for src, dst in pairs:
+        for buffer, kinds in _shared_accesses(src.node, dst.node):
+            _check_pair(tree, src, dst, buffer, kinds, original, width)
+
+
+def _check_structure(tree: LoopTree):
+    emitted = {(stmt.stage.name, stmt.kind) for stmt, _ in tree.statements()}
+    for stage in tree.program.stages:
+        kinds = ("init", "update") if stage.reduce_op else ("assign",)
+        for kind in kinds:
+            if (stage.name, kind) not in emitted:
+                raise IllegalScheduleError(f"stage {stage.name} is never computed: its placement "
+                                           f"(at depth {tree.schedule.of(stage.name).at} of "
+                                           f"{tree.schedule.of(stage.name).consumer}) lies outside the loops "
+                                           f"that exist")
+    for stmt, path in tree.statements():
+        parallel = [n.loop.name for n in path if n.loop.annotation == "parallel"]
+        if len(parallel) > 1:
+            raise IllegalScheduleError(f"stage {stmt.stage.name} is inside two parallel loops {parallel}; "
+                                       f"parallelize only one loop of a nest")
+    for node, _ in tree.walk():
+        if isinstance(node, LoopNode) and node.loop.annotation == "vectorize":
+            if any(isinstance(child, LoopNode) for child in node.body):
+                raise IllegalScheduleError(f"loop '{node.loop.name}' is vectorized but has loops inside it; "
+                                           f"vectorize an innermost loop")
+            for plan in tree.local_buffers.get(id(node), []):
+                raise IllegalScheduleError(
+                    f"buffer {plan.name} is shrunk to one tile per iteration of the vectorized loop "
+                    f"'{node.loop.name}', so its lanes would share it: place stage {plan.name} outside "
+                    f"'{node.loop.name}' or do not vectorize it")
+
+
+def _statements(tree: LoopTree) -> list[_Stmt]:
+    out = []
+
+    def rec(body, path, prefix):
+        for pos, node in enumerate(body):
+            if isinstance(node, LoopNode):
+                rec(node.body, path + [node], prefix + [str(pos), f"i{len(path)}"])
+            else:
+                out.append(_Stmt(node, path, prefix + [str(pos)]))
+    rec(tree.root, [], [])
+    return out
+
+
+def _isl_affine(a: ir.Affine, names: dict[str, str]) -> str:
+    parts = [f"{c}*{names.get(v, v)}" for v, c in a.terms]
+    return "(" + " + ".join(parts + [str(a.const)]) + ")"
+
+
+def _shared_accesses(a: StmtNode, b: StmtNode):
+    """Buffers both statements touch with at least one write, and the access pairs."""
+    pairs: dict[str, list] = {}
+    for x in accesses(a):
+        for y in accesses(b):
+            if x.buffer == y.buffer and (x.write or y.write):
+                pairs.setdefault(x.buffer, []).append((x.index, x.write, y.index, y.write))
+    return pairs.items()
+
+
+def _access_map(stmt: _Stmt, tree: LoopTree, buffer: str, index: tuple[ir.Affine, ...]) -> isl.Map:
+    """Loop values -> element of `buffer` read or written (only where the index is in bounds)."""
+    shape = tree.program.buffer_shape(buffer)
+    exprs = [stmt.dim_value(ix) for ix in index]
+    bounds = " and ".join(f"0 <= {e} < {n}" for e, n in zip(exprs, shape)) or "true"
+    return _isl_map(f"{{ [{stmt.variables}] -> B[{', '.join(exprs)}] : {stmt.constraints} and {bounds} }}")
+
+
+def _time_map(stmt: _Stmt, time: list[str], width: int) -> isl.Map:
+    padded = time + ["0"] * (width - len(time))
+    return _isl_map(f"{{ [{stmt.variables}] -> [{', '.join(padded)}] : {stmt.constraints} }}")
+
+
+def _original_time(stmt: _Stmt, original: dict, width: int) -> isl.Map:
+    """Loop values -> time of the same instance under the default schedule (one loop per dim)."""
+    orig = original[(stmt.node.stage.name, stmt.node.kind)]
+    time = [stmt.dim_value(ir.Affine.var(orig.path[int(t[1:])].loop.dim)) if t.startswith("i") else t
+            for t in orig.time]
+    return _time_map(stmt, time, width)
+
+
+def _check_pair(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, access_pairs, original, width):
+    same_reduction = (src.node.stage is dst.node.stage and src.node.kind == dst.node.kind == "update")
+    orig_src, orig_dst = _original_time(src, original, width), _original_time(dst, original, width)
+    new_src, new_dst = _time_map(src, src.time, width), _time_map(dst, dst.time, width)
+    for ix_a, w_a, ix_b, w_b in access_pairs:
+        touch = _access_map(src, tree, buffer, ix_a).apply_range(_access_map(dst, tree, buffer, ix_b).reverse())
+        if src.node.kind == "assign" and w_a and buffer == src.node.stage.name:
+            if dst.node is src.node:
+                _check_private_writes(tree, src, buffer, touch)
+            elif not w_b:
+                _check_fed(tree, src, dst, buffer, touch.intersect(new_src.lex_lt_map(new_dst)), touch)
+            continue
+        deps = touch.intersect(orig_src.lex_lt_map(orig_dst))
+        if deps.is_empty():
+            continue
+        if not same_reduction:
+            broken = deps.intersect(new_src.lex_ge_map(new_dst))
+            if not broken.is_empty():
+                raise IllegalScheduleError(_order_message(tree, src, dst, buffer, broken, w_a, w_b))
+        _check_parallel(tree, src, dst, buffer, deps)
+        _check_gpu_threads(tree, src, dst, buffer, deps)
+        if w_a and not w_b:
+            _check_local(tree, src, dst, buffer, deps)
+
+
+def _check_fed(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, earlier: isl.Map, touch: isl.Map):
+    """A pure stage may be computed redundantly; each read just needs some write of its element
+    before it, in the same iteration of the shared parallel loops and of the loops the buffer is tiled by."""
+    plan = tree.buffers[buffer]
+    tiles = {name for _, off in plan.offsets for name, _ in off.terms}
+    pinned = [k for k in _common_loops(src, dst)
+              if src.path[k].loop.annotation == "parallel" or src.path[k].loop.name in tiles]
+    for k in pinned:
+        earlier = earlier.intersect(_equal_at(src, dst, k))
+    for unordered in (_unsynchronized(src, dst), _other_thread(tree, src, dst, buffer)):
+        if unordered is not None:
+            earlier = earlier.subtract(unordered)
+    unfed = touch.range().subtract(earlier.range())
+    if unfed.is_empty():
+        return
+    point = unfed.sample_point()
+    values = [point.get_coordinate_val(_isl().dim_type.set, k).to_python() for k in range(len(dst.path))]
+    where = "".join(f" in the same iteration of loop '{src.path[k].loop.name}'" for k in pinned[:1])
+    raise IllegalScheduleError(
+        f"illegal schedule: `{dst.text()}` (stage {dst.node.stage.name}) reads buffer {buffer} at "
+        f"{_values(dst, values)} before `{src.text()}` (stage {src.node.stage.name}) has written that "
+        f"element{where}")
+
+
+def _check_private_writes(tree: LoopTree, src: _Stmt, buffer: str, touch: isl.Map):
+    """Redundant writes of one element from different iterations of a parallel loop race,
+    unless the buffer is private to each iteration (allocated inside the loop)."""
+    owner = _allocation_loop(tree, buffer)
+    for k, node in enumerate(src.path):
+        if node.loop.annotation != "parallel" or (owner is not None and owner in src.path[k:]):
+            continue
+        if not touch.intersect(_differ_at(src, src, k)).is_empty():
+            raise IllegalScheduleError(
+                f"loop '{node.loop.name}' cannot be parallel: its iterations write the same elements of buffer "
+                f"{buffer} (`{src.text()}`), which is shared by all threads")
+
+
+def _allocation_loop(tree: LoopTree, buffer: str) -> LoopNode | None:
+    for node, _ in tree.walk():
+        if isinstance(node, LoopNode) and any(p.name == buffer for p in tree.local_buffers.get(id(node), [])):
+            return node
+    return None
+
+
+def _pairs(src: _Stmt, dst: _Stmt, condition: str) -> isl.Map:
+    """Pairs of instances (loop values i0.. of src, j0.. of dst) that satisfy an isl condition."""
+    a = ", ".join(f"i{j}" for j in range(len(src.path)))
+    b = ", ".join(f"j{j}" for j in range(len(dst.path)))
+    return _isl_map(f"{{ [{a}] -> [{b}] : {condition} }}")
+
+
+def _equal_at(src: _Stmt, dst: _Stmt, k: int) -> isl.Map:
+    return _pairs(src, dst, f"i{k} = j{k}")
+
+
+def _common_loops(src: _Stmt, dst: _Stmt) -> list[int]:
+    common = []
+    for k, (a, b) in enumerate(zip(src.path, dst.path)):
+        if a is not b:
+            break
+        common.append(k)
+    return common
+
+
+def _differ_at(src: _Stmt, dst: _Stmt, k: int) -> isl.Map:
+    return _pairs(src, dst, f"i{k} < j{k} or i{k} > j{k}")
+
+
+def _check_parallel(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, deps: isl.Map):
+    reduction_lanes = src.node.stage is dst.node.stage and src.node.kind == dst.node.kind == "update"
+    k = _carrying_loop(src, dst, deps, lambda loop: loop.annotation == "parallel"
+                       or (loop.annotation == "vectorize" and not reduction_lanes))
+    if k is not None:
+        loop = src.path[k].loop
+        raise IllegalScheduleError(
+            f"loop '{loop.name}' cannot be {'parallel' if loop.annotation == 'parallel' else 'vectorized'}: "
+            f"it carries a dependence on buffer {buffer} from `{src.text()}` to "
+            f"`{dst.text()}` (different iterations of '{loop.name}' touch the same element)")
+
+
+def _carrying_loop(src: _Stmt, dst: _Stmt, deps: isl.Map, applies) -> int | None:
+    """The position of the first common loop that `applies` to and that `deps` cross (they join
+    different iterations of it), or None."""
+    for k in _common_loops(src, dst):
+        if applies(src.path[k].loop) and not deps.intersect(_differ_at(src, dst, k)).is_empty():
+            return k
+    return None
+
+
+def _gpu_positions(stmt: _Stmt) -> dict[str, int]:
+    return {n.loop.annotation: k for k, n in enumerate(stmt.path) if n.loop.annotation in GPU_AXES}
+
+
+def _unsynchronized(src: _Stmt, dst: _Stmt) -> isl.Map | None:
+    """Pairs of instances of one GPU kernel that nothing orders: in different blocks, or in different
+    threads inside the same iteration of a common thread-bound loop (block-level code is followed by
+    barriers, so threads are ordered across its statements and nests). None outside GPU kernels."""
+    if not src.path or not dst.path or src.path[0] is not dst.path[0]:
+        return None
+    a, b = _gpu_positions(src), _gpu_positions(dst)
+    if not a and not b:
+        return None
+
+    def differ(axis):
+        x = f"i{a[axis]}" if axis in a else "0"
+        y = f"j{b[axis]}" if axis in b else "0"
+        return f"{x} < {y} or {x} > {y}"
+    parts = [differ(axis) for axis in sorted(set(a) | set(b)) if axis.startswith("block")]
+    common = _common_loops(src, dst)
+    shared_thread = next((k for k in common if thread_bound(src.path[k])), None)
+    threads = [differ(axis) for axis in sorted(set(a) | set(b)) if axis.startswith("thread")]
+    if shared_thread is not None and threads:
+        same_above = [f"i{k} = j{k}" for k in common if k < shared_thread]
+        parts.append("(" + " and ".join([f"({' or '.join(threads)})"] + same_above) + ")")
+    return _pairs(src, dst, " or ".join(parts)) if parts else None
+
+
+def _other_thread(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str) -> isl.Map | None:
+    """For a buffer the GPU backend keeps in each thread's registers: pairs of instances in different
+    threads (they cannot see each other's copy). None for other buffers."""
+    if buffer not in tree.thread_slices:
+        return None
+    a, b = _gpu_positions(src), _gpu_positions(dst)
+    differ = [f"i{a[axis]} < j{b[axis]} or i{a[axis]} > j{b[axis]}" for axis in a if axis.startswith("thread")]
+    return _pairs(src, dst, " or ".join(differ))
+
+
+def _combined_reduction(src: _Stmt, dst: _Stmt) -> bool:
+    """Updates of one reduction under its outermost thread-bound loop, when that loop runs over a
+    reduction dim and holds no other thread-bound loop: the GPU backend combines their partials."""
+    if src.node is not dst.node or src.node.kind != "update":
+        return False
+    bound = [k for k, n in enumerate(src.path) if thread_bound(n)]
+    return len(bound) == 1 and src.path[bound[0]].loop.dim in src.node.stage.reduce_dims
+
+
+def _check_gpu_threads(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, deps: isl.Map):
+    """Within one GPU kernel a dependence may cross threads only where a barrier orders them."""
+    private = _other_thread(tree, src, dst, buffer)
+    if private is not None and not deps.intersect(private).is_empty():
+        raise IllegalScheduleError(
+            f"illegal GPU schedule: buffer {buffer} is kept in each thread's registers (it is placed outside the "
+            f"thread-bound loops and every access is inside them), but `{dst.text()}` uses an element "
+            f"that another thread's `{src.text()}` touches; bind the loops of both the same way")
+    unsynchronized = _unsynchronized(src, dst)
+    if unsynchronized is None or _combined_reduction(src, dst):
+        return
+    crossing = deps.intersect(unsynchronized)
+    if not crossing.is_empty():
+        reduction = src.node.stage is dst.node.stage and src.node.kind == dst.node.kind == "update"
+        what = ("a reduction loop is bound to GPU blocks, or to threads nested in other thread-bound loops, "
+                "without a combine across them" if reduction else
+                "no barrier orders them: they run in different blocks, or in one thread-bound loop")
+        raise IllegalScheduleError(
+            f"illegal GPU schedule: the dependence on buffer {buffer} from `{src.text()}` to "
+            f"`{dst.text()}` crosses GPU threads ({what})")
+
+
+def _check_local(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, deps: isl.Map):
+    plan = tree.buffers[buffer]
+    if plan.kind != "local":
+        return
+    tile_loops = {name for _, off in plan.offsets for name, _ in off.terms}
+    k = _carrying_loop(src, dst, deps, lambda loop: loop.name in tile_loops)
+    if k is not None:
+        raise IllegalScheduleError(
+            f"buffer {buffer} is shrunk to one tile of loop '{src.path[k].loop.name}', but "
+            f"`{dst.text()}` reads values written by `{src.text()}` in another "
+            f"iteration of it")
+    if not tile_loops <= {src.path[k].loop.name for k in _common_loops(src, dst)}:
+        raise IllegalScheduleError(f"buffer {buffer} is shrunk to a tile of loops {sorted(tile_loops)}, but "
+                                   f"`{dst.text()}` reads it outside them")
+
+
+def _order_message(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, broken: isl.Map, w_a, w_b) -> str:
+    point = broken.wrap().sample_point()
+    n_src = len(src.path)
+    i = [point.get_coordinate_val(_isl().dim_type.set, k).to_python() for k in range(n_src)]
+    j = [point.get_coordinate_val(_isl().dim_type.set, n_src + k).to_python() for k in range(len(dst.path))]
+    kind = "flow (read after write)" if w_a and not w_b else ("anti (write after read)" if w_b and not w_a
+                                                               else "output (write after write)")
+    where = _where_broken(src, dst, i, j)
+    return (f"illegal schedule: the {kind} dependence on buffer {buffer} from `{src.text()}` "
+            f"(stage {src.node.stage.name}) to `{dst.text()}` (stage {dst.node.stage.name}) is broken "
+            f"{where}: e.g. stage {src.node.stage.name} at {_values(src, i)} must run before stage "
+            f"{dst.node.stage.name} at {_values(dst, j)}, but the schedule runs it after")
+
+
+def _where_broken(src: _Stmt, dst: _Stmt, i: list[int], j: list[int]) -> str:
+    common = _common_loops(src, dst)
+    for k in common:
+        if i[k] != j[k]:
+            return f"at loop '{src.path[k].loop.name}'"
+    if common:
+        loop = src.path[common[-1]].loop.name
+        return f"inside loop '{loop}' (the reading statement comes first in its body)"
+    return "at the top level (the reading statement comes first)"
+
+
+def _values(stmt: _Stmt, values: list[int]) -> str:
+    return "{" + ", ".join(f"{n.loop.name}={v}" for n, v in zip(stmt.path, values)) + "}"

@@ -1,0 +1,201 @@
+"""LLVM CPU backend: a loop tree becomes a native kernel for the host.
+
+The kernel is `void kernel(ptr buf0, ptr buf1, ...)`, one noalias pointer per
+input, runtime-made temporary and output buffer (in `CpuKernelSource.params`
+order).  Parallel loops are outlined and run on POSIX threads; the C entry point
+allocates the temporaries itself.  `HostTarget` is the JIT target for this CPU.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import llvmlite.binding as llvm
+from llvmlite import ir as llir
+
+from ..schedule import LoopNode, LoopTree
+from .llvm import (FLOAT, I1, I64, ONE, PTR, ZERO, FunctionBuilder, TypedCallee, kernel_params, ty_bytes)
+
+
+@dataclass
+class CpuKernelSource:
+    """The generated module and the buffer name of each kernel parameter.
+
+    `kernel(params...)` takes every buffer; the C entry `int <entry>(inputs..., output)`
+    allocates the temporaries itself and returns 0 (or 1 when out of memory)."""
+
+    module: llir.Module
+    params: list[str]
+    entry: str
+    entry_params: list[str]
+
+
+def generate(tree: LoopTree, triple: str, threads: int, entry: str = "looptool_kernel") -> CpuKernelSource:
+    """Build the LLVM module for a loop tree; parallel loops split their range over `threads`."""
+    module = llir.Module(name="looptool")
+    module.triple = triple
+    params = kernel_params(tree)
+    fn = llir.Function(module, llir.FunctionType(llir.VoidType(), [PTR] * len(params)), name="kernel")
+    for arg, name in zip(fn.args, params):
+        arg.name = name
+        arg.add_attribute("noalias")
+    builder = CpuFunctionBuilder(tree, fn, dict(zip(params, fn.args)), threads)
+    builder.body(tree.root, {})
+    builder.finish()
+    entry_params = [name for name in params if tree.buffers[name].kind != "temp"]
+    _c_entry(module, fn, tree, params, entry_params, entry)
+    return CpuKernelSource(module, params, entry, entry_params)
+
+
+def _c_entry(module: llir.Module, kernel: llir.Function, tree: LoopTree, params: list[str],
+             entry_params: list[str], name: str):
+    """`int name(inputs..., output)`: allocate the temporaries, run the kernel, free them."""
+    fn = llir.Function(module, llir.FunctionType(llir.IntType(32), [PTR] * len(entry_params)), name=name)
+    b = llir.IRBuilder(fn.append_basic_block("entry"))
+    given = dict(zip(entry_params, fn.args))
+    alloc = llir.Function(module, llir.FunctionType(PTR, [I64, I64]), name="aligned_alloc") \
+        if "aligned_alloc" not in module.globals else module.globals["aligned_alloc"]
+    free = module.globals.get("free") or llir.Function(module, llir.FunctionType(llir.VoidType(), [PTR]), name="free")
+    temps = {}
+    for param in params:
+        if param not in given:
+            plan = tree.buffers[param]
+            size = -(-plan.size * ty_bytes(FLOAT[plan.dtype]) // 64) * 64
+            temps[param] = b.call(alloc, [llir.Constant(I64, 64), llir.Constant(I64, size)])
+    failed = llir.Constant(I1, 0)
+    for pointer in temps.values():
+        failed = b.or_(failed, b.icmp_unsigned("==", b.ptrtoint(pointer, I64), ZERO))
+    with b.if_then(b.not_(failed)):
+        b.call(kernel, [given[p] if p in given else temps[p] for p in params])
+    for pointer in temps.values():
+        b.call(free, [pointer])
+    b.ret(b.zext(failed, llir.IntType(32)))
+
+
+class CpuFunctionBuilder(FunctionBuilder):
+    """The shared builder plus parallel loops, outlined and run on threads."""
+
+    def parallel(self, node: LoopNode, env: dict, count: llir.Value):
+        """Outline the loop into body(noalias buffers..., outer loop values..., start, end) and run
+        chunks of its range on threads through a (ctx, start, end) wrapper."""
+        module = self.fn.module
+        pointers, values = list(self.pointers.items()), list(env.items())
+        name = f"{self.fn.name}.{node.loop.name}.par{len(module.globals)}"
+        body_fn = llir.Function(module, llir.FunctionType(
+            llir.VoidType(), [PTR] * len(pointers) + [I64] * (len(values) + 2)), name=name)
+        for arg in body_fn.args[:len(pointers)]:
+            arg.add_attribute("noalias")
+        wrapper = llir.Function(module, llir.FunctionType(llir.VoidType(), [PTR, I64, I64]), name=name + ".ctx")
+
+        b = self.builder
+        ctx = self.allocas.alloca(I64, size=llir.Constant(I64, max(1, len(pointers) + len(values))), name="ctx")
+        for k, (_, value) in enumerate(pointers + values):
+            b.store(b.ptrtoint(value, I64) if isinstance(value.type, llir.PointerType) else value,
+                    b.gep(ctx, [llir.Constant(I64, k)], source_etype=I64))
+        b.call(_parallel_for(module), [wrapper, ctx, count, llir.Constant(I64, self.threads)])
+
+        wb = llir.IRBuilder(wrapper.append_basic_block())
+        slots = [wb.load(wb.gep(wrapper.args[0], [llir.Constant(I64, k)], source_etype=I64), typ=I64)
+                 for k in range(len(pointers) + len(values))]
+        args = [wb.inttoptr(v, PTR) for v in slots[:len(pointers)]] + slots[len(pointers):]
+        wb.call(body_fn, args + list(wrapper.args[1:]))
+        wb.ret_void()
+
+        inner = CpuFunctionBuilder(self.tree, body_fn, dict(zip([n for n, _ in pointers], body_fn.args)), self.threads)
+        inner_env = dict(zip([n for n, _ in values], body_fn.args[len(pointers):]))
+        start, end = body_fn.args[-2:]
+        lp = node.loop
+        inner.full = set(self.full)
+        inner.counted_loop(start, end, lambda i: inner.loop_body(node, {**inner_env, lp.name: i}), lp.name)
+        inner.finish()
+
+
+def _parallel_for(module: llir.Module) -> llir.Function:
+    """`void looptool.parallel_for(fn, ctx, count, threads)`: fn(ctx, start, end) on pthreads, one chunk each."""
+    name = "looptool.parallel_for"
+    if name in module.globals:
+        return module.globals[name]
+    body_ty = llir.FunctionType(llir.VoidType(), [PTR, I64, I64])
+    create = llir.Function(module, llir.FunctionType(llir.IntType(32), [PTR, PTR, PTR, PTR]), name="pthread_create")
+    join = llir.Function(module, llir.FunctionType(llir.IntType(32), [I64, PTR]), name="pthread_join")
+
+    # Each thread's argument block is four i64 slots: body, ctx, start, end.
+    trampoline = llir.Function(module, llir.FunctionType(PTR, [PTR]), name="looptool.trampoline")
+    b = llir.IRBuilder(trampoline.append_basic_block())
+    slots = [b.load(b.gep(trampoline.args[0], [llir.Constant(I64, k)], source_etype=I64), typ=I64) for k in range(4)]
+    b.call(TypedCallee(b.inttoptr(slots[0], PTR), body_ty), [b.inttoptr(slots[1], PTR), slots[2], slots[3]])
+    b.ret(llir.Constant(PTR, None))
+
+    fn = llir.Function(module, llir.FunctionType(llir.VoidType(), [PTR, PTR, I64, I64]), name=name)
+    body, ctx, count, threads = fn.args
+    b = llir.IRBuilder(fn.append_basic_block("entry"))
+    tids = b.alloca(I64, size=threads)
+    argv = b.alloca(I64, size=b.mul(threads, llir.Constant(I64, 4)))
+    chunk = b.sdiv(b.add(count, b.sub(threads, ONE)), threads)
+    helper = CpuFunctionBuilder.__new__(CpuFunctionBuilder)
+    helper.fn, helper.builder = fn, b
+
+    def spawn(t):
+        start = b.mul(t, chunk)
+        end = helper.smin(b.add(start, chunk), count)
+        slot = b.gep(argv, [b.mul(t, llir.Constant(I64, 4))], source_etype=I64)
+        for k, value in enumerate([b.ptrtoint(body, I64), b.ptrtoint(ctx, I64), start, end]):
+            b.store(value, b.gep(slot, [llir.Constant(I64, k)], source_etype=I64))
+        with b.if_then(b.icmp_signed("<", start, end)):
+            b.call(create, [b.gep(tids, [t], source_etype=I64), llir.Constant(PTR, None), trampoline, slot])
+
+    def join_one(t):
+        start = b.mul(t, chunk)
+        with b.if_then(b.icmp_signed("<", start, count)):
+            b.call(join, [b.load(b.gep(tids, [t], source_etype=I64), typ=I64), llir.Constant(PTR, None)])
+
+    helper.counted_loop(ONE, threads, spawn, "spawn")
+    b.call(TypedCallee(body, body_ty), [ctx, ZERO, helper.smin(chunk, count)])
+    helper.counted_loop(ONE, threads, join_one, "join")
+    b.ret_void()
+    return fn
+
+
+class HostTarget:
+    """The JIT target for this CPU: triple, CPU name and features; makes O3 target machines."""
+
+    _instance = None
+
+    def __init__(self):
+        llvm.initialize_native_target()
+        llvm.initialize_native_asmprinter()
+        self.triple = llvm.get_process_triple()
+        self.cpu = llvm.get_host_cpu_name()
+        self.features = llvm.get_host_cpu_features().flatten()
+
+    def new_machine(self) -> llvm.TargetMachine:
+        """A fresh target machine: an MCJIT engine owns (and frees) the one it is given."""
+        target = llvm.Target.from_triple(self.triple)
+        return target.create_target_machine(cpu=self.cpu, features=self.features, opt=3,
+                                            codemodel="jitdefault", jit=True)
+
+    @property
+    def name(self) -> str:
+        """What a tuned schedule is specific to: the CPU model and its features."""
+        digest = hashlib.sha256(self.features.encode()).hexdigest()[:12]
+        return f"cpu:{self.cpu}:{digest}"
+
+    @classmethod
+    def get(cls) -> "HostTarget":
+        if cls._instance is None:
+            cls._instance = cls()
+        return cls._instance
+
+    def optimize(self, text: str, machine: llvm.TargetMachine) -> llvm.ModuleRef:
+        """Parse, verify and optimize LLVM IR with the new pass manager at O3."""
+        mod = llvm.parse_assembly(text)
+        mod.triple = self.triple
+        mod.data_layout = str(machine.target_data)
+        mod.verify()
+        options = llvm.create_pipeline_tuning_options(speed_level=3)
+        options.loop_vectorization = True
+        options.slp_vectorization = True
+        options.loop_unrolling = True
+        builder = llvm.create_pass_builder(machine, options)
+        builder.getModulePassManager().run(mod, builder)
+        return mod

@@ -1,0 +1,328 @@
+"""NVIDIA GPU backend: a loop tree becomes PTX through LLVM's NVPTX target.
+
+Each top-level nest of the tree is one kernel launch (launches run in order, so
+stages at the root are separated by a grid-wide barrier).  Loops bound to
+`block.x/y/z` and `thread.x/y/z` read the matching special registers; every
+other loop runs inside each thread.  A bound loop whose trip count is smaller
+than the launch dimension guards its body, so no thread touches memory outside
+its tile.  Kernel parameters are generic pointers, which NVPTX lowers to
+global memory for kernel arguments.
+
+Code outside thread-bound loops ("block level") runs in every thread of a block;
+a barrier follows each of its statements and nests that the next one could
+conflict with (by buffer), and ends every block-level loop body, so what threads
+wrote in one nest is visible to all of them in the next (the legality check
+relies on this).
+A buffer placed at block level and written only inside thread-bound loops lives
+in shared memory; otherwise each thread keeps its own copy.  A reduction whose
+loop is bound to threads accumulates per-thread partials and combines them
+through shared memory (a tree over the threads), then thread 0 updates the result.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import llvmlite.binding as llvm
+from llvmlite import ir as llir
+
+from ..ir import Affine
+from ..schedule import GPU_AXES, LoopNode, LoopTree, StmtNode, accesses, thread_bound, walk
+from .llvm import (FLOAT, I64, IDENTITY, REDUCE_BINARY, ZERO, FunctionBuilder, element_type, kernel_params,
+                   ty_bytes)
+
+TRIPLE = "nvptx64-nvidia-cuda"
+DATA_LAYOUT = "e-p:64:64:64-i64:64-i128:128-v16:16-v32:32-n16:32:64"
+SREG = {"block": "ctaid", "thread": "tid"}
+LOCAL_LIMIT = 16 * 1024
+
+
+@dataclass
+class Launch:
+    """One kernel of the module: its name and launch dimensions (x, y, z)."""
+
+    name: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+
+
+@dataclass
+class GpuModule:
+    """PTX text, the kernels to launch in order, the buffer name of each parameter, and the
+    parameters whose packed accesses assume 16-byte aligned memory."""
+
+    ptx: str
+    llvm_ir: str
+    launches: list[Launch]
+    params: list[str]
+    arch: str
+    aligned: tuple[str, ...] = ()
+
+
+def generate(tree: LoopTree, arch: str = "sm_90", aligned_params: bool = True) -> GpuModule:
+    """Lower every top-level nest of `tree` to a kernel and compile the module to PTX for `arch`.
+    With `aligned_params`, packed accesses to kernel parameters may assume 16-byte aligned buffers."""
+    module = llir.Module(name="looptool_gpu")
+    module.triple = TRIPLE
+    module.data_layout = DATA_LAYOUT
+    params = kernel_params(tree)
+    launches, aligned = [], set()
+    for index, node in enumerate(tree.root):
+        name = f"looptool_k{index}"
+        fn = llir.Function(module, llir.FunctionType(llir.VoidType(), [llir.PointerType()] * len(params)), name=name)
+        fn.calling_convention = "ptx_kernel"
+        for arg, buffer in zip(fn.args, params):
+            arg.name = buffer
+            if tree.buffers[buffer].kind == "input":
+                arg.add_attribute("noalias")   # written buffers are shared between threads: not noalias
+        builder = _GpuBuilder(tree, fn, dict(zip(params, fn.args)), aligned_params)
+        builder.body([node], {})
+        builder.finish()
+        aligned |= builder.aligned_params
+        launches.append(Launch(name, *launch_dims(node)))
+        _declare_block_size(module, fn, launches[-1].block)
+    text = str(module)
+    return GpuModule(_compile(text, arch), text, launches, params, arch, tuple(sorted(aligned)))
+
+
+def _declare_block_size(module: llir.Module, fn: llir.Function, block: tuple[int, int, int]):
+    """Tell ptxas the block size (.maxntid), so it keeps registers within what such a block may use
+    instead of producing a kernel that fails to launch."""
+    for axis, extent in zip("xyz", block):
+        module.add_named_metadata("nvvm.annotations", [fn, llir.MetaDataString(module, f"maxntid{axis}"),
+                                                       llir.Constant(llir.IntType(32), extent)])
+
+
+def launch_dims(node) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    extents = {axis: 1 for axis in GPU_AXES}
+    for loop in _loops([node]):
+        if loop.annotation in GPU_AXES:
+            extents[loop.annotation] = max(extents[loop.annotation], loop.extent)
+    grid = tuple(extents[f"block.{a}"] for a in "xyz")
+    block = tuple(extents[f"thread.{a}"] for a in "xyz")
+    if block[0] * block[1] * block[2] > 1024:
+        raise ValueError(f"a GPU block of {block[0]}x{block[1]}x{block[2]} threads exceeds the 1024-thread limit; "
+                         f"split the thread-bound loops")
+    return grid, block
+
+
+def _compile(text: str, arch: str) -> str:
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+    machine = llvm.Target.from_triple(TRIPLE).create_target_machine(cpu=arch, opt=3)
+    module = llvm.parse_assembly(text)
+    module.verify()
+    options = llvm.create_pipeline_tuning_options(speed_level=3)
+    builder = llvm.create_pass_builder(machine, options)
+    builder.getModulePassManager().run(module, builder)
+    return machine.emit_assembly(module)
+
+
+class _GpuBuilder(FunctionBuilder):
+    """The CPU loop-tree walker with GPU-bound loops read from special registers."""
+
+    def __init__(self, tree: LoopTree, fn: llir.Function, pointers: dict, aligned_params: bool):
+        super().__init__(tree, fn, pointers, threads=1)
+        self.assume_aligned = aligned_params
+        self.thread_loops: list[str] = []
+        self.params = set(pointers)
+        self.close_body = False
+        self.aligned_params: set[str] = set()
+        self.partials: dict[int, llir.Value] = {}
+
+    def body(self, nodes: list, env: dict):
+        """At block level, a barrier follows a node unless the next one touches none of the buffers
+        written since the last barrier and writes none read since then.  One ends the body of a
+        loop that repeats (not that of a block-bound loop, nor the kernel)."""
+        closing, self.close_body = self.close_body, True
+        if self.thread_loops:
+            super().body(nodes, env)
+            return
+        touched = [self.buffers_shared(node) for node in nodes] + [None]
+        written, read = set(), set()
+        for node, (node_written, node_read), after in zip(nodes, touched, touched[1:]):
+            super().body([node], env)
+            written |= node_written
+            read |= node_read
+            if after is not None:
+                next_written, next_read = after
+                if not (next_read & written or next_written & (written | read)):
+                    continue
+            elif not closing:
+                continue
+            self.barrier()
+            written, read = set(), set()
+
+    def buffers_shared(self, node) -> tuple[set[str], set[str]]:
+        """(written, read) buffers of a node that other threads can see (not kept per thread)."""
+        written, read = _buffers_touched(node)
+        private = set(self.tree.thread_slices)
+        return written - private, read - private
+
+    def barrier(self):
+        self.builder.call(self.declare("llvm.nvvm.barrier0", llir.VoidType(), []), [])
+
+    def loop(self, node: LoopNode, env: dict):
+        axis = node.loop.annotation
+        if axis == "parallel":
+            raise ValueError(f"loop '{node.loop.name}' is marked parallel: on a GPU, bind it to blocks or threads")
+        if axis not in GPU_AXES:
+            super().loop(node, env)
+            return
+        self.allocate_placed(node)
+        kind, dim = axis.split(".")
+        register = self.declare(f"llvm.nvvm.read.ptx.sreg.{SREG[kind]}.{dim}", llir.IntType(32), [])
+        value = self.builder.zext(self.builder.call(register, []), I64)
+        inside = {**env, node.loop.name: value}
+        combined = self.combined_reductions(node) if kind == "thread" and not self.thread_loops else []
+        for stmt in combined:
+            ty = FLOAT[stmt.stage.dtype]
+            self.partials[id(stmt)] = self.allocas.alloca(ty)
+            self.builder.store(llir.Constant(ty, IDENTITY[stmt.stage.reduce_op]), self.partials[id(stmt)])
+        if kind == "thread":
+            self.thread_loops.append(node.loop.name)
+        with self.builder.if_then(self.builder.icmp_signed("<", value, self.trip_count(node, env))):
+            self.close_body = kind != "block"     # a block-bound loop's body runs once: no closing barrier
+            self.loop_body(node, inside)
+        if kind == "thread":
+            self.thread_loops.pop()
+        for stmt in combined:
+            self.combine_across_threads(stmt, node, value, env)
+
+    def combined_reductions(self, node: LoopNode) -> list[StmtNode]:
+        """Reduction updates under a thread-bound loop over one of their reduction dims, into a target
+        that does not depend on it (and with no other thread-bound loop inside)."""
+        inside = [current for current, _ in walk(node.body)]
+        if any(isinstance(current, LoopNode) and thread_bound(current) for current in inside):
+            return []
+        return [stmt for stmt in inside if isinstance(stmt, StmtNode) and stmt.kind == "update"
+                and node.loop.dim in stmt.stage.reduce_dims
+                and not self.linear_offset(stmt.stage.name, Affine.identity(stmt.stage.dims), stmt)
+                .coeffs().get(node.loop.name)]
+
+    def statement(self, stmt: StmtNode, env: dict):
+        partial = self.partials.get(id(stmt))
+        if partial is None:
+            super().statement(stmt, env)
+            return
+        old = self.builder.load(partial, typ=FLOAT[stmt.stage.dtype])
+        value = self.accumulate(stmt.stage.reduce_op, old, stmt.stage.expr, lambda e: self.expr(e, stmt, env))
+        self.builder.store(value, partial)
+
+    def combine_across_threads(self, stmt: StmtNode, node: LoopNode, tid: llir.Value, env: dict):
+        """Tree-combine the threads' partials in shared memory; thread 0 folds the total into the target."""
+        b, stage = self.builder, stmt.stage
+        ty, extent = FLOAT[stage.dtype], node.loop.extent
+        scratch = self.shared(ty, extent, f"{stage.name}.partials")
+        op = REDUCE_BINARY[stage.reduce_op]
+
+        def at(index):
+            return b.gep(scratch, [index], source_etype=ty)
+        with b.if_then(b.icmp_signed("<", tid, llir.Constant(I64, extent))):
+            b.store(b.load(self.partials.pop(id(stmt)), typ=ty), at(tid))
+        self.barrier()
+        step = 1 << max(extent - 1, 0).bit_length()
+        while step > 1:
+            step //= 2
+            other = b.add(tid, llir.Constant(I64, step))
+            active = b.and_(b.icmp_signed("<", tid, llir.Constant(I64, step)),
+                            b.icmp_signed("<", other, llir.Constant(I64, extent)))
+            with b.if_then(active):
+                b.store(self.binary(op, b.load(at(tid), typ=ty), b.load(at(other), typ=ty)), at(tid))
+            self.barrier()
+        zeros = {loop.name: ZERO for loop in _loops([node])}
+        here = {**env, **zeros}
+        target = self.access(stage.name, Affine.identity(stage.dims), False, stmt, here)
+        with b.if_then(b.icmp_signed("==", tid, ZERO)):
+            b.store(self.binary(op, b.load(target, typ=ty), b.load(at(ZERO), typ=ty)), target)
+        self.barrier()
+
+    def shared(self, ty, count: int, name: str) -> llir.Value:
+        module = self.fn.module
+        unique = f"{self.fn.name}.{name}.{len(module.globals)}"
+        variable = llir.GlobalVariable(module, llir.ArrayType(ty, count), unique, addrspace=3)
+        variable.linkage = "internal"
+        variable.align = 16
+        return self.allocas.addrspacecast(variable, llir.PointerType())
+
+    def allocate(self, plan):
+        private = self.tree.thread_slices.get(plan.name)
+        count = plan.size if private is None else private.size
+        if private is None:
+            if not self.thread_loops and self._written_by_threads(plan.name):
+                return self.shared(FLOAT[plan.dtype], plan.size, plan.name)
+            size = plan.size * ty_bytes(FLOAT[plan.dtype])
+            if size > LOCAL_LIMIT:
+                raise ValueError(f"buffer {plan.name} ({size} bytes) is too large for a GPU thread's local memory; "
+                                 f"place it deeper")
+        buffer = self.allocas.alloca(FLOAT[plan.dtype], size=llir.Constant(I64, count), name=plan.name)
+        buffer.align = 16
+        return buffer
+
+    def access(self, buffer, index, clamp, stmt, env):
+        """Accesses of a buffer kept per thread index this thread's slice: the thread-bound loops'
+        terms drop out of the offset, so unrolled loops give constant offsets (registers)."""
+        private = self.tree.thread_slices.get(buffer)
+        if private is None:
+            return super().access(buffer, index, clamp, stmt, env)
+        linear = self.linear_offset(buffer, index, stmt)
+        own = Affine.of({name: c for name, c in linear.terms if name not in self.thread_loops})
+        offset = self.affine(own + (linear.const - private.low), env)
+        return self.builder.gep(self.pointers[buffer], [offset], source_etype=FLOAT[self.tree.buffers[buffer].dtype],
+                                inbounds=True)
+
+    def alignment(self, buffer, index, stmt, env, lanes=None):
+        """Up to 16 bytes where every term of the offset is a multiple of the lanes (so LLVM emits
+        128-bit loads and stores).  Kernel parameters get more than one element only for packed
+        accesses, and the runtime then checks that they are 16-byte aligned; local and shared
+        buffers always are."""
+        element = ty_bytes(FLOAT[self.tree.buffers[buffer].dtype])
+        if buffer in self.params and (lanes is None or not self.assume_aligned):
+            return element
+        linear = self.linear_offset(buffer, index, stmt)
+        private = self.tree.thread_slices.get(buffer)
+        skip = {lanes.name} if lanes else set()
+        if private:
+            skip |= set(self.thread_loops)
+        known = {name: env[name].constant for name, _ in linear.terms
+                 if name not in skip and isinstance(env.get(name), llir.Constant)}
+        const = linear.const - (private.low if private else 0) + sum(c * known.get(name, 0) for name, c in linear.terms)
+        common = math.gcd(*(c for name, c in linear.terms if name not in skip and name not in known), const)
+        elements = 1
+        while 2 * elements * element <= 16 and common % (2 * elements) == 0 \
+                and (lanes is None or lanes.width % (2 * elements) == 0):
+            elements *= 2
+        if elements > 1 and buffer in self.params:
+            self.aligned_params.add(buffer)
+        return elements * element
+
+    def _written_by_threads(self, buffer: str) -> bool:
+        """Every non-init write of the buffer happens inside a thread-bound loop."""
+        writers = [path for stmt, path in self.tree.statements() if stmt.stage.name == buffer and stmt.kind != "init"]
+        return bool(writers) and all(any(thread_bound(n) for n in path) for path in writers)
+
+    def unary(self, op: str, x):
+        if op in ("log",) or (op == "exp" and element_type(x.type) == FLOAT["float64"]):
+            raise ValueError(f"{op} of {element_type(x.type)} is not supported on the GPU backend yet")
+        return super().unary(op, x)
+
+
+def _buffers_touched(node) -> tuple[set[str], set[str]]:
+    """(buffers written, buffers read) by the statements in a node."""
+    written, read = set(), set()
+    for stmt, _ in walk([node]):
+        if isinstance(stmt, StmtNode):
+            for access in accesses(stmt):
+                (written if access.write else read).add(access.buffer)
+    return written, read
+
+
+def _loops(body: list):
+    """The loops in `body`, nested ones included."""
+    return [current.loop for current, _ in walk(body) if isinstance(current, LoopNode)]
+
+
+def describe(module: GpuModule) -> str:
+    """The launches of a GPU module, one line each."""
+    return "\n".join(f"{k.name}: grid {k.grid}, block {k.block}" for k in module.launches)
+

@@ -1,0 +1,557 @@
+"""The LLVM function builder shared by the CPU and GPU backends, with its types and helpers.
+
+`FunctionBuilder` walks a loop tree and emits it into one LLVM function through
+llvmlite.ir: counted loops (tails as trip-count limits, hoisted checks with tail-free
+copies), unrolled and vectorized loops, statements with fused multiply-adds, and
+clamped loads under padding guards so no schedule reads outside a buffer.  A backend
+subclasses it for what differs: parallel loops on the CPU, bound loops on the GPU.
+All index arithmetic is 64-bit.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llvmlite import ir as llir
+
+from .. import ir
+from ..schedule import BufferPlan, Limit, LoopNode, LoopTree, StmtNode
+
+I64 = llir.IntType(64)
+ZERO = llir.Constant(I64, 0)
+STACK_LIMIT = 128 * 1024
+ONE = llir.Constant(I64, 1)
+I1 = llir.IntType(1)
+PTR = llir.PointerType()
+FLOAT = {"float32": llir.FloatType(), "float64": llir.DoubleType()}
+# Neither 'contract' nor 'reassoc': products feeding sums become explicit fma calls and sums
+# keep the order the loop tree gives them, so a schedule rounds the same way however LLVM
+# optimizes it (serial or parallel, hoisted tails or not). The only reassociation is the one
+# the schedule asks for: the horizontal sum of a vectorized reduction loop.
+FAST = ("nsz",)
+REASSOCIATE = ("reassoc", "nsz")
+IDENTITY = {"sum": 0.0, "max": float("-inf"), "min": float("inf")}
+INTRINSIC_UNARY = {"exp": "llvm.exp", "log": "llvm.log", "sqrt": "llvm.sqrt", "abs": "llvm.fabs"}
+INTRINSIC_BINARY = {"maximum": "llvm.maximum", "minimum": "llvm.minimum"}
+ARITH = {"add": "fadd", "sub": "fsub", "mul": "fmul", "div": "fdiv"}
+REDUCE_BINARY = {"sum": "add", "max": "maximum", "min": "minimum"}
+
+
+def kernel_params(tree: LoopTree) -> list[str]:
+    """Buffers passed to the kernel: inputs, runtime temporaries, then the output."""
+    order = {"input": 0, "temp": 1, "output": 2}
+    plans = [p for p in tree.buffers.values() if p.kind in order]
+    return [p.name for p in sorted(plans, key=lambda p: order[p.kind])]
+
+
+class FunctionBuilder:
+    """Emits loop-tree nodes into one LLVM function (the kernel or an outlined parallel body)."""
+
+    def __init__(self, tree: LoopTree, fn: llir.Function, pointers: dict[str, llir.Value], threads: int):
+        self.tree, self.fn, self.pointers, self.threads = tree, fn, dict(pointers), threads
+        entry = fn.append_basic_block("entry")
+        start = fn.append_basic_block("start")
+        self.allocas = llir.IRBuilder(entry)
+        self.allocas.branch(start)
+        self.allocas.position_at_start(entry)
+        self.builder = llir.IRBuilder(start)
+        self.heap: list[llir.Value] = []
+        self.hoisted = hoisted_tail_checks(tree)
+        self.full: set[int] = set()
+
+    def finish(self):
+        """Free heap buffers and return."""
+        for pointer in self.heap:
+            self.builder.call(self.declare("free", llir.VoidType(), [PTR]), [pointer])
+        self.builder.ret_void()
+
+    def allocate(self, plan: BufferPlan) -> llir.Value:
+        """A local buffer: on the stack when small, else on the heap (freed on return); 64-byte aligned."""
+        size = plan.size * ty_bytes(FLOAT[plan.dtype])
+        if size <= STACK_LIMIT:
+            buffer = self.allocas.alloca(FLOAT[plan.dtype], size=llir.Constant(I64, plan.size), name=plan.name)
+            buffer.align = 64
+            return buffer
+        aligned_alloc = self.declare("aligned_alloc", PTR, [I64, I64])
+        pointer = self.allocas.call(aligned_alloc, [llir.Constant(I64, 64), llir.Constant(I64, -(-size // 64) * 64)])
+        self.heap.append(pointer)
+        return pointer
+
+    # Control flow -----------------------------------------------------------------
+    def body(self, nodes: list, env: dict):
+        for node in nodes:
+            if isinstance(node, StmtNode):
+                self.statement(node, env)
+            else:
+                self.loop(node, env)
+
+    def allocate_placed(self, node: LoopNode):
+        """Allocate the local buffers placed at this loop."""
+        for plan in self.tree.local_buffers.get(id(node), []):
+            self.pointers[plan.name] = self.allocate(plan)
+
+    def loop(self, node: LoopNode, env: dict):
+        self.allocate_placed(node)
+        lp = node.loop
+        count = self.trip_count(node, env)
+        emit = {"unroll": self.unrolled, "vectorize": self.vectorized, "parallel": self.parallel}.get(lp.annotation)
+        if emit:
+            emit(node, env, count)
+        elif self.is_vector_reduction(node):
+            self.vector_reduction(node, env, count)
+        else:
+            self.counted_loop(ZERO, count, lambda i: self.loop_body(node, {**env, lp.name: i}), lp.name)
+
+    def is_vector_reduction(self, node: LoopNode) -> bool:
+        """A loop whose whole body is a vectorized loop of reduction updates into one element each."""
+        if len(node.body) != 1 or not isinstance(node.body[0], LoopNode):
+            return False
+        inner = node.body[0]
+        if inner.loop.annotation != "vectorize" or not inner.body:
+            return False
+        for stmt in inner.body:
+            if not isinstance(stmt, StmtNode) or stmt.kind != "update":
+                return False
+            own = ir.Affine.identity(stmt.stage.dims)
+            linear = self.linear_offset(stmt.stage.name, own, stmt)
+            if linear.coeffs().get(node.loop.name, 0) or linear.coeffs().get(inner.loop.name, 0):
+                return False
+        return True
+
+    def vector_reduction(self, node: LoopNode, env: dict, count: llir.Value):
+        """Keep one vector of partial results per statement across `node`; reduce the lanes once at
+        the end. Tail iterations (fewer lanes than the vector) add straight into the accumulator."""
+        b = self.builder
+        inner = node.body[0]
+        lanes = Lanes(inner.loop.name, inner.loop.extent)
+        slots = {}
+        for stmt in inner.body:
+            vty = llir.VectorType(FLOAT[stmt.stage.dtype], lanes.width)
+            slots[id(stmt)] = self.allocas.alloca(vty)
+            b.store(llir.Constant(vty, [IDENTITY[stmt.stage.reduce_op]] * lanes.width), slots[id(stmt)])
+
+        def step(i):
+            here = {**env, node.loop.name: i}
+            inner_count = self.trip_count(inner, here)
+
+            def full():
+                for stmt in inner.body:
+                    vty = llir.VectorType(FLOAT[stmt.stage.dtype], lanes.width)
+                    evaluate = lambda e, stmt=stmt: self.vector_expr(e, stmt, here, lanes)  # noqa: E731
+                    partial = self.accumulate(stmt.stage.reduce_op, b.load(slots[id(stmt)], typ=vty),
+                                              stmt.stage.expr, evaluate)
+                    b.store(partial, slots[id(stmt)])
+            self.full_or_tail(inner, here, inner_count, full)
+        self.counted_loop(ZERO, count, step, node.loop.name)
+        for stmt in inner.body:
+            stage = stmt.stage
+            vty = llir.VectorType(FLOAT[stage.dtype], lanes.width)
+            target = self.access(stage.name, ir.Affine.identity(stage.dims), False, stmt,
+                                 {**env, node.loop.name: ZERO, lanes.name: ZERO})
+            total = self.horizontal(stage.reduce_op, b.load(slots[id(stmt)], typ=vty))
+            b.store(self.binary(REDUCE_BINARY[stage.reduce_op], b.load(target, typ=FLOAT[stage.dtype]), total),
+                    target)
+
+    def loop_body(self, node: LoopNode, env: dict):
+        """A plain loop's body; where tails of unrolled or vectorized loops below depend on this loop
+        last, test once here whether they are all full and emit a copy free of tail checks."""
+        checks = self.hoisted.get(id(node))
+        if not checks:
+            self.body(node.body, env)
+            return
+        b = self.builder
+        full = llir.Constant(I1, 1)
+        for limited, lim, spans in checks:
+            top = b.add(self.affine(lim.rest, {**env, **{name: llir.Constant(I64, span) for name, span in spans}}),
+                        llir.Constant(I64, lim.coeff * (limited.loop.extent - 1)))
+            full = b.and_(full, b.icmp_signed("<", top, llir.Constant(I64, lim.bound)))
+        with b.if_else(full) as (then, otherwise):
+            with then:
+                saved = set(self.full)
+                self.full |= {id(limited) for limited, _, _ in checks}
+                self.body(node.body, env)
+                self.full = saved
+            with otherwise:
+                self.body(node.body, env)
+
+    def trip_count(self, node: LoopNode, env: dict) -> llir.Value:
+        count: llir.Value = llir.Constant(I64, node.loop.extent)
+        for lim in node.limits:
+            count = self.smin(count, self.limit_count(lim, env))
+        return count
+
+    def limit_count(self, lim: Limit, env: dict) -> llir.Value:
+        b = self.builder
+        room = b.sub(llir.Constant(I64, lim.bound), self.affine(lim.rest, env))
+        room = self.smax(room, ZERO)
+        return b.sdiv(b.add(room, llir.Constant(I64, lim.coeff - 1)), llir.Constant(I64, lim.coeff))
+
+    def counted_loop(self, start: llir.Value, end: llir.Value, emit_body, name: str):
+        b = self.builder
+        pre = b.block
+        header = self.fn.append_basic_block(f"{name}.head")
+        body = self.fn.append_basic_block(f"{name}.body")
+        done = self.fn.append_basic_block(f"{name}.done")
+        b.branch(header)
+        b.position_at_end(header)
+        i = b.phi(I64, name=name)
+        i.add_incoming(start, pre)
+        b.cbranch(b.icmp_signed("<", i, end), body, done)
+        b.position_at_end(body)
+        emit_body(i)
+        i.add_incoming(b.add(i, ONE, flags=("nsw", "nuw")), b.block)
+        b.branch(header)
+        b.position_at_end(done)
+
+    def full_or_tail(self, node: LoopNode, env: dict, count: llir.Value, emit_full):
+        """emit_full() when the loop runs its whole extent; a plain rolled loop for a tail."""
+        lp = node.loop
+        if not node.limits or id(node) in self.full:
+            emit_full()
+            return
+        b = self.builder
+        with b.if_else(b.icmp_signed("==", count, llir.Constant(I64, lp.extent))) as (then, otherwise):
+            with then:
+                emit_full()
+            with otherwise:
+                self.counted_loop(ZERO, count, lambda i: self.body(node.body, {**env, lp.name: i}), lp.name)
+
+    def unrolled(self, node: LoopNode, env: dict, count: llir.Value):
+        lp = node.loop
+
+        def copies():
+            for k in range(lp.extent):
+                self.body(node.body, {**env, lp.name: llir.Constant(I64, k)})
+        self.full_or_tail(node, env, count, copies)
+
+    def vectorized(self, node: LoopNode, env: dict, count: llir.Value):
+        lanes = Lanes(node.loop.name, node.loop.extent)
+
+        def vector_body():
+            for stmt in node.body:
+                self.vector_statement(stmt, env, lanes)
+        self.full_or_tail(node, env, count, vector_body)
+
+    def parallel(self, node: LoopNode, env: dict, count: llir.Value):
+        """A loop run on several threads: each backend says how (the CPU outlines it onto a pool)."""
+        raise NotImplementedError(f"loop '{node.loop.name}' is marked parallel, which this backend cannot run")
+
+    # Statements --------------------------------------------------------------------
+    def statement(self, stmt: StmtNode, env: dict):
+        stage = stmt.stage
+        target = self.access(stage.name, ir.Affine.identity(stage.dims), False, stmt, env)
+        align = self.alignment(stage.name, ir.Affine.identity(stage.dims), stmt, env)
+        ty = FLOAT[stage.dtype]
+        if stmt.kind == "init":
+            self.builder.store(llir.Constant(ty, IDENTITY[stage.reduce_op]), target, align=align)
+            return
+        evaluate = lambda e: self.expr(e, stmt, env)  # noqa: E731
+        if stmt.kind == "update":
+            old = self.builder.load(target, typ=ty, align=align)
+            value = self.accumulate(stage.reduce_op, old, stage.expr, evaluate)
+        else:
+            value = evaluate(stage.expr)
+        self.builder.store(value, target, align=align)
+
+    def access(self, buffer: str, index: tuple[ir.Affine, ...], clamp: bool, stmt: StmtNode,
+               env: dict) -> llir.Value:
+        """Pointer to the element of `buffer` at `index` (full coordinates over the statement's dims);
+        a clamped access has each axis clamped into the buffer."""
+        plan = self.tree.buffers[buffer]
+        if not clamp:
+            offset = self.affine(self.linear_offset(buffer, index, stmt), env)
+        else:
+            b = self.builder
+            offset = ZERO
+            for ix, n, stride in zip(plan.element_index(tuple(ix.substitute(stmt.index) for ix in index)),
+                                     plan.shape, plan.strides):
+                clamped = self.smin(self.smax(self.affine(ix, env), ZERO), llir.Constant(I64, n - 1))
+                offset = b.add(offset, b.mul(clamped, llir.Constant(I64, stride)))
+        return self.builder.gep(self.pointers[buffer], [offset], source_etype=FLOAT[plan.dtype], inbounds=True)
+
+    # Vector statements -----------------------------------------------------------------
+    def vector_statement(self, stmt: StmtNode, env: dict, lanes: "Lanes"):
+        """One statement for all lanes of a vectorized loop: packed where addresses are contiguous."""
+        stage = stmt.stage
+        b = self.builder
+        ty = FLOAT[stage.dtype]
+        vty = llir.VectorType(ty, lanes.width)
+        own = ir.Affine.identity(stage.dims)
+        base, step, align = self.linear_address(stage.name, own, stmt, env, lanes)
+        evaluate = lambda e: self.vector_expr(e, stmt, env, lanes)  # noqa: E731
+        if step == 1:
+            base = b.bitcast(base, vty.as_pointer())
+            if stmt.kind == "init":
+                value = llir.Constant(vty, [IDENTITY[stage.reduce_op]] * lanes.width)
+            elif stmt.kind == "update":
+                old = b.load(base, typ=vty, align=align)
+                value = self.accumulate(stage.reduce_op, old, stage.expr, evaluate)
+            else:
+                value = evaluate(stage.expr)
+            b.store(value, base, align=align)
+            return
+        if stmt.kind == "init":
+            value = llir.Constant(vty, [IDENTITY[stage.reduce_op]] * lanes.width)
+        else:
+            value = evaluate(stage.expr)
+        if step == 0 and stmt.kind == "update":
+            old = b.load(base, typ=ty, align=align)
+            b.store(self.binary(REDUCE_BINARY[stage.reduce_op], old, self.horizontal(stage.reduce_op, value)), base)
+        elif step == 0:
+            b.store(b.extract_element(value, llir.Constant(I64, lanes.width - 1)), base)
+        else:
+            for k in range(lanes.width):
+                lane_env = {**env, lanes.name: llir.Constant(I64, k)}
+                target = self.access(stage.name, ir.Affine.identity(stage.dims), False, stmt, lane_env)
+                lane_value = b.extract_element(value, llir.Constant(I64, k))
+                if stmt.kind == "update":
+                    lane_value = self.binary(REDUCE_BINARY[stage.reduce_op], b.load(target, typ=ty), lane_value)
+                b.store(lane_value, target)
+
+    def linear_address(self, buffer: str, index: tuple[ir.Affine, ...], stmt: StmtNode, env: dict,
+                       lanes: "Lanes") -> tuple[llir.Value, int, int]:
+        """(pointer at lane 0, element step per lane, alignment in bytes of a packed access)."""
+        step = self.linear_offset(buffer, index, stmt).coeffs().get(lanes.name, 0)
+        first = {**env, lanes.name: ZERO}
+        pointer = self.access(buffer, index, False, stmt, first)
+        return pointer, step, self.alignment(buffer, index, stmt, first, lanes if step == 1 else None)
+
+    def alignment(self, buffer: str, index: tuple[ir.Affine, ...], stmt: StmtNode, env: dict,
+                  lanes: "Lanes | None" = None) -> int:
+        """Bytes an access (packed across `lanes`, if given) may assume aligned: one element here,
+        since CPUs load unaligned vectors at full speed."""
+        return ty_bytes(FLOAT[self.tree.buffers[buffer].dtype])
+
+    def linear_offset(self, buffer: str, index: tuple[ir.Affine, ...], stmt: StmtNode) -> ir.Affine:
+        """The element offset of an access, as an affine function of loop variables."""
+        return self.tree.buffers[buffer].linear_offset(tuple(ix.substitute(stmt.index) for ix in index))
+
+    def vector_expr(self, e: ir.Expr, stmt: StmtNode, env: dict, lanes: "Lanes") -> llir.Value:
+        b = self.builder
+        ty = FLOAT[e.dtype]
+        vty = llir.VectorType(ty, lanes.width)
+        if isinstance(e, ir.Const):
+            return llir.Constant(vty, [e.value] * lanes.width)
+        if isinstance(e, ir.Load) and not e.clamped:
+            base, step, align = self.linear_address(e.buffer, e.index, stmt, env, lanes)
+            if step == 1:
+                return b.load(b.bitcast(base, vty.as_pointer()), typ=vty, align=align)
+            if step == 0:
+                return self.splat(b.load(base, typ=ty, align=align), lanes.width)
+        if isinstance(e, ir.Load | ir.Select):
+            return self.per_lane(e, stmt, env, lanes)
+        if isinstance(e, ir.Cast):
+            x = self.vector_expr(e.x, stmt, env, lanes)
+            return b.fpext(x, vty) if e.dtype == "float64" else b.fptrunc(x, vty)
+        if isinstance(e, ir.Unary):
+            return self.unary(e.op, self.vector_expr(e.x, stmt, env, lanes))
+        return self.combine(e, lambda sub: self.vector_expr(sub, stmt, env, lanes))
+
+    def per_lane(self, e: ir.Expr, stmt: StmtNode, env: dict, lanes: "Lanes") -> llir.Value:
+        """Gathered loads and guarded selects: each lane computed as a scalar, then packed."""
+        b = self.builder
+        vector = llir.Constant(llir.VectorType(FLOAT[e.dtype], lanes.width), None)
+        for k in range(lanes.width):
+            lane_env = {**env, lanes.name: llir.Constant(I64, k)}
+            vector = b.insert_element(vector, self.expr(e, stmt, lane_env), llir.Constant(I64, k))
+        return vector
+
+    def splat(self, scalar: llir.Value, width: int) -> llir.Value:
+        b = self.builder
+        vty = llir.VectorType(scalar.type, width)
+        one = b.insert_element(llir.Constant(vty, None), scalar, ZERO)
+        return b.shuffle_vector(one, llir.Constant(vty, None), llir.Constant(llir.VectorType(llir.IntType(32), width),
+                                                                             [0] * width))
+
+    def horizontal(self, op: str, vector: llir.Value) -> llir.Value:
+        ty = vector.type.element
+        if op == "sum":
+            fn = self.declare(f"llvm.vector.reduce.fadd.{type_suffix(vector.type)}", ty, [ty, vector.type])
+            return self.builder.call(fn, [llir.Constant(ty, 0.0), vector], fastmath=REASSOCIATE)
+        name = {"max": "fmaximum", "min": "fminimum"}[op]
+        fn = self.declare(f"llvm.vector.reduce.{name}.{type_suffix(vector.type)}", ty, [vector.type])
+        return self.builder.call(fn, [vector])
+
+    # Expressions -------------------------------------------------------------------
+    def expr(self, e: ir.Expr, stmt: StmtNode, env: dict) -> llir.Value:
+        """The scalar value of `e` (over the statement's dims) at the loop values in `env`."""
+        b = self.builder
+        ty = FLOAT[e.dtype]
+        if isinstance(e, ir.Const):
+            return llir.Constant(ty, e.value)
+        if isinstance(e, ir.Load):
+            align = ty_bytes(ty) if e.clamped else self.alignment(e.buffer, e.index, stmt, env)
+            return b.load(self.access(e.buffer, e.index, e.clamped, stmt, env), typ=ty, align=align)
+        if isinstance(e, ir.Select):
+            ok = llir.Constant(I1, 1)
+            for g in e.guards:
+                v = self.affine(g.expr.substitute(stmt.index), env)
+                ok = b.and_(ok, b.and_(b.icmp_signed(">=", v, llir.Constant(I64, g.lo)),
+                                       b.icmp_signed("<", v, llir.Constant(I64, g.hi))))
+            return b.select(ok, self.expr(e.then, stmt, env), self.expr(e.otherwise, stmt, env))
+        if isinstance(e, ir.Cast):
+            x = self.expr(e.x, stmt, env)
+            return b.fpext(x, ty) if e.dtype == "float64" else b.fptrunc(x, ty)
+        if isinstance(e, ir.Unary):
+            return self.unary(e.op, self.expr(e.x, stmt, env))
+        return self.combine(e, lambda sub: self.expr(sub, stmt, env))
+
+    def combine(self, e: ir.Binary, evaluate) -> llir.Value:
+        """A binary operation; a product feeding an add or subtract becomes one fused multiply-add."""
+        b = self.builder
+        if e.op in ("add", "sub"):
+            if is_product(e.a):
+                addend = evaluate(e.b)
+                return self.fma(evaluate(e.a.a), evaluate(e.a.b), addend if e.op == "add" else b.fneg(addend))
+            if is_product(e.b):
+                x = evaluate(e.b.a)
+                return self.fma(x if e.op == "add" else b.fneg(x), evaluate(e.b.b), evaluate(e.a))
+        return self.binary(e.op, evaluate(e.a), evaluate(e.b))
+
+    def accumulate(self, op: str, old: llir.Value, e: ir.Expr, evaluate) -> llir.Value:
+        """old (+, max, min) e; a product summed into `old` is one fused multiply-add."""
+        if op == "sum" and is_product(e):
+            return self.fma(evaluate(e.a), evaluate(e.b), old)
+        return self.binary(REDUCE_BINARY[op], old, evaluate(e))
+
+    def fma(self, x: llir.Value, y: llir.Value, z: llir.Value) -> llir.Value:
+        return self.builder.call(self.intrinsic("llvm.fma", x.type, 3), [x, y, z], fastmath=FAST)
+
+    def unary(self, op: str, x: llir.Value) -> llir.Value:
+        b = self.builder
+        if op == "neg":
+            return b.fneg(x)
+        if op == "reciprocal":
+            return b.fdiv(constant_like(x.type, 1.0), x, flags=FAST)
+        if op == "relu":
+            return self.binary("maximum", x, constant_like(x.type, 0.0))
+        if op == "exp" and element_type(x.type) == FLOAT["float32"]:
+            return self.exp_f32(x)
+        return b.call(self.intrinsic(INTRINSIC_UNARY[op], x.type, 1), [x], fastmath=FAST)
+
+    def exp_f32(self, x: llir.Value) -> llir.Value:
+        """e**x for float32 scalars or vectors, inline: Cephes' range reduction and polynomial (~1 ulp).
+
+        libm's expf cannot be vectorized by LLVM here, so this keeps exp-heavy loops in SIMD
+        registers. Below -87.3 it gives 0, above 88.7 inf, and NaN stays NaN."""
+        b, ty = self.builder, x.type
+
+        def c(v):
+            return constant_like(ty, v)
+        clamped = self.binary("minimum", self.binary("maximum", x, c(-87.33654)), c(88.72284))
+        n = b.call(self.intrinsic("llvm.rint", ty, 1), [b.fmul(clamped, c(1.44269504088896341))])
+        r = b.fsub(b.fsub(clamped, b.fmul(n, c(0.693359375))), b.fmul(n, c(-2.12194440e-4)))
+        poly = c(1.9875691500e-4)
+        for coeff in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
+            poly = b.fadd(b.fmul(poly, r), c(coeff))
+        y = b.fadd(b.fadd(b.fmul(poly, b.fmul(r, r)), r), c(1.0))
+        ity = llir.VectorType(llir.IntType(32), ty.count) if isinstance(ty, llir.VectorType) else llir.IntType(32)
+        whole = b.fptosi(n, ity)
+        half = b.ashr(whole, int_like(ity, 1))
+        for part in (half, b.sub(whole, half)):
+            y = b.fmul(y, b.bitcast(b.shl(b.add(part, int_like(ity, 127)), int_like(ity, 23)), ty))
+        result = y
+        result = b.select(b.fcmp_ordered("<", x, c(-87.33654)), c(0.0), result)
+        result = b.select(b.fcmp_ordered(">", x, c(88.72284)), c(float("inf")), result)
+        return b.select(b.fcmp_unordered("uno", x, x), x, result)
+
+    def binary(self, op: str, x: llir.Value, y: llir.Value) -> llir.Value:
+        if op in ARITH:
+            return getattr(self.builder, ARITH[op])(x, y, flags=FAST)
+        return self.builder.call(self.intrinsic(INTRINSIC_BINARY[op], x.type, 2), [x, y])
+
+    def intrinsic(self, name: str, ty: llir.Type, arity: int) -> llir.Function:
+        return self.declare(f"{name}.{type_suffix(ty)}", ty, [ty] * arity)
+
+    def declare(self, name: str, ret: llir.Type, args: list[llir.Type]) -> llir.Function:
+        module = self.fn.module
+        if name in module.globals:
+            return module.globals[name]
+        return llir.Function(module, llir.FunctionType(ret, args), name=name)
+
+    # Integer helpers ------------------------------------------------------------------
+    def affine(self, a: ir.Affine, env: dict) -> llir.Value:
+        return llir_affine(self.builder, a, env)
+
+    def smin(self, x, y):
+        return self.builder.select(self.builder.icmp_signed("<", x, y), x, y)
+
+    def smax(self, x, y):
+        return self.builder.select(self.builder.icmp_signed(">", x, y), x, y)
+
+
+def hoisted_tail_checks(tree: LoopTree) -> dict[int, list]:
+    """For each tail limit of an unrolled or vectorized loop: the deepest plain loop among the loops it
+    depends on, with the largest value each unrolled/vectorized loop in between can add."""
+    hoisted: dict[int, list] = {}
+    for node, path in tree.walk():
+        if not isinstance(node, LoopNode) or node.loop.annotation not in ("unroll", "vectorize"):
+            continue
+        for lim in node.limits:
+            names = {v for v, _ in lim.rest.terms}
+            plain = [p for p in path if p.loop.name in names and p.loop.annotation not in ("unroll", "vectorize")]
+            if not plain:
+                continue
+            host = plain[-1]
+            inner = path[path.index(host) + 1:]
+            spans = [(p.loop.name, (p.loop.extent - 1) if lim.rest.coeffs().get(p.loop.name, 0) > 0 else 0)
+                     for p in inner if p.loop.name in names]
+            hoisted.setdefault(id(host), []).append((node, lim, spans))
+    return hoisted
+
+
+@dataclass(frozen=True)
+class Lanes:
+    """The vectorized loop: its name and width (its extent)."""
+
+    name: str
+    width: int
+
+
+def ty_bytes(ty: llir.Type) -> int:
+    return 4 if ty == FLOAT["float32"] else 8
+
+
+def type_suffix(ty: llir.Type) -> str:
+    if isinstance(ty, llir.VectorType):
+        return f"v{ty.count}{type_suffix(ty.element)}"
+    return "f32" if ty == FLOAT["float32"] else "f64"
+
+
+def is_product(e: ir.Expr) -> bool:
+    return isinstance(e, ir.Binary) and e.op == "mul"
+
+
+def element_type(ty: llir.Type) -> llir.Type:
+    return ty.element if isinstance(ty, llir.VectorType) else ty
+
+
+def int_like(ty: llir.Type, value: int) -> llir.Constant:
+    if isinstance(ty, llir.VectorType):
+        return llir.Constant(ty, [value] * ty.count)
+    return llir.Constant(ty, value)
+
+
+def constant_like(ty: llir.Type, value: float) -> llir.Constant:
+    if isinstance(ty, llir.VectorType):
+        return llir.Constant(ty, [value] * ty.count)
+    return llir.Constant(ty, value)
+
+
+class TypedCallee:
+    """Lets llvmlite call through an opaque pointer: it needs the callee's function type."""
+
+    def __init__(self, ptr: llir.Value, fnty: llir.FunctionType):
+        self.ptr, self.function_type = ptr, fnty
+        self.type = llir.PointerType()
+
+    def get_reference(self):
+        return self.ptr.get_reference()
+
+
+def llir_affine(b: llir.IRBuilder, a: ir.Affine, values: dict[str, llir.Value]) -> llir.Value:
+    """Emit sum(coeff * value) + const as i64 arithmetic."""
+    out: llir.Value = llir.Constant(I64, a.const)
+    for v, c in a.terms:
+        term = values[v] if c == 1 else b.mul(values[v], llir.Constant(I64, c), flags=("nsw",))
+        out = b.add(out, term, flags=("nsw",))
+    return out

@@ -1,0 +1,276 @@
+"""The user-facing API: symbols, named-dimension tensors and their operations."""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from ..hooks import Hook
+from . import graph
+
+BACKEND = Hook("running a Tensor (numpy, cuda, compile, loop_tree; GPU arrays)", "looptool.runtime")
+
+
+class Symbol:
+    """A dimension name. Two symbols with the same name are the same dimension."""
+
+    def __init__(self, name: str):
+        if not name.isidentifier():
+            raise ValueError(f"symbol name {name!r} is not an identifier")
+        self.name = name
+
+    def __repr__(self):
+        return self.name
+
+    def __eq__(self, other):
+        return isinstance(other, Symbol) and other.name == self.name
+
+    def __hash__(self):
+        return hash(("Symbol", self.name))
+
+
+class Symbols(tuple):
+    """The symbols made by `symbols()`: unpack them, or reach each one as an attribute."""
+
+    def __getattr__(self, name):
+        for sym in self:
+            if sym.name == name:
+                return sym
+        raise AttributeError(f"no symbol named {name!r} among {tuple(self)}")
+
+
+def symbols(names: str) -> Symbols:
+    """Make dimension symbols from a space- or comma-separated string: `m, k, n = symbols("m k n")`."""
+    parts = names.replace(",", " ").split()
+    if len(set(parts)) != len(parts):
+        raise ValueError(f"symbols({names!r}) names a symbol twice")
+    return Symbols(Symbol(p) for p in parts)
+
+
+def _name(dim, what: str) -> str:
+    if isinstance(dim, Symbol):
+        return dim.name
+    raise TypeError(f"{what}: expected a Symbol (from lt.symbols), got {dim!r}")
+
+
+class Tensor:
+    """A lazy tensor with named dimensions. `Tensor(array).to(*symbols)` names an array's axes."""
+
+    def __init__(self, data, *, _node: graph.Node | None = None):
+        if _node is not None:
+            self._node, self._array = _node, None
+            return
+        if isinstance(data, np.ndarray):
+            array = data
+        elif hasattr(data, "__cuda_array_interface__") or hasattr(data, "__dlpack_device__") and \
+                data.__dlpack_device__()[0] == 2:
+            array = BACKEND.get().as_device(data)
+        else:
+            array = _as_array(data)
+        if array.dtype not in graph.SUPPORTED_DTYPES:
+            raise TypeError(f"lt.Tensor: dtype {array.dtype} is not supported; use float32 or float64 "
+                            f"(e.g. array.astype(np.float32))")
+        self._node, self._array = None, array
+
+    def to(self, *dims: Symbol) -> "Tensor":
+        """Name the array's axes, one symbol per axis."""
+        if self._array is None:
+            raise ValueError("Tensor.to: this tensor already has dimensions "
+                             f"{self.dims}; .to() names the axes of an array")
+        names = tuple(_name(d, "Tensor.to") for d in dims)
+        array = self._array
+        if len(names) != array.ndim:
+            raise ValueError(f"Tensor.to: the array has {array.ndim} dimensions {array.shape} "
+                             f"but {len(names)} names were given {names}")
+        if len(set(names)) != len(names):
+            twice = sorted({n for n in names if names.count(n) > 1})
+            raise ValueError(f"Tensor.to: dimension name(s) {twice} given more than once in {names}")
+        for name, size in zip(names, array.shape):
+            if size == 0:
+                raise ValueError(f"Tensor.to: dimension '{name}' has size 0; zero-size dimensions are "
+                                 f"not supported")
+        return Tensor(None, _node=graph.Input(array, names))
+
+    @property
+    def node(self) -> graph.Node:
+        if self._node is None:
+            raise ValueError(f"this tensor of shape {self._array.shape} has no dimension names yet: "
+                             f"call .to(...) with one symbol per axis first")
+        return self._node
+
+    @property
+    def dims(self) -> tuple[Symbol, ...]:
+        return tuple(Symbol(d) for d in self.node.dims)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.node.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.node.dtype
+
+    def __repr__(self):
+        if self._node is None:
+            return f"Tensor(unnamed, shape={self._array.shape}, dtype={self._array.dtype})"
+        return f"Tensor(dims={self.dims}, shape={self.shape}, dtype={self.dtype})"
+
+    # Pointwise operations
+    def _map(self, op: str, *others) -> "Tensor":
+        args = (self.node,) + tuple(_operand(o, self.node.dtype) for o in others)
+        return Tensor(None, _node=graph.Map(op, args))
+
+    def _rmap(self, op: str, other) -> "Tensor":
+        return Tensor(None, _node=graph.Map(op, (_operand(other, self.node.dtype), self.node)))
+
+    def __add__(self, o): return self._map("add", o)
+    def __radd__(self, o): return self._rmap("add", o)
+    def __sub__(self, o): return self._map("sub", o)
+    def __rsub__(self, o): return self._rmap("sub", o)
+    def __mul__(self, o): return self._map("mul", o)
+    def __rmul__(self, o): return self._rmap("mul", o)
+    def __truediv__(self, o): return self._map("div", o)
+    def __rtruediv__(self, o): return self._rmap("div", o)
+    def __neg__(self): return self._map("neg")
+
+    def exp(self) -> "Tensor":
+        """Elementwise e**x."""
+        return self._map("exp")
+
+    def log(self) -> "Tensor":
+        """Elementwise natural logarithm."""
+        return self._map("log")
+
+    def sqrt(self) -> "Tensor":
+        """Elementwise square root."""
+        return self._map("sqrt")
+
+    def abs(self) -> "Tensor":
+        """Elementwise absolute value."""
+        return self._map("abs")
+
+    def reciprocal(self) -> "Tensor":
+        """Elementwise 1/x."""
+        return self._map("reciprocal")
+
+    def relu(self) -> "Tensor":
+        """Elementwise max(x, 0)."""
+        return self._map("relu")
+
+    def maximum(self, other) -> "Tensor":
+        """Elementwise maximum with another tensor or a scalar (NaN propagates, as in NumPy)."""
+        return self._map("maximum", other)
+
+    def minimum(self, other) -> "Tensor":
+        """Elementwise minimum with another tensor or a scalar (NaN propagates, as in NumPy)."""
+        return self._map("minimum", other)
+
+    # Reductions
+    def _reduce(self, op: str, dims) -> "Tensor":
+        if not dims:
+            raise ValueError(f"{op}() needs at least one dimension to reduce over; "
+                             f"this tensor has {self.dims}")
+        names = tuple(_name(d, op) for d in dims)
+        return Tensor(None, _node=graph.Reduce(op, self.node, names))
+
+    def sum(self, *dims: Symbol) -> "Tensor":
+        """Sum over the named dimensions."""
+        return self._reduce("sum", dims)
+
+    def max(self, *dims: Symbol) -> "Tensor":
+        """Maximum over the named dimensions."""
+        return self._reduce("max", dims)
+
+    def min(self, *dims: Symbol) -> "Tensor":
+        """Minimum over the named dimensions."""
+        return self._reduce("min", dims)
+
+    def mean(self, *dims: Symbol) -> "Tensor":
+        """Mean over the named dimensions."""
+        total = self._reduce("sum", dims)
+        count = int(np.prod([self.node.sizes[_name(d, "mean")] for d in dims]))
+        return total / count
+
+    # Index views
+    def pad(self, dim: Symbol, new_dim: Symbol, amount, value: float = 0.0) -> "Tensor":
+        """Replace `dim` by `new_dim`, padded by `amount` (int, or (before, after)) with `value`."""
+        node = graph.Pad(self.node, _name(dim, "pad"), _name(new_dim, "pad"), amount, value)
+        return Tensor(None, _node=node)
+
+    def window(self, dim: Symbol, out_dim: Symbol, kernel_dim: Symbol, size: int, stride: int = 1,
+               dilation: int = 1, padding=0) -> "Tensor":
+        """Replace `dim` by (out_dim, kernel_dim): element [o, r] reads o*stride + r*dilation - padding.
+
+        Positions that fall into the padding read 0. This is the sliding window of
+        convolution and pooling: `size` is the kernel extent."""
+        node = graph.Window(self.node, _name(dim, "window"), _name(out_dim, "window"),
+                            _name(kernel_dim, "window"), int(size), int(stride), int(dilation), padding)
+        return Tensor(None, _node=node)
+
+    # Running
+    def numpy(self, schedule=None) -> np.ndarray:
+        """Compile (or fetch from the cache) and run the computation; axes follow `.dims`.
+
+        `schedule` may be a LoopTree, a Schedule or its JSON text; None means the default."""
+        return BACKEND.get().evaluate(self.node, schedule)
+
+    def cuda(self, schedule=None):
+        """Run on the GPU (CuPy, `looptool[gpu]`) under `schedule`; returns a CuPy array that stays on
+        the device. Inputs already on the GPU are used in place."""
+        return BACKEND.get().evaluate_on_gpu(self.node, schedule)
+
+    def loop_tree(self, schedule=None):
+        """The loop tree this tensor lowers to, under `schedule` (default schedule if None)."""
+        return BACKEND.get().loop_tree_of(self.node, schedule)
+
+    def compile(self, schedule=None):
+        """The compiled kernel (with .llvm_ir, .assembly and .loop_tree) for this computation."""
+        return BACKEND.get().kernel_for(self.node, schedule)
+
+
+def _as_array(data) -> np.ndarray:
+    try:
+        array = np.asarray(data)
+    except Exception as err:
+        raise TypeError(f"lt.Tensor: cannot make an array from {type(data).__name__}: {err}") from None
+    if array.dtype == object or not np.issubdtype(array.dtype, np.number):
+        raise TypeError(f"lt.Tensor: expected a numeric array, got {type(data).__name__} "
+                        f"with dtype {array.dtype}")
+    return array
+
+
+def _operand(value, dtype: np.dtype) -> graph.Node:
+    if isinstance(value, Tensor):
+        return value.node
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return graph.Scalar(value, dtype)
+    raise TypeError(f"cannot combine a Tensor with {type(value).__name__} {value!r}")
+
+
+def _unary(op: str):
+    def fn(x: Tensor) -> Tensor:
+        return getattr(x, op)()
+    fn.__name__ = op
+    fn.__doc__ = f"Elementwise {op} of a tensor (same as `x.{op}()`)."
+    return fn
+
+
+exp, log, sqrt, abs, reciprocal, relu = (_unary(op) for op in ("exp", "log", "sqrt", "abs", "reciprocal", "relu"))
+
+
+def maximum(a, b) -> Tensor:
+    """Elementwise maximum of two tensors (or a tensor and a scalar)."""
+    return a.maximum(b) if isinstance(a, Tensor) else b._rmap("maximum", a)
+
+
+def minimum(a, b) -> Tensor:
+    """Elementwise minimum of two tensors (or a tensor and a scalar)."""
+    return a.minimum(b) if isinstance(a, Tensor) else b._rmap("minimum", a)
+
+
+def concat(tensors, dims, into: Symbol) -> Tensor:
+    """Concatenate `tensors` along their dimensions `dims` (one per tensor) into the new dim `into`."""
+    tensors, dims = list(tensors), list(dims)
+    node = graph.Concat(tuple(t.node for t in tensors), tuple(_name(d, "concat") for d in dims),
+                        _name(into, "concat"))
+    return Tensor(None, _node=node)

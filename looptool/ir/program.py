@@ -1,0 +1,215 @@
+"""The compute IR: stages of pointwise-plus-reduction statements over named dimensions.
+
+A `Program` is a list of `Stage`s in dependence order.  Each stage writes one
+buffer over its dimensions; a reduction stage also loops over reduction dims.
+Pointwise work is inlined into the stage that uses it, so only reductions and the
+final result own buffers: `(a * b).sum(k)` is one stage with no m×k×n temporary.
+All values are frozen dataclasses, so a program is hashable and serves as the
+structural part of the kernel cache key.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+
+@dataclass(frozen=True)
+class Affine:
+    """sum(coeff * var) + const over named integer variables."""
+
+    terms: tuple[tuple[str, int], ...] = ()
+    const: int = 0
+
+    @staticmethod
+    def var(name: str, coeff: int = 1) -> "Affine":
+        return Affine(((name, coeff),), 0)
+
+    @staticmethod
+    def identity(dims: tuple[str, ...]) -> tuple["Affine", ...]:
+        """The index of every element of an array over `dims`: one variable per dim."""
+        return tuple(Affine.var(d) for d in dims)
+
+    @staticmethod
+    def of(coeffs: dict[str, int], const: int = 0) -> "Affine":
+        return Affine(tuple(sorted((v, c) for v, c in coeffs.items() if c)), const)
+
+    def coeffs(self) -> dict[str, int]:
+        return dict(self.terms)
+
+    def __add__(self, other: "Affine | int") -> "Affine":
+        if isinstance(other, int):
+            return Affine(self.terms, self.const + other)
+        merged = self.coeffs()
+        for v, c in other.terms:
+            merged[v] = merged.get(v, 0) + c
+        return Affine.of(merged, self.const + other.const)
+
+    def scale(self, factor: int) -> "Affine":
+        return Affine.of({v: c * factor for v, c in self.terms}, self.const * factor)
+
+    def substitute(self, values: dict[str, "Affine"]) -> "Affine":
+        out = Affine((), self.const)
+        for v, c in self.terms:
+            out = out + (values[v].scale(c) if v in values else Affine.var(v, c))
+        return out
+
+    def __str__(self):
+        parts = [(v if c == 1 else f"{c}*{v}") for v, c in self.terms]
+        if self.const or not parts:
+            parts.append(str(self.const))
+        return " + ".join(parts).replace("+ -", "- ")
+
+
+@dataclass(frozen=True)
+class Guard:
+    """lo <= expr < hi."""
+
+    expr: Affine
+    lo: int
+    hi: int
+
+    def __str__(self):
+        return f"{self.lo} <= {self.expr} < {self.hi}"
+
+
+class Expr:
+    """Base of the scalar expression tree computed by a statement."""
+
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Const(Expr):
+    value: float
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Load(Expr):
+    """buffer[index]; `clamped` loads clamp each index into bounds (they sit under a guard)."""
+
+    buffer: str
+    index: tuple[Affine, ...]
+    dtype: str
+    clamped: bool = False
+
+
+@dataclass(frozen=True)
+class Select(Expr):
+    """`then` where every guard holds, else `otherwise`."""
+
+    guards: tuple[Guard, ...]
+    then: Expr
+    otherwise: Expr
+
+    @property
+    def dtype(self):
+        return self.then.dtype
+
+
+@dataclass(frozen=True)
+class Unary(Expr):
+    op: str
+    x: Expr
+
+    @property
+    def dtype(self):
+        return self.x.dtype
+
+
+@dataclass(frozen=True)
+class Binary(Expr):
+    op: str
+    a: Expr
+    b: Expr
+
+    @property
+    def dtype(self):
+        return self.a.dtype
+
+
+@dataclass(frozen=True)
+class Cast(Expr):
+    x: Expr
+    dtype: str
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """An input array: its dims, shape, dtype and strides in elements."""
+
+    name: str
+    dims: tuple[str, ...]
+    shape: tuple[int, ...]
+    dtype: str
+    strides: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """buffer `name`[dims] = reduce_op over reduce_dims of `expr` (or just `expr`).
+
+    `loop_dims` is every dim the statement iterates over, in the order the
+    expression's dims appeared (the default loop order)."""
+
+    name: str
+    dims: tuple[str, ...]
+    reduce_dims: tuple[str, ...]
+    reduce_op: str | None
+    expr: Expr
+    dtype: str
+    loop_dims: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Program:
+    """Input buffers, stages in dependence order (the last is the result) and dim sizes."""
+
+    inputs: tuple[Buffer, ...]
+    stages: tuple[Stage, ...]
+    sizes: tuple[tuple[str, int], ...]
+
+    def size(self, dim: str) -> int:
+        return dict(self.sizes)[dim]
+
+    @property
+    def output(self) -> Stage:
+        return self.stages[-1]
+
+    def stage(self, name: str) -> Stage:
+        for st in self.stages:
+            if st.name == name:
+                return st
+        raise KeyError(f"no stage named {name!r}; stages are {[s.name for s in self.stages]}")
+
+    def buffer_shape(self, name: str) -> tuple[int, ...]:
+        for buf in self.inputs:
+            if buf.name == name:
+                return buf.shape
+        return tuple(self.size(d) for d in self.stage(name).dims)
+
+    def readers(self, buffer: str) -> list[Stage]:
+        """Stages whose expression loads `buffer`."""
+        return [st for st in self.stages if buffer in loaded_buffers(st.expr)]
+
+
+def loaded_buffers(expr: Expr) -> set[str]:
+    """Names of all buffers an expression reads."""
+    out: set[str] = set()
+    for load in loads(expr):
+        out.add(load.buffer)
+    return out
+
+
+def loads(expr: Expr):
+    """Every Load in an expression, in evaluation order."""
+    if isinstance(expr, Load):
+        yield expr
+    elif isinstance(expr, Select):
+        yield from loads(expr.then)
+        yield from loads(expr.otherwise)
+    elif isinstance(expr, Unary | Cast):
+        yield from loads(expr.x)
+    elif isinstance(expr, Binary):
+        yield from loads(expr.a)
+        yield from loads(expr.b)

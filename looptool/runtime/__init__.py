@@ -1,0 +1,17 @@
+"""The runtime layer: JIT-compiled CPU kernels, the kernel cache, the reference interpreter, the tuning
+database and GPU launch.  Importing it installs the backend behind `Tensor.numpy()`, `.cuda()`,
+`.compile()` and `.loop_tree()`."""
+from types import SimpleNamespace
+
+from ..frontend import BACKEND
+from . import gpu
+from .cpu import (CACHE, Kernel, aligned_empty, cache_info, clear_cache, evaluate, get_num_threads, interpret,
+                  kernel_for, loop_tree_of, lower_on_host, set_num_threads)
+from .schedules import resolve_schedule, schedule_steps
+
+BACKEND.install(SimpleNamespace(evaluate=evaluate, evaluate_on_gpu=gpu.evaluate, loop_tree_of=loop_tree_of,
+                                kernel_for=kernel_for, as_device=gpu.as_device))
+
+__all__ = ["CACHE", "Kernel", "aligned_empty", "cache_info", "clear_cache", "evaluate", "get_num_threads",
+           "interpret", "kernel_for", "loop_tree_of", "lower_on_host", "set_num_threads", "resolve_schedule",
+           "schedule_steps", "gpu"]

@@ -1,0 +1,163 @@
+"""Compiling, caching and calling kernels on NumPy arrays."""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import time
+
+import llvmlite.binding as llvm
+import numpy as np
+
+from .. import ir
+from ..codegen import cpu as codegen_cpu
+from ..frontend import graph
+from ..schedule import LoopTree
+from . import interpreter, tuning_db
+from .cache import KernelCache
+from .gpu import to_host
+from .schedules import resolve_schedule, schedule_steps
+
+ALIGNMENT = 64
+_THREADS = [os.cpu_count() or 1]
+
+
+def set_num_threads(n: int) -> None:
+    """Threads that parallel loops use in kernels compiled from now on (default: all cores)."""
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"set_num_threads: need a positive integer, got {n!r}")
+    _THREADS[0] = n
+
+
+def get_num_threads() -> int:
+    """Threads that parallel loops use."""
+    return _THREADS[0]
+
+
+class Kernel:
+    """A compiled loop tree: call it with the input arrays (in `program.inputs` order)."""
+
+    def __init__(self, tree: LoopTree, threads: int):
+        start = time.perf_counter()
+        target = codegen_cpu.HostTarget.get()
+        source = codegen_cpu.generate(tree, target.triple, threads)
+        self.tree, self.params = tree, source.params
+        self.llvm_ir = str(source.module)
+        machine = target.new_machine()
+        module = target.optimize(self.llvm_ir, machine)
+        self.optimized_ir = str(module)
+        self._assembly = None
+        self._engine = llvm.create_mcjit_compiler(module, machine)
+        self._machine = machine
+        self._engine.finalize_object()
+        address = self._engine.get_function_address("kernel")
+        self._fn = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * len(self.params))(address)
+        self.compile_seconds = time.perf_counter() - start
+
+    @property
+    def assembly(self) -> str:
+        """Native assembly of the optimized kernel (made on first use: it costs a backend run)."""
+        if self._assembly is None:
+            target = codegen_cpu.HostTarget.get()
+            module = llvm.parse_assembly(self.optimized_ir)
+            self._assembly = target.new_machine().emit_assembly(module)
+        return self._assembly
+
+    @property
+    def loop_tree(self) -> LoopTree:
+        return self.tree
+
+    def __call__(self, arrays: list[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
+        """Run on the input arrays; write into `out` (C-contiguous, right shape and dtype) if given."""
+        program = self.tree.program
+        if len(arrays) != len(program.inputs):
+            raise ValueError(f"kernel takes {len(program.inputs)} input arrays, got {len(arrays)}")
+        memory = {}
+        for buf, array in zip(program.inputs, arrays):
+            _check_input(buf, array)
+            memory[buf.name] = array
+        for plan in self.tree.buffers.values():
+            if plan.kind in ("temp", "output"):
+                memory[plan.name] = aligned_empty(plan.shape, plan.dtype)
+        if out is not None:
+            plan = self.tree.buffers[program.output.name]
+            if out.shape != plan.shape or out.dtype.name != plan.dtype or not out.flags.c_contiguous:
+                raise ValueError(f"out must be a C-contiguous {plan.dtype} array of shape {plan.shape}; got "
+                                 f"{out.dtype} {out.shape} (contiguous: {out.flags.c_contiguous})")
+            memory[program.output.name] = out
+        self._fn(*[memory[name].ctypes.data for name in self.params])
+        return memory[program.output.name]
+
+
+def _check_input(buf: ir.Buffer, array: np.ndarray):
+    if array.shape != buf.shape or array.dtype.name != buf.dtype or \
+            tuple(s // array.itemsize for s in array.strides) != buf.strides:
+        raise ValueError(f"kernel input {buf.name} expects shape {buf.shape}, dtype {buf.dtype}, strides "
+                         f"{buf.strides}; got shape {array.shape}, dtype {array.dtype}, strides {array.strides}")
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """An uninitialized C-contiguous array whose data starts on a 64-byte boundary."""
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape, dtype=np.int64))
+    raw = np.empty(count * dtype.itemsize + ALIGNMENT, dtype=np.uint8)
+    start = -raw.ctypes.data % ALIGNMENT
+    return raw[start:start + count * dtype.itemsize].view(dtype).reshape(shape)
+
+
+CACHE = KernelCache(lambda tree: Kernel(tree, _THREADS[0]), lambda: _THREADS[0])
+
+
+def cache_info() -> dict:
+    """Kernel cache statistics: hits, misses (= compilations) and size."""
+    return {"hits": CACHE.hits, "misses": CACHE.misses, "size": len(CACHE._kernels)}
+
+
+def clear_cache():
+    """Forget every compiled kernel and reset the statistics."""
+    CACHE.clear()
+
+
+def lower_on_host(node: graph.Node) -> tuple[ir.Program, list[np.ndarray]]:
+    """Lower a graph for the CPU: its Program and input arrays, device arrays copied to the host."""
+    return ir.lower(node, to_host)
+
+
+def loop_tree_of(node: graph.Node, schedule=None) -> LoopTree:
+    """The loop tree of a graph under a schedule (a Schedule, LoopTree, or JSON text)."""
+    program, _ = lower_on_host(node)
+    return LoopTree(program, resolve_schedule(program, schedule))
+
+
+def kernel_for(node: graph.Node, schedule=None) -> Kernel:
+    """The compiled kernel for a graph, from the cache when it was built before."""
+    return CACHE.get(loop_tree_of(node, schedule))
+
+
+def evaluate(node: graph.Node, schedule=None) -> np.ndarray:
+    """Compile (cached) and run a graph; the result's axes follow the graph's dims.
+
+    With no schedule given, a schedule the tuner stored for this workload is used."""
+    program, arrays = lower_on_host(node)
+    if schedule is None:
+        schedule = tuning_db.lookup(program, codegen_cpu.HostTarget.get().name)
+    kernel = CACHE.get_for(program, schedule_steps(schedule),
+                           lambda: LoopTree(program, resolve_schedule(program, schedule)))
+    return kernel(arrays)
+
+
+def interpret(tensor, schedule=None) -> np.ndarray:
+    """Run a tensor's computation with the NumPy reference interpreter (no compilation)."""
+    program, arrays = lower_on_host(tensor.node)
+    return interpreter.interpret(LoopTree(program, resolve_schedule(program, schedule)), arrays)
+
+
+def _load_system_libraries():
+    """libm for exp/log, libpthread for parallel loops (part of libc on new glibc)."""
+    for lib in ("m", "pthread"):
+        name = ctypes.util.find_library(lib)
+        if name:
+            llvm.load_library_permanently(name)
+
+
+_load_system_libraries()

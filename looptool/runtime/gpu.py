@@ -1,0 +1,136 @@
+"""Running loop trees on NVIDIA GPUs: PTX from codegen.gpu, loaded and launched through CuPy.
+
+CuPy (the optional extra `looptool[gpu]`) loads PTX modules, launches kernels on
+its current stream, owns device memory and speaks DLPack, so PyTorch tensors and
+CuPy arrays come in without copies; cuda-python would need all of that by hand.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import ir
+from ..codegen import gpu as codegen_gpu
+from ..schedule import LoopTree
+from . import tuning_db
+from .cache import KernelCache
+from .schedules import resolve_schedule, schedule_steps
+
+
+def cupy():
+    """The cupy module, or a clear error where it (or a GPU) is missing."""
+    try:
+        import cupy as cp
+    except ImportError:
+        raise RuntimeError("the GPU backend needs CuPy: pip install 'looptool[gpu]' (cupy-cuda12x)") from None
+    return cp
+
+
+def device_arch() -> str:
+    """The current GPU as an NVPTX target name, e.g. 'sm_90'."""
+    return f"sm_{cupy().cuda.Device().compute_capability}"
+
+
+def is_device_array(data) -> bool:
+    """True for CUDA arrays (CuPy, PyTorch, anything with __cuda_array_interface__)."""
+    return hasattr(data, "__cuda_array_interface__")
+
+
+def as_device(data):
+    """A CuPy view of a CUDA array (no copy), or a host array copied to the GPU."""
+    cp = cupy()
+    return cp.asarray(data)
+
+
+class GpuKernel:
+    """A loop tree compiled to PTX and loaded on the current GPU."""
+
+    def __init__(self, tree: LoopTree, arch: str | None = None):
+        self.tree, self.arch = tree, arch or device_arch()
+        self.module = codegen_gpu.generate(tree, self.arch)
+        self.ptx, self.llvm_ir = self.module.ptx, self.module.llvm_ir
+        self._loaded = {True: self._load(self.module)}
+
+    @staticmethod
+    def _load(module: codegen_gpu.GpuModule):
+        cuda_module = cupy().cuda.function.Module()
+        cuda_module.load(module.ptx.encode())
+        return module, cuda_module, [cuda_module.get_function(k.name) for k in module.launches]
+
+    def _for_alignment(self, memory: dict):
+        """The module for these buffers: the one assuming 16-byte aligned parameters where they are,
+        else one built without that assumption (scalar accesses to parameters)."""
+        aligned = all(memory[name].data.ptr % 16 == 0 for name in self.module.aligned)
+        if aligned not in self._loaded:
+            self._loaded[aligned] = self._load(codegen_gpu.generate(self.tree, self.arch, aligned_params=False))
+        return self._loaded[aligned]
+
+    def __call__(self, arrays: list, out=None):
+        """Run on device (or host, copied) arrays in `program.inputs` order; returns a CuPy array."""
+        cp = cupy()
+        program = self.tree.program
+        memory = {}
+        for buf, array in zip(program.inputs, arrays):
+            device = as_device(array)
+            if device.shape != buf.shape or device.dtype.name != buf.dtype or \
+                    tuple(s // device.itemsize for s in device.strides) != buf.strides:
+                raise ValueError(f"GPU kernel input {buf.name} expects shape {buf.shape}, {buf.dtype}, strides "
+                                 f"{buf.strides}; got {device.shape}, {device.dtype}, {device.strides}")
+            memory[buf.name] = device
+        for plan in self.tree.buffers.values():
+            if plan.kind in ("temp", "output"):
+                memory[plan.name] = cp.empty(plan.shape, dtype=plan.dtype)
+        if out is not None:
+            memory[program.output.name] = out
+        module, _, functions = self._for_alignment(memory)
+        args = tuple(memory[name] for name in module.params)
+        for launch, function in zip(module.launches, functions):
+            function(launch.grid, launch.block, args)
+        return memory[program.output.name]
+
+
+CACHE = KernelCache(GpuKernel, device_arch)
+
+
+def kernel_for(tree: LoopTree) -> GpuKernel:
+    """The cached GPU kernel of a loop tree (legality checked for non-default schedules)."""
+    return CACHE.get(tree)
+
+
+def target_name() -> str:
+    """The tuning database's name for the current GPU, e.g. 'cuda-sm_90'."""
+    return f"cuda-{device_arch()}"
+
+
+def default_tree(program: ir.Program) -> LoopTree:
+    """The GPU schedule used when none is given or tuned: one output element per thread, 128 threads
+    per block along each stage's contiguous dim, its other pure dims (up to two) over blocks."""
+    tree = LoopTree(program)
+    for stage in program.stages:
+        pure = [d for d in stage.loop_dims if d not in stage.reduce_dims]
+        if not pure:
+            continue
+        x = stage.dims[-1]
+        tree = tree.split(x, 128, stage=stage.name).bind(f"{x}.0", "block.x", stage=stage.name) \
+            .bind(f"{x}.1", "thread.x", stage=stage.name)
+        outer = [d for d in pure if d != x][-2:]
+        for dim, axis in zip(reversed(outer), ("block.y", "block.z")):
+            tree = tree.bind(dim, axis, stage=stage.name)
+        tree = tree.reorder(*outer, f"{x}.0", f"{x}.1", stage=stage.name)
+    return tree
+
+
+def evaluate(node, schedule) -> object:
+    """Run a graph on the GPU under `schedule`; the result is a CuPy array (axes follow the dims).
+
+    With no schedule, one the tuner stored for this GPU is used, else `default_tree`."""
+    program, arrays = ir.lower(node)
+    if schedule is None:
+        schedule = tuning_db.lookup(program, target_name()) or default_tree(program)
+    kernel = CACHE.get_for(program, schedule_steps(schedule),
+                           lambda: LoopTree(program, resolve_schedule(program, schedule)))
+    return kernel(arrays)
+
+
+def to_host(array) -> np.ndarray:
+    """A NumPy copy of a device array (host arrays pass through)."""
+    return cupy().asnumpy(array) if is_device_array(array) else np.asarray(array)

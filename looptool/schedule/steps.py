@@ -1,0 +1,340 @@
+"""Schedules: how each stage's loops are ordered, split, annotated and placed.
+
+A schedule is data.  It is kept as the list of transform steps that produced it
+(JSON-serializable, replayable on the same computation built again) together
+with the per-stage state those steps lead to.  Every transform returns a new
+Schedule; nothing is mutated.
+
+Loops are named after their dimension; splitting loop `k` makes `k.0` (outer)
+and `k.1` (inner), splitting `k.1` makes `k.1.0` and `k.1.1`, and so on, so
+names survive later transforms.  A loop contributes `stride * value` to its
+dimension's index.  Splits by factors that do not divide the extent record a
+`Tail` bound, which the loop tree turns into a cheap trip-count limit.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+
+from .. import ir
+from ..ir import Program
+
+GPU_AXES = ("block.x", "block.y", "block.z", "thread.x", "thread.y", "thread.z")
+ANNOTATIONS = ("", "unroll", "vectorize", "parallel") + GPU_AXES
+
+
+@dataclass(frozen=True)
+class Loop:
+    """One loop of a stage: `extent` iterations, each adding `stride` to dimension `dim`."""
+
+    name: str
+    dim: str
+    extent: int
+    stride: int
+    annotation: str = ""
+
+
+@dataclass(frozen=True)
+class Tail:
+    """sum(coeff * loop value) < bound: the constraint a non-dividing split leaves."""
+
+    terms: tuple[tuple[str, int], ...]
+    bound: int
+
+
+@dataclass(frozen=True)
+class StageSchedule:
+    """A stage's own loops (outer to inner) and tails; placed inside the first `at` loops of `consumer`."""
+
+    loops: tuple[Loop, ...]
+    tails: tuple[Tail, ...] = ()
+    at: int = 0
+    consumer: str | None = None
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Per-stage schedules of one program plus the steps that made them."""
+
+    program: Program
+    stages: tuple[tuple[str, StageSchedule], ...]
+    steps: tuple[tuple, ...] = ()
+
+    @staticmethod
+    def default(program: Program) -> "Schedule":
+        """Every stage at the root, loops in the order its expression's dims appeared, no splits."""
+        return Schedule(program, tuple((st.name, _default_stage(program, st)) for st in program.stages))
+
+    def of(self, stage: str) -> StageSchedule:
+        for name, sched in self.stages:
+            if name == stage:
+                return sched
+        raise ValueError(f"no stage named {stage!r}; stages are {[n for n, _ in self.stages]}")
+
+    def effective_loops(self, stage: str) -> tuple[Loop, ...]:
+        """All loops around the stage's statements: the shared ones of its consumer, then its own."""
+        sched = self.of(stage)
+        shared = self.effective_loops(sched.consumer)[:sched.at] if sched.consumer else ()
+        return shared + sched.loops
+
+    def effective_tails(self, stage: str) -> tuple[Tail, ...]:
+        """The stage's own tails plus those of its consumer that involve only the shared loops."""
+        sched = self.of(stage)
+        if sched.consumer is None:
+            return sched.tails
+        shared = {lp.name for lp in self.effective_loops(sched.consumer)[:sched.at]}
+        inherited = tuple(t for t in self.effective_tails(sched.consumer) if all(n in shared for n, _ in t.terms))
+        return tuple(dict.fromkeys(inherited + sched.tails))
+
+    def placed_in(self, stage: str) -> list[str]:
+        """Stages placed inside `stage`'s loops."""
+        return [name for name, s in self.stages if s.consumer == stage]
+
+    def _with(self, stage: str, sched: StageSchedule, step: tuple | None) -> "Schedule":
+        """This schedule with one stage's schedule replaced, and `step` (if any) recorded."""
+        stages = tuple((n, sched if n == stage else s) for n, s in self.stages)
+        return Schedule(self.program, stages, self.steps + ((step,) if step else ()))
+
+    def _loop(self, stage: str, loop: str) -> tuple[int, Loop]:
+        loops = self.of(stage).loops
+        for i, lp in enumerate(loops):
+            if lp.name == loop:
+                return i, lp
+        shared = [lp.name for lp in self.effective_loops(stage)[:self.of(stage).at]]
+        where = f" ('{loop}' belongs to its consumer {self.of(stage).consumer})" if loop in shared else ""
+        raise ValueError(f"stage {stage} has no loop '{loop}' of its own{where}; its loops are "
+                         f"{[lp.name for lp in loops]}")
+
+    def _check_not_shared(self, stage: str, position: int, what: str):
+        for other in self.placed_in(stage):
+            at = self.of(other).at
+            if position < at:
+                loop = self.of(stage).loops[position].name
+                raise ValueError(f"cannot {what} loop '{loop}' of stage {stage}: stage {other} is placed inside "
+                                 f"it (at depth {at}); reshape {stage}'s outer loops before placing {other}")
+
+    # Transforms ------------------------------------------------------------------
+    def split(self, stage: str, loop: str, factor: int) -> "Schedule":
+        """Split `loop` into `loop.0` (outer) and `loop.1` (inner, `factor` iterations)."""
+        if not isinstance(factor, int) or factor < 1:
+            raise ValueError(f"split of '{loop}' in stage {stage}: factor must be a positive integer, got {factor!r}")
+        i, lp = self._loop(stage, loop)
+        self._check_not_shared(stage, i, "split")
+        factor = min(factor, lp.extent)
+        outer = Loop(f"{lp.name}.0", lp.dim, -(-lp.extent // factor), lp.stride * factor, "")
+        inner = Loop(f"{lp.name}.1", lp.dim, factor, lp.stride, lp.annotation)
+        sched = self.of(stage)
+        tails = tuple(_split_tail(t, lp.name, outer.name, inner.name, factor) for t in sched.tails)
+        if lp.extent % factor:
+            tails += (Tail(((outer.name, factor), (inner.name, 1)), lp.extent),)
+        loops = sched.loops[:i] + (outer, inner) + sched.loops[i + 1:]
+        return self._with(stage, replace(sched, loops=loops, tails=tails), ("split", stage, loop, factor))
+
+    def reorder(self, stage: str, *order: str) -> "Schedule":
+        """Put the named loops in this order, in the positions they occupy now."""
+        sched = self.of(stage)
+        positions = sorted(self._loop(stage, name)[0] for name in order)
+        if len(set(order)) != len(order):
+            raise ValueError(f"reorder of stage {stage} names a loop twice: {order}")
+        for pos in positions:
+            self._check_not_shared(stage, pos, "reorder")
+        loops = list(sched.loops)
+        for pos, name in zip(positions, order):
+            loops[pos] = self._loop(stage, name)[1]
+        return self._with(stage, replace(sched, loops=tuple(loops)), ("reorder", stage, *order))
+
+    def annotate(self, stage: str, loop: str, annotation: str) -> "Schedule":
+        """Mark a loop 'unroll', 'vectorize', 'parallel', a GPU axis ('block.x', 'thread.y', ...),
+        or '' to clear it. CPU backends run GPU-bound loops as plain loops."""
+        if annotation not in ANNOTATIONS:
+            raise ValueError(f"unknown loop annotation {annotation!r}; use one of {ANNOTATIONS}")
+        i, lp = self._loop(stage, loop)
+        sched = self.of(stage)
+        loops = sched.loops[:i] + (replace(lp, annotation=annotation),) + sched.loops[i + 1:]
+        return self._with(stage, replace(sched, loops=loops), ("annotate", stage, loop, annotation))
+
+    def place(self, stage: str, consumer: str | None, depth: int = 0) -> "Schedule":
+        """Compute `stage` inside the first `depth` loops of `consumer` (None or depth 0: at the root).
+
+        The stage keeps its own loops for whatever of its dims the shared loops do
+        not cover, so its buffer shrinks to one tile of the consumer's loops.  Stages
+        already placed inside `stage` are placed again at their depth of its new loops."""
+        return self._placed(stage, consumer, depth)._with_steps(self.steps + (("place", stage, consumer, depth),))
+
+    def _placed(self, stage: str, consumer: str | None, depth: int) -> "Schedule":
+        if consumer is None or depth == 0:
+            own_dims = self.program.stage(stage).loop_dims
+            dims = [d for d in dict.fromkeys(lp.dim for lp in self.effective_loops(stage)) if d in own_dims]
+            dims += [d for d in own_dims if d not in dims]
+            moved = self._with(stage, StageSchedule(tuple(Loop(d, d, self.program.size(d), 1) for d in dims)), ())
+        else:
+            moved = self._with(stage, self._placement(stage, consumer, depth), ())
+        for inner in moved.placed_in(stage):
+            at = min(moved.of(inner).at, len(moved.effective_loops(stage)))
+            moved = moved._placed(inner, stage, at)
+        return moved
+
+    def _placement(self, stage: str, consumer: str, depth: int) -> StageSchedule:
+        consumer_loops = self.effective_loops(consumer)
+        if not 0 <= depth <= len(consumer_loops):
+            raise ValueError(f"cannot place {stage} at depth {depth} of {consumer}: it has "
+                             f"{len(consumer_loops)} loops {[lp.name for lp in consumer_loops]}")
+        if self._reaches(consumer, stage):
+            raise ValueError(f"cannot place {stage} inside {consumer}: {consumer} is computed inside {stage}")
+        shared = consumer_loops[:depth]
+        shared_dims = {lp.dim for lp in shared}
+        own_dims = set(self.program.stage(stage).loop_dims)
+        current = self._own_cover(stage)
+        own = tuple(lp for lp in current if lp.dim not in shared_dims)
+        inner = tuple(replace(lp, annotation="") for lp in consumer_loops[depth:]
+                      if lp.dim in shared_dims and lp.dim in own_dims)
+        own_names, inner_names = {lp.name for lp in own}, {lp.name for lp in inner}
+        from_consumer = tuple(t for t in self.effective_tails(consumer)
+                              if {n for n, _ in t.terms} <= {lp.name for lp in shared} | inner_names
+                              and any(n in inner_names for n, _ in t.terms))
+        kept = tuple(t for t in self.effective_tails(stage) if {n for n, _ in t.terms} <= own_names)
+        return StageSchedule(inner + own, tuple(dict.fromkeys(from_consumer + kept)), depth, consumer)
+
+    def _own_cover(self, stage: str) -> tuple[Loop, ...]:
+        """The stage's loops over its own dims; dims its current loops do not cover get a plain loop."""
+        own_dims = self.program.stage(stage).loop_dims
+        loops = tuple(lp for lp in self.effective_loops(stage) if lp.dim in own_dims)
+        covered = {lp.dim for lp in loops}
+        return loops + tuple(Loop(d, d, self.program.size(d), 1) for d in own_dims if d not in covered)
+
+    def _with_steps(self, steps: tuple) -> "Schedule":
+        return Schedule(self.program, self.stages, steps)
+
+    def cache(self, stage: str, buffer: str, order: tuple[str, ...] | None = None) -> "Schedule":
+        """Read `buffer` in `stage` through a copy: a new stage `<buffer>.<stage>` with the dims in `order`.
+
+        Placed inside the stage's loops, the copy shrinks to the tile those loops
+        use: this packs a panel of a matrix or relayouts filters contiguously."""
+        consumer = self.program.stage(stage)
+        loads = [ld for ld in ir.loads(consumer.expr) if ld.buffer == buffer]
+        if not loads:
+            raise ValueError(f"cannot cache {buffer} in stage {stage}: the stage does not read it")
+        dims = _buffer_dims(self.program, buffer)
+        order = tuple(order) if order else dims
+        if sorted(order) != sorted(dims):
+            raise ValueError(f"cache of {buffer}: order {order} must list its dims {dims}")
+        name = f"{buffer}.{stage}"
+        if _has_stage(self.program, name):
+            raise ValueError(f"stage {stage} already reads {buffer} through the copy {name}")
+        dtype = loads[0].dtype
+        copy = ir.Stage(name, order, (), None, ir.Load(buffer, ir.Affine.identity(dims), dtype),
+                        dtype, order)
+        rewired = ir.Stage(consumer.name, consumer.dims, consumer.reduce_dims, consumer.reduce_op,
+                           _redirect(consumer.expr, buffer, name, dims, order), consumer.dtype, consumer.loop_dims)
+        position = self.program.stages.index(consumer)
+        program = _replaced(self.program, consumer, [copy, rewired])
+        stages = list(self.stages)
+        stages.insert(position, (name, _default_stage(program, copy)))
+        return Schedule(program, tuple(stages), self.steps + (("cache", stage, buffer, list(order)),))
+
+    def cache_write(self, stage: str) -> "Schedule":
+        """Compute `stage` into a new stage `<stage>.acc` that takes over its loops, and make
+        `stage` a plain copy of it (same name, so its readers and the result are unchanged).
+
+        Placed inside the copy's loops, `.acc` shrinks to one tile: a register tile of
+        accumulators that survives a block-level reduction loop on a GPU."""
+        original = self.program.stage(stage)
+        name = f"{stage}.acc"
+        if _has_stage(self.program, name):
+            raise ValueError(f"stage {stage} already writes through {name}")
+        acc = replace(original, name=name)
+        copy = ir.Stage(stage, original.dims, (), None,
+                        ir.Load(name, ir.Affine.identity(original.dims), original.dtype),
+                        original.dtype, original.dims)
+        program = _replaced(self.program, original, [acc, copy])
+        sched = self.of(stage)
+        kept = tuple(lp for lp in sched.loops if lp.dim in original.dims)
+        kept_names = {lp.name for lp in kept}
+        copy_sched = replace(sched, loops=kept, tails=tuple(t for t in sched.tails
+                                                            if all(n in kept_names for n, _ in t.terms)))
+        acc_sched = StageSchedule(self.effective_loops(stage), self.effective_tails(stage))
+        stages = []
+        for other, other_sched in self.stages:
+            if other == stage:
+                stages += [(name, acc_sched), (stage, copy_sched)]
+            else:
+                stages.append((other, replace(other_sched, consumer=name) if other_sched.consumer == stage
+                               else other_sched))
+        return Schedule(program, tuple(stages), self.steps + (("cache_write", stage),))
+
+    def _reaches(self, stage: str, target: str) -> bool:
+        consumer = self.of(stage).consumer
+        return consumer is not None and (consumer == target or self._reaches(consumer, target))
+
+    # Data -----------------------------------------------------------------------
+    def to_json(self) -> str:
+        """The steps as JSON; `Schedule.from_json(text, program)` replays them."""
+        return json.dumps({"format": 1, "steps": [list(s) for s in self.steps]})
+
+    @staticmethod
+    def from_json(text: str, program: Program) -> "Schedule":
+        """Replay the steps stored by `to_json` on `program`'s default schedule."""
+        data = json.loads(text)
+        return Schedule.default(program).apply(data["steps"])
+
+    def apply(self, steps) -> "Schedule":
+        """Apply a list of steps like ("split", stage, loop, factor) in order."""
+        sched = self
+        for step in steps:
+            op, *args = step
+            if op not in ("split", "reorder", "annotate", "place", "cache", "cache_write"):
+                raise ValueError(f"unknown schedule step {op!r}")
+            sched = getattr(sched, op)(*args)
+        return sched
+
+
+def _has_stage(program: Program, name: str) -> bool:
+    return any(st.name == name for st in program.stages)
+
+
+def _replaced(program: Program, stage: ir.Stage, new_stages: list[ir.Stage]) -> Program:
+    """`program` with `stage` replaced by `new_stages`, in its place."""
+    position = program.stages.index(stage)
+    return replace(program, stages=program.stages[:position] + tuple(new_stages) + program.stages[position + 1:])
+
+
+def _split_tail(tail: Tail, name: str, outer: str, inner: str, factor: int) -> Tail:
+    terms: dict[str, int] = {}
+    for n, c in tail.terms:
+        if n == name:
+            terms[outer] = terms.get(outer, 0) + c * factor
+            terms[inner] = terms.get(inner, 0) + c
+        else:
+            terms[n] = terms.get(n, 0) + c
+    return Tail(tuple(terms.items()), tail.bound)
+
+
+def _default_stage(program: Program, stage: ir.Stage) -> StageSchedule:
+    return StageSchedule(tuple(Loop(d, d, program.size(d), 1) for d in stage.loop_dims))
+
+
+def _buffer_dims(program: Program, buffer: str) -> tuple[str, ...]:
+    for buf in program.inputs:
+        if buf.name == buffer:
+            return buf.dims
+    return program.stage(buffer).dims
+
+
+def _redirect(expr: ir.Expr, buffer: str, copy: str, dims: tuple[str, ...], order: tuple[str, ...]) -> ir.Expr:
+    """`expr` with every load of `buffer` reading the copy (axes permuted to `order`) instead."""
+    if isinstance(expr, ir.Load):
+        if expr.buffer != buffer:
+            return expr
+        index = dict(zip(dims, expr.index))
+        return ir.Load(copy, tuple(index[d] for d in order), expr.dtype, expr.clamped)
+    if isinstance(expr, ir.Select):
+        return ir.Select(expr.guards, _redirect(expr.then, buffer, copy, dims, order),
+                         _redirect(expr.otherwise, buffer, copy, dims, order))
+    if isinstance(expr, ir.Unary):
+        return ir.Unary(expr.op, _redirect(expr.x, buffer, copy, dims, order))
+    if isinstance(expr, ir.Cast):
+        return ir.Cast(_redirect(expr.x, buffer, copy, dims, order), expr.dtype)
+    if isinstance(expr, ir.Binary):
+        return ir.Binary(expr.op, _redirect(expr.a, buffer, copy, dims, order),
+                         _redirect(expr.b, buffer, copy, dims, order))
+    return expr

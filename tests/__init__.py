@@ -1,0 +1,1 @@
+"""The looptool test-suite, one subpackage per layer (a failing test names its layer)."""

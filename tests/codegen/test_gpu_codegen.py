@@ -1,0 +1,105 @@
+"""GPU code generation: PTX structure (launches, guards, shared memory, barriers, vector loads) on
+any machine, and loops bound to GPU axes run as plain loops on the CPU."""
+import re
+
+import numpy as np
+import pytest
+
+import looptool as lt
+from looptool.codegen import gpu
+from tests.gpu_helpers import matmul, register_tiles, softmax_rows, tiled
+from tests.helpers import assert_close
+
+
+def test_ptx_has_one_entry_per_root_nest_with_guards_and_global_memory(rng):
+    c, _ = matmul(rng, 50, 32, 70)
+    module = gpu.generate(tiled(c.loop_tree()), "sm_90")
+    assert module.launches[0].grid == (3, 4, 1) and module.launches[0].block == (32, 4, 1)
+    ptx = module.ptx
+    assert ".target sm_90" in ptx and ".visible .entry looptool_k0(" in ptx and ".maxntid 32, 4, 1" in ptx
+    for register in ("%ctaid.x", "%ctaid.y", "%tid.x", "%tid.y"):
+        assert register in ptx
+    assert re.search(r"ld\.global(\.nc)?\.b32", ptx) and re.search(r"st\.global\.b32", ptx)
+    assert re.search(r"fma\.rn\.f32", ptx)
+    assert "setp" in ptx  # tails of 50 and 70 are guarded
+
+
+def test_root_stages_are_separate_launches_and_softmax_ptx_is_arch_specific(rng):
+    x = lt.Tensor(rng.standard_normal((40, 24)).astype(np.float32)).to(*lt.symbols("m n"))
+    m, n = lt.symbols("m n")
+    e = (x - x.max(n)).exp()
+    sm = e / e.sum(n)
+    tree = sm.loop_tree().split("m", 8, stage="t2").bind("m.0", "block.x", stage="t2").bind("m.1", "thread.x", stage="t2")
+    module = gpu.generate(tree, "sm_80")
+    assert [k.name for k in module.launches] == ["looptool_k0", "looptool_k1", "looptool_k2"]
+    assert ".target sm_80" in module.ptx
+    assert module.launches[2].grid == (5, 1, 1) and module.launches[2].block == (8, 1, 1)
+
+
+def test_bound_loops_run_as_plain_loops_on_the_cpu(rng):
+    c, ref = matmul(rng, 37, 29, 41)
+    tree = tiled(c.loop_tree())
+    assert tree.check() == (True, "legal")
+    assert_close(c.numpy(tree), ref, 1e-5)
+    assert_close(lt.interpret(c, tree), ref, 1e-5)
+    assert "[thread.x]" in str(tree) and "[block.y]" in str(tree)
+
+
+def test_reductions_bound_to_threads_are_combined_through_shared_memory(rng):
+    sm, tree, ref = softmax_rows(rng)
+    assert tree.check() == (True, "legal")
+    assert_close(sm.numpy(tree), ref, 1e-5)
+    assert_close(lt.interpret(sm, tree), ref, 1e-5)
+    ptx = gpu.generate(tree, "sm_90").ptx
+    assert ".shared" in ptx and "bar.sync" in ptx
+
+
+def test_unknown_axis_and_oversized_blocks_are_refused(rng):
+    c, _ = matmul(rng)
+    with pytest.raises(ValueError, match="unknown GPU axis 'warp.x'"):
+        c.loop_tree().bind("m", "warp.x")
+    big = c.loop_tree().reorder("m", "n", "k").bind("m", "thread.y").bind("n", "thread.x")
+    with pytest.raises(ValueError, match="1024-thread limit"):
+        gpu.generate(big, "sm_90")
+
+
+def test_parallel_annotation_is_refused_on_the_gpu(rng):
+    c, _ = matmul(rng)
+    with pytest.raises(ValueError, match="bind it to blocks or threads"):
+        gpu.generate(c.loop_tree().parallel("m"), "sm_90")
+
+
+def test_cache_write_keeps_a_register_tile_per_thread_across_the_k_loop(rng):
+    c, ref = matmul(rng, 100, 72, 136)   # tails in both pure dims
+    tree = register_tiles(c)
+    assert tree.check() == (True, "legal")
+    assert "t0.acc[m, n] += (in0.t0.acc[k, m] * in1.t0.acc[k, n])" in str(tree)
+    slices = tree.thread_slices
+    assert set(slices) == {"t0.acc"} and dict(slices["t0.acc"].coeffs) == {"thread.x": 4, "thread.y": 256}
+    assert_close(c.numpy(tree), ref, 1e-5)
+    assert_close(lt.interpret(c, tree), ref, 1e-5)
+    ptx = gpu.generate(tree, "sm_90").ptx
+    assert ".local" not in ptx                      # accumulators never leave registers
+    assert re.search(r"ld\.global\.nc\.v4\.[bf]32", ptx) and re.search(r"st\.global\.v4\.[bf]32", ptx)
+    assert re.search(r"ld\.shared\.v4\.[bf]32", ptx)
+    assert gpu.generate(tree, "sm_90", aligned_params=False).aligned == ()
+    assert set(gpu.generate(tree, "sm_90").aligned) == {"in0", "in1", "t0"}
+
+
+def test_independent_block_level_nests_share_one_barrier(rng):
+    c, _ = matmul(rng, 64, 16, 64)
+    llvm_ir = gpu.generate(register_tiles(c, unroll_k=False), "sm_90").llvm_ir
+    # inside the k loop: both copies, one barrier, the products, one barrier that ends the body
+    # (none around the accumulators: each thread has its own)
+    assert llvm_ir.count("call void @\"llvm.nvvm.barrier0\"()") == 2
+
+
+def test_a_thread_tile_bound_differently_where_it_is_read_lives_in_shared_memory(rng):
+    c, ref = matmul(rng, 32, 16, 32)
+    tree = c.loop_tree().cache_write().split("m", 16).split("n", 16) \
+        .reorder("m.0", "n.0", "m.1", "n.1").bind("m.0", "block.y").bind("n.0", "block.x") \
+        .bind("m.1", "thread.x").bind("n.1", "thread.y").place("t0.acc", "t0", 2) \
+        .bind("m.1", "thread.y", stage="t0.acc").bind("n.1", "thread.x", stage="t0.acc")
+    assert tree.thread_slices == {} and tree.check() == (True, "legal")
+    assert_close(c.numpy(tree), ref, 1e-5)
+    assert ".shared" in gpu.generate(tree, "sm_90").ptx

@@ -1,0 +1,53 @@
+"""Shared pieces of the GPU tests (tests/*/test_gpu_*.py): a float32 matmul and row softmax with
+their float64 references, the tiled and register-tiled GPU schedules, and CuPy or a skip."""
+import numpy as np
+import pytest
+
+import looptool as lt
+from tuner import space
+
+
+def matmul(rng, m=64, k=32, n=48):
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    sm, sk, sn = lt.symbols("m k n")
+    return (lt.Tensor(a).to(sm, sk) * lt.Tensor(b).to(sk, sn)).sum(sk), a.astype(np.float64) @ b
+
+
+def tiled(tree):
+    return (tree.split("m", 16).split("n", 32).split("m.1", 4)
+            .reorder("m.0", "n.0", "m.1.0", "n.1", "k", "m.1.1")
+            .bind("m.0", "block.y").bind("n.0", "block.x").bind("m.1.0", "thread.y").bind("n.1", "thread.x")
+            .unroll("m.1.1"))
+
+
+def softmax_rows(rng, rows=6, cols=40, threads=16):
+    x_np = rng.standard_normal((rows, cols)).astype(np.float32)
+    m, n = lt.symbols("m n")
+    x = lt.Tensor(x_np).to(m, n)
+    e = (x - x.max(n)).exp()
+    sm = e / e.sum(n)
+    tree = sm.loop_tree().bind("m", "block.x", stage="t2").place("t0", "t2", 1).place("t1", "t2", 1)
+    for stage in ("t0", "t1", "t2"):
+        tree = tree.split("n", threads, stage=stage).reorder("n.1", "n.0", stage=stage) \
+            .bind("n.1", "thread.x", stage=stage)
+    ref = np.exp(x_np - x_np.max(1, keepdims=True))
+    return sm, tree, ref / ref.sum(1, keepdims=True)
+
+
+def register_tiles(c, **changes):
+    """The tuner's GPU matmul template: 8 x 8 outputs per thread in registers, 128-bit vectors,
+    both inputs staged in shared memory."""
+    params = dict(x_threads=8, x_groups=2, vector=4, y_threads=8, y_tile=4, k_tile=8, unroll_k=True,
+                  shared=("in0", "in1"))
+    return space.register_tiled(c.loop_tree(), "t0", **{**params, **changes})
+
+
+def cupy_or_skip():
+    cp = pytest.importorskip("cupy", reason="GPU execution needs CuPy (pip install 'looptool[gpu]')")
+    try:
+        if cp.cuda.runtime.getDeviceCount() == 0:
+            pytest.skip("no NVIDIA GPU present")
+    except cp.cuda.runtime.CUDARuntimeError as err:
+        pytest.skip(f"no usable NVIDIA GPU: {err}")
+    return cp

@@ -1,0 +1,51 @@
+"""The runtime's compile cache: a hit for the same computation on new data, a miss for a
+new shape or dtype."""
+
+import numpy as np
+
+import looptool as lt
+from tests.helpers import assert_close, f64, rand
+
+
+# ------------------------------------------------------------------- cache
+
+def _cache_expr(x, y):
+    a, b = lt.symbols("a b")
+    return ((lt.Tensor(x).to(a, b) * 2.5 + lt.Tensor(y).to(b)).relu()).sum(a)
+
+
+def test_cache_hit_for_same_computation_miss_for_new_shape(rng):
+    info = lt.cache_info()
+    assert isinstance(info["hits"], int) and isinstance(info["misses"], int)
+
+    x1, y1 = rand(rng, (37, 41)), rand(rng, (41,))
+    x2, y2 = rand(rng, (37, 41)), rand(rng, (41,))
+    x3, y3 = rand(rng, (38, 43)), rand(rng, (43,))
+    ref = lambda x, y: np.maximum(f64(x) * 2.5 + f64(y), 0).sum(0)
+
+    s0 = dict(lt.cache_info())
+    assert_close(_cache_expr(x1, y1).numpy(), ref(x1, y1), 1e-5)
+    s1 = dict(lt.cache_info())
+    assert s1["misses"] > s0["misses"], "first build of a new computation must compile"
+
+    # Same computation, new Tensor objects, new data: a hit, no compilation.
+    assert_close(_cache_expr(x2, y2).numpy(), ref(x2, y2), 1e-5)
+    s2 = dict(lt.cache_info())
+    assert s2["misses"] == s1["misses"]
+    assert s2["hits"] > s1["hits"]
+
+    # Different shapes: compiled anew.
+    assert_close(_cache_expr(x3, y3).numpy(), ref(x3, y3), 1e-5)
+    s3 = dict(lt.cache_info())
+    assert s3["misses"] > s2["misses"]
+
+
+def test_cache_miss_for_different_dtype(rng):
+    x, y = rand(rng, (29, 31)), rand(rng, (31,))
+    _cache_expr(x, y).numpy()
+    s1 = dict(lt.cache_info())
+    got = _cache_expr(x.astype(np.float64), y.astype(np.float64)).numpy()
+    s2 = dict(lt.cache_info())
+    assert got.dtype == np.float64
+    assert s2["misses"] > s1["misses"]
+    assert_close(got, np.maximum(f64(x) * 2.5 + f64(y), 0).sum(0), 1e-12)

@@ -1,0 +1,63 @@
+"""The GPU runtime: the default GPU schedule on any machine; launching kernels where a GPU is
+present (marked `gpu`, deselected by default: run with -m gpu)."""
+import numpy as np
+import pytest
+
+import looptool as lt
+from looptool.runtime import gpu
+from tests.gpu_helpers import cupy_or_skip, matmul, register_tiles, softmax_rows, tiled
+from tests.helpers import assert_close
+
+
+def test_the_default_gpu_schedule_gives_every_stage_blocks_and_threads(rng):
+    sm, _, ref = softmax_rows(rng, rows=12, cols=300)
+    program = sm.loop_tree().program
+    tree = gpu.default_tree(program)
+    assert tree.check() == (True, "legal")
+    assert str(tree).count("[thread.x]") == 3 and str(tree).count("[block.x]") == 3
+    assert_close(lt.interpret(sm, tree), ref, 1e-5)
+
+
+@pytest.mark.gpu
+def test_matmul_runs_on_the_gpu_and_writes_every_element(rng):
+    cp = cupy_or_skip()
+    c, ref = matmul(rng, 50, 33, 70)
+    got = c.cuda(tiled(c.loop_tree()))
+    assert isinstance(got, cp.ndarray)
+    assert_close(cp.asnumpy(got), ref, 1e-5)
+
+
+@pytest.mark.gpu
+def test_softmax_with_combined_reductions_runs_on_the_gpu(rng):
+    cp = cupy_or_skip()
+    sm, tree, ref = softmax_rows(rng, rows=37, cols=1000, threads=128)
+    assert_close(cp.asnumpy(sm.cuda(tree)), ref, 1e-5)
+
+
+@pytest.mark.gpu
+def test_gpu_inputs_stay_on_the_device(rng):
+    cp = cupy_or_skip()
+    x = cp.asarray(rng.standard_normal(1000).astype(np.float32))
+    i, = lt.symbols("i")
+    t = lt.Tensor(x).to(i)
+    y = (t * t + 1.0).relu()
+    tree = y.loop_tree().split("i", 128).bind("i.0", "block.x").bind("i.1", "thread.x")
+    assert_close(cp.asnumpy(y.cuda(tree)), np.maximum(cp.asnumpy(x).astype(np.float64) ** 2 + 1, 0), 1e-5)
+    assert_close(y.numpy(), np.maximum(cp.asnumpy(x).astype(np.float64) ** 2 + 1, 0), 1e-5)
+
+
+@pytest.mark.gpu
+def test_register_tiles_run_on_the_gpu_also_on_unaligned_inputs(rng):
+    cp = cupy_or_skip()
+    a = rng.standard_normal((100, 72)).astype(np.float32)
+    b = rng.standard_normal((72, 136)).astype(np.float32)
+    sm, sk, sn = lt.symbols("m k n")
+    base = cp.zeros(100 * 72 + 1, dtype=np.float32)
+    base[1:] = cp.asarray(a).ravel()
+    offset = base[1:].reshape(100, 72)                      # starts 4 bytes into its allocation
+    assert offset.data.ptr % 16 == 4
+    ref = a.astype(np.float64) @ b
+    for a_dev in (cp.asarray(a), offset):
+        c = (lt.Tensor(a_dev).to(sm, sk) * lt.Tensor(cp.asarray(b)).to(sk, sn)).sum(sk)
+        out = c.cuda(register_tiles(c))
+        assert_close(cp.asnumpy(out), ref, 1e-5)

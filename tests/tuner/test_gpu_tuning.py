@@ -1,0 +1,47 @@
+"""Tuning for the GPU: every legal draw of the GPU search space computes the right result; a GPU
+study (marked `gpu`) records its best schedule for this GPU."""
+import pytest
+
+from looptool import ir
+from looptool.runtime import gpu
+from tests.gpu_helpers import cupy_or_skip, matmul, softmax_rows
+from tests.helpers import assert_close
+from tuner import space
+
+
+def test_every_legal_draw_of_the_gpu_search_space_computes_the_right_result(rng):
+    optuna = pytest.importorskip("optuna")
+    c, ref = matmul(rng, 64, 32, 128)
+    sm, _, sm_ref = softmax_rows(rng, rows=32, cols=128)
+    measured = 0
+    for tensor, expected in ((c, ref), (sm, sm_ref)):
+        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+        for _ in range(12):
+            trial = study.ask()
+            try:
+                tree = space.sample_gpu(trial, tensor.loop_tree())
+            except space.InvalidDraw:
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                continue
+            study.tell(trial, 1.0)
+            if tree.check()[0]:
+                assert_close(tensor.numpy(tree), expected, 1e-5)
+                measured += 1
+    assert measured >= 10
+
+
+@pytest.mark.gpu
+def test_a_gpu_study_measures_draws_and_records_the_best_for_this_gpu(rng, tmp_path, monkeypatch):
+    cupy_or_skip()
+    pytest.importorskip("optuna")
+    from tuner import study
+    from looptool.runtime import tuning_db
+    monkeypatch.setenv("LOOPTOOL_TUNING_DB", str(tmp_path / "tuned.sqlite"))
+    c, ref = matmul(rng, 256, 128, 256)
+    result = study.tune(c, trials=12, storage=f"sqlite:///{tmp_path / 's.sqlite'}", seed=0, progress=False,
+                        device="gpu", repeats=3)
+    assert result.best_tree is not None and result.best_seconds < float("inf")
+    stored = tuning_db.lookup(ir.lower(c.node)[0], gpu.target_name())
+    assert stored is not None
+    import cupy as cp
+    assert_close(cp.asnumpy(c.cuda()), ref, 1e-5)        # .cuda() now runs the tuned schedule

@@ -1,0 +1,469 @@
+"""The tuner (tuner/): studies end to end, illegal schedules never timed, crashing and hanging
+trials, resuming after SIGKILL, concurrent workers, PostgreSQL storage, plots, the CLI, and a
+fuzz of the search space.
+
+Every storage and the tuning database live under pytest's tmp dirs (never ~/.cache): the
+autouse fixture `isolated_tuner_env` points LOOPTOOL_STORAGE and LOOPTOOL_TUNING_DB there.
+Workloads are tiny (matmul 24x20x28, softmax 8x16, layernorm 8x16) and studies short; each
+measuring worker is a spawned process, so every tune() costs a second or two of start-up.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+
+import numpy as np
+import optuna
+import pytest
+
+import looptool as lt
+from looptool import ir
+from looptool.codegen import cpu
+from looptool.runtime import tuning_db
+import tuner
+from tuner import report, space, workloads
+from tuner.study import study_name_for
+
+from tests.tuner_helpers import (CASES, PNG_SIGNATURE, REPO, PostgresCluster, assert_trials_consistent,
+                           count_finished, finished_states, looptool_cli, matmul_case, postgres_bindir,
+                           postgres_driver, rel_err, softmax_case, sqlite_url, subprocess_env,
+                           unwritten_stages)
+
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning"),
+    pytest.mark.filterwarnings("ignore:.*regimes for parameter.*:UserWarning"),
+]
+
+S = optuna.trial.TrialState
+TOL = 1e-5
+
+
+def _target() -> str:
+    return cpu.HostTarget.get().name
+
+
+@pytest.fixture(autouse=True)
+def isolated_tuner_env(tmp_path, monkeypatch):
+    """Default storage and tuning DB in this test's tmp dir; a fresh lookup memo."""
+    monkeypatch.setenv("LOOPTOOL_STORAGE", sqlite_url(tmp_path / "default-studies.sqlite"))
+    monkeypatch.setenv("LOOPTOOL_TUNING_DB", str(tmp_path / "default-tuned.sqlite"))
+    tuning_db.forget_memo()
+    yield
+    tuning_db.forget_memo()
+
+
+class Tuned:
+    """A finished tune() run and where its study and tuning DB live."""
+
+    def __init__(self, case, result, url, db):
+        self.case, self.result, self.url, self.db = case, result, url, db
+
+    def study(self):
+        return optuna.load_study(study_name=self.result.study.study_name, storage=self.url)
+
+
+def _tune_module_study(tmp_path_factory, name, case, **kwargs) -> Tuned:
+    folder = tmp_path_factory.mktemp(name)
+    url, db = sqlite_url(folder / "studies.sqlite"), folder / "tuned.sqlite"
+    with pytest.MonkeyPatch.context() as mp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mp.setenv("LOOPTOOL_STORAGE", sqlite_url(folder / "unused-default.sqlite"))
+        mp.setenv("LOOPTOOL_TUNING_DB", str(db))
+        tuning_db.forget_memo()
+        result = tuner.tune(case.tensor, storage=url, progress=False, **kwargs)
+        tuning_db.forget_memo()
+    return Tuned(case, result, url, db)
+
+
+@pytest.fixture(scope="module")
+def matmul_study(tmp_path_factory) -> Tuned:
+    """matmul 24x20x28, 8 trials, TPE (its first 10 trials are random), seed 0."""
+    return _tune_module_study(tmp_path_factory, "matmul-study", matmul_case(24, 20, 28), trials=8, seed=0)
+
+
+@pytest.fixture(scope="module")
+def softmax_study(tmp_path_factory) -> Tuned:
+    """softmax 8x16, 10 random trials: producer placements make many drawn schedules illegal."""
+    return _tune_module_study(tmp_path_factory, "softmax-study", softmax_case(8, 16), trials=10, seed=0,
+                              sampler="random")
+
+
+# 1. End to end ----------------------------------------------------------------------------
+
+def test_tune_end_to_end_records_trials_and_the_tuning_db(matmul_study, tmp_path):
+    case, result = matmul_study.case, matmul_study.result
+    program, _ = ir.lower(case.tensor.node)
+    study = matmul_study.study()
+    assert study.study_name == study_name_for(program, 1) == result.study.study_name
+    assert len(study.trials) == 8 and count_finished(study) == 8
+    assert study.user_attrs["default_seconds"] > 0 and result.default_seconds == study.user_attrs["default_seconds"]
+
+    # The result is the study's best trial, and its schedule computes the right thing.
+    assert result.best_tree is not None
+    best = study.best_trial
+    assert result.best_seconds == best.value
+    assert result.best_tree.schedule.to_json() == best.user_attrs["schedule"]
+    assert rel_err(case.tensor.numpy(result.best_tree), case.reference) < TOL
+    assert rel_err(case.tensor.numpy(best.user_attrs["schedule"]), case.reference) < TOL
+    assert "best schedule:" in result.summary() and "speed-up" in result.summary()
+
+    # The tuning DB holds it ...
+    tuning_db.forget_memo()
+    assert tuning_db.lookup(program, _target(), path=matmul_study.db) == best.user_attrs["schedule"]
+    assert tuning_db.lookup(program, _target(), path=tmp_path / "another.sqlite") is None
+
+    # ... and a new process building the same computation from scratch picks it up.
+    script = textwrap.dedent("""
+        import logging, sys
+        logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+        logging.getLogger("looptool").setLevel(logging.DEBUG)
+        from tuner_helpers import matmul_case, rel_err
+        case = matmul_case(24, 20, 28)
+        print("ERR", rel_err(case.tensor.numpy(), case.reference))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=REPO, env=subprocess_env(storage=matmul_study.url, tuning_db=matmul_study.db))
+    assert done.returncode == 0, done.stderr
+    assert "using the tuned schedule" in done.stderr, done.stderr
+    err = float(done.stdout.split("ERR")[1])
+    assert err < TOL
+
+
+def test_tune_on_a_full_study_adds_no_trials(matmul_study):
+    """`trials` is the size the study should reach: asking again for 8 measures nothing new."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LOOPTOOL_TUNING_DB", str(matmul_study.db))
+        start = time.perf_counter()
+        again = tuner.tune(matmul_study.case.tensor, trials=8, storage=matmul_study.url, seed=0, progress=False)
+    assert len(again.study.trials) == 8
+    assert again.best_seconds == matmul_study.result.best_seconds
+    assert time.perf_counter() - start < 30
+
+
+# 2. Illegal schedules are never timed ------------------------------------------------------
+
+@pytest.mark.parametrize("which", ["matmul_study", "softmax_study"])
+def test_illegal_schedules_are_never_timed(which, request):
+    tuned = request.getfixturevalue(which)
+    groups = assert_trials_consistent(tuned.study(), tuned.case.tensor)
+    assert groups.get("COMPLETE"), f"no trial was measured: {groups}"
+    if which == "softmax_study":
+        # Placing softmax's reductions inside their consumers' reductions is illegal: make sure
+        # the check above saw pruned trials, with the legality verdict as their reason.
+        pruned = groups.get("PRUNED", [])
+        assert pruned, "no illegal schedule was drawn in 10 random softmax trials"
+        assert any("illegal" in t.user_attrs["rejected"] or "invalid" in t.user_attrs["rejected"]
+                   for t in pruned)
+
+
+# 3. A trial that crashes the worker ----------------------------------------------------------
+
+def test_a_segfaulting_trial_fails_and_later_trials_complete(tmp_path):
+    case = matmul_case(24, 20, 28)
+    url = sqlite_url(tmp_path / "crash.sqlite")
+    result = tuner.tune(case.tensor, trials=4, storage=url, seed=0, progress=False, inject_crash_at={1})
+    study = optuna.load_study(study_name=result.study.study_name, storage=url)
+    trials = {t.number: t for t in study.trials}
+    assert len(trials) == 4
+    crashed = trials[1]
+    assert crashed.state == S.FAIL, crashed
+    assert "crash" in crashed.user_attrs["failure"].lower(), crashed.user_attrs
+    assert str(-signal.SIGSEGV) in crashed.user_attrs["failure"]     # the worker's exit code
+    assert "compile_seconds" not in crashed.user_attrs
+    assert all(trials[n].state == S.COMPLETE for n in (2, 3)), [(n, t.state) for n, t in trials.items()]
+    assert_trials_consistent(study, case.tensor)
+    assert result.best_tree is not None
+    assert rel_err(case.tensor.numpy(result.best_tree), case.reference) < TOL
+
+
+# 4. A trial that hangs ------------------------------------------------------------------------
+
+def test_measurer_time_limit_kills_a_long_run_and_recovers():
+    rng = np.random.default_rng(0)
+    s = lt.symbols("m k n")
+    big = (lt.Tensor(rng.random((700, 700))).to(s.m, s.k) * lt.Tensor(rng.random((700, 700))).to(s.k, s.n)).sum(s.k)
+    measurer = tuner.Measurer(big.node, repeats=200, timeout=0.5)
+    try:
+        start = time.perf_counter()
+        with pytest.raises(tuner.MeasureError, match="timed out"):
+            measurer.measure([])       # 202 runs of a 700^3 float64 matmul: far beyond 0.5 s
+        assert time.perf_counter() - start < 20, "the worker was not killed at the time limit"
+        # The worker was killed; the next measurement starts a new one and succeeds.
+        measurer.repeats, measurer.timeout = 1, 120
+        result = measurer.measure([])
+        assert result.seconds > 0 and result.relative_error == 0.0
+    finally:
+        measurer.close()
+
+
+def test_measurer_time_limit_does_not_count_worker_start_up(tmp_path, monkeypatch):
+    """The limit is for the trial: starting the worker (spawn, imports, reference kernel) is not
+    charged to it, also when a crash restarts the worker.  A sitecustomize on the workers'
+    PYTHONPATH makes every start-up take 2 s, longer than the 1.5 s limit."""
+    (tmp_path / "slow_start").mkdir()
+    (tmp_path / "slow_start" / "sitecustomize.py").write_text("import time\ntime.sleep(2.0)\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path / "slow_start"),
+                                                                   os.environ.get("PYTHONPATH")])))
+    case = matmul_case(24, 20, 28)
+    with tuner.Measurer(case.tensor.node, repeats=3, timeout=1.5) as measurer:
+        assert measurer.measure([]).seconds > 0
+        with pytest.raises(tuner.MeasureError, match="crash"):
+            measurer.measure([], inject_crash=True)
+        assert measurer.measure([]).seconds > 0
+
+
+def test_measurer_reports_a_wrong_schedule_as_an_error():
+    case = matmul_case(24, 20, 28)
+    with tuner.Measurer(case.tensor.node, repeats=1) as measurer:
+        with pytest.raises(tuner.MeasureError):
+            measurer.measure([["no-such-transform", "m"]])
+        assert measurer.measure([]).seconds > 0     # the worker survived the bad request
+
+
+# 5. Resume after SIGKILL -----------------------------------------------------------------------
+
+def _wait_for_complete(proc, url, study_name, count, log_path, limit=120.0):
+    storage = optuna.storages.RDBStorage(url)
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"the tuner exited early ({proc.returncode}):\n{log_path.read_text()[-3000:]}")
+        try:
+            study = optuna.load_study(study_name=study_name, storage=storage)
+            if sum(t.state == S.COMPLETE for t in study.trials) >= count:
+                return
+        except KeyError:        # the study is not created yet
+            pass
+        time.sleep(0.2)
+    pytest.fail(f"fewer than {count} trials completed in {limit} s:\n{log_path.read_text()[-3000:]}")
+
+
+def _killpg(proc):
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(30)
+
+
+def test_resume_after_sigkill(tmp_path):
+    url, name = sqlite_url(tmp_path / "resume.sqlite"), "resume-matmul"
+    log_path = tmp_path / "tune.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(looptool_cli("tune", "matmul:24x20x28", "--trials", "500", "--storage", url,
+                                             "--study", name, "--seed", "0"),
+                                cwd=REPO, env=subprocess_env(tuning_db=tmp_path / "tuned.sqlite"),
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_for_complete(proc, url, name, 3, log_path)
+    finally:
+        _killpg(proc)           # the CLI and its measuring worker (same process group)
+    assert proc.returncode == -signal.SIGKILL
+
+    before = optuna.load_study(study_name=name, storage=url)
+    done_before = {t.number: (t.state, t.value, t.params) for t in before.trials if t.state in finished_states()}
+    stale = {t.number for t in before.trials if t.state not in finished_states()}
+    assert len(done_before) >= 3 and len(stale) <= 1, [(t.number, t.state) for t in before.trials]
+    assert "default_seconds" in before.user_attrs
+
+    total = len(done_before) + 3
+    tensor = workloads.resolve("matmul:24x20x28").tensor        # what the CLI tuned: new objects
+    result = tuner.tune(tensor, trials=total, storage=url, study_name=name, seed=1, progress=False)
+    after = optuna.load_study(study_name=name, storage=url)
+    assert count_finished(after) == total
+    by_number = {t.number: t for t in after.trials}
+    for number, (state, value, params) in done_before.items():       # earlier trials kept as they were
+        assert (by_number[number].state, by_number[number].value, by_number[number].params) == (state, value, params)
+    assert_trials_consistent(after, tensor, stale=stale)
+    assert result.best_seconds == min(t.value for t in after.trials if t.state == S.COMPLETE)
+    assert after.user_attrs["default_seconds"] == before.user_attrs["default_seconds"]
+
+
+# 6. Concurrent workers -------------------------------------------------------------------------
+
+def test_two_jobs_share_one_study_without_losing_trials(tmp_path):
+    case = matmul_case(24, 20, 28)
+    url = sqlite_url(tmp_path / "jobs.sqlite")
+    result = tuner.tune(case.tensor, trials=8, jobs=2, storage=url, seed=0, progress=False)
+    study = optuna.load_study(study_name=result.study.study_name, storage=url)
+    # Both processes stop once 8 trials are finished; one may have had a trial in flight.
+    assert 8 <= count_finished(study) <= 9
+    assert all(t.state in finished_states() for t in study.trials)
+    assert_trials_consistent(study, case.tensor)
+    assert rel_err(case.tensor.numpy(result.best_tree), case.reference) < TOL
+
+
+@pytest.mark.slow
+def test_two_cli_processes_on_one_fresh_study(tmp_path):
+    """Two independent `looptool tune` processes racing to create and fill one SQLite study."""
+    url, name = sqlite_url(tmp_path / "two.sqlite"), "two-clis"
+    env = subprocess_env(tuning_db=tmp_path / "tuned.sqlite")
+    procs = []
+    for seed in (1, 2):
+        log = open(tmp_path / f"cli{seed}.log", "w")
+        procs.append((subprocess.Popen(looptool_cli("tune", "matmul:24x20x28", "--trials", "12", "--storage", url,
+                                                    "--study", name, "--seed", str(seed)),
+                                       cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                       start_new_session=True), log))
+    try:
+        for proc, log in procs:
+            proc.wait(300)
+            log.close()
+    finally:
+        for proc, _ in procs:
+            if proc.poll() is None:
+                _killpg(proc)
+    for seed, (proc, _) in zip((1, 2), procs):
+        assert proc.returncode == 0, (tmp_path / f"cli{seed}.log").read_text()[-3000:]
+    study = optuna.load_study(study_name=name, storage=url)
+    assert 12 <= count_finished(study) <= 13
+    assert all(t.state in finished_states() for t in study.trials)
+    assert_trials_consistent(study, workloads.resolve("matmul:24x20x28").tensor)
+
+
+# 7. PostgreSQL ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def postgres_url():
+    """A throw-away PostgreSQL cluster (initdb in a temp dir, 127.0.0.1, free port); its URL.
+
+    Needs the server binaries (Debian/Ubuntu: apt-get install postgresql), as root a `postgres`
+    user (the Debian package creates it), and a driver (pip install psycopg2-binary)."""
+    driver = postgres_driver()
+    if driver is None:
+        pytest.skip("no PostgreSQL driver importable: pip install psycopg2-binary (or psycopg)")
+    bindir = postgres_bindir()
+    if bindir is None:
+        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) not found on PATH or in "
+                    "/usr/lib/postgresql/*/bin: apt-get install postgresql")
+    why = PostgresCluster.missing_user()
+    if why:
+        pytest.skip(why)
+    cluster = PostgresCluster(bindir, driver)
+    try:
+        url = cluster.start()
+    except Exception as err:
+        cluster.stop()
+        pytest.fail(f"could not start PostgreSQL from {bindir}: {err}\n{cluster.log()[-2000:]}")
+    yield url
+    cluster.stop()
+
+
+def test_postgresql_storage_tunes_and_resumes(postgres_url):
+    case = matmul_case(24, 20, 28)
+    first = tuner.tune(case.tensor, trials=6, storage=postgres_url, study_name="pg-matmul", seed=0,
+                       progress=False)
+    assert count_finished(first.study) == 6
+    assert "pg-matmul" in optuna.get_all_study_names(postgres_url)
+    numbers_before = {t.number: t.value for t in first.study.trials}
+    second = tuner.tune(case.tensor, trials=10, storage=postgres_url, study_name="pg-matmul", seed=1,
+                        progress=False)
+    study = optuna.load_study(study_name="pg-matmul", storage=postgres_url)
+    assert count_finished(study) == 10 and len(study.trials) == 10
+    assert {t.number: t.value for t in study.trials if t.number in numbers_before} == numbers_before
+    assert_trials_consistent(study, case.tensor)
+    assert rel_err(case.tensor.numpy(second.best_tree), case.reference) < TOL
+
+
+# 8. Reports ------------------------------------------------------------------------------------
+
+def test_save_plots_writes_pngs(matmul_study, tmp_path):
+    paths = report.save_plots(matmul_study.study(), tmp_path / "plots")
+    assert sorted(p.name for p in paths) == ["history.png", "importances.png"]
+    for name in ("history.png", "importances.png"):
+        data = (tmp_path / "plots" / name).read_bytes()
+        assert len(data) > 1000 and data.startswith(PNG_SIGNATURE), name
+
+
+def test_save_plots_of_a_study_without_measured_trials(tmp_path):
+    study = optuna.create_study(storage=sqlite_url(tmp_path / "empty.sqlite"))
+    assert report.save_plots(study, tmp_path / "plots") == []
+
+
+# 9. The command line ---------------------------------------------------------------------------
+
+def test_cli_tune(tmp_path):
+    url, plots = sqlite_url(tmp_path / "cli.sqlite"), tmp_path / "plots"
+    done = subprocess.run(looptool_cli("tune", "matmul:16x16x16", "--trials", "4", "--storage", url,
+                                       "--seed", "0", "--plots", str(plots)),
+                          capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env=subprocess_env(tuning_db=tmp_path / "tuned.sqlite"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "best schedule" in done.stdout and "speed-up" in done.stdout, done.stdout
+    assert "NumPy" in done.stdout
+    assert (plots / "history.png").read_bytes().startswith(PNG_SIGNATURE)
+    names = optuna.get_all_study_names(url)
+    assert len(names) == 1 and count_finished(optuna.load_study(study_name=names[0], storage=url)) == 4
+    assert (tmp_path / "tuned.sqlite").exists()
+
+
+# 10. The search space --------------------------------------------------------------------------
+
+@pytest.mark.filterwarnings("ignore:Inconsistent parameter values:RuntimeWarning")
+@pytest.mark.parametrize("workload", sorted(CASES))
+def test_space_samples_only_invalid_draws_or_correct_schedules(workload):
+    """30 random draws (threads=2, so parallel loops too): sample() raises nothing but InvalidDraw,
+    and every legal draw compiles and matches NumPy (float64 reference)."""
+    case = CASES[workload]()
+    tree = case.tensor.loop_tree()
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=7))
+    assert unwritten_stages(tree) == []
+    counts = {"invalid": 0, "illegal": 0, "legal": 0}
+    for _ in range(30):
+        trial = study.ask()
+        try:
+            drawn = space.sample(trial, tree, threads=2)
+        except space.InvalidDraw:
+            counts["invalid"] += 1
+            study.tell(trial, state=S.PRUNED)
+            continue
+        legal, reason = drawn.check()
+        if legal:
+            counts["legal"] += 1
+            got = case.tensor.numpy(drawn)
+            err = rel_err(got, case.reference)
+            assert not unwritten_stages(drawn), f"a stage is never computed:\n{drawn}"
+            assert err < TOL, f"{workload} trial {trial.number}: relative error {err:.2e}\n{drawn}"
+            study.tell(trial, 1.0)
+        else:
+            counts["illegal"] += 1
+            assert reason, "an illegal schedule without a reason"
+            study.tell(trial, state=S.PRUNED)
+    assert counts["legal"] > 0, counts
+
+
+LOST_STAGE_STEPS = [["split", "t2", "m", 4], ["place", "t1", "t2", 2], ["place", "t0", "t1", 1]]
+
+
+def test_placing_a_producer_inside_a_placed_consumer_keeps_it():
+    """Found by the space fuzz above (layernorm and softmax draws); reduced by hand."""
+    case = softmax_case(8, 16)
+    text = json.dumps({"format": 1, "steps": LOST_STAGE_STEPS})
+    try:
+        tree = case.tensor.loop_tree(text)
+    except ValueError:
+        return                          # refusing the placement would be fine too
+    if not tree.check()[0]:
+        return                          # and so would calling it illegal
+    assert unwritten_stages(tree) == [], f"stages lost:\n{tree}"
+    assert rel_err(case.tensor.numpy(text), case.reference) < TOL
+
+
+def test_space_parameter_names_are_consistent_within_a_trial():
+    tree = softmax_case().tensor.loop_tree()
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for _ in range(10):
+            trial = study.ask()
+            try:
+                space.sample(trial, tree, threads=1)
+            except space.InvalidDraw:
+                pass
+            study.tell(trial, 1.0)
