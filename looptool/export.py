@@ -27,10 +27,11 @@ from . import ir, runtime
 from .analysis import legality
 from .codegen import cpu as codegen_cpu
 from .errors import ArtifactError
-from .runtime import tuning_db
+from .codegen import threadpool as codegen_threadpool
+from .runtime import threadpool, tuning_db
 from .version import __version__
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2                 # 2: the thread pool moved out of kernel.o into pool.o
 ENTRY = "looptool_kernel"
 C_TYPES = {"float32": "float", "float64": "double"}
 
@@ -58,7 +59,9 @@ def export(tensor, path, schedule=None, *, input_names=None, tuning: dict | None
     module = target.optimize(ir_text, machine)
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
-    files = {"kernel.ll": ir_text.encode(), "kernel.o": machine.emit_object(module)}
+    pool = target.optimize(str(codegen_threadpool.pool_module(target.triple)), machine)
+    files = {"kernel.ll": ir_text.encode(), "kernel.o": machine.emit_object(module),
+             "pool.o": machine.emit_object(pool)}
     files["kernel.h"] = _header(program, names).encode()
     for name, data in files.items():
         (out / name).write_bytes(data)
@@ -102,12 +105,14 @@ def _header(program: ir.Program, names: list[str]) -> str:
 
 
 def _build_shared_library(out: Path) -> bool:
-    """libkernel.so from kernel.o with the system's C compiler; False when there is none."""
+    """libkernel.so from kernel.o and pool.o (the thread pool) with the system's C compiler; False when
+    there is none.  `-z nodelete`: the pool's sleeping workers run its code, so it is never unloaded."""
     cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if cc is None:
         return False
-    result = subprocess.run([cc, "-shared", "-o", str(out / "libkernel.so"), str(out / "kernel.o"), "-lpthread",
-                             "-lm"], capture_output=True, text=True)
+    objects = [str(out / "kernel.o"), str(out / "pool.o")]
+    result = subprocess.run([cc, "-shared", "-o", str(out / "libkernel.so"), *objects, "-Wl,-z,nodelete",
+                             "-lpthread", "-lm"], capture_output=True, text=True)
     if result.returncode != 0:
         raise ArtifactError(f"building libkernel.so with {cc} failed:\n{result.stderr}")
     return True
@@ -190,6 +195,7 @@ def load(path, rebuild: bool = False) -> LoadedKernel:
                             f"({target.cpu}) lacks: {', '.join(missing)}; load it with rebuild=True to recompile "
                             f"its LLVM IR for this CPU")
     machine = target.new_machine()
+    threadpool.ensure_loaded()
     if missing or rebuild:
         module = target.optimize((path / "kernel.ll").read_text(), machine)
         engine = llvm.create_mcjit_compiler(module, machine)

@@ -2,7 +2,7 @@
 
 The kernel is `void kernel(ptr buf0, ptr buf1, ...)`, one noalias pointer per
 input, runtime-made temporary and output buffer (in `CpuKernelSource.params`
-order).  Parallel loops are outlined and run on POSIX threads; the C entry point
+order).  Parallel loops are outlined and run on the thread pool (threadpool.py); the C entry point
 allocates the temporaries itself.  `HostTarget` is the JIT target for this CPU.
 """
 from __future__ import annotations
@@ -14,7 +14,8 @@ import llvmlite.binding as llvm
 from llvmlite import ir as llir
 
 from ..schedule import LoopNode, LoopTree
-from .llvm import (FLOAT, I1, I64, ONE, PTR, ZERO, FunctionBuilder, TypedCallee, kernel_params, ty_bytes)
+from .llvm import FLOAT, I1, I64, PTR, ZERO, FunctionBuilder, kernel_params, ty_bytes
+from .threadpool import declare_parallel_for
 
 
 @dataclass
@@ -92,7 +93,7 @@ class CpuFunctionBuilder(FunctionBuilder):
         for k, (_, value) in enumerate(pointers + values):
             b.store(b.ptrtoint(value, I64) if isinstance(value.type, llir.PointerType) else value,
                     b.gep(ctx, [llir.Constant(I64, k)], source_etype=I64))
-        b.call(_parallel_for(module), [wrapper, ctx, count, llir.Constant(I64, self.threads)])
+        b.call(declare_parallel_for(module), [wrapper, ctx, count, llir.Constant(I64, self.threads)])
 
         wb = llir.IRBuilder(wrapper.append_basic_block())
         slots = [wb.load(wb.gep(wrapper.args[0], [llir.Constant(I64, k)], source_etype=I64), typ=I64)
@@ -108,52 +109,6 @@ class CpuFunctionBuilder(FunctionBuilder):
         inner.full = set(self.full)
         inner.counted_loop(start, end, lambda i: inner.loop_body(node, {**inner_env, lp.name: i}), lp.name)
         inner.finish()
-
-
-def _parallel_for(module: llir.Module) -> llir.Function:
-    """`void looptool.parallel_for(fn, ctx, count, threads)`: fn(ctx, start, end) on pthreads, one chunk each."""
-    name = "looptool.parallel_for"
-    if name in module.globals:
-        return module.globals[name]
-    body_ty = llir.FunctionType(llir.VoidType(), [PTR, I64, I64])
-    create = llir.Function(module, llir.FunctionType(llir.IntType(32), [PTR, PTR, PTR, PTR]), name="pthread_create")
-    join = llir.Function(module, llir.FunctionType(llir.IntType(32), [I64, PTR]), name="pthread_join")
-
-    # Each thread's argument block is four i64 slots: body, ctx, start, end.
-    trampoline = llir.Function(module, llir.FunctionType(PTR, [PTR]), name="looptool.trampoline")
-    b = llir.IRBuilder(trampoline.append_basic_block())
-    slots = [b.load(b.gep(trampoline.args[0], [llir.Constant(I64, k)], source_etype=I64), typ=I64) for k in range(4)]
-    b.call(TypedCallee(b.inttoptr(slots[0], PTR), body_ty), [b.inttoptr(slots[1], PTR), slots[2], slots[3]])
-    b.ret(llir.Constant(PTR, None))
-
-    fn = llir.Function(module, llir.FunctionType(llir.VoidType(), [PTR, PTR, I64, I64]), name=name)
-    body, ctx, count, threads = fn.args
-    b = llir.IRBuilder(fn.append_basic_block("entry"))
-    tids = b.alloca(I64, size=threads)
-    argv = b.alloca(I64, size=b.mul(threads, llir.Constant(I64, 4)))
-    chunk = b.sdiv(b.add(count, b.sub(threads, ONE)), threads)
-    helper = CpuFunctionBuilder.__new__(CpuFunctionBuilder)
-    helper.fn, helper.builder = fn, b
-
-    def spawn(t):
-        start = b.mul(t, chunk)
-        end = helper.smin(b.add(start, chunk), count)
-        slot = b.gep(argv, [b.mul(t, llir.Constant(I64, 4))], source_etype=I64)
-        for k, value in enumerate([b.ptrtoint(body, I64), b.ptrtoint(ctx, I64), start, end]):
-            b.store(value, b.gep(slot, [llir.Constant(I64, k)], source_etype=I64))
-        with b.if_then(b.icmp_signed("<", start, end)):
-            b.call(create, [b.gep(tids, [t], source_etype=I64), llir.Constant(PTR, None), trampoline, slot])
-
-    def join_one(t):
-        start = b.mul(t, chunk)
-        with b.if_then(b.icmp_signed("<", start, count)):
-            b.call(join, [b.load(b.gep(tids, [t], source_etype=I64), typ=I64), llir.Constant(PTR, None)])
-
-    helper.counted_loop(ONE, threads, spawn, "spawn")
-    b.call(TypedCallee(body, body_ty), [ctx, ZERO, helper.smin(chunk, count)])
-    helper.counted_loop(ONE, threads, join_one, "join")
-    b.ret_void()
-    return fn
 
 
 class HostTarget:

@@ -13,7 +13,7 @@ from .. import ir
 from ..codegen import cpu as codegen_cpu
 from ..frontend import graph
 from ..schedule import LoopTree
-from . import interpreter, tuning_db
+from . import interpreter, threadpool, tuning_db
 from .cache import KernelCache
 from .gpu import to_host
 from .schedules import resolve_schedule, schedule_steps
@@ -39,6 +39,7 @@ class Kernel:
 
     def __init__(self, tree: LoopTree, threads: int):
         start = time.perf_counter()
+        threadpool.ensure_loaded()
         target = codegen_cpu.HostTarget.get()
         source = codegen_cpu.generate(tree, target.triple, threads)
         self.tree, self.params = tree, source.params

@@ -194,9 +194,9 @@ def test_in_process_load_matches_kernel_and_manifest(small_matmul):
     assert [spec["strides"] for spec in kernel.inputs] == [[5, 1], [7, 1]]
     assert kernel.output == {"dims": ["m", "n"], "shape": [6, 7], "dtype": "float32"}
     manifest = kernel.manifest
-    assert manifest["format_version"] == 1 and manifest["looptool_version"] == lt.__version__
+    assert manifest["format_version"] == 2 and manifest["looptool_version"] == lt.__version__
     assert manifest["target"]["triple"] == cpu.HostTarget.get().triple
-    assert set(manifest["files"]) >= {"kernel.ll", "kernel.o", "kernel.h"}
+    assert set(manifest["files"]) >= {"kernel.ll", "kernel.o", "pool.o", "kernel.h"}
     got = kernel(*case.inputs)
     assert np.array_equal(got, case.tensor.numpy(case.tensor.loop_tree()))
     assert got.flags.c_contiguous
@@ -290,7 +290,7 @@ DAMAGE = {
                                           (p / "kernel.o").write_bytes(b"\x7fELF junk")),
                                r"manifest\.json is corrupted: no SHA-256 listed for kernel\.ll, kernel\.o"),
     "newer format": (lambda p: edit_manifest(p, lambda m: m.update(format_version=999)),
-                     r"artifact format version 999; this looptool \(.*\) reads versions up to 1: upgrade looptool"),
+                     r"artifact format version 999; this looptool \(.*\) reads versions up to 2: upgrade looptool"),
 }
 
 

@@ -1,0 +1,87 @@
+"""The persistent thread pool behind parallel loops: chunks, thread counts, fork, concurrent callers."""
+import ctypes
+import os
+import threading
+
+import llvmlite.binding as llvm
+import numpy as np
+import pytest
+
+import looptool as lt
+from looptool.codegen import threadpool as pool_code
+from looptool.runtime import threadpool
+
+BODY = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+
+
+def parallel_for():
+    threadpool.ensure_loaded()
+    address = llvm.address_of_symbol(pool_code.ENTRY)
+    return ctypes.CFUNCTYPE(None, BODY, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)(address)
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 7, 100])
+@pytest.mark.parametrize("threads", [1, 2, 3, 8])
+def test_chunks_cover_the_range_once(count, threads):
+    ranges, lock = [], threading.Lock()
+
+    @BODY
+    def body(ctx, start, end):
+        with lock:
+            ranges.append((start, end))
+
+    parallel_for()(body, None, count, threads)
+    covered = sorted(i for start, end in ranges for i in range(start, end))
+    assert covered == list(range(count))
+    assert len(ranges) <= max(1, threads)
+
+
+@pytest.fixture
+def parallel_matmul(rng):
+    m, k, n = lt.symbols("m k n")
+    a_np, b_np = rng.random((37, 23), dtype=np.float32), rng.random((23, 41), dtype=np.float32)
+    c = (lt.Tensor(a_np).to(m, k) * lt.Tensor(b_np).to(k, n)).sum(k)
+    tree = c.loop_tree().split("m", 5).parallel("m.0")
+    yield c, tree, [a_np, b_np], a_np.astype(np.float64) @ b_np
+    lt.set_num_threads(os.cpu_count() or 1)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 5, 16])
+def test_every_thread_count_gives_the_serial_bits(parallel_matmul, threads):
+    c, tree, arrays, ref = parallel_matmul
+    serial = c.numpy(c.loop_tree().split("m", 5))
+    lt.set_num_threads(threads)
+    out = c.numpy(tree)
+    assert np.array_equal(out, serial)
+    assert np.abs(out - ref).max() / np.abs(ref).max() < 1e-5
+
+
+def test_concurrent_callers_share_the_pool(parallel_matmul):
+    c, tree, arrays, ref = parallel_matmul
+    lt.set_num_threads(2)
+    kernel = c.compile(tree)
+    expected = kernel(arrays).copy()
+    results = [None] * 6
+
+    def call(i):
+        results[i] = [np.array_equal(kernel(arrays), expected) for _ in range(20)]
+
+    callers = [threading.Thread(target=call, args=(i,)) for i in range(len(results))]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join()
+    assert results == [[True] * 20] * len(results)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork is POSIX-only")
+def test_forked_child_starts_its_own_workers(parallel_matmul):
+    c, tree, arrays, ref = parallel_matmul
+    lt.set_num_threads(2)
+    kernel = c.compile(tree)
+    expected = kernel(arrays).copy()      # the parent's workers exist now
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if np.array_equal(kernel(arrays), expected) else 3)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
