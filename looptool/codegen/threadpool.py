@@ -79,6 +79,11 @@ class _PoolBuilder:
         var.initializer, var.linkage = llir.Constant(PTR, None), "internal"
         return var
 
+    def get(self, b: llir.IRBuilder, name: str) -> llir.Value:
+        """Load one of the pool's words or pointers."""
+        var = self.word.get(name) or self.pointer[name]
+        return b.load(var, typ=var.value_type)
+
     def extern(self, name: str, ret: llir.Type, args: list[llir.Type]) -> llir.Function:
         return llir.Function(self.module, llir.FunctionType(ret, args), name=name)
 
@@ -124,16 +129,16 @@ class _PoolBuilder:
         loop = fn.append_basic_block("loop")
         b.branch(loop)
         b.position_at_end(loop)
-        self.wait_while(b, fn, lambda b: b.icmp_unsigned("==", b.load(self.word["generation"], typ=self.word["generation"].value_type), b.load(seen, typ=I64)),
+        self.wait_while(b, fn, lambda b: b.icmp_unsigned("==", self.get(b, "generation"), b.load(seen, typ=I64)),
                         "work", "job")
-        b.store(b.load(self.word["generation"], typ=self.word["generation"].value_type), seen)
-        with b.if_then(b.icmp_unsigned("<", index, b.load(self.word["threads"], typ=self.word["threads"].value_type))):
-            body, ctx = b.load(self.pointer["body"], typ=self.pointer["body"].value_type), b.load(self.pointer["ctx"], typ=self.pointer["ctx"].value_type)
-            count, chunk = b.load(self.word["count"], typ=self.word["count"].value_type), b.load(self.word["chunk"], typ=self.word["chunk"].value_type)
+        b.store(self.get(b, "generation"), seen)
+        with b.if_then(b.icmp_unsigned("<", index, self.get(b, "threads"))):
+            body, ctx = self.get(b, "body"), self.get(b, "ctx")
+            count, chunk = self.get(b, "count"), self.get(b, "chunk")
             self.call(b, "unlock", self.sync["mutex"])
             self.run_chunk(b, body, ctx, count, chunk, index)
             self.call(b, "lock", self.sync["mutex"])
-            pending = b.sub(b.load(self.word["pending"], typ=self.word["pending"].value_type), ONE)
+            pending = b.sub(self.get(b, "pending"), ONE)
             b.store(pending, self.word["pending"])
             with b.if_then(b.icmp_unsigned("==", pending, ZERO)):
                 self.call(b, "signal", self.sync["done"])
@@ -147,7 +152,7 @@ class _PoolBuilder:
         fn.linkage = "internal"
         b = llir.IRBuilder(fn.append_basic_block("entry"))
         pid = b.sext(self.call(b, "getpid"), I64)
-        with b.if_then(b.icmp_unsigned("!=", pid, b.load(self.word["owner"], typ=I64))):
+        with b.if_then(b.icmp_unsigned("!=", pid, self.get(b, "owner"))):
             for var in self.sync.values():
                 b.store(llir.Constant(var.value_type, None), var)
             for name in ("workers", "pending"):
@@ -166,11 +171,11 @@ class _PoolBuilder:
         check, create, done = (fn.append_basic_block(n) for n in ("check", "create", "done"))
         b.branch(check)
         b.position_at_end(check)
-        workers = b.load(self.word["workers"], typ=self.word["workers"].value_type)
+        workers = self.get(b, "workers")
         b.cbranch(b.icmp_signed("<", workers, want), create, done)
         b.position_at_end(create)
         index = b.add(workers, ONE)
-        generation = b.shl(b.load(self.word["generation"], typ=self.word["generation"].value_type), llir.Constant(I64, INDEX_BITS))
+        generation = b.shl(self.get(b, "generation"), llir.Constant(I64, INDEX_BITS))
         argument = b.inttoptr(b.or_(generation, index), PTR)
         failed = self.call(b, "create", tid, llir.Constant(PTR, None), worker, argument)
         started = fn.append_basic_block("started")
@@ -180,7 +185,7 @@ class _PoolBuilder:
         b.store(index, self.word["workers"])
         b.branch(check)
         b.position_at_end(done)
-        b.ret(b.load(self.word["workers"], typ=self.word["workers"].value_type))
+        b.ret(self.get(b, "workers"))
         return fn
 
     def entry(self, grow: llir.Function, reset_after_fork: llir.Function) -> llir.Function:
@@ -211,12 +216,12 @@ class _PoolBuilder:
             b.store(value, self.word[name])
         b.store(body, self.pointer["body"])
         b.store(ctx, self.pointer["ctx"])
-        b.store(b.add(b.load(self.word["generation"], typ=self.word["generation"].value_type), ONE), self.word["generation"])
+        b.store(b.add(self.get(b, "generation"), ONE), self.word["generation"])
         self.call(b, "broadcast", self.sync["work"])
         self.call(b, "unlock", self.sync["mutex"])
         self.run_chunk(b, body, ctx, count, chunk, ZERO)
         self.call(b, "lock", self.sync["mutex"])
-        self.wait_while(b, fn, lambda b: b.icmp_unsigned("!=", b.load(self.word["pending"], typ=self.word["pending"].value_type), ZERO), "done", "finish")
+        self.wait_while(b, fn, lambda b: b.icmp_unsigned("!=", self.get(b, "pending"), ZERO), "done", "finish")
         self.call(b, "unlock", self.sync["mutex"])
         self.call(b, "unlock", self.sync["busy"])
         b.ret_void()
