@@ -116,6 +116,10 @@ def workloads(scale: float):
         """The tuner's register-tile template (tuner.space.register_tiled), 128-bit vectors along n."""
         return space.register_tiled(mat.loop_tree(), "t0", x_threads, x_groups, 4, y_threads, y_tile, k_tile,
                                     unroll_k, shared)
+    def pipelined(stages, **kw):
+        """The register-tile template with its shared-memory copies issued by cp.async `stages - 1` k
+        tiles ahead (LoopTree.pipeline)."""
+        return tiles(unroll_k=True, **kw).pipeline("k.0", stages, stage="t0.acc")
     naive = mat.loop_tree().split("m", 8).split("n", 128).reorder("m.0", "n.0", "m.1", "n.1", "k") \
         .bind("m.0", "block.y").bind("n.0", "block.x").bind("m.1", "thread.y").bind("n.1", "thread.x")
     tiled = mat.loop_tree().split("m", 64).split("n", 128).split("m.1", 4).split("n.1", 32) \
@@ -140,6 +144,11 @@ def workloads(scale: float):
                                    "register tiles 128x128x8, k unrolled": tiles(unroll_k=True),
                                    "register tiles 128x128x16, k unrolled": tiles(k_tile=16, unroll_k=True),
                                    "register tiles 64x64x8, 4x8/thread": tiles(x_threads=8, y_threads=16, y_tile=4),
+                                   "128x128x8, k unrolled, cp.async 2 stages": pipelined(2),
+                                   "128x128x8, k unrolled, cp.async 3 stages": pipelined(3),
+                                   "128x128x8, k unrolled, cp.async 4 stages": pipelined(4),
+                                   "128x128x16, k unrolled, cp.async 2 stages": pipelined(2, k_tile=16),
+                                   "128x128x16, k unrolled, cp.async 3 stages": pipelined(3, k_tile=16),
                                    "tuned: 8x512 block tile, A in shared memory, k tile 32 (GPU study, seed 1)":
                                        tiles(x_threads=128, x_groups=1, y_threads=1, y_tile=8, k_tile=32,
                                              shared=("in0",)),

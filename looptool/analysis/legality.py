@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 from .. import ir
 from ..errors import IllegalScheduleError
-from ..schedule import GPU_AXES, LoopNode, LoopTree, StmtNode, accesses, thread_bound
+from ..schedule import GPU_AXES, LoopNode, LoopTree, StmtNode, accesses, pipeline_depth, thread_bound
 from ..schedule.printing import stmt_text
 
 
@@ -118,6 +118,55 @@ def _check_structure(tree: LoopTree):
                     f"buffer {plan.name} is shrunk to one tile per iteration of the vectorized loop "
                     f"'{node.loop.name}', so its lanes would share it: place stage {plan.name} outside "
                     f"'{node.loop.name}' or do not vectorize it")
+    _check_pipelines(tree)
+
+
+def _check_pipelines(tree: LoopTree):
+    """A pipelined loop runs at block level and prefetches copies of inputs only.
+
+    Copies of iteration i are issued at iteration i - (stages - 1) into buffer i mod stages, so
+    they may move ahead of the rest of the body when they read nothing the program writes, and
+    their buffer is read nowhere but in the same iteration.  The copies of iteration i form the
+    (i+1)-th group, after the stages - 1 groups of the prologue; waiting until at most
+    `in_flight` groups run completes it exactly when in_flight <= stages - 2; the barrier after
+    the wait makes every thread's copies visible, and it also orders the copy into buffer
+    (i-1) mod stages after every thread's reads of it in iteration i - 1."""
+    for node, path in tree.walk():
+        depth = isinstance(node, LoopNode) and pipeline_depth(node.loop.annotation)
+        if not depth:
+            continue
+        stages, in_flight = depth
+        name = node.loop.name
+        if in_flight > stages - 2:
+            raise IllegalScheduleError(
+                f"loop '{name}' is pipelined with {stages} stages but waits only until {in_flight} groups of "
+                f"copies are in flight: the copy for an iteration is issued {stages - 1} iterations ahead, so "
+                f"it could still be running when the iteration reads it (at most {stages - 2} may stay in flight)")
+        bound = [p.loop.name for p in path if thread_bound(p)]
+        if bound:
+            raise IllegalScheduleError(f"loop '{name}' is pipelined inside thread-bound loops {bound}; pipeline a "
+                                       f"loop that every thread of the block runs (at block level)")
+        copies = [plan.name for plan in tree.local_buffers.get(id(node), [])]
+        if not copies:
+            raise IllegalScheduleError(f"loop '{name}' is pipelined but no stage is placed at it: cache an input "
+                                       f"and place its copy at '{name}' to prefetch it")
+        for copy in copies:
+            _check_prefetchable(tree, node, copy)
+
+
+def _check_prefetchable(tree: LoopTree, node: LoopNode, copy: str):
+    stage = tree.program.stage(copy)
+    written = {st.name for st in tree.program.stages}
+    if stage.reduce_op or ir.loaded_buffers(stage.expr) & written:
+        raise IllegalScheduleError(
+            f"stage {copy} is placed at pipelined loop '{node.loop.name}' but is not a copy of inputs (it "
+            f"{'reduces' if stage.reduce_op else 'reads ' + ', '.join(sorted(ir.loaded_buffers(stage.expr) & written))}"
+            f"), so it cannot run iterations ahead")
+    writers = [path for stmt, path in tree.statements() if stmt.stage.name == copy]
+    if not all(any(thread_bound(p) for p in path) for path in writers):
+        raise IllegalScheduleError(
+            f"stage {copy} is placed at pipelined loop '{node.loop.name}' but not written inside thread-bound "
+            f"loops, so it would not live in shared memory: bind its loops to threads")
 
 
 def _statements(tree: LoopTree) -> list[_Stmt]:

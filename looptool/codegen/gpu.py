@@ -26,8 +26,9 @@ from dataclasses import dataclass
 import llvmlite.binding as llvm
 from llvmlite import ir as llir
 
+from .. import ir
 from ..ir import Affine
-from ..schedule import GPU_AXES, LoopNode, LoopTree, StmtNode, accesses, thread_bound, walk
+from ..schedule import GPU_AXES, LoopNode, LoopTree, StmtNode, accesses, pipeline_depth, thread_bound, walk
 from .llvm import (FLOAT, I64, IDENTITY, REDUCE_BINARY, ZERO, FunctionBuilder, element_type, kernel_params,
                    ty_bytes)
 
@@ -129,6 +130,8 @@ class _GpuBuilder(FunctionBuilder):
         self.close_body = False
         self.aligned_params: set[str] = set()
         self.partials: dict[int, llir.Value] = {}
+        self.rotations: dict[str, llir.Value] = {}     # pipelined buffer -> element offset of the current copy
+        self.asynchronous: set[str] = set()            # stages whose copies are being issued with cp.async
 
     def body(self, nodes: list, env: dict):
         """At block level, a barrier follows a node unless the next one touches none of the buffers
@@ -164,6 +167,9 @@ class _GpuBuilder(FunctionBuilder):
 
     def loop(self, node: LoopNode, env: dict):
         axis = node.loop.annotation
+        if pipeline_depth(axis):
+            self.pipelined(node, env, *pipeline_depth(axis))
+            return
         if axis == "parallel":
             raise ValueError(f"loop '{node.loop.name}' is marked parallel: on a GPU, bind it to blocks or threads")
         if axis not in GPU_AXES:
@@ -189,6 +195,103 @@ class _GpuBuilder(FunctionBuilder):
         for stmt in combined:
             self.combine_across_threads(stmt, node, value, env)
 
+    # Pipelines: cp.async copies into rotating shared buffers ------------------------------------
+    def pipelined(self, node: LoopNode, env: dict, stages: int, in_flight: int):
+        """Issue the copies of the first `stages - 1` iterations; then in each iteration wait until at
+        most `in_flight` copy groups run, synchronize the block, issue the copies `stages - 1`
+        iterations ahead (into the buffer the previous iteration read) and run the rest of the body."""
+        placed = self.tree.local_buffers.get(id(node), [])
+        sizes = {plan.name: self.rotating_size(plan) for plan in placed}
+        for plan in placed:
+            self.pointers[plan.name] = self.shared(FLOAT[plan.dtype], sizes[plan.name] * stages, plan.name)
+        copies = [child for child in node.body if _buffers_touched(child)[0] <= sizes.keys()]
+        rest = [child for child in node.body if all(child is not copy for copy in copies)]
+        count, name, b = self.trip_count(node, env), node.loop.name, self.builder
+        for iteration in range(stages - 1):
+            self.issue_copies(copies, sizes, stages, {**env, name: llir.Constant(I64, iteration)}, name, count)
+
+        def iteration(i):
+            self.wait_copies(in_flight)
+            self.barrier()
+            ahead = b.add(i, llir.Constant(I64, stages - 1))
+            self.issue_copies(copies, sizes, stages, {**env, name: ahead}, name, count)
+            self.rotate(sizes, stages, i)
+            self.close_body = False
+            self.body(rest, {**env, name: i})
+        self.counted_loop(ZERO, count, iteration, name)
+        self.wait_copies(0)
+        self.barrier()
+        for buffer in sizes:
+            self.rotations.pop(buffer, None)
+
+    @staticmethod
+    def rotating_size(plan) -> int:
+        """Elements of one of a pipelined buffer's copies, rounded up to 16 bytes (so every copy
+        starts as aligned as the first)."""
+        element = ty_bytes(FLOAT[plan.dtype])
+        return -(-plan.size * element // 16) * 16 // element
+
+    def rotate(self, sizes: dict[str, int], stages: int, iteration: llir.Value):
+        """Point the pipelined buffers at their copy for `iteration` (iteration mod stages)."""
+        slot = self.builder.urem(iteration, llir.Constant(I64, stages))
+        for buffer, size in sizes.items():
+            self.rotations[buffer] = self.builder.mul(slot, llir.Constant(I64, size))
+
+    def issue_copies(self, copies: list, sizes: dict[str, int], stages: int, env: dict, loop: str,
+                     count: llir.Value):
+        """The copies of iteration env[loop] (if it exists) as cp.async, then one commit: every thread
+        commits a group per iteration, empty or not, so the group count follows the iterations."""
+        b = self.builder
+        with b.if_then(b.icmp_signed("<", env[loop], count)):
+            self.rotate(sizes, stages, env[loop])
+            self.asynchronous |= sizes.keys()
+            FunctionBuilder.body(self, copies, env)
+            self.asynchronous -= sizes.keys()
+        b.call(self.declare("llvm.nvvm.cp.async.commit.group", llir.VoidType(), []), [])
+
+    def wait_copies(self, in_flight: int):
+        """Wait until at most `in_flight` of this thread's copy groups are still running."""
+        wait = self.declare("llvm.nvvm.cp.async.wait.group", llir.VoidType(), [llir.IntType(32)])
+        self.builder.call(wait, [llir.Constant(llir.IntType(32), in_flight)])
+
+    def copy_asynchronously(self, stmt: StmtNode, env: dict, lanes=None) -> bool:
+        """Emit a copy statement of a pipelined stage as cp.async (one 4-16 byte copy per lane, or one
+        for all lanes where both sides are contiguous and aligned); False if it is no plain copy."""
+        stage, load = stmt.stage, stmt.stage.expr
+        if stage.name not in self.asynchronous or stmt.kind != "assign" or not isinstance(load, ir.Load) \
+                or load.clamped or load.dtype != stage.dtype or load.buffer not in self.params:
+            return False
+        own = Affine.identity(stage.dims)
+        element = ty_bytes(FLOAT[stage.dtype])
+        if lanes is not None:
+            source, source_step, source_align = self.linear_address(load.buffer, load.index, stmt, env, lanes)
+            target, target_step, target_align = self.linear_address(stage.name, own, stmt, env, lanes)
+            width = lanes.width * element
+            if source_step == target_step == 1 and width in (4, 8, 16) and min(source_align, target_align) >= width:
+                self.cp_async(target, source, width)
+                return True
+        for lane_env in self.lane_envs(env, lanes):
+            self.cp_async(self.access(stage.name, own, False, stmt, lane_env),
+                          self.access(load.buffer, load.index, False, stmt, lane_env), element)
+        return True
+
+    @staticmethod
+    def lane_envs(env: dict, lanes) -> list[dict]:
+        """One environment per lane of a vectorized loop (just `env` outside one)."""
+        if lanes is None:
+            return [env]
+        return [{**env, lanes.name: llir.Constant(I64, k)} for k in range(lanes.width)]
+
+    def cp_async(self, target: llir.Value, source: llir.Value, size: int):
+        """cp.async of `size` bytes from global to shared memory (.cg bypasses L1 for 16 bytes)."""
+        b = self.builder
+        shared = b.addrspacecast(target, llir.PointerType(addrspace=3))
+        global_ = b.addrspacecast(source, llir.PointerType(addrspace=1))
+        cache = "cg" if size == 16 else "ca"
+        copy = self.declare(f"llvm.nvvm.cp.async.{cache}.shared.global.{size}", llir.VoidType(),
+                            [shared.type, global_.type])
+        b.call(copy, [shared, global_])
+
     def combined_reductions(self, node: LoopNode) -> list[StmtNode]:
         """Reduction updates under a thread-bound loop over one of their reduction dims, into a target
         that does not depend on it (and with no other thread-bound loop inside)."""
@@ -200,7 +303,13 @@ class _GpuBuilder(FunctionBuilder):
                 and not self.linear_offset(stmt.stage.name, Affine.identity(stmt.stage.dims), stmt)
                 .coeffs().get(node.loop.name)]
 
+    def vector_statement(self, stmt: StmtNode, env: dict, lanes):
+        if not self.copy_asynchronously(stmt, env, lanes):
+            super().vector_statement(stmt, env, lanes)
+
     def statement(self, stmt: StmtNode, env: dict):
+        if self.copy_asynchronously(stmt, env):
+            return
         partial = self.partials.get(id(stmt))
         if partial is None:
             super().statement(stmt, env)
@@ -264,7 +373,11 @@ class _GpuBuilder(FunctionBuilder):
         terms drop out of the offset, so unrolled loops give constant offsets (registers)."""
         private = self.tree.thread_slices.get(buffer)
         if private is None:
-            return super().access(buffer, index, clamp, stmt, env)
+            pointer = super().access(buffer, index, clamp, stmt, env)
+            if buffer in self.rotations:
+                pointer = self.builder.gep(pointer, [self.rotations[buffer]],
+                                           source_etype=FLOAT[self.tree.buffers[buffer].dtype], inbounds=True)
+            return pointer
         linear = self.linear_offset(buffer, index, stmt)
         own = Affine.of({name: c for name, c in linear.terms if name not in self.thread_loops})
         offset = self.affine(own + (linear.const - private.low), env)

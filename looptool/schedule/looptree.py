@@ -15,7 +15,7 @@ from .. import ir
 from ..hooks import Hook
 from ..ir import Affine, Program
 from .printing import buffer_text, loop_text, stmt_text
-from .steps import GPU_AXES, Loop, Schedule, Tail
+from .steps import GPU_AXES, Loop, Schedule, Tail, pipeline_annotation
 
 LEGALITY = Hook("the legality check (LoopTree.check, assert_legal)", "looptool.analysis")
 
@@ -221,6 +221,20 @@ class LoopTree:
         if axis not in GPU_AXES:
             raise ValueError(f"bind: unknown GPU axis {axis!r}; use one of {GPU_AXES}")
         return LoopTree(self.program, self.schedule.annotate(self._stage(stage), loop, axis))
+
+    def pipeline(self, loop: str, stages: int = 2, in_flight: int | None = None,
+                 stage: str | None = None) -> "LoopTree":
+        """On a GPU, copy the input tiles placed inside block-level `loop` into shared memory
+        asynchronously (cp.async), `stages - 1` iterations ahead, in `stages` rotating buffers.
+        Each iteration waits until at most `in_flight` groups of copies are still running
+        (default and most that is legal: stages - 2), then the block synchronizes."""
+        if not isinstance(stages, int) or stages < 2:
+            raise ValueError(f"pipeline: stages must be an integer >= 2, got {stages!r}")
+        in_flight = stages - 2 if in_flight is None else in_flight
+        if not isinstance(in_flight, int) or in_flight < 0:
+            raise ValueError(f"pipeline: in_flight must be a non-negative integer, got {in_flight!r}")
+        return LoopTree(self.program,
+                        self.schedule.annotate(self._stage(stage), loop, pipeline_annotation(stages, in_flight)))
 
     def place(self, stage: str, consumer: str | None, depth: int = 0) -> "LoopTree":
         """Compute `stage` inside the first `depth` loops of `consumer` (None: at the root)."""

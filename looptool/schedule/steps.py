@@ -21,6 +21,21 @@ from ..ir import Program
 
 GPU_AXES = ("block.x", "block.y", "block.z", "thread.x", "thread.y", "thread.z")
 ANNOTATIONS = ("", "unroll", "vectorize", "parallel") + GPU_AXES
+PIPELINE = "pipeline"      # annotation 'pipeline.<stages>.<in flight>': see `pipeline_depth`
+
+
+def pipeline_annotation(stages: int, in_flight: int) -> str:
+    """The annotation of a loop whose copies into shared memory run `stages - 1` iterations ahead,
+    waiting each iteration until at most `in_flight` groups of copies are still running."""
+    return f"{PIPELINE}.{stages}.{in_flight}"
+
+
+def pipeline_depth(annotation: str) -> tuple[int, int] | None:
+    """(stages, copy groups left in flight at each wait) of a pipelined loop, or None for other loops."""
+    parts = annotation.split(".")
+    if len(parts) != 3 or parts[0] != PIPELINE or not (parts[1].isdigit() and parts[2].isdigit()):
+        return None
+    return int(parts[1]), int(parts[2])
 
 
 @dataclass(frozen=True)
@@ -145,8 +160,9 @@ class Schedule:
 
     def annotate(self, stage: str, loop: str, annotation: str) -> "Schedule":
         """Mark a loop 'unroll', 'vectorize', 'parallel', a GPU axis ('block.x', 'thread.y', ...),
-        or '' to clear it. CPU backends run GPU-bound loops as plain loops."""
-        if annotation not in ANNOTATIONS:
+        a pipeline ('pipeline.<stages>.<in flight>') or '' to clear it. CPU backends run GPU-bound and
+        pipelined loops as plain loops."""
+        if annotation not in ANNOTATIONS and pipeline_depth(annotation) is None:
             raise ValueError(f"unknown loop annotation {annotation!r}; use one of {ANNOTATIONS}")
         i, lp = self._loop(stage, loop)
         sched = self.of(stage)
