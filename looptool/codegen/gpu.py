@@ -255,35 +255,26 @@ class _GpuBuilder(FunctionBuilder):
         self.builder.call(wait, [llir.Constant(llir.IntType(32), in_flight)])
 
     def copy_asynchronously(self, stmt: StmtNode, env: dict, lanes=None) -> bool:
-        """Emit a copy statement of a pipelined stage as cp.async (one 4-16 byte copy per lane, or one
-        for all lanes where both sides are contiguous and aligned); False if it is no plain copy."""
+        """Emit a vectorized copy statement of a pipelined stage as one cp.async of 8 or 16 bytes where
+        both sides are contiguous and aligned; False otherwise (the copy then runs as loads and
+        stores, still into the buffer of its iteration: per-element cp.async would cost a memory
+        request per element, e.g. for a tile transposed into shared memory)."""
         stage, load = stmt.stage, stmt.stage.expr
-        if stage.name not in self.asynchronous or stmt.kind != "assign" or not isinstance(load, ir.Load) \
-                or load.clamped or load.dtype != stage.dtype or load.buffer not in self.params:
+        if stage.name not in self.asynchronous or lanes is None or stmt.kind != "assign" \
+                or not isinstance(load, ir.Load) or load.clamped or load.dtype != stage.dtype \
+                or load.buffer not in self.params:
             return False
-        own = Affine.identity(stage.dims)
-        element = ty_bytes(FLOAT[stage.dtype])
-        if lanes is not None:
-            source, source_step, source_align = self.linear_address(load.buffer, load.index, stmt, env, lanes)
-            target, target_step, target_align = self.linear_address(stage.name, own, stmt, env, lanes)
-            width = lanes.width * element
-            if source_step == target_step == 1 and width in (4, 8, 16) and min(source_align, target_align) >= width:
-                self.cp_async(target, source, width)
-                return True
-        for lane_env in self.lane_envs(env, lanes):
-            self.cp_async(self.access(stage.name, own, False, stmt, lane_env),
-                          self.access(load.buffer, load.index, False, stmt, lane_env), element)
+        source, source_step, source_align = self.linear_address(load.buffer, load.index, stmt, env, lanes)
+        target, target_step, target_align = self.linear_address(stage.name, Affine.identity(stage.dims), stmt,
+                                                                env, lanes)
+        width = lanes.width * ty_bytes(FLOAT[stage.dtype])
+        if source_step != 1 or target_step != 1 or width not in (8, 16) or min(source_align, target_align) < width:
+            return False
+        self.cp_async(target, source, width)
         return True
 
-    @staticmethod
-    def lane_envs(env: dict, lanes) -> list[dict]:
-        """One environment per lane of a vectorized loop (just `env` outside one)."""
-        if lanes is None:
-            return [env]
-        return [{**env, lanes.name: llir.Constant(I64, k)} for k in range(lanes.width)]
-
     def cp_async(self, target: llir.Value, source: llir.Value, size: int):
-        """cp.async of `size` bytes from global to shared memory (.cg bypasses L1 for 16 bytes)."""
+        """cp.async of `size` bytes from global to shared memory (.cg, which bypasses L1, takes only 16)."""
         b = self.builder
         shared = b.addrspacecast(target, llir.PointerType(addrspace=3))
         global_ = b.addrspacecast(source, llir.PointerType(addrspace=1))
@@ -308,8 +299,6 @@ class _GpuBuilder(FunctionBuilder):
             super().vector_statement(stmt, env, lanes)
 
     def statement(self, stmt: StmtNode, env: dict):
-        if self.copy_asynchronously(stmt, env):
-            return
         partial = self.partials.get(id(stmt))
         if partial is None:
             super().statement(stmt, env)
