@@ -77,7 +77,8 @@ class CpuFunctionBuilder(FunctionBuilder):
 
     def parallel(self, node: LoopNode, env: dict, count: llir.Value):
         """Outline the loop into body(noalias buffers..., outer loop values..., start, end) and run
-        chunks of its range on threads through a (ctx, start, end) wrapper."""
+        chunks of its range on threads through a (ctx, start, end) wrapper; the buffers placed at
+        the loop are allocated in the body, so each thread has its own."""
         module = self.fn.module
         pointers, values = list(self.pointers.items()), list(env.items())
         name = f"{self.fn.name}.{node.loop.name}.par{len(module.globals)}"
@@ -102,6 +103,7 @@ class CpuFunctionBuilder(FunctionBuilder):
         wb.ret_void()
 
         inner = CpuFunctionBuilder(self.tree, body_fn, dict(zip([n for n, _ in pointers], body_fn.args)), self.threads)
+        inner.allocate_placed(node)  # buffers placed at this loop: one per thread, not shared
         inner_env = dict(zip([n for n, _ in values], body_fn.args[len(pointers):]))
         start, end = body_fn.args[-2:]
         lp = node.loop
