@@ -206,9 +206,26 @@ def verdict(tree: LoopTree) -> tuple[bool, str]:
     want, got = original.output(), scheduled.output()
     for elem, value in want.items():
         if got[elem] != value:
-            return False, (f"output element {list(elem)} differs: {describe(values, got[elem])} "
-                           f"instead of {describe(values, value)}")
+            return False, f"output element {list(elem)} is wrong: {difference(values, got[elem], value)}"
     return True, "legal"
+
+
+def difference(values: Values, got: int, want: int) -> str:
+    """Where two symbolic values first differ, followed down through the values they loaded."""
+    g, w = values.terms[got], values.terms[want]
+    if g[:3] == w[:3] and g[0] == "assign":
+        return first_difference(values, g[3], w[3])
+    if g[:3] == w[:3] and g[0] == "reduce" and len(g[3]) == len(w[3]):
+        for (g_at, g_loaded), (w_at, w_loaded) in zip(g[3], w[3]):
+            if g_at != w_at:
+                break
+            if g_loaded != w_loaded:
+                return first_difference(values, g_loaded, w_loaded)
+    return f"{describe(values, got)} where {describe(values, want)} was due"
+
+
+def first_difference(values: Values, got: tuple, want: tuple) -> str:
+    return next(difference(values, a, b) for a, b in zip(got, want) if a != b)
 
 
 def describe(values: Values, value: int) -> str:
