@@ -60,7 +60,7 @@ def _c_entry(module: llir.Module, kernel: llir.Function, tree: LoopTree, params:
     for param in params:
         if param not in given:
             plan = tree.buffers[param]
-            size = -(-plan.size * ty_bytes(FLOAT[plan.dtype]) // 64) * 64
+            size = max(64, -(-plan.size * ty_bytes(FLOAT[plan.dtype]) // 64) * 64)  # never 0: NULL is failure
             temps[param] = b.call(alloc, [llir.Constant(I64, 64), llir.Constant(I64, size)])
     failed = llir.Constant(I1, 0)
     for pointer in temps.values():
