@@ -50,10 +50,13 @@ def generate(tree: LoopTree, triple: str, threads: int, entry: str = "looptool_k
 
 def _c_entry(module: llir.Module, kernel: llir.Function, tree: LoopTree, params: list[str],
              entry_params: list[str], name: str):
-    """`int name(inputs..., output)`: allocate the temporaries, run the kernel, free them."""
+    """`int name(inputs..., output)`: check the pointers, allocate the temporaries, run the kernel,
+    free them. Returns 0, 1 (out of memory), 2 (a NULL pointer) or 3 (a pointer not aligned to its
+    element size)."""
     fn = llir.Function(module, llir.FunctionType(llir.IntType(32), [PTR] * len(entry_params)), name=name)
     b = llir.IRBuilder(fn.append_basic_block("entry"))
     given = dict(zip(entry_params, fn.args))
+    _refuse_bad_pointers(b, tree, given)
     alloc = llir.Function(module, llir.FunctionType(PTR, [I64, I64]), name="aligned_alloc") \
         if "aligned_alloc" not in module.globals else module.globals["aligned_alloc"]
     free = module.globals.get("free") or llir.Function(module, llir.FunctionType(llir.VoidType(), [PTR]), name="free")
@@ -61,7 +64,7 @@ def _c_entry(module: llir.Module, kernel: llir.Function, tree: LoopTree, params:
     for param in params:
         if param not in given:
             plan = tree.buffers[param]
-            size = -(-plan.size * ty_bytes(FLOAT[plan.dtype]) // 64) * 64
+            size = max(64, -(-plan.size * ty_bytes(FLOAT[plan.dtype]) // 64) * 64)  # never 0: NULL is failure
             temps[param] = b.call(alloc, [llir.Constant(I64, 64), llir.Constant(I64, size)])
     failed = llir.Constant(I1, 0)
     for pointer in temps.values():
@@ -73,12 +76,30 @@ def _c_entry(module: llir.Module, kernel: llir.Function, tree: LoopTree, params:
     b.ret(b.zext(failed, llir.IntType(32)))
 
 
+def _refuse_bad_pointers(b: llir.IRBuilder, tree: LoopTree, given: dict):
+    """Return 2 if a pointer is NULL, else 3 if one is not aligned to its element size."""
+    i32 = llir.IntType(32)
+    status = llir.Constant(i32, 0)
+    for check, code in (("aligned", 3), ("null", 2)):
+        for name, pointer in given.items():
+            address = b.ptrtoint(pointer, I64)
+            if check == "null":
+                bad = b.icmp_unsigned("==", address, ZERO)
+            else:
+                element = llir.Constant(I64, ty_bytes(FLOAT[tree.buffers[name].dtype]))
+                bad = b.icmp_unsigned("!=", b.urem(address, element), ZERO)
+            status = b.select(bad, llir.Constant(i32, code), status)
+    with b.if_then(b.icmp_unsigned("!=", status, llir.Constant(i32, 0)), likely=False):
+        b.ret(status)
+
+
 class CpuFunctionBuilder(FunctionBuilder):
     """The shared builder plus parallel loops, outlined and run on threads."""
 
     def parallel(self, node: LoopNode, env: dict, count: llir.Value):
         """Outline the loop into body(noalias buffers..., outer loop values..., start, end) and run
-        chunks of its range on threads through a (ctx, start, end) wrapper."""
+        chunks of its range on threads through a (ctx, start, end) wrapper; the buffers placed at
+        the loop are allocated in the body, so each thread has its own."""
         module = self.fn.module
         pointers, values = list(self.pointers.items()), list(env.items())
         name = f"{self.fn.name}.{node.loop.name}.par{len(module.globals)}"
@@ -103,6 +124,7 @@ class CpuFunctionBuilder(FunctionBuilder):
         wb.ret_void()
 
         inner = CpuFunctionBuilder(self.tree, body_fn, dict(zip([n for n, _ in pointers], body_fn.args)), self.threads)
+        inner.allocate_placed(node)  # buffers placed at this loop: one per thread, not shared
         inner_env = dict(zip([n for n, _ in values], body_fn.args[len(pointers):]))
         start, end = body_fn.args[-2:]
         lp = node.loop

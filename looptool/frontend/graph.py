@@ -89,6 +89,10 @@ class Reduce(Node):
                 raise ValueError(f"cannot reduce over '{d}': {describe(src)} has no dimension '{d}'")
         if len(set(reduce_dims)) != len(reduce_dims):
             raise ValueError(f"reduction over {reduce_dims} names a dimension twice")
+        empty = [d for d in reduce_dims if src.sizes[d] == 0]
+        if empty and op in ("max", "min"):
+            raise ValueError(f"{op}() over dimension '{empty[0]}' of size 0: the {op}imum of no elements "
+                             f"is undefined (NumPy raises too); {describe(src)}")
         self.op, self.src, self.reduce_dims, self.label = op, src, reduce_dims, op
         self.dims = tuple(d for d in src.dims if d not in reduce_dims)
         self.sizes, self.dtype = dict(src.sizes), src.dtype

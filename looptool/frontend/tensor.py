@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numbers
+import warnings
 
 import numpy as np
 
@@ -85,10 +86,6 @@ class Tensor:
         if len(set(names)) != len(names):
             twice = sorted({n for n in names if names.count(n) > 1})
             raise ValueError(f"Tensor.to: dimension name(s) {twice} given more than once in {names}")
-        for name, size in zip(names, array.shape):
-            if size == 0:
-                raise ValueError(f"Tensor.to: dimension '{name}' has size 0; zero-size dimensions are "
-                                 f"not supported")
         return Tensor(None, _node=graph.Input(array, names))
 
     @property
@@ -186,9 +183,12 @@ class Tensor:
         return self._reduce("min", dims)
 
     def mean(self, *dims: Symbol) -> "Tensor":
-        """Mean over the named dimensions."""
+        """Mean over the named dimensions (NaN, with a RuntimeWarning, over dimensions of size 0)."""
         total = self._reduce("sum", dims)
         count = int(np.prod([self.node.sizes[_name(d, "mean")] for d in dims]))
+        if count == 0:
+            warnings.warn(f"mean over {[_name(d, 'mean') for d in dims]}, which hold no elements: the result "
+                          f"is NaN (0/0), as NumPy's 'Mean of empty slice'", RuntimeWarning, stacklevel=2)
         return total / count
 
     # Index views

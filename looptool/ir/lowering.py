@@ -27,8 +27,8 @@ class _Lowering:
         name = self.input_ids.get(id(node))
         if name is None:
             array = self.prepare_input(node.array)
-            if any(s % array.itemsize for s in array.strides):
-                array = np.ascontiguousarray(array)
+            if not array.flags.aligned or any(s % array.itemsize for s in array.strides):
+                array = array.copy(order="C")  # kernels address whole, aligned elements
             name = f"in{len(self.inputs)}"
             self.input_ids[id(node)] = name
             self.inputs.append(Buffer(name, node.dims, array.shape, array.dtype.name, element_strides(array)))

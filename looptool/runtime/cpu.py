@@ -81,20 +81,34 @@ class Kernel:
             if plan.kind in ("temp", "output"):
                 memory[plan.name] = aligned_empty(plan.shape, plan.dtype)
         if out is not None:
-            plan = self.tree.buffers[program.output.name]
-            if out.shape != plan.shape or out.dtype.name != plan.dtype or not out.flags.c_contiguous:
-                raise ValueError(f"out must be a C-contiguous {plan.dtype} array of shape {plan.shape}; got "
-                                 f"{out.dtype} {out.shape} (contiguous: {out.flags.c_contiguous})")
+            _check_output(self.tree.buffers[program.output.name], out, dict(zip(program.inputs, arrays)))
             memory[program.output.name] = out
         self._fn(*[memory[name].ctypes.data for name in self.params])
         return memory[program.output.name]
 
 
 def _check_input(buf: ir.Buffer, array: np.ndarray):
-    if array.shape != buf.shape or array.dtype.name != buf.dtype or \
+    if array.shape != buf.shape or array.dtype.name != buf.dtype or not array.flags.aligned or \
             tuple(s // array.itemsize for s in array.strides) != buf.strides:
         raise ValueError(f"kernel input {buf.name} expects shape {buf.shape}, dtype {buf.dtype}, strides "
-                         f"{buf.strides}; got shape {array.shape}, dtype {array.dtype}, strides {array.strides}")
+                         f"{buf.strides}, aligned; got shape {array.shape}, dtype {array.dtype}, strides "
+                         f"{array.strides}, aligned: {array.flags.aligned}")
+
+
+def _check_output(plan, out: np.ndarray, inputs: dict):
+    """`out` must be a writeable, aligned, C-contiguous array of the output's shape and dtype that
+    shares no memory with an input (the kernel writes it while it still reads them)."""
+    if out.shape != plan.shape or out.dtype.name != plan.dtype or not out.flags.c_contiguous \
+            or not out.flags.aligned:
+        raise ValueError(f"out must be an aligned, C-contiguous {plan.dtype} array of shape {plan.shape}; got "
+                         f"{out.dtype} {out.shape} (contiguous: {out.flags.c_contiguous}, aligned: "
+                         f"{out.flags.aligned})")
+    if not out.flags.writeable:
+        raise ValueError(f"out (shape {out.shape}) is read-only: the kernel writes its result there")
+    for buf, array in inputs.items():
+        if np.shares_memory(out, array):
+            raise ValueError(f"out shares memory with input {buf.name} (shape {array.shape}): the kernel would "
+                             f"overwrite the input while reading it; pass a separate array")
 
 
 def aligned_empty(shape: tuple[int, ...], dtype: str) -> np.ndarray:

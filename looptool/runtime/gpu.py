@@ -68,6 +68,10 @@ class GpuKernel:
         """Run on device (or host, copied) arrays in `program.inputs` order; returns a CuPy array."""
         cp = cupy()
         program = self.tree.program
+        empty = [dim for dim, size in program.sizes if size == 0]
+        if empty:
+            raise ValueError(f"GPU kernels do not run over dimensions of size 0 yet ({empty}); "
+                             f"use .numpy() on the CPU, which returns NumPy's empty result")
         memory = {}
         for buf, array in zip(program.inputs, arrays):
             device = as_device(array)

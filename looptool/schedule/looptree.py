@@ -69,6 +69,9 @@ class BufferPlan:
 
     @property
     def size(self) -> int:
+        """Elements from the first to the last one (0 for a buffer with a dimension of size 0)."""
+        if 0 in self.shape:
+            return 0
         return 1 + sum((n - 1) * abs(s) for n, s in zip(self.shape, self.strides))
 
     def element_index(self, index: tuple[Affine, ...]) -> tuple[Affine, ...]:

@@ -135,7 +135,7 @@ class Schedule:
             raise ValueError(f"split of '{loop}' in stage {stage}: factor must be a positive integer, got {factor!r}")
         i, lp = self._loop(stage, loop)
         self._check_not_shared(stage, i, "split")
-        factor = min(factor, lp.extent)
+        factor = max(1, min(factor, lp.extent))  # an empty loop splits into 0 x 1
         outer = Loop(f"{lp.name}.0", lp.dim, -(-lp.extent // factor), lp.stride * factor, "")
         inner = Loop(f"{lp.name}.1", lp.dim, factor, lp.stride, lp.annotation)
         sched = self.of(stage)

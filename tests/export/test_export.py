@@ -14,6 +14,8 @@ No test reads ~/.cache: LOOPTOOL_TUNING_DB and LOOPTOOL_STORAGE point into tmp_p
 """
 from __future__ import annotations
 
+import ctypes
+import hashlib
 import json
 import os
 import re
@@ -69,9 +71,14 @@ def snapshot(path: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
 
 
-def edit_manifest(path: Path, change) -> None:
+def edit_manifest(path: Path, change, sign: bool = True) -> None:
+    """Change the manifest; with `sign`, store the SHA-256 of the new content as export does
+    (JSON with sorted keys, without manifest_sha256), so that the checks behind it are reached."""
     manifest = json.loads((path / "manifest.json").read_text())
     change(manifest)
+    if sign:
+        content = {key: value for key, value in manifest.items() if key != "manifest_sha256"}
+        manifest["manifest_sha256"] = hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
     (path / "manifest.json").write_text(json.dumps(manifest, indent=2))
 
 
@@ -289,6 +296,12 @@ DAMAGE = {
     "no hashes, junk object": (lambda p: (edit_manifest(p, lambda m: set_files(m, {})),
                                           (p / "kernel.o").write_bytes(b"\x7fELF junk")),
                                r"manifest\.json is corrupted: no SHA-256 listed for kernel\.ll, kernel\.o"),
+    "libkernel.so truncated": (lambda p: truncate(p / "libkernel.so"), r"libkernel\.so is corrupted .*SHA-256"),
+    # a signature edited by hand would make the kernel write past the output it is given
+    "manifest shape edited": (lambda p: edit_manifest(p, lambda m: m["output"].update(shape=[2, 2]), sign=False),
+                              r"manifest\.json is corrupted: its content does not match its manifest_sha256"),
+    "manifest digest removed": (lambda p: edit_manifest(p, lambda m: m.pop("manifest_sha256"), sign=False),
+                                r"manifest\.json is corrupted: its content does not match"),
     "newer format": (lambda p: edit_manifest(p, lambda m: m.update(format_version=999)),
                      r"artifact format version 999; this looptool \(.*\) reads versions up to 2: upgrade looptool"),
 }
@@ -478,6 +491,123 @@ def test_c_program_against_header_and_shared_library(tmp_path):
     assert np.all(reference != 0) and len(np.unique(reference)) > M * N * 9 // 10     # checks that can fail
     assert_close(got, reference, 1e-5)
     assert np.array_equal(got, c.numpy(tree))                                   # "%.9g" is exact for float
+
+
+# ------------------------------------------------------------------ bad input: copies and refusals
+
+def misaligned(array: np.ndarray) -> np.ndarray:
+    """A copy of `array` whose data starts one byte past an element boundary."""
+    raw = np.zeros(array.nbytes + 1, np.uint8)
+    view = np.frombuffer(raw.data, dtype=array.dtype, count=array.size, offset=1).reshape(array.shape)
+    view[...] = array
+    assert not view.flags.aligned
+    return view
+
+
+def odd_strides(array: np.ndarray) -> np.ndarray:
+    """A view of `array`'s values with byte strides that are not whole elements (a record field)."""
+    record = np.zeros(array.shape, dtype=[("value", array.dtype), ("tag", np.uint8)])
+    record["value"] = array
+    view = record["value"]
+    assert any(s % view.itemsize for s in view.strides)
+    return view
+
+
+@pytest.mark.parametrize("layout", [misaligned, odd_strides, np.asfortranarray])
+def test_loaded_kernel_copies_inputs_it_cannot_address(layout, small_matmul):
+    """Misaligned arrays, strides of part of an element and other layouts are copied into the
+    kernel's layout (documented in docs/export.md); the result is the same, the inputs untouched."""
+    path, case = small_matmul
+    a, b = case.inputs
+    given = layout(a)
+    got = lt.load(path)(given, b)
+    assert np.array_equal(got, lt.load(path)(a, b))
+    assert_close(got, case.reference, 1e-5)
+    assert np.array_equal(given, a)
+
+
+@pytest.mark.parametrize("value, message", [
+    ([[1, 2, 3, 4, 5]] * 6, "input a: dtype int64 but the kernel was built for float32"),
+    (np.ones((6, 5), np.float16), "input a: dtype float16"),
+    (None, "input a has dims (m, k) = 2 dimensions, got an array with 0"),
+    (np.ones((5, 6), np.float32), "input a: dimension 'm' has size 5, the kernel was built for 6"),
+])
+def test_loaded_kernel_refuses_what_is_not_its_input(value, message, small_matmul):
+    path, case = small_matmul
+    with pytest.raises(ArtifactError, match=re.escape(message)):
+        lt.load(path)(value, case.inputs[1])
+
+
+def test_c_library_refuses_null_and_misaligned_pointers(small_matmul):
+    """libkernel.so cannot see sizes (kernel.h lists them), but it checks what it can: a NULL
+    pointer returns 2, one not aligned to its element size 3, and nothing is written."""
+    path, case = small_matmul
+    if not (path / "libkernel.so").is_file():
+        pytest.skip("export built no libkernel.so")
+    library = ctypes.CDLL(str(path / "libkernel.so"))
+    entry = library.looptool_kernel
+    entry.restype, entry.argtypes = ctypes.c_int, [ctypes.c_void_p] * 3
+    a, b = (np.ascontiguousarray(x) for x in case.inputs)
+    out = np.full((6, 7), 7.0, np.float32)
+    assert entry(None, b.ctypes.data, out.ctypes.data) == 2
+    assert entry(a.ctypes.data, b.ctypes.data, None) == 2
+    assert entry(a.ctypes.data + 1, b.ctypes.data, out.ctypes.data) == 3
+    assert entry(a.ctypes.data, b.ctypes.data, out.ctypes.data + 2) == 3
+    assert np.all(out == 7.0)
+    assert entry(a.ctypes.data, b.ctypes.data, out.ctypes.data) == 0
+    assert_close(out, case.reference, 1e-5)
+
+
+def test_format_1_artifacts_without_a_manifest_digest_still_load(artifact):
+    path, case = artifact
+    edit_manifest(path, lambda m: (m.pop("manifest_sha256"), m.update(format_version=1)), sign=False)
+    assert_close(lt.load(path)(*case.inputs), case.reference, 1e-5)
+
+
+def out_cases(a: np.ndarray, b: np.ndarray) -> dict:
+    """{what: (inputs, out, message)} for a 6x5 by 5x7 matmul kernel given inputs a, b."""
+    read_only = np.zeros((6, 7), np.float32)
+    read_only.flags.writeable = False
+    shared = np.zeros(30 + 42 - 12, np.float32)       # out overlaps the last 18 elements of a
+    shared[:30] = a.reshape(-1)
+    return {
+        "read-only": ([a, b], read_only, "out (shape (6, 7)) is read-only"),
+        "aliasing an input": ([shared[:30].reshape(6, 5), b], shared[18:].reshape(6, 7),
+                              "out shares memory with input in0 (shape (6, 5))"),
+        "misaligned": ([a, b], misaligned(np.zeros((6, 7), np.float32)), "out must be an aligned, C-contiguous"),
+        "transposed": ([a, b], np.zeros((7, 6), np.float32).T, "out must be an aligned, C-contiguous"),
+        "wrong dtype": ([a, b], np.zeros((6, 7), np.float64), "out must be an aligned, C-contiguous float32"),
+    }
+
+
+@pytest.mark.parametrize("what", ["read-only", "aliasing an input", "misaligned", "transposed", "wrong dtype"])
+def test_compiled_kernel_refuses_bad_outputs(what, small_matmul):
+    """Kernel(arrays, out=...) writes into `out`: a read-only, misaligned, non-contiguous or
+    wrongly typed array, or one sharing memory with an input, is refused before anything runs."""
+    _, case = small_matmul
+    kernel = case.tensor.compile()
+    arrays, out, message = out_cases(*ir.lower(case.tensor.node)[1])[what]
+    before = [x.copy() for x in arrays]
+    with pytest.raises(ValueError, match=re.escape(message)):
+        kernel(arrays, out=out)
+    assert all(np.array_equal(x, y) for x, y in zip(arrays, before))
+
+
+def test_compiled_kernel_refuses_misaligned_inputs(small_matmul):
+    _, case = small_matmul
+    kernel = case.tensor.compile()
+    a, b = ir.lower(case.tensor.node)[1]
+    with pytest.raises(ValueError, match=re.escape("kernel input in0 expects shape (6, 5), dtype float32, "
+                                                   "strides (5, 1), aligned; got")):
+        kernel([misaligned(a), b])
+
+
+def test_tensors_of_misaligned_arrays_are_copied(small_matmul):
+    _, case = small_matmul
+    a, b = case.inputs
+    s = lt.symbols("m k n")
+    c = (lt.Tensor(misaligned(a)).to(s.m, s.k) * lt.Tensor(odd_strides(b)).to(s.k, s.n)).sum(s.k)
+    assert_close(c.numpy(), case.reference, 1e-5)
 
 
 # ------------------------------------------------------------------ 5. tuned export

@@ -64,13 +64,6 @@ def test_reduce_over_missing_name(op):
         getattr(t, op)(k, absent)
 
 
-@pytest.mark.parametrize("shape, bad", [((3, 0), "kdim"), ((0, 4), "mdim"), ((0,), "mdim")])
-def test_zero_size_dimension(shape, bad):
-    mdim, kdim = lt.symbols("mdim kdim")
-    with pytest.raises(ValueError, match=mentions(bad, 0)):
-        lt.Tensor(np.zeros(shape, np.float32)).to(*[mdim, kdim][:len(shape)])
-
-
 # ------------------------------------------------------------ type errors
 
 @pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint8, np.bool_, np.float16,
