@@ -14,7 +14,7 @@ import llvmlite.binding as llvm
 from llvmlite import ir as llir
 
 from ..schedule import LoopNode, LoopTree
-from .llvm import (FLOAT, I1, I64, ONE, PTR, ZERO, FunctionBuilder, TypedCallee, kernel_params, ty_bytes)
+from .llvm import (I1, I64, ITEM_BYTES, ONE, PTR, ZERO, FunctionBuilder, TypedCallee, kernel_params)
 
 
 @dataclass
@@ -60,7 +60,7 @@ def _c_entry(module: llir.Module, kernel: llir.Function, tree: LoopTree, params:
     for param in params:
         if param not in given:
             plan = tree.buffers[param]
-            size = -(-plan.size * ty_bytes(FLOAT[plan.dtype]) // 64) * 64
+            size = -(-plan.size * ITEM_BYTES[plan.dtype] // 64) * 64
             temps[param] = b.call(alloc, [llir.Constant(I64, 64), llir.Constant(I64, size)])
     failed = llir.Constant(I1, 0)
     for pointer in temps.values():

@@ -28,8 +28,8 @@ from llvmlite import ir as llir
 
 from ..ir import Affine
 from ..schedule import GPU_AXES, LoopNode, LoopTree, StmtNode, accesses, thread_bound, walk
-from .llvm import (FLOAT, I64, IDENTITY, REDUCE_BINARY, ZERO, FunctionBuilder, element_type, kernel_params,
-                   ty_bytes)
+from .llvm import (F64, I64, IDENTITY, ITEM_BYTES, MEMORY_TYPE, REDUCE_BINARY, VALUE_TYPE, ZERO, FunctionBuilder,
+                   element_type, kernel_params)
 
 TRIPLE = "nvptx64-nvidia-cuda"
 DATA_LAYOUT = "e-p:64:64:64-i64:64-i128:128-v16:16-v32:32-n16:32:64"
@@ -176,7 +176,7 @@ class _GpuBuilder(FunctionBuilder):
         inside = {**env, node.loop.name: value}
         combined = self.combined_reductions(node) if kind == "thread" and not self.thread_loops else []
         for stmt in combined:
-            ty = FLOAT[stmt.stage.dtype]
+            ty = VALUE_TYPE[stmt.stage.dtype]
             self.partials[id(stmt)] = self.allocas.alloca(ty)
             self.builder.store(llir.Constant(ty, IDENTITY[stmt.stage.reduce_op]), self.partials[id(stmt)])
         if kind == "thread":
@@ -205,14 +205,14 @@ class _GpuBuilder(FunctionBuilder):
         if partial is None:
             super().statement(stmt, env)
             return
-        old = self.builder.load(partial, typ=FLOAT[stmt.stage.dtype])
+        old = self.builder.load(partial, typ=VALUE_TYPE[stmt.stage.dtype])
         value = self.accumulate(stmt.stage.reduce_op, old, stmt.stage.expr, lambda e: self.expr(e, stmt, env))
         self.builder.store(value, partial)
 
     def combine_across_threads(self, stmt: StmtNode, node: LoopNode, tid: llir.Value, env: dict):
         """Tree-combine the threads' partials in shared memory; thread 0 folds the total into the target."""
         b, stage = self.builder, stmt.stage
-        ty, extent = FLOAT[stage.dtype], node.loop.extent
+        ty, extent = VALUE_TYPE[stage.dtype], node.loop.extent
         scratch = self.shared(ty, extent, f"{stage.name}.partials")
         op = REDUCE_BINARY[stage.reduce_op]
 
@@ -234,7 +234,8 @@ class _GpuBuilder(FunctionBuilder):
         here = {**env, **zeros}
         target = self.access(stage.name, Affine.identity(stage.dims), False, stmt, here)
         with b.if_then(b.icmp_signed("==", tid, ZERO)):
-            b.store(self.binary(op, b.load(target, typ=ty), b.load(at(ZERO), typ=ty)), target)
+            self.store_value(self.binary(op, self.load_value(target, stage.dtype), b.load(at(ZERO), typ=ty)), target,
+                             stage.dtype)
         self.barrier()
 
     def shared(self, ty, count: int, name: str) -> llir.Value:
@@ -250,12 +251,12 @@ class _GpuBuilder(FunctionBuilder):
         count = plan.size if private is None else private.size
         if private is None:
             if not self.thread_loops and self._written_by_threads(plan.name):
-                return self.shared(FLOAT[plan.dtype], plan.size, plan.name)
-            size = plan.size * ty_bytes(FLOAT[plan.dtype])
+                return self.shared(MEMORY_TYPE[plan.dtype], plan.size, plan.name)
+            size = plan.size * ITEM_BYTES[plan.dtype]
             if size > LOCAL_LIMIT:
                 raise ValueError(f"buffer {plan.name} ({size} bytes) is too large for a GPU thread's local memory; "
                                  f"place it deeper")
-        buffer = self.allocas.alloca(FLOAT[plan.dtype], size=llir.Constant(I64, count), name=plan.name)
+        buffer = self.allocas.alloca(MEMORY_TYPE[plan.dtype], size=llir.Constant(I64, count), name=plan.name)
         buffer.align = 16
         return buffer
 
@@ -268,7 +269,7 @@ class _GpuBuilder(FunctionBuilder):
         linear = self.linear_offset(buffer, index, stmt)
         own = Affine.of({name: c for name, c in linear.terms if name not in self.thread_loops})
         offset = self.affine(own + (linear.const - private.low), env)
-        return self.builder.gep(self.pointers[buffer], [offset], source_etype=FLOAT[self.tree.buffers[buffer].dtype],
+        return self.builder.gep(self.pointers[buffer], [offset], source_etype=MEMORY_TYPE[self.tree.buffers[buffer].dtype],
                                 inbounds=True)
 
     def alignment(self, buffer, index, stmt, env, lanes=None):
@@ -276,7 +277,7 @@ class _GpuBuilder(FunctionBuilder):
         128-bit loads and stores).  Kernel parameters get more than one element only for packed
         accesses, and the runtime then checks that they are 16-byte aligned; local and shared
         buffers always are."""
-        element = ty_bytes(FLOAT[self.tree.buffers[buffer].dtype])
+        element = ITEM_BYTES[self.tree.buffers[buffer].dtype]
         if buffer in self.params and (lanes is None or not self.assume_aligned):
             return element
         linear = self.linear_offset(buffer, index, stmt)
@@ -302,7 +303,7 @@ class _GpuBuilder(FunctionBuilder):
         return bool(writers) and all(any(thread_bound(n) for n in path) for path in writers)
 
     def unary(self, op: str, x):
-        if op in ("log",) or (op == "exp" and element_type(x.type) == FLOAT["float64"]):
+        if op in ("log",) or (op == "exp" and element_type(x.type) == F64):
             raise ValueError(f"{op} of {element_type(x.type)} is not supported on the GPU backend yet")
         return super().unary(op, x)
 
