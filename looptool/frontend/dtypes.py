@@ -16,18 +16,22 @@ float32 = np.dtype(np.float32)
 float64 = np.dtype(np.float64)
 SUPPORTED_DTYPES = (float16, bfloat16, float32, float64)
 HALF_DTYPES = (float16, bfloat16)
+# How far the results of two correct schedules may differ, relative to the largest magnitude:
+# float32 and float64 sums that schedules reassociate; half-precision results two roundings
+# (2 units in the last place at the top of the range: 2 * 2**-10 and 2 * 2**-7) apart.
+SCHEDULE_TOLERANCE = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 1e-4, "float64": 1e-10}
 
 
 def as_dtype(value, what: str) -> np.dtype:
     """A supported dtype from what a user wrote: `lt.bfloat16`, `np.float16`, `"float32"`, ..."""
     try:
-        dtype = np.dtype(value)
+        supported = value is not None and np.dtype(value) in SUPPORTED_DTYPES   # np.dtype(None) is float64
     except TypeError:
-        dtype = None
-    if dtype not in SUPPORTED_DTYPES:
+        supported = False
+    if not supported:
         raise TypeError(f"{what}: dtype {value!r} is not supported; use one of "
                         f"{', '.join(d.name for d in SUPPORTED_DTYPES)}")
-    return dtype
+    return np.dtype(value)
 
 
 def compute_dtype(dtype: np.dtype) -> np.dtype:
@@ -51,4 +55,4 @@ def view_dtype(dtypes) -> np.dtype:
     """The dtype of a view joining values of `dtypes` (concat): their common dtype when they share
     one, half types included, else the arithmetic dtype."""
     unique = set(dtypes)
-    return unique.pop() if len(unique) == 1 else arithmetic_dtype(dtypes)
+    return unique.pop() if len(unique) == 1 else arithmetic_dtype(unique)
