@@ -62,8 +62,7 @@ class Tensor:
             return
         if isinstance(data, np.ndarray):
             array = data
-        elif hasattr(data, "__cuda_array_interface__") or hasattr(data, "__dlpack_device__") and \
-                data.__dlpack_device__()[0] == 2:
+        elif BACKEND.get().is_device_array(data):
             array = BACKEND.get().as_device(data)
         else:
             array = _as_array(data)
@@ -226,7 +225,8 @@ class Tensor:
 
     def cuda(self, schedule=None):
         """Run on the GPU (CuPy, `looptool[gpu]`) under `schedule`; returns a CuPy array that stays on
-        the device. Inputs already on the GPU are used in place."""
+        the device (for a bfloat16 result, which CuPy cannot type, a `looptool.runtime.gpu.BFloat16Array`).
+        Inputs already on the GPU (CuPy, PyTorch, DLPack) are used in place."""
         return BACKEND.get().evaluate_on_gpu(self.node, schedule)
 
     def loop_tree(self, schedule=None):
