@@ -1,6 +1,6 @@
 """The schedule layer: schedules as data (steps.py), the loop tree they give (looptree.py), printing."""
 from .looptree import LEGALITY, BufferPlan, Limit, LoopNode, LoopTree, StmtNode, accesses, thread_bound, walk
-from .steps import ANNOTATIONS, GPU_AXES, Loop, Schedule, Tail
+from .steps import ANNOTATIONS, GPU_AXES, TENSOR_INSTRUCTIONS, Loop, Schedule, Tail, tensor_role
 
 __all__ = ["LEGALITY", "BufferPlan", "Limit", "LoopNode", "LoopTree", "StmtNode", "accesses", "thread_bound",
-           "walk", "ANNOTATIONS", "GPU_AXES", "Loop", "Schedule", "Tail"]
+           "walk", "ANNOTATIONS", "GPU_AXES", "TENSOR_INSTRUCTIONS", "Loop", "Schedule", "Tail", "tensor_role"]

@@ -21,6 +21,9 @@ from ..ir import Program
 
 GPU_AXES = ("block.x", "block.y", "block.z", "thread.x", "thread.y", "thread.z")
 ANNOTATIONS = ("", "unroll", "vectorize", "parallel") + GPU_AXES
+# The warp-level matrix instructions `tensorize` maps a contraction's innermost loops onto, and the
+# tile each computes. Its loops are annotated "<instruction>.m", ".n" and ".k".
+TENSOR_INSTRUCTIONS = {"mma.m16n8k16": {"m": 16, "n": 8, "k": 16}}
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,12 @@ class Loop:
     extent: int
     stride: int
     annotation: str = ""
+
+
+def tensor_role(loop: "Loop") -> tuple[str, str] | None:
+    """(instruction, role 'm', 'n' or 'k') of a tensorized loop; None for any other loop."""
+    instruction, _, role = loop.annotation.rpartition(".")
+    return (instruction, role) if instruction in TENSOR_INSTRUCTIONS else None
 
 
 @dataclass(frozen=True)
@@ -152,6 +161,21 @@ class Schedule:
         sched = self.of(stage)
         loops = sched.loops[:i] + (replace(lp, annotation=annotation),) + sched.loops[i + 1:]
         return self._with(stage, replace(sched, loops=loops), ("annotate", stage, loop, annotation))
+
+    def tensorize(self, stage: str, m: str, n: str, k: str, instruction: str) -> "Schedule":
+        """Mark loops `m`, `n` and `k` of `stage` as the tile of one warp-level matrix instruction
+        (`TENSOR_INSTRUCTIONS`). What the instruction needs (tile sizes, operand dtypes, innermost
+        loops, the warp's lanes) is checked with the legality of the whole tree."""
+        if instruction not in TENSOR_INSTRUCTIONS:
+            raise ValueError(f"tensorize: unknown instruction {instruction!r}; use one of {tuple(TENSOR_INSTRUCTIONS)}")
+        if len({m, n, k}) != 3:
+            raise ValueError(f"tensorize: the m, n and k loops must be three different loops, got {(m, n, k)}")
+        sched = self.of(stage)
+        loops = list(sched.loops)
+        for role, name in zip("mnk", (m, n, k)):
+            i, lp = self._loop(stage, name)
+            loops[i] = replace(lp, annotation=f"{instruction}.{role}")
+        return self._with(stage, replace(sched, loops=tuple(loops)), ("tensorize", stage, m, n, k, instruction))
 
     def place(self, stage: str, consumer: str | None, depth: int = 0) -> "Schedule":
         """Compute `stage` inside the first `depth` loops of `consumer` (None or depth 0: at the root).
@@ -282,7 +306,7 @@ class Schedule:
         sched = self
         for step in steps:
             op, *args = step
-            if op not in ("split", "reorder", "annotate", "place", "cache", "cache_write"):
+            if op not in ("split", "reorder", "annotate", "tensorize", "place", "cache", "cache_write"):
                 raise ValueError(f"unknown schedule step {op!r}")
             sched = getattr(sched, op)(*args)
         return sched
