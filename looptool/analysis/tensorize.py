@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from .. import ir
 from ..errors import IllegalScheduleError
-from ..schedule import TENSOR_INSTRUCTIONS, LoopNode, LoopTree, StmtNode, tensor_role, walk
+from ..schedule import TENSOR_INSTRUCTIONS, LoopNode, LoopTree, StmtNode, tensor_role, thread_bound, walk
 from ..schedule.printing import expr_text
 
 OPERAND_DTYPES = ("bfloat16", "float16")
@@ -66,7 +66,7 @@ def _tile(tree: LoopTree, root, stmt: StmtNode, path: list[LoopNode], roles: dic
     _check_tile_sizes(instruction, loops)
     _check_dims(stage, instruction, loops)
     a, b = _operands(tree, stage, instruction, loops)
-    _check_warp(root, path, instruction)
+    _check_warp(root, path, stage, instruction)
     return TensorTile(instruction, loops, a, b, tree.buffers[a.buffer].dtype)
 
 
@@ -131,16 +131,29 @@ def _dims_of(load: ir.Load) -> set[str]:
     return {v for ix in load.index for v, _ in ix.terms}
 
 
-def _check_warp(root, path: list[LoopNode], instruction: str):
+def _check_warp(root, path: list[LoopNode], stage: ir.Stage, instruction: str):
     """The tile runs on a whole warp: thread.x is its 32 lanes, so no loop around the tile may be bound
-    to thread.x (warps go on thread.y and thread.z), and other nests of the kernel get 32 lanes at most."""
-    for node in path:
+    to thread.x (warps go on thread.y and thread.z), other nests of the kernel get 32 lanes at most, and
+    where a block has several warps each tile belongs to one (a loop around it bound to thread.y or z)."""
+    threads = [node for node in path if thread_bound(node)]
+    for node in threads:
         if node.loop.annotation == "thread.x":
             raise IllegalScheduleError(
                 f"{instruction} runs on a warp, whose 32 lanes take thread.x, but its tile lies inside loop "
                 f"'{node.loop.name}', bound to thread.x: bind the loops over warps to thread.y or thread.z")
-    for node, _ in walk([root]):
-        if isinstance(node, LoopNode) and node.loop.annotation == "thread.x" and node.loop.extent > WARP:
+        if node.loop.dim in stage.reduce_dims:
+            raise IllegalScheduleError(
+                f"loop '{node.loop.name}' around the {instruction} tile runs over the summed dimension "
+                f"'{node.loop.dim}' and is bound to {node.loop.annotation}: a warp sums its whole k range itself")
+    kernel = [node for node, _ in walk([root]) if isinstance(node, LoopNode) and thread_bound(node)]
+    for node in kernel:
+        if node.loop.annotation == "thread.x" and node.loop.extent > WARP:
             raise IllegalScheduleError(
                 f"in a kernel with {instruction} tiles thread.x is a warp's {WARP} lanes, but loop "
                 f"'{node.loop.name}' is bound to thread.x with {node.loop.extent} iterations: split it by {WARP}")
+    warps = [node for node in kernel if node.loop.annotation != "thread.x" and node.loop.extent > 1]
+    if warps and not threads:
+        raise IllegalScheduleError(
+            f"the block has several warps ('{warps[0].loop.name}' is bound to {warps[0].loop.annotation}), and "
+            f"every one of them would compute the same {instruction} tile of stage {stage.name}: bind a loop "
+            f"around the tile to thread.y or thread.z, one tile per warp")

@@ -129,6 +129,13 @@ def test_the_warp_rules_are_refused_in_plain_words(rng):
     t = warp_tiles(c).cache("in0", order=("m", "k")).place("in0.t0", "t0", 2)
     t = t.bind("k", "thread.x", stage="in0.t0")
     _refused(t, "thread.x", "64 iterations", "split it by 32")
+    t = c.loop_tree().split("m", 16).split("n", 8).split("k", 16).split("k.0", 2)
+    t = t.reorder("m.0", "n.0", "k.0.1", "k.0.0", "m.1", "n.1", "k.1").bind("k.0.1", "thread.y")
+    _refused(t.tensorize(("m.1", "n.1", "k.1"), MMA), "k.0.1", "summed dimension", "thread.y")
+    t = c.loop_tree().split("m", 16).split("n", 8).split("k", 16).reorder("m.0", "n.0", "k.0", "m.1", "n.1", "k.1")
+    t = t.tensorize(("m.1", "n.1", "k.1"), MMA).cache("in0", order=("m", "k")).place("in0.t0", "t0", 3)
+    t = t.split("m.1", 8, stage="in0.t0").bind("m.1.0", "thread.y", stage="in0.t0")   # 2 warps copy, 1 tile
+    _refused(t, "several warps", "m.1.0", "thread.y", "same", "one tile per warp")
 
 
 def test_misplaced_loops_are_refused(rng):
