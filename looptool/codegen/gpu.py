@@ -335,7 +335,7 @@ class _GpuBuilder(FunctionBuilder):
         if id(stmt) in self.tiles and len(inside) == 3:
             return self.tiles[id(stmt)], stmt
         tile = self.stage_tiles.get(stmt.stage.name)
-        if tile and stmt.kind == "init" and len(inside) == 2 and all(tensor_role(n.loop) for n in inside[:1]):
+        if tile and stmt.kind == "init" and len(inside) == 2 and tensor_role(inside[0].loop):
             return tile, stmt
         return None
 
