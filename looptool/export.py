@@ -33,7 +33,9 @@ from .version import __version__
 
 FORMAT_VERSION = 2   # 2: the thread pool in pool.o, not kernel.o; manifest.json carries its own SHA-256
 ENTRY = "looptool_kernel"
-C_TYPES = {"float32": "float", "float64": "double"}
+# C has no standard half-precision type: float16 and bfloat16 elements travel as their 16 raw bits.
+C_TYPES = {"float16": "uint16_t", "bfloat16": "uint16_t", "float32": "float", "float64": "double"}
+BITS_NOTE = {"float16": ", IEEE binary16 bits", "bfloat16": ", bfloat16 bits (the upper half of a float32)"}
 
 
 def export(tensor, path, schedule=None, *, input_names=None, tuning: dict | None = None) -> Path:
@@ -105,11 +107,12 @@ def _header(program: ir.Program, names: list[str]) -> str:
              " * memory ran out; 2 if a pointer is NULL; 3 if a pointer is not aligned to its element size.",
              " * Sizes are fixed: the arrays must have the shapes listed below (the library cannot see them).",
              " * The function is thread-safe; parallel loops start their own POSIX threads. */",
-             "#pragma once", "#ifdef __cplusplus", 'extern "C" {', "#endif", ""]
+             "#pragma once", "#include <stdint.h>", "#ifdef __cplusplus", 'extern "C" {', "#endif", ""]
     for n, b in zip(names, program.inputs):
-        lines.append(f"/* {n}: dims ({', '.join(b.dims)}), shape {list(b.shape)}, strides {list(b.strides)} */")
+        lines.append(f"/* {n}: dims ({', '.join(b.dims)}), shape {list(b.shape)}, strides {list(b.strides)}"
+                     f"{BITS_NOTE.get(b.dtype, '')} */")
     lines.append(f"/* out: dims ({', '.join(out.dims)}), shape {[program.size(d) for d in out.dims]}, "
-                 f"C-contiguous */")
+                 f"C-contiguous{BITS_NOTE.get(out.dtype, '')} */")
     lines += [f"int {ENTRY}({', '.join(params)});", "", "#ifdef __cplusplus", "}", "#endif", ""]
     return "\n".join(lines)
 

@@ -7,11 +7,12 @@ import looptool as lt
 from tuner import space
 
 
-def matmul(rng, m=64, k=32, n=48):
-    a = rng.standard_normal((m, k)).astype(np.float32)
-    b = rng.standard_normal((k, n)).astype(np.float32)
+def matmul(rng, m=64, k=32, n=48, dtype=np.float32):
+    """(a * b).sum(k) on inputs of `dtype` and its float64 reference (from the same inputs)."""
+    a = rng.standard_normal((m, k)).astype(dtype)
+    b = rng.standard_normal((k, n)).astype(dtype)
     sm, sk, sn = lt.symbols("m k n")
-    return (lt.Tensor(a).to(sm, sk) * lt.Tensor(b).to(sk, sn)).sum(sk), a.astype(np.float64) @ b
+    return (lt.Tensor(a).to(sm, sk) * lt.Tensor(b).to(sk, sn)).sum(sk), a.astype(np.float64) @ b.astype(np.float64)
 
 
 def tiled(tree):
@@ -21,8 +22,8 @@ def tiled(tree):
             .unroll("m.1.1"))
 
 
-def softmax_rows(rng, rows=6, cols=40, threads=16):
-    x_np = rng.standard_normal((rows, cols)).astype(np.float32)
+def softmax_rows(rng, rows=6, cols=40, threads=16, dtype=np.float32):
+    x_np = rng.standard_normal((rows, cols)).astype(dtype)
     m, n = lt.symbols("m n")
     x = lt.Tensor(x_np).to(m, n)
     e = (x - x.max(n)).exp()
@@ -31,7 +32,8 @@ def softmax_rows(rng, rows=6, cols=40, threads=16):
     for stage in ("t0", "t1", "t2"):
         tree = tree.split("n", threads, stage=stage).reorder("n.1", "n.0", stage=stage) \
             .bind("n.1", "thread.x", stage=stage)
-    ref = np.exp(x_np - x_np.max(1, keepdims=True))
+    x64 = x_np.astype(np.float64)
+    ref = np.exp(x64 - x64.max(1, keepdims=True))
     return sm, tree, ref / ref.sum(1, keepdims=True)
 
 

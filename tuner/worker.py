@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-MAX_RELATIVE_ERROR = {"float32": 1e-4, "float64": 1e-10}
 STARTUP_TIMEOUT = 300.0
 
 
@@ -58,9 +57,10 @@ def _serve(conn, run_trial):
 
 def _wrong_result(got: np.ndarray, expected: np.ndarray, dtype: str, reference: str) -> tuple[float, dict | None]:
     """(relative error, an error reply where it is too large; unwritten NaN elements count as wrong)."""
+    from looptool.frontend.dtypes import SCHEDULE_TOLERANCE
     scale = max(float(np.abs(expected).max()), 1e-30)
     error = float(np.nan_to_num(np.abs(got - expected), nan=np.inf).max() / scale)
-    if error <= MAX_RELATIVE_ERROR[dtype]:
+    if error <= SCHEDULE_TOLERANCE[dtype]:
         return error, None
     return error, {"error": f"wrong result: relative error {error:.3g} against the {reference}"}
 

@@ -10,7 +10,8 @@ in that order; reduction updates of one stage may be reordered among
 themselves (sum, max and min are reassociated), except across threads.  Two
 more rules follow from the tree: a parallel loop may carry no dependence at all,
 and a buffer shrunk to one tile of its consumer's loops must be read in the
-same iteration of those loops in which it was written.
+same iteration of those loops in which it was written. Tensorized loops
+(tensorize.py) must fit their instruction; their tile's sum may be reassociated.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from .. import ir
 from ..errors import IllegalScheduleError
 from ..schedule import GPU_AXES, LoopNode, LoopTree, StmtNode, accesses, pipeline_depth, thread_bound
 from ..schedule.printing import stmt_text
+from .tensorize import tensor_tiles
 
 
 
@@ -83,6 +85,7 @@ def check(tree: LoopTree) -> tuple[bool, str]:
 def assert_legal(tree: LoopTree) -> None:
     """Raise IllegalScheduleError naming the broken dependence, or return for a legal tree."""
     _check_structure(tree)
+    tensor_tiles(tree)
     original = {(s.node.stage.name, s.node.kind): s for s in _statements(LoopTree(tree.program))}
     stmts = _statements(tree)
     width = max(len(s.time) for s in stmts + list(original.values()))

@@ -14,7 +14,7 @@ import llvmlite.binding as llvm
 from llvmlite import ir as llir
 
 from ..schedule import LoopNode, LoopTree
-from .llvm import FLOAT, I1, I64, PTR, ZERO, FunctionBuilder, kernel_params, ty_bytes
+from .llvm import I1, I64, ITEM_BYTES, PTR, ZERO, FunctionBuilder, kernel_params
 from .threadpool import declare_parallel_for
 
 
@@ -64,7 +64,7 @@ def _c_entry(module: llir.Module, kernel: llir.Function, tree: LoopTree, params:
     for param in params:
         if param not in given:
             plan = tree.buffers[param]
-            size = max(64, -(-plan.size * ty_bytes(FLOAT[plan.dtype]) // 64) * 64)  # never 0: NULL is failure
+            size = max(64, -(-plan.size * ITEM_BYTES[plan.dtype] // 64) * 64)  # never 0: NULL is failure
             temps[param] = b.call(alloc, [llir.Constant(I64, 64), llir.Constant(I64, size)])
     failed = llir.Constant(I1, 0)
     for pointer in temps.values():
@@ -86,7 +86,7 @@ def _refuse_bad_pointers(b: llir.IRBuilder, tree: LoopTree, given: dict):
             if check == "null":
                 bad = b.icmp_unsigned("==", address, ZERO)
             else:
-                element = llir.Constant(I64, ty_bytes(FLOAT[tree.buffers[name].dtype]))
+                element = llir.Constant(I64, ITEM_BYTES[tree.buffers[name].dtype])
                 bad = b.icmp_unsigned("!=", b.urem(address, element), ZERO)
             status = b.select(bad, llir.Constant(i32, code), status)
     with b.if_then(b.icmp_unsigned("!=", status, llir.Constant(i32, 0)), likely=False):

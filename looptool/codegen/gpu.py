@@ -17,6 +17,11 @@ A buffer placed at block level and written only inside thread-bound loops lives
 in shared memory; otherwise each thread keeps its own copy.  A reduction whose
 loop is bound to threads accumulates per-thread partials and combines them
 through shared memory (a tree over the threads), then thread 0 updates the result.
+
+A tensorized tile (`LoopTree.tensorize`) is one `mma.sync` (inline PTX) run by a warp:
+thread.x is the warp's 32 lanes, each lane loads the operand elements and the four
+accumulators its fragments hold (the PTX ISA's layout for m16n8k16), and stores the
+four results back.
 """
 from __future__ import annotations
 
@@ -27,15 +32,18 @@ import llvmlite.binding as llvm
 from llvmlite import ir as llir
 
 from .. import ir
+from ..analysis.tensorize import WARP, TensorTile, tensor_tiles
 from ..ir import Affine
-from ..schedule import GPU_AXES, LoopNode, LoopTree, StmtNode, accesses, pipeline_depth, thread_bound, walk
-from .llvm import (FLOAT, I64, IDENTITY, REDUCE_BINARY, ZERO, FunctionBuilder, element_type, kernel_params,
-                   ty_bytes)
+from ..schedule import (GPU_AXES, LoopNode, LoopTree, StmtNode, accesses, pipeline_depth, tensor_role,
+                        thread_bound, walk)
+from .llvm import (F32, F64, I16, I32, I64, IDENTITY, ITEM_BYTES, MEMORY_TYPE, REDUCE_BINARY, VALUE_TYPE, ZERO,
+                   FunctionBuilder, element_type, kernel_params)
 
 TRIPLE = "nvptx64-nvidia-cuda"
 DATA_LAYOUT = "e-p:64:64:64-i64:64-i128:128-v16:16-v32:32-n16:32:64"
 SREG = {"block": "ctaid", "thread": "tid"}
 LOCAL_LIMIT = 16 * 1024
+MMA_TYPE = {"bfloat16": "bf16", "float16": "f16"}
 
 
 @dataclass
@@ -67,6 +75,7 @@ def generate(tree: LoopTree, arch: str = "sm_90", aligned_params: bool = True) -
     module.triple = TRIPLE
     module.data_layout = DATA_LAYOUT
     params = kernel_params(tree)
+    tiles = tensor_tiles(tree)
     launches, aligned = [], set()
     for index, node in enumerate(tree.root):
         name = f"looptool_k{index}"
@@ -76,7 +85,7 @@ def generate(tree: LoopTree, arch: str = "sm_90", aligned_params: bool = True) -
             arg.name = buffer
             if tree.buffers[buffer].kind == "input":
                 arg.add_attribute("noalias")   # written buffers are shared between threads: not noalias
-        builder = _GpuBuilder(tree, fn, dict(zip(params, fn.args)), aligned_params)
+        builder = _GpuBuilder(tree, fn, dict(zip(params, fn.args)), aligned_params, tiles)
         builder.body([node], {})
         builder.finish()
         aligned |= builder.aligned_params
@@ -99,6 +108,8 @@ def launch_dims(node) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     for loop in _loops([node]):
         if loop.annotation in GPU_AXES:
             extents[loop.annotation] = max(extents[loop.annotation], loop.extent)
+        if tensor_role(loop):
+            extents["thread.x"] = WARP         # the lanes of the warps that run its mma tiles
     grid = tuple(extents[f"block.{a}"] for a in "xyz")
     block = tuple(extents[f"thread.{a}"] for a in "xyz")
     if block[0] * block[1] * block[2] > 1024:
@@ -122,8 +133,12 @@ def _compile(text: str, arch: str) -> str:
 class _GpuBuilder(FunctionBuilder):
     """The CPU loop-tree walker with GPU-bound loops read from special registers."""
 
-    def __init__(self, tree: LoopTree, fn: llir.Function, pointers: dict, aligned_params: bool):
+    def __init__(self, tree: LoopTree, fn: llir.Function, pointers: dict, aligned_params: bool,
+                 tiles: dict[int, TensorTile]):
         super().__init__(tree, fn, pointers, threads=1)
+        self.tiles = tiles
+        self.shared_buffers: set[str] = set()
+        self.stage_tiles = {stmt.stage.name: tiles[id(stmt)] for stmt, _ in tree.statements() if id(stmt) in tiles}
         self.assume_aligned = aligned_params
         self.thread_loops: list[str] = []
         self.params = set(pointers)
@@ -170,6 +185,10 @@ class _GpuBuilder(FunctionBuilder):
         if pipeline_depth(axis):
             self.pipelined(node, env, *pipeline_depth(axis))
             return
+        tiled = self.tile_under(node)
+        if tiled:
+            self.mma(*tiled, env)
+            return
         if axis == "parallel":
             raise ValueError(f"loop '{node.loop.name}' is marked parallel: on a GPU, bind it to blocks or threads")
         if axis not in GPU_AXES:
@@ -182,7 +201,7 @@ class _GpuBuilder(FunctionBuilder):
         inside = {**env, node.loop.name: value}
         combined = self.combined_reductions(node) if kind == "thread" and not self.thread_loops else []
         for stmt in combined:
-            ty = FLOAT[stmt.stage.dtype]
+            ty = VALUE_TYPE[stmt.stage.dtype]
             self.partials[id(stmt)] = self.allocas.alloca(ty)
             self.builder.store(llir.Constant(ty, IDENTITY[stmt.stage.reduce_op]), self.partials[id(stmt)])
         if kind == "thread":
@@ -203,7 +222,7 @@ class _GpuBuilder(FunctionBuilder):
         placed = self.tree.local_buffers.get(id(node), [])
         sizes = {plan.name: self.rotating_size(plan) for plan in placed}
         for plan in placed:
-            self.pointers[plan.name] = self.shared(FLOAT[plan.dtype], sizes[plan.name] * stages, plan.name)
+            self.pointers[plan.name] = self.shared(MEMORY_TYPE[plan.dtype], sizes[plan.name] * stages, plan.name)
         copies = [child for child in node.body if _buffers_touched(child)[0] <= sizes.keys()]
         rest = [child for child in node.body if all(child is not copy for copy in copies)]
         count, name, b = self.trip_count(node, env), node.loop.name, self.builder
@@ -228,7 +247,7 @@ class _GpuBuilder(FunctionBuilder):
     def rotating_size(plan) -> int:
         """Elements of one of a pipelined buffer's copies, rounded up to 16 bytes (so every copy
         starts as aligned as the first)."""
-        element = ty_bytes(FLOAT[plan.dtype])
+        element = ITEM_BYTES[plan.dtype]
         return -(-plan.size * element // 16) * 16 // element
 
     def rotate(self, sizes: dict[str, int], stages: int, iteration: llir.Value):
@@ -267,7 +286,7 @@ class _GpuBuilder(FunctionBuilder):
         source, source_step, source_align = self.linear_address(load.buffer, load.index, stmt, env, lanes)
         target, target_step, target_align = self.linear_address(stage.name, Affine.identity(stage.dims), stmt,
                                                                 env, lanes)
-        width = lanes.width * ty_bytes(FLOAT[stage.dtype])
+        width = lanes.width * ITEM_BYTES[stage.dtype]
         if source_step != 1 or target_step != 1 or width not in (8, 16) or min(source_align, target_align) < width:
             return False
         self.cp_async(target, source, width)
@@ -303,14 +322,14 @@ class _GpuBuilder(FunctionBuilder):
         if partial is None:
             super().statement(stmt, env)
             return
-        old = self.builder.load(partial, typ=FLOAT[stmt.stage.dtype])
+        old = self.builder.load(partial, typ=VALUE_TYPE[stmt.stage.dtype])
         value = self.accumulate(stmt.stage.reduce_op, old, stmt.stage.expr, lambda e: self.expr(e, stmt, env))
         self.builder.store(value, partial)
 
     def combine_across_threads(self, stmt: StmtNode, node: LoopNode, tid: llir.Value, env: dict):
         """Tree-combine the threads' partials in shared memory; thread 0 folds the total into the target."""
         b, stage = self.builder, stmt.stage
-        ty, extent = FLOAT[stage.dtype], node.loop.extent
+        ty, extent = VALUE_TYPE[stage.dtype], node.loop.extent
         scratch = self.shared(ty, extent, f"{stage.name}.partials")
         op = REDUCE_BINARY[stage.reduce_op]
 
@@ -332,7 +351,8 @@ class _GpuBuilder(FunctionBuilder):
         here = {**env, **zeros}
         target = self.access(stage.name, Affine.identity(stage.dims), False, stmt, here)
         with b.if_then(b.icmp_signed("==", tid, ZERO)):
-            b.store(self.binary(op, b.load(target, typ=ty), b.load(at(ZERO), typ=ty)), target)
+            self.store_value(self.binary(op, self.load_value(target, stage.dtype), b.load(at(ZERO), typ=ty)), target,
+                             stage.dtype)
         self.barrier()
 
     def shared(self, ty, count: int, name: str) -> llir.Value:
@@ -348,12 +368,13 @@ class _GpuBuilder(FunctionBuilder):
         count = plan.size if private is None else private.size
         if private is None:
             if not self.thread_loops and self._written_by_threads(plan.name):
-                return self.shared(FLOAT[plan.dtype], plan.size, plan.name)
-            size = plan.size * ty_bytes(FLOAT[plan.dtype])
+                self.shared_buffers.add(plan.name)
+                return self.shared(MEMORY_TYPE[plan.dtype], plan.size, plan.name)
+            size = plan.size * ITEM_BYTES[plan.dtype]
             if size > LOCAL_LIMIT:
                 raise ValueError(f"buffer {plan.name} ({size} bytes) is too large for a GPU thread's local memory; "
                                  f"place it deeper")
-        buffer = self.allocas.alloca(FLOAT[plan.dtype], size=llir.Constant(I64, count), name=plan.name)
+        buffer = self.allocas.alloca(MEMORY_TYPE[plan.dtype], size=llir.Constant(I64, count), name=plan.name)
         buffer.align = 16
         return buffer
 
@@ -365,12 +386,12 @@ class _GpuBuilder(FunctionBuilder):
             pointer = super().access(buffer, index, clamp, stmt, env)
             if buffer in self.rotations:
                 pointer = self.builder.gep(pointer, [self.rotations[buffer]],
-                                           source_etype=FLOAT[self.tree.buffers[buffer].dtype], inbounds=True)
+                                           source_etype=MEMORY_TYPE[self.tree.buffers[buffer].dtype], inbounds=True)
             return pointer
         linear = self.linear_offset(buffer, index, stmt)
         own = Affine.of({name: c for name, c in linear.terms if name not in self.thread_loops})
         offset = self.affine(own + (linear.const - private.low), env)
-        return self.builder.gep(self.pointers[buffer], [offset], source_etype=FLOAT[self.tree.buffers[buffer].dtype],
+        return self.builder.gep(self.pointers[buffer], [offset], source_etype=MEMORY_TYPE[self.tree.buffers[buffer].dtype],
                                 inbounds=True)
 
     def alignment(self, buffer, index, stmt, env, lanes=None):
@@ -378,7 +399,7 @@ class _GpuBuilder(FunctionBuilder):
         128-bit loads and stores).  Kernel parameters get more than one element only for packed
         accesses, and the runtime then checks that they are 16-byte aligned; local and shared
         buffers always are."""
-        element = ty_bytes(FLOAT[self.tree.buffers[buffer].dtype])
+        element = ITEM_BYTES[self.tree.buffers[buffer].dtype]
         if buffer in self.params and (lanes is None or not self.assume_aligned):
             return element
         linear = self.linear_offset(buffer, index, stmt)
@@ -403,10 +424,132 @@ class _GpuBuilder(FunctionBuilder):
         writers = [path for stmt, path in self.tree.statements() if stmt.stage.name == buffer and stmt.kind != "init"]
         return bool(writers) and all(any(thread_bound(n) for n in path) for path in writers)
 
+    # Tensor cores -------------------------------------------------------------------
+    def tile_under(self, node: LoopNode) -> tuple[TensorTile, StmtNode] | None:
+        """(tile, statement) when `node` is the outermost loop of a tensorized tile's update (three
+        loops) or of its initialization (its m and n loops)."""
+        if not tensor_role(node.loop):
+            return None
+        inside = [current for current, _ in walk(node.body)]
+        stmts = [s for s in inside if isinstance(s, StmtNode)]
+        if len(stmts) != 1:
+            return None
+        stmt = stmts[0]
+        if id(stmt) in self.tiles and len(inside) == 3:
+            return self.tiles[id(stmt)], stmt
+        tile = self.stage_tiles.get(stmt.stage.name)
+        if tile and stmt.kind == "init" and len(inside) == 2 and tensor_role(inside[0].loop):
+            return tile, stmt
+        return None
+
+    def mma(self, tile: TensorTile, stmt: StmtNode, env: dict):
+        """One m16n8k16 tile on the warp: each lane gathers its fragments of A (four registers of two
+        elements), B (two) and the accumulator (four floats), runs mma.sync, and stores the four sums.
+        Lane l holds rows l/4 and l/4 + 8 and the column pair 2*(l%4) of each 8-wide block. An
+        initialization stores the identity into each lane's four accumulator elements."""
+        b, stage = self.builder, stmt.stage
+        lane = b.zext(b.call(self.declare("llvm.nvvm.read.ptx.sreg.tid.x", I32, []), []), I64)
+        group = b.lshr(lane, llir.Constant(I64, 2))
+        pair = b.shl(b.and_(lane, llir.Constant(I64, 3)), llir.Constant(I64, 1))
+        m, n, k = (tile.loops[role].loop.name for role in "mnk")
+        base = {**env, m: ZERO, n: ZERO, k: ZERO}
+        rows = (group, b.add(group, llir.Constant(I64, 8)))
+        own = Affine.identity(stage.dims)
+        targets = [self.access(stage.name, own, False, stmt, {**base, m: row, n: col})
+                   for row in rows for col in (pair, b.add(pair, llir.Constant(I64, 1)))]
+        if stmt.kind == "init":
+            for target in targets:
+                self.store_value(llir.Constant(F32, IDENTITY[stage.reduce_op]), target, stage.dtype)
+            return
+        a = self.fragment(tile.a, tile, stmt, base, m, 4, lane)
+        bb = self.fragment(tile.b, tile, stmt, base, n, 2, lane)
+        accumulators = [self.load_value(target, stage.dtype) for target in targets]
+        kind = MMA_TYPE[tile.dtype]
+        ptx = (f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32 "
+               "{$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};")
+        signature = llir.FunctionType(llir.LiteralStructType([F32] * 4), [I32] * 6 + [F32] * 4)
+        result = b.asm(signature, ptx, ",".join(["=f"] * 4 + ["r"] * 6 + ["f"] * 4), a + bb + accumulators,
+                       side_effect=False)
+        for index, target in enumerate(targets):
+            self.store_value(b.extract_value(result, index), target, stage.dtype)
+
+    def fragment(self, load, tile: TensorTile, stmt: StmtNode, base: dict, row: str, count: int,
+                 lane: llir.Value) -> list[llir.Value]:
+        """A lane's `count` registers of an operand whose rows run along loop `row` (A: m, 4 registers;
+        B: n, 2): register j holds the pair (row block + lane/4, k block + 2*(lane%4)) of the 8x8
+        block j. From shared memory laid out for it, one ldmatrix; else two 16-bit loads each."""
+        b, k = self.builder, tile.loops["k"].loop.name
+        layout = self.ldmatrix_layout(load, stmt, row, k)
+        if layout is not None:
+            return self.ldmatrix(load, stmt, base, row, k, count, lane, layout)
+        group = b.lshr(lane, llir.Constant(I64, 2))
+        pair = b.shl(b.and_(lane, llir.Constant(I64, 3)), llir.Constant(I64, 1))
+        registers = []
+        for row_block, k_block in fragment_blocks(count):
+            here = {**base, row: b.add(group, llir.Constant(I64, row_block)), k: b.add(pair, llir.Constant(I64, k_block))}
+            registers.append(self.packed_pair(load, tile.dtype, stmt, here, k))
+        return registers
+
+    def ldmatrix_layout(self, load, stmt: StmtNode, row: str, k: str) -> str | None:
+        """'' or '.trans' where ldmatrix can load the operand: it lives in shared memory, k (or else
+        the row loop) steps by one element, and every other step is a multiple of 8 elements, so
+        each lane's 8-element row starts 16-byte aligned; None otherwise."""
+        if load.buffer not in self.shared_buffers:
+            return None
+        linear = self.linear_offset(load.buffer, load.index, stmt)
+        coeffs = linear.coeffs()
+        contiguous = k if coeffs.get(k) == 1 else row if coeffs.get(row) == 1 else None
+        others = [c for name, c in coeffs.items() if name != contiguous] + [linear.const]
+        if contiguous is None or math.gcd(*others) % 8:
+            return None
+        return "" if contiguous == k else ".trans"
+
+    def ldmatrix(self, load, stmt: StmtNode, base: dict, row: str, k: str, count: int, lane: llir.Value,
+                 layout: str) -> list[llir.Value]:
+        """ldmatrix: lanes 8j..8j+7 give the addresses of the 8 rows of 8x8 block j (stored rows run
+        along k with '.trans'), and each lane receives its registers of all `count` blocks."""
+        b = self.builder
+        block = b.and_(b.lshr(lane, llir.Constant(I64, 3)), llir.Constant(I64, count - 1))
+        offset = b.and_(lane, llir.Constant(I64, 7))
+        if count == 4:
+            row_block = b.shl(b.and_(block, llir.Constant(I64, 1)), llir.Constant(I64, 3))
+            k_block = b.shl(b.lshr(block, llir.Constant(I64, 1)), llir.Constant(I64, 3))
+        else:
+            row_block, k_block = ZERO, b.shl(block, llir.Constant(I64, 3))
+        if layout:
+            here = {**base, row: row_block, k: b.add(k_block, offset)}
+        else:
+            here = {**base, row: b.add(row_block, offset), k: k_block}
+        pointer = self.access(load.buffer, load.index, False, stmt, here)
+        address = b.ptrtoint(b.addrspacecast(pointer, llir.PointerType(addrspace=3)), I32)
+        outputs = ",".join(f"${i}" for i in range(count))
+        ptx = f"ldmatrix.sync.aligned.m8n8.x{count}{layout}.shared.b16 {{{outputs}}}, [${count}];"
+        signature = llir.FunctionType(llir.LiteralStructType([I32] * count), [I32])
+        result = b.asm(signature, ptx, ",".join(["=r"] * count + ["r"]), [address], side_effect=True)
+        return [b.extract_value(result, index) for index in range(count)]
+
+    def packed_pair(self, load, dtype: str, stmt: StmtNode, env: dict, k: str) -> llir.Value:
+        """Two operand elements, at k and k + 1, as the 32-bit register mma takes (the first in the low half)."""
+        b = self.builder
+        halves = []
+        for step in (0, 1):
+            here = {**env, k: b.add(env[k], llir.Constant(I64, step))}
+            stored = b.load(self.access(load.buffer, load.index, False, stmt, here), typ=MEMORY_TYPE[dtype], align=2)
+            halves.append(b.zext(b.bitcast(stored, I16), I32))
+        return b.or_(halves[0], b.shl(halves[1], llir.Constant(I32, 16)))
+
     def unary(self, op: str, x):
-        if op in ("log",) or (op == "exp" and element_type(x.type) == FLOAT["float64"]):
+        if op in ("log",) or (op == "exp" and element_type(x.type) == F64):
             raise ValueError(f"{op} of {element_type(x.type)} is not supported on the GPU backend yet")
         return super().unary(op, x)
+
+
+def fragment_blocks(count: int) -> list[tuple[int, int]]:
+    """(row, k) origin of each 8x8 block of an mma operand: A (4 blocks) is 16 x 16 with its blocks
+    ordered down then across; B (2 blocks) is 8 rows of n by 16 of k."""
+    if count == 4:
+        return [(8 * (j & 1), 8 * (j >> 1)) for j in range(4)]
+    return [(0, 8 * j) for j in range(count)]
 
 
 def _buffers_touched(node) -> tuple[set[str], set[str]]:

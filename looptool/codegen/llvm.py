@@ -22,7 +22,13 @@ STACK_LIMIT = 128 * 1024
 ONE = llir.Constant(I64, 1)
 I1 = llir.IntType(1)
 PTR = llir.PointerType()
-FLOAT = {"float32": llir.FloatType(), "float64": llir.DoubleType()}
+F32, F64, I16, I32 = llir.FloatType(), llir.DoubleType(), llir.IntType(16), llir.IntType(32)
+# Each dtype's element in memory, and the type its values are computed in. The half types are
+# storage formats: widened to float32 on load, rounded back on store. bfloat16 sits in memory as
+# its raw 16 bits (llvmlite has no bfloat type): the upper half of a float32.
+MEMORY_TYPE = {"float16": llir.HalfType(), "bfloat16": I16, "float32": F32, "float64": F64}
+VALUE_TYPE = {"float16": F32, "bfloat16": F32, "float32": F32, "float64": F64}
+ITEM_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 # Neither 'contract' nor 'reassoc': products feeding sums become explicit fma calls and sums
 # keep the order the loop tree gives them, so a schedule rounds the same way however LLVM
 # optimizes it (serial or parallel, hoisted tails or not). The only reassociation is the one
@@ -66,9 +72,9 @@ class FunctionBuilder:
 
     def allocate(self, plan: BufferPlan) -> llir.Value:
         """A local buffer: on the stack when small, else on the heap (freed on return); 64-byte aligned."""
-        size = plan.size * ty_bytes(FLOAT[plan.dtype])
+        size = plan.size * ITEM_BYTES[plan.dtype]
         if size <= STACK_LIMIT:
-            buffer = self.allocas.alloca(FLOAT[plan.dtype], size=llir.Constant(I64, plan.size), name=plan.name)
+            buffer = self.allocas.alloca(MEMORY_TYPE[plan.dtype], size=llir.Constant(I64, plan.size), name=plan.name)
             buffer.align = 64
             return buffer
         aligned_alloc = self.declare("aligned_alloc", PTR, [I64, I64])
@@ -126,7 +132,7 @@ class FunctionBuilder:
         lanes = Lanes(inner.loop.name, inner.loop.extent)
         slots = {}
         for stmt in inner.body:
-            vty = llir.VectorType(FLOAT[stmt.stage.dtype], lanes.width)
+            vty = llir.VectorType(VALUE_TYPE[stmt.stage.dtype], lanes.width)
             slots[id(stmt)] = self.allocas.alloca(vty)
             b.store(llir.Constant(vty, [IDENTITY[stmt.stage.reduce_op]] * lanes.width), slots[id(stmt)])
 
@@ -136,7 +142,7 @@ class FunctionBuilder:
 
             def full():
                 for stmt in inner.body:
-                    vty = llir.VectorType(FLOAT[stmt.stage.dtype], lanes.width)
+                    vty = llir.VectorType(VALUE_TYPE[stmt.stage.dtype], lanes.width)
                     evaluate = lambda e, stmt=stmt: self.vector_expr(e, stmt, here, lanes)  # noqa: E731
                     partial = self.accumulate(stmt.stage.reduce_op, b.load(slots[id(stmt)], typ=vty),
                                               stmt.stage.expr, evaluate)
@@ -145,12 +151,12 @@ class FunctionBuilder:
         self.counted_loop(ZERO, count, step, node.loop.name)
         for stmt in inner.body:
             stage = stmt.stage
-            vty = llir.VectorType(FLOAT[stage.dtype], lanes.width)
+            vty = llir.VectorType(VALUE_TYPE[stage.dtype], lanes.width)
             target = self.access(stage.name, ir.Affine.identity(stage.dims), False, stmt,
                                  {**env, node.loop.name: ZERO, lanes.name: ZERO})
             total = self.horizontal(stage.reduce_op, b.load(slots[id(stmt)], typ=vty))
-            b.store(self.binary(REDUCE_BINARY[stage.reduce_op], b.load(target, typ=FLOAT[stage.dtype]), total),
-                    target)
+            old = self.load_value(target, stage.dtype)
+            self.store_value(self.binary(REDUCE_BINARY[stage.reduce_op], old, total), target, stage.dtype)
 
     def loop_body(self, node: LoopNode, env: dict):
         """A plain loop's body; where tails of unrolled or vectorized loops below depend on this loop
@@ -241,17 +247,14 @@ class FunctionBuilder:
         stage = stmt.stage
         target = self.access(stage.name, ir.Affine.identity(stage.dims), False, stmt, env)
         align = self.alignment(stage.name, ir.Affine.identity(stage.dims), stmt, env)
-        ty = FLOAT[stage.dtype]
         if stmt.kind == "init":
-            self.builder.store(llir.Constant(ty, IDENTITY[stage.reduce_op]), target, align=align)
-            return
-        evaluate = lambda e: self.expr(e, stmt, env)  # noqa: E731
-        if stmt.kind == "update":
-            old = self.builder.load(target, typ=ty, align=align)
-            value = self.accumulate(stage.reduce_op, old, stage.expr, evaluate)
+            value = llir.Constant(VALUE_TYPE[stage.dtype], IDENTITY[stage.reduce_op])
+        elif stmt.kind == "update":
+            old = self.load_value(target, stage.dtype, align)
+            value = self.accumulate(stage.reduce_op, old, stage.expr, lambda e: self.expr(e, stmt, env))
         else:
-            value = evaluate(stage.expr)
-        self.builder.store(value, target, align=align)
+            value = self.expr(stage.expr, stmt, env)
+        self.store_value(value, target, stage.dtype, align)
 
     def access(self, buffer: str, index: tuple[ir.Affine, ...], clamp: bool, stmt: StmtNode,
                env: dict) -> llir.Value:
@@ -267,46 +270,46 @@ class FunctionBuilder:
                                      plan.shape, plan.strides):
                 clamped = self.smin(self.smax(self.affine(ix, env), ZERO), llir.Constant(I64, n - 1))
                 offset = b.add(offset, b.mul(clamped, llir.Constant(I64, stride)))
-        return self.builder.gep(self.pointers[buffer], [offset], source_etype=FLOAT[plan.dtype], inbounds=True)
+        return self.builder.gep(self.pointers[buffer], [offset], source_etype=MEMORY_TYPE[plan.dtype], inbounds=True)
 
     # Vector statements -----------------------------------------------------------------
     def vector_statement(self, stmt: StmtNode, env: dict, lanes: "Lanes"):
         """One statement for all lanes of a vectorized loop: packed where addresses are contiguous."""
         stage = stmt.stage
         b = self.builder
-        ty = FLOAT[stage.dtype]
-        vty = llir.VectorType(ty, lanes.width)
+        vty = llir.VectorType(VALUE_TYPE[stage.dtype], lanes.width)
         own = ir.Affine.identity(stage.dims)
         base, step, align = self.linear_address(stage.name, own, stmt, env, lanes)
         evaluate = lambda e: self.vector_expr(e, stmt, env, lanes)  # noqa: E731
         if step == 1:
-            base = b.bitcast(base, vty.as_pointer())
             if stmt.kind == "init":
                 value = llir.Constant(vty, [IDENTITY[stage.reduce_op]] * lanes.width)
             elif stmt.kind == "update":
-                old = b.load(base, typ=vty, align=align)
+                old = self.load_value(base, stage.dtype, align, lanes.width)
                 value = self.accumulate(stage.reduce_op, old, stage.expr, evaluate)
             else:
                 value = evaluate(stage.expr)
-            b.store(value, base, align=align)
+            self.store_value(value, base, stage.dtype, align)
             return
         if stmt.kind == "init":
             value = llir.Constant(vty, [IDENTITY[stage.reduce_op]] * lanes.width)
         else:
             value = evaluate(stage.expr)
         if step == 0 and stmt.kind == "update":
-            old = b.load(base, typ=ty, align=align)
-            b.store(self.binary(REDUCE_BINARY[stage.reduce_op], old, self.horizontal(stage.reduce_op, value)), base)
+            old = self.load_value(base, stage.dtype, align)
+            total = self.binary(REDUCE_BINARY[stage.reduce_op], old, self.horizontal(stage.reduce_op, value))
+            self.store_value(total, base, stage.dtype)
         elif step == 0:
-            b.store(b.extract_element(value, llir.Constant(I64, lanes.width - 1)), base)
+            self.store_value(b.extract_element(value, llir.Constant(I64, lanes.width - 1)), base, stage.dtype)
         else:
             for k in range(lanes.width):
                 lane_env = {**env, lanes.name: llir.Constant(I64, k)}
                 target = self.access(stage.name, ir.Affine.identity(stage.dims), False, stmt, lane_env)
                 lane_value = b.extract_element(value, llir.Constant(I64, k))
                 if stmt.kind == "update":
-                    lane_value = self.binary(REDUCE_BINARY[stage.reduce_op], b.load(target, typ=ty), lane_value)
-                b.store(lane_value, target)
+                    lane_value = self.binary(REDUCE_BINARY[stage.reduce_op], self.load_value(target, stage.dtype),
+                                             lane_value)
+                self.store_value(lane_value, target, stage.dtype)
 
     def linear_address(self, buffer: str, index: tuple[ir.Affine, ...], stmt: StmtNode, env: dict,
                        lanes: "Lanes") -> tuple[llir.Value, int, int]:
@@ -320,29 +323,26 @@ class FunctionBuilder:
                   lanes: "Lanes | None" = None) -> int:
         """Bytes an access (packed across `lanes`, if given) may assume aligned: one element here,
         since CPUs load unaligned vectors at full speed."""
-        return ty_bytes(FLOAT[self.tree.buffers[buffer].dtype])
+        return ITEM_BYTES[self.tree.buffers[buffer].dtype]
 
     def linear_offset(self, buffer: str, index: tuple[ir.Affine, ...], stmt: StmtNode) -> ir.Affine:
         """The element offset of an access, as an affine function of loop variables."""
         return self.tree.buffers[buffer].linear_offset(tuple(ix.substitute(stmt.index) for ix in index))
 
     def vector_expr(self, e: ir.Expr, stmt: StmtNode, env: dict, lanes: "Lanes") -> llir.Value:
-        b = self.builder
-        ty = FLOAT[e.dtype]
-        vty = llir.VectorType(ty, lanes.width)
         if isinstance(e, ir.Const):
-            return llir.Constant(vty, [e.value] * lanes.width)
+            return llir.Constant(llir.VectorType(VALUE_TYPE[e.dtype], lanes.width), [e.value] * lanes.width)
         if isinstance(e, ir.Load) and not e.clamped:
             base, step, align = self.linear_address(e.buffer, e.index, stmt, env, lanes)
+            dtype = self.tree.buffers[e.buffer].dtype
             if step == 1:
-                return b.load(b.bitcast(base, vty.as_pointer()), typ=vty, align=align)
+                return self.load_value(base, dtype, align, lanes.width)
             if step == 0:
-                return self.splat(b.load(base, typ=ty, align=align), lanes.width)
+                return self.splat(self.load_value(base, dtype, align), lanes.width)
         if isinstance(e, ir.Load | ir.Select):
             return self.per_lane(e, stmt, env, lanes)
         if isinstance(e, ir.Cast):
-            x = self.vector_expr(e.x, stmt, env, lanes)
-            return b.fpext(x, vty) if e.dtype == "float64" else b.fptrunc(x, vty)
+            return self.convert(self.vector_expr(e.x, stmt, env, lanes), e.dtype)
         if isinstance(e, ir.Unary):
             return self.unary(e.op, self.vector_expr(e.x, stmt, env, lanes))
         return self.combine(e, lambda sub: self.vector_expr(sub, stmt, env, lanes))
@@ -350,7 +350,7 @@ class FunctionBuilder:
     def per_lane(self, e: ir.Expr, stmt: StmtNode, env: dict, lanes: "Lanes") -> llir.Value:
         """Gathered loads and guarded selects: each lane computed as a scalar, then packed."""
         b = self.builder
-        vector = llir.Constant(llir.VectorType(FLOAT[e.dtype], lanes.width), None)
+        vector = llir.Constant(llir.VectorType(VALUE_TYPE[e.dtype], lanes.width), None)
         for k in range(lanes.width):
             lane_env = {**env, lanes.name: llir.Constant(I64, k)}
             vector = b.insert_element(vector, self.expr(e, stmt, lane_env), llir.Constant(I64, k))
@@ -376,12 +376,12 @@ class FunctionBuilder:
     def expr(self, e: ir.Expr, stmt: StmtNode, env: dict) -> llir.Value:
         """The scalar value of `e` (over the statement's dims) at the loop values in `env`."""
         b = self.builder
-        ty = FLOAT[e.dtype]
         if isinstance(e, ir.Const):
-            return llir.Constant(ty, e.value)
+            return llir.Constant(VALUE_TYPE[e.dtype], e.value)
         if isinstance(e, ir.Load):
-            align = ty_bytes(ty) if e.clamped else self.alignment(e.buffer, e.index, stmt, env)
-            return b.load(self.access(e.buffer, e.index, e.clamped, stmt, env), typ=ty, align=align)
+            dtype = self.tree.buffers[e.buffer].dtype
+            align = ITEM_BYTES[dtype] if e.clamped else self.alignment(e.buffer, e.index, stmt, env)
+            return self.load_value(self.access(e.buffer, e.index, e.clamped, stmt, env), dtype, align)
         if isinstance(e, ir.Select):
             ok = llir.Constant(I1, 1)
             for g in e.guards:
@@ -390,8 +390,7 @@ class FunctionBuilder:
                                        b.icmp_signed("<", v, llir.Constant(I64, g.hi))))
             return b.select(ok, self.expr(e.then, stmt, env), self.expr(e.otherwise, stmt, env))
         if isinstance(e, ir.Cast):
-            x = self.expr(e.x, stmt, env)
-            return b.fpext(x, ty) if e.dtype == "float64" else b.fptrunc(x, ty)
+            return self.convert(self.expr(e.x, stmt, env), e.dtype)
         if isinstance(e, ir.Unary):
             return self.unary(e.op, self.expr(e.x, stmt, env))
         return self.combine(e, lambda sub: self.expr(sub, stmt, env))
@@ -425,7 +424,7 @@ class FunctionBuilder:
             return b.fdiv(constant_like(x.type, 1.0), x, flags=FAST)
         if op == "relu":
             return self.binary("maximum", x, constant_like(x.type, 0.0))
-        if op == "exp" and element_type(x.type) == FLOAT["float32"]:
+        if op == "exp" and element_type(x.type) == F32:
             return self.exp_f32(x)
         return b.call(self.intrinsic(INTRINSIC_UNARY[op], x.type, 1), [x], fastmath=FAST)
 
@@ -469,6 +468,67 @@ class FunctionBuilder:
             return module.globals[name]
         return llir.Function(module, llir.FunctionType(ret, args), name=name)
 
+    # Memory and dtypes ---------------------------------------------------------------
+    def load_value(self, pointer: llir.Value, dtype: str, align: int | None = None,
+                   width: int | None = None) -> llir.Value:
+        """Load one element of a `dtype` buffer (or `width` packed ones) as computed values."""
+        ty = shaped(MEMORY_TYPE[dtype], width)
+        stored = self.builder.load(self.typed(pointer, ty), typ=ty, align=align or ITEM_BYTES[dtype])
+        return self.widen(stored, dtype)
+
+    def store_value(self, value: llir.Value, pointer: llir.Value, dtype: str, align: int | None = None):
+        """Store computed values (a scalar or a packed vector) into a `dtype` buffer."""
+        stored = self.narrow(value, dtype)
+        self.builder.store(stored, self.typed(pointer, stored.type), align=align or ITEM_BYTES[dtype])
+
+    def typed(self, pointer: llir.Value, ty: llir.Type) -> llir.Value:
+        """`pointer` as a pointer to `ty` where llvmlite typed it otherwise (allocas point to elements)."""
+        if pointer.type.is_opaque or pointer.type.pointee == ty:
+            return pointer
+        return self.builder.bitcast(pointer, ty.as_pointer())
+
+    def widen(self, stored: llir.Value, dtype: str) -> llir.Value:
+        """Elements as stored in memory -> the values they compute with (exact)."""
+        b, width = self.builder, lane_count(stored.type)
+        if dtype == "float16":
+            return b.fpext(stored, shaped(F32, width))
+        if dtype == "bfloat16":
+            bits = b.shl(b.zext(stored, shaped(I32, width)), int_like(shaped(I32, width), 16))
+            return b.bitcast(bits, shaped(F32, width))
+        return stored
+
+    def narrow(self, value: llir.Value, dtype: str) -> llir.Value:
+        """Computed values -> elements as stored in memory, rounded to nearest even."""
+        if dtype == "float16":
+            return self.builder.fptrunc(value, shaped(MEMORY_TYPE[dtype], lane_count(value.type)))
+        if dtype == "bfloat16":
+            return self.bfloat16_bits(value)
+        return value
+
+    def bfloat16_bits(self, value: llir.Value) -> llir.Value:
+        """float32 values -> bfloat16 bits, rounded to nearest even (ties to the even upper half, as
+        ml_dtypes does); a NaN stays a NaN, quieted."""
+        b = self.builder
+        ity = shaped(I32, lane_count(value.type))
+        bits = b.bitcast(value, ity)
+        upper = b.lshr(bits, int_like(ity, 16))
+        odd = b.and_(upper, int_like(ity, 1))
+        rounded = b.lshr(b.add(b.add(bits, int_like(ity, 0x7FFF)), odd), int_like(ity, 16))
+        quiet_nan = b.or_(upper, int_like(ity, 0x40))
+        chosen = b.select(b.fcmp_unordered("uno", value, value), quiet_nan, rounded)
+        return b.trunc(chosen, shaped(I16, lane_count(value.type)))
+
+    def convert(self, value: llir.Value, dtype: str) -> llir.Value:
+        """Values cast to `dtype`: float32 and float64 widen or round; a half type rounds the float32
+        value to it (from float64 through float32, as ml_dtypes does for bfloat16)."""
+        b, width = self.builder, lane_count(value.type)
+        target = shaped(VALUE_TYPE[dtype], width)
+        if value.type != target:
+            value = b.fpext(value, target) if VALUE_TYPE[dtype] == F64 else b.fptrunc(value, target)
+        if MEMORY_TYPE[dtype] != VALUE_TYPE[dtype]:
+            value = self.widen(self.narrow(value, dtype), dtype)
+        return value
+
     # Integer helpers ------------------------------------------------------------------
     def affine(self, a: ir.Affine, env: dict) -> llir.Value:
         return llir_affine(self.builder, a, env)
@@ -508,14 +568,20 @@ class Lanes:
     width: int
 
 
-def ty_bytes(ty: llir.Type) -> int:
-    return 4 if ty == FLOAT["float32"] else 8
-
-
 def type_suffix(ty: llir.Type) -> str:
     if isinstance(ty, llir.VectorType):
         return f"v{ty.count}{type_suffix(ty.element)}"
-    return "f32" if ty == FLOAT["float32"] else "f64"
+    return "f32" if ty == F32 else "f64"
+
+
+def shaped(element: llir.Type, width: int | None) -> llir.Type:
+    """`element`, or a vector of `width` of them."""
+    return element if width is None else llir.VectorType(element, width)
+
+
+def lane_count(ty: llir.Type) -> int | None:
+    """The lanes of a vector type; None for a scalar."""
+    return ty.count if isinstance(ty, llir.VectorType) else None
 
 
 def is_product(e: ir.Expr) -> bool:

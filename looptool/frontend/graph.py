@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+from . import dtypes
+
 UNARY_OPS = ("neg", "exp", "log", "sqrt", "abs", "reciprocal", "relu")
 BINARY_OPS = ("add", "sub", "mul", "div", "maximum", "minimum")
 REDUCE_OPS = ("sum", "max", "min")
@@ -19,6 +20,14 @@ def describe(node: "Node") -> str:
     dims = ", ".join(node.dims)
     shape = tuple(node.sizes[d] for d in node.dims)
     return f"{node.label}(dims=({dims}), shape={shape})"
+
+
+def check_halves_apart(nodes, what: str):
+    """Refuse an operation where float16 and bfloat16 values meet, naming the tensors."""
+    if dtypes.mixed_halves(n.dtype for n in nodes):
+        listed = " and ".join(f"{n.dtype.name} {describe(n)}" for n in nodes if n.dtype in dtypes.HALF_DTYPES)
+        raise TypeError(f"{what}: cannot combine {listed}: float16 and bfloat16 differ in range and precision; "
+                        f"convert one first, e.g. x.astype(lt.float32) or x.astype(lt.bfloat16)")
 
 
 def merge_sizes(nodes: list["Node"]) -> dict[str, int]:
@@ -61,29 +70,42 @@ class Input(Node):
 
 
 class Scalar(Node):
-    """A Python number inside an expression; it takes the dtype of its partner."""
+    """A Python number inside an expression; it takes the dtype its partner computes in."""
 
     def __init__(self, value: float, dtype: np.dtype):
         self.value, self.dtype, self.dims, self.sizes, self.label = float(value), dtype, (), {}, "scalar"
 
 
 class Map(Node):
-    """A pointwise operation; dimensions broadcast by name (left operand's dims first)."""
+    """A pointwise operation; dimensions broadcast by name (left operand's dims first).
+    It computes in float32, or float64 if an operand is float64 (`dtypes.arithmetic_dtype`)."""
 
     def __init__(self, op: str, args: tuple[Node, ...]):
         self.op, self.args, self.label = op, args, op
         self.sizes = merge_sizes(list(args))
         self.dims = tuple(dict.fromkeys(d for a in args for d in a.dims))
-        self.dtype = np.result_type(*[a.dtype for a in args])
+        check_halves_apart(args, op)
+        self.dtype = dtypes.arithmetic_dtype(a.dtype for a in args)
 
     def children(self):
         return self.args
 
 
-class Reduce(Node):
-    """A reduction (sum, max or min) over some dimensions of its source."""
+class Cast(Node):
+    """The source's values converted to `dtype` (rounded to nearest even when narrower)."""
 
-    def __init__(self, op: str, src: Node, reduce_dims: tuple[str, ...]):
+    def __init__(self, src: Node, dtype: np.dtype):
+        self.src, self.dtype, self.dims, self.sizes, self.label = src, dtype, src.dims, src.sizes, "astype"
+
+    def children(self):
+        return (self.src,)
+
+
+class Reduce(Node):
+    """A reduction (sum, max or min) over some dimensions of its source, accumulated in `dtype`
+    (default: the dtype the source computes in, so float32 for half-precision sources)."""
+
+    def __init__(self, op: str, src: Node, reduce_dims: tuple[str, ...], dtype: np.dtype | None = None):
         for d in reduce_dims:
             if d not in src.dims:
                 raise ValueError(f"cannot reduce over '{d}': {describe(src)} has no dimension '{d}'")
@@ -95,7 +117,7 @@ class Reduce(Node):
                              f"is undefined (NumPy raises too); {describe(src)}")
         self.op, self.src, self.reduce_dims, self.label = op, src, reduce_dims, op
         self.dims = tuple(d for d in src.dims if d not in reduce_dims)
-        self.sizes, self.dtype = dict(src.sizes), src.dtype
+        self.sizes, self.dtype = dict(src.sizes), dtypes.compute_dtype(src.dtype) if dtype is None else dtype
 
     def children(self):
         return (self.src,)
@@ -136,7 +158,8 @@ class Pad(Node):
 
     def __init__(self, src: Node, dim: str, new_dim: str, amount, value: float):
         self.before, self.after = _pair(amount, "pad")
-        self.src, self.dim, self.new_dim, self.value, self.dtype, self.label = src, dim, new_dim, float(value), src.dtype, "pad"
+        self.src, self.dim, self.new_dim, self.dtype, self.label = src, dim, new_dim, src.dtype, "pad"
+        self.value = float(src.dtype.type(value))   # the padding value as the source's dtype holds it
         size = src.sizes.get(dim, 0) + self.before + self.after
         self.dims, self.sizes = _replace_dim(src, dim, (new_dim,), {new_dim: size}, "pad")
 
@@ -186,7 +209,8 @@ class Concat(Node):
                 raise ValueError(f"concat: {describe(src)} has other dimensions {tuple(rest)} than "
                                  f"{describe(srcs[0])} {tuple(first)} besides the joined one")
         self.srcs, self.src_dims, self.new_dim, self.label = srcs, src_dims, new_dim, "concat"
-        self.dtype = np.result_type(*[s.dtype for s in srcs])
+        check_halves_apart(srcs, "concat")
+        self.dtype = dtypes.view_dtype(s.dtype for s in srcs)
         total = sum(s.sizes[d] for s, d in zip(srcs, src_dims))
         base = merge_sizes(list(srcs))
         self.dims, _ = _replace_dim(srcs[0], src_dims[0], (new_dim,), {new_dim: total}, "concat")

@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 
 from ..hooks import Hook
-from . import graph
+from . import dtypes, graph
 
 BACKEND = Hook("running a Tensor (numpy, cuda, compile, loop_tree; GPU arrays)", "looptool.runtime")
 
@@ -63,14 +63,13 @@ class Tensor:
             return
         if isinstance(data, np.ndarray):
             array = data
-        elif hasattr(data, "__cuda_array_interface__") or hasattr(data, "__dlpack_device__") and \
-                data.__dlpack_device__()[0] == 2:
+        elif BACKEND.get().is_device_array(data):
             array = BACKEND.get().as_device(data)
         else:
             array = _as_array(data)
-        if array.dtype not in graph.SUPPORTED_DTYPES:
-            raise TypeError(f"lt.Tensor: dtype {array.dtype} is not supported; use float32 or float64 "
-                            f"(e.g. array.astype(np.float32))")
+        if array.dtype not in dtypes.SUPPORTED_DTYPES:
+            raise TypeError(f"lt.Tensor: dtype {array.dtype} is not supported; use float16, bfloat16 "
+                            f"(ml_dtypes.bfloat16), float32 or float64 (e.g. array.astype(np.float32))")
         self._node, self._array = None, array
 
     def to(self, *dims: Symbol) -> "Tensor":
@@ -130,6 +129,14 @@ class Tensor:
     def __rtruediv__(self, o): return self._rmap("div", o)
     def __neg__(self): return self._map("neg")
 
+    def astype(self, dtype) -> "Tensor":
+        """The values converted to `dtype` (`lt.float16`, `lt.bfloat16`, `lt.float32`, `lt.float64`),
+        rounded to nearest even when narrower; the way to store a result in half precision."""
+        target = dtypes.as_dtype(dtype, "astype")
+        if target == self.dtype:
+            return self
+        return Tensor(None, _node=graph.Cast(self.node, target))
+
     def exp(self) -> "Tensor":
         """Elementwise e**x."""
         return self._map("exp")
@@ -163,28 +170,31 @@ class Tensor:
         return self._map("minimum", other)
 
     # Reductions
-    def _reduce(self, op: str, dims) -> "Tensor":
+    def _reduce(self, op: str, dims, dtype) -> "Tensor":
         if not dims:
             raise ValueError(f"{op}() needs at least one dimension to reduce over; "
                              f"this tensor has {self.dims}")
         names = tuple(_name(d, op) for d in dims)
-        return Tensor(None, _node=graph.Reduce(op, self.node, names))
+        accumulator = None if dtype is None else dtypes.as_dtype(dtype, op)
+        return Tensor(None, _node=graph.Reduce(op, self.node, names, accumulator))
 
-    def sum(self, *dims: Symbol) -> "Tensor":
-        """Sum over the named dimensions."""
-        return self._reduce("sum", dims)
+    def sum(self, *dims: Symbol, dtype=None) -> "Tensor":
+        """Sum over the named dimensions, accumulated in `dtype` (default: float32 for half-precision
+        values, else their own dtype); the result has that dtype."""
+        return self._reduce("sum", dims, dtype)
 
-    def max(self, *dims: Symbol) -> "Tensor":
-        """Maximum over the named dimensions."""
-        return self._reduce("max", dims)
+    def max(self, *dims: Symbol, dtype=None) -> "Tensor":
+        """Maximum over the named dimensions, held in `dtype` (default as for `sum`)."""
+        return self._reduce("max", dims, dtype)
 
-    def min(self, *dims: Symbol) -> "Tensor":
-        """Minimum over the named dimensions."""
-        return self._reduce("min", dims)
+    def min(self, *dims: Symbol, dtype=None) -> "Tensor":
+        """Minimum over the named dimensions, held in `dtype` (default as for `sum`)."""
+        return self._reduce("min", dims, dtype)
 
-    def mean(self, *dims: Symbol) -> "Tensor":
-        """Mean over the named dimensions (NaN, with a RuntimeWarning, over dimensions of size 0)."""
-        total = self._reduce("sum", dims)
+    def mean(self, *dims: Symbol, dtype=None) -> "Tensor":
+        """Mean over the named dimensions, summed in `dtype` (default as for `sum`); NaN, with a
+        RuntimeWarning, over dimensions of size 0."""
+        total = self._reduce("sum", dims, dtype)
         count = int(np.prod([self.node.sizes[_name(d, "mean")] for d in dims]))
         if count == 0:
             warnings.warn(f"mean over {[_name(d, 'mean') for d in dims]}, which hold no elements: the result "
@@ -216,7 +226,8 @@ class Tensor:
 
     def cuda(self, schedule=None):
         """Run on the GPU (CuPy, `looptool[gpu]`) under `schedule`; returns a CuPy array that stays on
-        the device. Inputs already on the GPU are used in place."""
+        the device (for a bfloat16 result, which CuPy cannot type, a `looptool.runtime.gpu.BFloat16Array`).
+        Inputs already on the GPU (CuPy, PyTorch, DLPack) are used in place."""
         return BACKEND.get().evaluate_on_gpu(self.node, schedule)
 
     def loop_tree(self, schedule=None):
@@ -243,7 +254,7 @@ def _operand(value, dtype: np.dtype) -> graph.Node:
     if isinstance(value, Tensor):
         return value.node
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        return graph.Scalar(value, dtype)
+        return graph.Scalar(value, dtypes.compute_dtype(dtype))
     raise TypeError(f"cannot combine a Tensor with {type(value).__name__} {value!r}")
 
 

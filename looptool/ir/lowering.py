@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..frontend import graph
+from ..frontend import dtypes, graph
 from .program import (Affine, Buffer, Cast, Const, Expr, Guard, Load, Program, Select, Stage, Unary, Binary)
 
 
@@ -38,7 +38,8 @@ class _Lowering:
     def stage_for(self, node: graph.Reduce) -> Stage:
         if id(node) not in self.stage_ids:
             identity = {d: Affine.var(d) for d in node.src.dims}
-            expr = self.expr(node.src, identity, False)
+            # the accumulator is held in node.dtype but updated in the dtype that computes it
+            expr = self.cast(self.expr(node.src, identity, False), dtypes.compute_dtype(node.dtype).name)
             stage = Stage(f"t{len(self.stages)}", node.dims, node.reduce_dims, node.op, expr, node.dtype.name,
                           node.src.dims)
             self.stages.append(stage)
@@ -56,6 +57,8 @@ class _Lowering:
         if isinstance(node, graph.Map):
             args = [self.cast(self.expr(a, index, guarded), dtype) for a in node.args]
             return Unary(node.op, *args) if len(args) == 1 else Binary(node.op, *args)
+        if isinstance(node, graph.Cast):
+            return self.cast(self.expr(node.src, index, guarded), dtype)
         if isinstance(node, graph.Reduce):
             stage = self.stage_for(node)
             return Load(stage.name, tuple(index[d] for d in node.dims), dtype, guarded)

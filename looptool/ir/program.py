@@ -6,6 +6,11 @@ Pointwise work is inlined into the stage that uses it, so only reductions and th
 final result own buffers: `(a * b).sum(k)` is one stage with no m×k×n temporary.
 All values are frozen dataclasses, so a program is hashable and serves as the
 structural part of the kernel cache key.
+
+Dtypes: float16 and bfloat16 values come only from loads, casts, constants and selects,
+and hold numbers those types represent exactly; arithmetic (`Unary`, `Binary`) and the
+updates of a reduction run in float32 or float64 (the lowering inserts the casts). A
+stage's buffer may hold a half type; its expression then has the dtype that computes it.
 """
 from __future__ import annotations
 
@@ -150,7 +155,8 @@ class Stage:
     """buffer `name`[dims] = reduce_op over reduce_dims of `expr` (or just `expr`).
 
     `loop_dims` is every dim the statement iterates over, in the order the
-    expression's dims appeared (the default loop order)."""
+    expression's dims appeared (the default loop order). `dtype` is the buffer's; `expr.dtype`
+    is the one its values are computed in (float32 for a half-precision buffer of a reduction)."""
 
     name: str
     dims: tuple[str, ...]

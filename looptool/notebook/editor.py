@@ -33,12 +33,13 @@ from typing import Callable
 import numpy as np
 
 from looptool import ir, runtime
+from looptool.frontend.dtypes import SCHEDULE_TOLERANCE
 from looptool.schedule import ANNOTATIONS, Schedule
 from looptool.schedule.looptree import LoopTree
 
 from .render import tree_html
 
-MAX_RELATIVE_ERROR = {"float32": 1e-4, "float64": 1e-10}
+MAX_RELATIVE_ERROR = SCHEDULE_TOLERANCE
 
 
 # Results ---------------------------------------------------------------------------
@@ -569,7 +570,7 @@ class ScheduleEditor:
             measured = self._measure(tree)
         except Exception as err:
             return "error", f"compiling or running failed: {type(err).__name__}: {err}", None
-        limit = MAX_RELATIVE_ERROR.get(self.program.output.dtype, 1e-4)
+        limit = MAX_RELATIVE_ERROR[self.program.output.dtype]
         if not measured.relative_error <= limit:
             return "wrong", (f"legal, but the compiled kernel disagrees with {self._reference_source} (relative "
                              f"error {measured.relative_error:.3g}); this is a looptool bug"), measured

@@ -168,8 +168,9 @@ def interpret(tensor, schedule=None) -> np.ndarray:
 
 
 def _load_system_libraries():
-    """libm for exp/log, libpthread for parallel loops (part of libc on new glibc)."""
-    for lib in ("m", "pthread"):
+    """libm for exp/log, libpthread for parallel loops (part of libc on new glibc), libgcc_s for
+    float16 conversions on CPUs without instructions for them (x86 without F16C)."""
+    for lib in ("m", "pthread", "gcc_s"):
         name = ctypes.util.find_library(lib)
         if name:
             llvm.load_library_permanently(name)

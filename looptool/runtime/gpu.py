@@ -3,6 +3,8 @@
 CuPy (the optional extra `looptool[gpu]`) loads PTX modules, launches kernels on
 its current stream, owns device memory and speaks DLPack, so PyTorch tensors and
 CuPy arrays come in without copies; cuda-python would need all of that by hand.
+CuPy has no bfloat16 dtype: bfloat16 arrays on the GPU are `BFloat16Array`s, CuPy
+uint16 arrays of the elements' bits that carry the bfloat16 dtype.
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import numpy as np
 
 from .. import ir
 from ..codegen import gpu as codegen_gpu
+from ..frontend import dtypes
 from ..schedule import LoopTree
 from . import tuning_db
 from .cache import KernelCache
@@ -30,15 +33,89 @@ def device_arch() -> str:
     return f"sm_{cupy().cuda.Device().compute_capability}"
 
 
+class BFloat16Array:
+    """A bfloat16 array on the GPU: `bits` is a CuPy uint16 array of its elements' bits (CuPy has no
+    bfloat16), and `dtype` is bfloat16. `get()` copies it to a NumPy bfloat16 array; `to_torch()`
+    views it as a PyTorch bfloat16 tensor, without a copy."""
+
+    dtype = dtypes.bfloat16
+
+    def __init__(self, bits):
+        if bits.dtype != np.uint16:
+            raise TypeError(f"BFloat16Array holds uint16 bits, got a {bits.dtype} array")
+        self.bits = bits
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.bits.shape
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        return self.bits.strides
+
+    @property
+    def itemsize(self) -> int:
+        return 2
+
+    @property
+    def data(self):
+        """The device memory (CuPy's MemoryPointer, with `.ptr`)."""
+        return self.bits.data
+
+    def get(self) -> np.ndarray:
+        """A NumPy bfloat16 copy on the host."""
+        return cupy().asnumpy(self.bits).view(dtypes.bfloat16)
+
+    def to_torch(self):
+        """The same memory as a PyTorch bfloat16 tensor (DLPack; PyTorch must be installed)."""
+        import torch
+        return torch.from_dlpack(self.bits.view(cupy().int16)).view(torch.bfloat16)
+
+    def __repr__(self):
+        return f"BFloat16Array(shape={self.shape}, strides={self.strides})"
+
+
+def _is_torch_bfloat16(data) -> bool:
+    """A PyTorch bfloat16 CUDA tensor (its __cuda_array_interface__ refuses bfloat16)."""
+    return type(data).__module__.startswith("torch") and str(getattr(data, "dtype", "")) == "torch.bfloat16" \
+        and bool(getattr(data, "is_cuda", False))
+
+
 def is_device_array(data) -> bool:
-    """True for CUDA arrays (CuPy, PyTorch, anything with __cuda_array_interface__)."""
-    return hasattr(data, "__cuda_array_interface__")
+    """True for CUDA arrays: CuPy, PyTorch (bfloat16 too), `BFloat16Array`, anything with
+    __cuda_array_interface__ or on a CUDA DLPack device."""
+    if isinstance(data, BFloat16Array) or _is_torch_bfloat16(data):
+        return True
+    if hasattr(data, "__cuda_array_interface__"):
+        return True
+    return hasattr(data, "__dlpack_device__") and data.__dlpack_device__()[0] == 2
 
 
 def as_device(data):
-    """A CuPy view of a CUDA array (no copy), or a host array copied to the GPU."""
+    """A device view of a CUDA array (no copy), or a host array copied to the GPU: a CuPy array, or a
+    `BFloat16Array` for bfloat16."""
     cp = cupy()
+    if isinstance(data, BFloat16Array):
+        return data
+    if _is_torch_bfloat16(data):
+        import torch
+        return BFloat16Array(cp.from_dlpack(data.view(torch.int16)).view(cp.uint16))
+    if isinstance(data, np.ndarray) and data.dtype == dtypes.bfloat16:
+        return BFloat16Array(cp.asarray(data.view(np.uint16)))
     return cp.asarray(data)
+
+
+def device_empty(shape: tuple[int, ...], dtype: str):
+    """An uninitialized device array of `dtype` (a `BFloat16Array` for bfloat16)."""
+    cp = cupy()
+    if dtype == dtypes.bfloat16.name:
+        return BFloat16Array(cp.empty(shape, dtype=np.uint16))
+    return cp.empty(shape, dtype=dtype)
+
+
+def kernel_argument(array):
+    """What a kernel launch is given for a device array: the CuPy array (of bits, for bfloat16)."""
+    return array.bits if isinstance(array, BFloat16Array) else array
 
 
 class GpuKernel:
@@ -65,8 +142,8 @@ class GpuKernel:
         return self._loaded[aligned]
 
     def __call__(self, arrays: list, out=None):
-        """Run on device (or host, copied) arrays in `program.inputs` order; returns a CuPy array."""
-        cp = cupy()
+        """Run on device (or host, copied) arrays in `program.inputs` order; returns a CuPy array
+        (a `BFloat16Array` for a bfloat16 result)."""
         program = self.tree.program
         empty = [dim for dim, size in program.sizes if size == 0]
         if empty:
@@ -82,11 +159,11 @@ class GpuKernel:
             memory[buf.name] = device
         for plan in self.tree.buffers.values():
             if plan.kind in ("temp", "output"):
-                memory[plan.name] = cp.empty(plan.shape, dtype=plan.dtype)
+                memory[plan.name] = device_empty(plan.shape, plan.dtype)
         if out is not None:
             memory[program.output.name] = out
         module, _, functions = self._for_alignment(memory)
-        args = tuple(memory[name] for name in module.params)
+        args = tuple(kernel_argument(memory[name]) for name in module.params)
         for launch, function in zip(module.launches, functions):
             function(launch.grid, launch.block, args)
         return memory[program.output.name]
@@ -136,5 +213,7 @@ def evaluate(node, schedule) -> object:
 
 
 def to_host(array) -> np.ndarray:
-    """A NumPy copy of a device array (host arrays pass through)."""
+    """A NumPy copy of a device array from `as_device` (host arrays pass through)."""
+    if isinstance(array, BFloat16Array):
+        return array.get()
     return cupy().asnumpy(array) if is_device_array(array) else np.asarray(array)

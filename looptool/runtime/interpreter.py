@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import ir
+from ..frontend import dtypes
 from ..schedule import LoopNode, LoopTree, StmtNode
 
 VECTOR_LIMIT = 1 << 18
@@ -110,7 +111,10 @@ class _Runner:
                 ok = ok & (v >= g.lo) & (v < g.hi)
             return np.where(ok, self.expr(e.then, dims), self.expr(e.otherwise, dims)).astype(dtype)
         if isinstance(e, ir.Cast):
-            return np.asarray(self.expr(e.x, dims)).astype(dtype)
+            value = np.asarray(self.expr(e.x, dims))
+            if dtype in dtypes.HALF_DTYPES:   # rounded from float32, as the compiled code does
+                value = value.astype(np.float32)
+            return value.astype(dtype)
         if isinstance(e, ir.Unary):
             return UNARY[e.op](np.asarray(self.expr(e.x, dims)))
         return BINARY[e.op](self.expr(e.a, dims), self.expr(e.b, dims))

@@ -1,6 +1,7 @@
 """The schedule layer: schedules as data (steps.py), the loop tree they give (looptree.py), printing."""
 from .looptree import LEGALITY, BufferPlan, Limit, LoopNode, LoopTree, StmtNode, accesses, thread_bound, walk
-from .steps import ANNOTATIONS, GPU_AXES, Loop, Schedule, Tail, pipeline_depth
+from .steps import ANNOTATIONS, GPU_AXES, TENSOR_INSTRUCTIONS, Loop, Schedule, Tail, pipeline_depth, tensor_role
 
 __all__ = ["LEGALITY", "BufferPlan", "Limit", "LoopNode", "LoopTree", "StmtNode", "accesses", "thread_bound",
-           "walk", "ANNOTATIONS", "GPU_AXES", "Loop", "Schedule", "Tail", "pipeline_depth"]
+           "walk", "ANNOTATIONS", "GPU_AXES", "TENSOR_INSTRUCTIONS", "Loop", "Schedule", "Tail", "pipeline_depth",
+           "tensor_role"]

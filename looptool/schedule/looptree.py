@@ -239,6 +239,15 @@ class LoopTree:
         return LoopTree(self.program,
                         self.schedule.annotate(self._stage(stage), loop, pipeline_annotation(stages, in_flight)))
 
+    def tensorize(self, loops, instruction: str, stage: str | None = None) -> "LoopTree":
+        """Compute the tile of the loops `(m, n, k)` of a contraction with one warp-level matrix
+        instruction on the GPU, e.g. `t.tensorize(("m.1", "n.1", "k.1"), "mma.m16n8k16")`; the CPU
+        and the interpreter run them as plain loops. `check()` says what the instruction needs."""
+        if len(loops) != 3:
+            raise ValueError(f"tensorize: give the (m, n, k) loops of the tile, three names; got {loops!r}")
+        m, n, k = loops
+        return LoopTree(self.program, self.schedule.tensorize(self._stage(stage), m, n, k, instruction))
+
     def place(self, stage: str, consumer: str | None, depth: int = 0) -> "LoopTree":
         """Compute `stage` inside the first `depth` loops of `consumer` (None: at the root)."""
         return LoopTree(self.program, self.schedule.place(stage, consumer, depth))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .. import ir
 
-DTYPE_SHORT = {"float32": "f32", "float64": "f64"}
+DTYPE_SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64"}
 
 
 def loop_text(node) -> str:

@@ -38,6 +38,11 @@ def pipeline_depth(annotation: str) -> tuple[int, int] | None:
     return int(parts[1]), int(parts[2])
 
 
+# The warp-level matrix instructions `tensorize` maps a contraction's innermost loops onto, and the
+# tile each computes. Its loops are annotated "<instruction>.m", ".n" and ".k".
+TENSOR_INSTRUCTIONS = {"mma.m16n8k16": {"m": 16, "n": 8, "k": 16}}
+
+
 @dataclass(frozen=True)
 class Loop:
     """One loop of a stage: `extent` iterations, each adding `stride` to dimension `dim`."""
@@ -47,6 +52,12 @@ class Loop:
     extent: int
     stride: int
     annotation: str = ""
+
+
+def tensor_role(loop: "Loop") -> tuple[str, str] | None:
+    """(instruction, role 'm', 'n' or 'k') of a tensorized loop; None for any other loop."""
+    instruction, _, role = loop.annotation.rpartition(".")
+    return (instruction, role) if instruction in TENSOR_INSTRUCTIONS else None
 
 
 @dataclass(frozen=True)
@@ -168,6 +179,21 @@ class Schedule:
         sched = self.of(stage)
         loops = sched.loops[:i] + (replace(lp, annotation=annotation),) + sched.loops[i + 1:]
         return self._with(stage, replace(sched, loops=loops), ("annotate", stage, loop, annotation))
+
+    def tensorize(self, stage: str, m: str, n: str, k: str, instruction: str) -> "Schedule":
+        """Mark loops `m`, `n` and `k` of `stage` as the tile of one warp-level matrix instruction
+        (`TENSOR_INSTRUCTIONS`). What the instruction needs (tile sizes, operand dtypes, innermost
+        loops, the warp's lanes) is checked with the legality of the whole tree."""
+        if instruction not in TENSOR_INSTRUCTIONS:
+            raise ValueError(f"tensorize: unknown instruction {instruction!r}; use one of {tuple(TENSOR_INSTRUCTIONS)}")
+        if len({m, n, k}) != 3:
+            raise ValueError(f"tensorize: the m, n and k loops must be three different loops, got {(m, n, k)}")
+        sched = self.of(stage)
+        loops = list(sched.loops)
+        for role, name in zip("mnk", (m, n, k)):
+            i, lp = self._loop(stage, name)
+            loops[i] = replace(lp, annotation=f"{instruction}.{role}")
+        return self._with(stage, replace(sched, loops=tuple(loops)), ("tensorize", stage, m, n, k, instruction))
 
     def place(self, stage: str, consumer: str | None, depth: int = 0) -> "Schedule":
         """Compute `stage` inside the first `depth` loops of `consumer` (None or depth 0: at the root).
@@ -298,7 +324,7 @@ class Schedule:
         sched = self
         for step in steps:
             op, *args = step
-            if op not in ("split", "reorder", "annotate", "place", "cache", "cache_write"):
+            if op not in ("split", "reorder", "annotate", "tensorize", "place", "cache", "cache_write"):
                 raise ValueError(f"unknown schedule step {op!r}")
             sched = getattr(sched, op)(*args)
         return sched

@@ -103,3 +103,31 @@ def test_a_thread_tile_bound_differently_where_it_is_read_lives_in_shared_memory
     assert tree.thread_slices == {} and tree.check() == (True, "legal")
     assert_close(c.numpy(tree), ref, 1e-5)
     assert ".shared" in gpu.generate(tree, "sm_90").ptx
+
+
+@pytest.mark.parametrize("dtype", [lt.float16, lt.bfloat16], ids=str)
+def test_half_precision_inputs_move_16_bits_and_compute_in_float32(rng, dtype):
+    c, ref = matmul(rng, 64, 32, 48, dtype)
+    tree = register_tiles(c)
+    ptx = gpu.generate(tree, "sm_90").ptx
+    assert re.search(r"ld\.global\.nc\.v4\.b16", ptx)                     # 4 half elements, 8 bytes
+    assert re.search(r"st\.shared(\.v\d)?\.b16", ptx) and re.search(r"ld\.shared(\.v\d)?\.b16", ptx)
+    assert re.search(r"fma\.rn\.f32", ptx) and re.search(r"st\.global\.v4\.b32", ptx)   # float32 out
+    if dtype == lt.float16:
+        assert "cvt.f32.f16" in ptx
+    else:                                                        # bfloat16: its bits are a float32's upper half
+        assert "cvt.f32.f16" not in ptx and re.search(r"shl\.b32\s+%r\d+, %r\d+, 16;", ptx)
+    assert_close(c.numpy(tree), ref, 1e-5)                       # the same schedule, run on the CPU
+
+
+@pytest.mark.parametrize("dtype", [lt.float16, lt.bfloat16], ids=str)
+def test_half_precision_results_and_shared_memory_reductions_in_ptx(rng, dtype):
+    sm, tree, ref = softmax_rows(rng, dtype=dtype)
+    rounded = sm.astype(dtype)                      # the rounding joins the last stage: no new stage
+    tree = rounded.loop_tree(tree.schedule.to_json())
+    assert str(tree).startswith(f"in0: {dict(float16='f16', bfloat16='bf16')[dtype.name]}[6, 40] input")
+    assert tree.check() == (True, "legal")
+    ptx = gpu.generate(tree, "sm_90").ptx
+    assert ".shared" in ptx and "bar.sync" in ptx
+    assert re.search(r"st\.global\.b16", ptx)                   # the result stored as 16 bits
+    assert_close(lt.interpret(rounded, tree).astype(np.float64), ref, 2.0 ** -7)

@@ -466,6 +466,22 @@ def test_header_declares_the_entry_with_input_names(small_matmul, tmp_path, rng)
     assert "int looptool_kernel(const double *logits, double *out);" in (other / "kernel.h").read_text()
 
 
+def test_half_precision_kernels_pass_16_bit_elements(tmp_path, rng):
+    s = lt.symbols("m k n")
+    a = rng.standard_normal((6, 5)).astype(lt.bfloat16)
+    b = rng.standard_normal((5, 7)).astype(lt.float16)
+    c = (lt.Tensor(a).to(s.m, s.k).astype(lt.float32) * lt.Tensor(b).to(s.k, s.n)).sum(s.k).astype(lt.bfloat16)
+    path = lt.export(c, tmp_path / "half", input_names=["a", "b"])
+    header = (path / "kernel.h").read_text()
+    assert "#include <stdint.h>" in header
+    assert "int looptool_kernel(const uint16_t *a, const uint16_t *b, uint16_t *out);" in header
+    assert "strides [5, 1], bfloat16 bits" in header and "strides [7, 1], IEEE binary16 bits" in header
+    got = lt.load(path)(a, b)
+    assert got.dtype == lt.bfloat16 and np.array_equal(got, c.numpy())
+    with pytest.raises(ArtifactError, match="dtype float32 but the kernel was built for bfloat16"):
+        lt.load(path)(a.astype(np.float32), b)
+
+
 def test_c_program_against_header_and_shared_library(tmp_path):
     cc = c_compiler()
     M, K, N = 13, 17, 19

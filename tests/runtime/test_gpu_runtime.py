@@ -61,3 +61,52 @@ def test_register_tiles_run_on_the_gpu_also_on_unaligned_inputs(rng):
         c = (lt.Tensor(a_dev).to(sm, sk) * lt.Tensor(cp.asarray(b)).to(sk, sn)).sum(sk)
         out = c.cuda(register_tiles(c))
         assert_close(cp.asnumpy(out), ref, 1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [lt.float16, lt.bfloat16], ids=str)
+def test_half_precision_matmul_runs_on_the_gpu_and_rounds_its_result(rng, dtype):
+    cp = cupy_or_skip()
+    c, ref = matmul(rng, 100, 72, 136, dtype)
+    tree = register_tiles(c)
+    got = c.cuda(tree)
+    assert isinstance(got, cp.ndarray) and got.dtype == np.float32
+    assert_close(cp.asnumpy(got), ref, 1e-5)
+    rounded = c.astype(dtype)
+    out = rounded.cuda(rounded.loop_tree(tree.schedule.to_json()))
+    host = gpu.to_host(out)
+    assert host.dtype == dtype
+    assert_close(host.astype(np.float64), ref, 2.0 ** -7)
+
+
+@pytest.mark.gpu
+def test_bfloat16_arrays_come_in_and_go_out_through_pytorch(rng):
+    cupy_or_skip()
+    torch = pytest.importorskip("torch")
+    a = rng.standard_normal((64, 32)).astype(lt.bfloat16)
+    b = rng.standard_normal((32, 48)).astype(lt.bfloat16)
+    ta = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16).cuda()
+    tb = torch.from_numpy(b.view(np.int16)).view(torch.bfloat16).cuda()
+    sm, sk, sn = lt.symbols("m k n")
+    x = lt.Tensor(ta).to(sm, sk)
+    assert x.dtype == lt.bfloat16
+    c = (x * lt.Tensor(tb).to(sk, sn)).sum(sk).astype(lt.bfloat16)
+    out = c.cuda(tiled(c.loop_tree()))
+    assert isinstance(out, gpu.BFloat16Array) and out.shape == (64, 48)
+    back = out.to_torch()
+    assert back.dtype == torch.bfloat16 and back.is_cuda
+    ref = torch.matmul(ta.float(), tb.float()).cpu().double().numpy()
+    assert_close(back.float().cpu().double().numpy(), ref, 2.0 ** -7)
+    assert np.array_equal(out.get(), c.numpy(tiled(c.loop_tree())))     # the CPU runs the same schedule
+
+
+@pytest.mark.gpu
+def test_float16_cupy_arrays_in_and_out(rng):
+    cp = cupy_or_skip()
+    x = cp.asarray(rng.standard_normal(1000).astype(np.float16))
+    i, = lt.symbols("i")
+    y = (lt.Tensor(x).to(i) * 2.0 + 1.0).astype(lt.float16)
+    tree = y.loop_tree().split("i", 128).bind("i.0", "block.x").bind("i.1", "thread.x")
+    got = y.cuda(tree)
+    assert isinstance(got, cp.ndarray) and got.dtype == np.float16
+    assert np.array_equal(cp.asnumpy(got), y.numpy())

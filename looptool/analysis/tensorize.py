@@ -1,0 +1,159 @@
+"""What a warp-level matrix instruction (`LoopTree.tensorize`) needs of the loops it was given.
+
+A tensorized update is `C[m, n] += A[m, k] * B[k, n]` whose three innermost loops are the
+instruction's m, n and k tile, whole (no tails), with half-precision operands of one dtype
+and a float32 accumulator; on the GPU the instruction runs on a warp, whose 32 lanes take
+`thread.x` (so loops around it that split work between warps are bound to thread.y or
+thread.z). `tensor_tiles` returns each tensorized update with its operands, or raises an
+`IllegalScheduleError` saying in plain words what is missing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import ir
+from ..errors import IllegalScheduleError
+from ..schedule import TENSOR_INSTRUCTIONS, LoopNode, LoopTree, StmtNode, tensor_role, thread_bound, walk
+from ..schedule.printing import expr_text
+
+OPERAND_DTYPES = ("bfloat16", "float16")
+WARP = 32
+
+
+@dataclass(frozen=True)
+class TensorTile:
+    """A tensorized update: the instruction, its loops by role ('m', 'n', 'k'), and its operands
+    `a` (an m x k matrix) and `b` (k x n), both of `dtype`."""
+
+    instruction: str
+    loops: dict[str, LoopNode]
+    a: ir.Load
+    b: ir.Load
+    dtype: str
+
+
+def tensor_tiles(tree: LoopTree) -> dict[int, TensorTile]:
+    """id(update statement) -> its TensorTile, for every tensorized update of the tree."""
+    tiles = {}
+    for root in tree.root:
+        for stmt, path in walk([root]):
+            if isinstance(stmt, StmtNode):
+                roles = {tensor_role(node.loop): node for node in path if tensor_role(node.loop)}
+                if roles and stmt.kind != "init":
+                    tiles[id(stmt)] = _tile(tree, root, stmt, path, roles)
+    return tiles
+
+
+def _tile(tree: LoopTree, root, stmt: StmtNode, path: list[LoopNode], roles: dict) -> TensorTile:
+    stage = stmt.stage
+    instructions = {instruction for instruction, _ in roles}
+    if len(instructions) > 1:
+        raise IllegalScheduleError(f"stage {stage.name} is inside loops tensorized for different instructions "
+                                   f"{sorted(instructions)}")
+    instruction = instructions.pop()
+    loops = {role: node for (_, role), node in roles.items()}
+    names = "', '".join(node.loop.name for node in loops.values())
+    if stmt.kind != "update" or stage.reduce_op != "sum":
+        raise IllegalScheduleError(f"loops '{names}' are tensorized, but stage {stage.name} is not a sum: "
+                                   f"{instruction} computes contractions, (a * b).sum(k)")
+    missing = [role for role in "mnk" if role not in loops]
+    if missing:
+        raise IllegalScheduleError(f"stage {stage.name}'s update lies inside the tensorized loops '{names}' but "
+                                   f"not inside its {' and '.join(missing)} loop for {instruction}")
+    if {id(node) for node in path[-3:]} != {id(node) for node in loops.values()}:
+        raise IllegalScheduleError(f"the tensorized loops '{names}' must be the three innermost loops of stage "
+                                   f"{stage.name}; '{path[-1].loop.name}' is inside them")
+    _check_tile_sizes(instruction, loops)
+    _check_dims(stage, instruction, loops)
+    a, b = _operands(tree, stage, instruction, loops)
+    _check_warp(root, path, stage, instruction)
+    return TensorTile(instruction, loops, a, b, tree.buffers[a.buffer].dtype)
+
+
+def _check_tile_sizes(instruction: str, loops: dict[str, LoopNode]):
+    shape = TENSOR_INSTRUCTIONS[instruction]
+    tile = " x ".join(str(shape[role]) for role in "mnk")
+    for role in "mnk":
+        node = loops[role]
+        if node.loop.extent != shape[role]:
+            raise IllegalScheduleError(
+                f"{instruction} computes a {tile} (m x n x k) tile: its {role} loop '{node.loop.name}' must run "
+                f"{shape[role]} iterations, it runs {node.loop.extent}; split '{node.loop.dim}' by {shape[role]} "
+                f"and tensorize the inner loop")
+        if node.limits:
+            raise IllegalScheduleError(
+                f"loop '{node.loop.name}' has a tail (size {node.loop.dim} does not divide into tiles of "
+                f"{shape[role]}): {instruction} computes whole tiles only")
+
+
+def _check_dims(stage: ir.Stage, instruction: str, loops: dict[str, LoopNode]):
+    for role in "mnk":
+        dim = loops[role].loop.dim
+        if (dim in stage.reduce_dims) != (role == "k"):
+            kind = "the summed dimension" if role == "k" else "a dimension of the result"
+            raise IllegalScheduleError(f"the {role} loop of {instruction}, '{loops[role].loop.name}', must run over "
+                                       f"{kind} of stage {stage.name}; '{dim}' is not")
+
+
+def _operands(tree: LoopTree, stage: ir.Stage, instruction: str, loops: dict) -> tuple[ir.Load, ir.Load]:
+    """(A, B) of the product the stage sums, or a refusal saying what the instruction needs."""
+    if stage.dtype != "float32":
+        raise IllegalScheduleError(f"{instruction} accumulates in float32; stage {stage.name} accumulates in "
+                                   f"{stage.dtype}: drop its dtype= (or ask for float32)")
+    e = stage.expr
+    pair = (_operand_load(e.a), _operand_load(e.b)) if isinstance(e, ir.Binary) and e.op == "mul" else (None, None)
+    if None in pair:
+        raise IllegalScheduleError(f"stage {stage.name} sums {expr_text(e)}; {instruction} needs a product of two "
+                                   f"tensors, (a * b).sum(k)")
+    dtypes = [tree.buffers[load.buffer].dtype for load in pair]
+    if dtypes[0] != dtypes[1] or dtypes[0] not in OPERAND_DTYPES:
+        raise IllegalScheduleError(
+            f"{instruction} multiplies two bfloat16 or two float16 matrices; stage {stage.name} multiplies "
+            f"{dtypes[0]} {pair[0].buffer} by {dtypes[1]} {pair[1].buffer}: convert them with "
+            f".astype(lt.bfloat16) (or lt.float16)")
+    m, n, k = (loops[role].loop.dim for role in "mnk")
+    for a, b in (pair, pair[::-1]):
+        if _dims_of(a) == {m, k} and _dims_of(b) == {k, n}:
+            return a, b
+    raise IllegalScheduleError(f"{instruction} multiplies an m x k by a k x n matrix; in stage {stage.name}, "
+                               f"{pair[0].buffer} runs over {sorted(_dims_of(pair[0]))} and {pair[1].buffer} over "
+                               f"{sorted(_dims_of(pair[1]))} (m, n, k = '{m}', '{n}', '{k}')")
+
+
+def _operand_load(e: ir.Expr) -> ir.Load | None:
+    """The load an operand reads (through the widening cast to float32), else None."""
+    if isinstance(e, ir.Cast) and e.dtype == "float32":
+        e = e.x
+    return e if isinstance(e, ir.Load) and not e.clamped else None
+
+
+def _dims_of(load: ir.Load) -> set[str]:
+    return {v for ix in load.index for v, _ in ix.terms}
+
+
+def _check_warp(root, path: list[LoopNode], stage: ir.Stage, instruction: str):
+    """The tile runs on a whole warp: thread.x is its 32 lanes, so no loop around the tile may be bound
+    to thread.x (warps go on thread.y and thread.z), other nests of the kernel get 32 lanes at most, and
+    where a block has several warps each tile belongs to one (a loop around it bound to thread.y or z)."""
+    threads = [node for node in path if thread_bound(node)]
+    for node in threads:
+        if node.loop.annotation == "thread.x":
+            raise IllegalScheduleError(
+                f"{instruction} runs on a warp, whose 32 lanes take thread.x, but its tile lies inside loop "
+                f"'{node.loop.name}', bound to thread.x: bind the loops over warps to thread.y or thread.z")
+        if node.loop.dim in stage.reduce_dims:
+            raise IllegalScheduleError(
+                f"loop '{node.loop.name}' around the {instruction} tile runs over the summed dimension "
+                f"'{node.loop.dim}' and is bound to {node.loop.annotation}: a warp sums its whole k range itself")
+    kernel = [node for node, _ in walk([root]) if isinstance(node, LoopNode) and thread_bound(node)]
+    for node in kernel:
+        if node.loop.annotation == "thread.x" and node.loop.extent > WARP:
+            raise IllegalScheduleError(
+                f"in a kernel with {instruction} tiles thread.x is a warp's {WARP} lanes, but loop "
+                f"'{node.loop.name}' is bound to thread.x with {node.loop.extent} iterations: split it by {WARP}")
+    warps = [node for node in kernel if node.loop.annotation != "thread.x" and node.loop.extent > 1]
+    if warps and not threads:
+        raise IllegalScheduleError(
+            f"the block has several warps ('{warps[0].loop.name}' is bound to {warps[0].loop.annotation}), and "
+            f"every one of them would compute the same {instruction} tile of stage {stage.name}: bind a loop "
+            f"around the tile to thread.y or thread.z, one tile per warp")

@@ -1,0 +1,157 @@
+"""Tensor cores: `tensorize(..., "mma.m16n8k16")` gives one mma.sync per tile and k step, with its
+operands loaded by ldmatrix from shared memory (or element by element from global memory), and
+the legality check refuses in plain words what the instruction cannot do. PTX structure is
+checked here on any machine (no GPU runs these tests); the same schedules run as plain loops
+on the CPU and in the interpreter, checked against NumPy float64."""
+import re
+from collections import Counter
+
+import numpy as np
+import pytest
+
+import looptool as lt
+from looptool.codegen import gpu
+from looptool.schedule import Schedule
+from tests.helpers import assert_close, mentions
+
+MMA = "mma.m16n8k16"
+
+
+def operands(rng, dtype=lt.bfloat16, m=64, k=64, n=32):
+    """Named tensors A (m x k) and B (k x n), and the k symbol."""
+    sm, sk, sn = lt.symbols("m k n")
+    a = lt.Tensor(rng.standard_normal((m, k)).astype(dtype)).to(sm, sk)
+    return a, lt.Tensor(rng.standard_normal((k, n)).astype(dtype)).to(sk, sn), sk
+
+
+def contraction(rng, dtype=lt.bfloat16, m=64, k=64, n=32):
+    """(a * b).sum(k) and its float64 reference."""
+    a, b, sk = operands(rng, dtype, m, k, n)
+    ref = a.node.array.astype(np.float64) @ b.node.array.astype(np.float64)
+    return (a * b).sum(sk), ref
+
+
+def warp_tiles(c, warps=1):
+    """Blocks of (16 * warps) x 8 outputs, one warp per 16 x 8 tile (warps on thread.y), k in steps of 16."""
+    t = c.loop_tree().split("m", 16 * warps).split("m.1", 16).split("n", 8).split("k", 16)
+    t = t.reorder("m.0", "n.0", "k.0", "m.1.0", "m.1.1", "n.1", "k.1")
+    t = t.bind("m.0", "block.y").bind("n.0", "block.x").bind("m.1.0", "thread.y")
+    return t.tensorize(("m.1.1", "n.1", "k.1"), MMA)
+
+
+def staged(t, a_order, b_order):
+    """Both operands copied per k step into shared memory, laid out in the given orders, by all threads."""
+    t = t.cache("in0", order=a_order).place("in0.t0", "t0", 3).cache("in1", order=b_order).place("in1.t0", "t0", 3)
+    return t.bind("m.1.0", "thread.y", stage="in0.t0").bind("k.1", "thread.x", stage="in0.t0") \
+        .bind("k.1", "thread.x", stage="in1.t0")
+
+
+def instructions(ptx: str) -> Counter:
+    return Counter(re.findall(r"^\s+((?:ld|st|mma|ldmatrix|bar)\.[\w.]+)", ptx, re.M))
+
+
+def test_a_tile_is_one_mma_per_k_step_with_the_accumulators_in_registers(rng):
+    c, ref = contraction(rng, k=256)
+    t = warp_tiles(c)
+    assert "for k.1 in 0..16  [mma.m16n8k16.k]" in str(t) and t.check() == (True, "legal")
+    module = gpu.generate(t, "sm_90")
+    assert module.launches[0].block == (32, 1, 1) and module.launches[0].grid == (4, 4, 1)
+    counts = instructions(module.ptx)
+    assert counts["mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"] == 1     # inside the k loop
+    assert counts["ld.global.nc.b16"] == 12              # a lane's 8 elements of A and 4 of B, from global memory
+    assert counts["ld.global.b32"] == 4 and counts["st.global.b32"] == 8     # 4 accumulators: zeroed, read once, stored
+    for got in (c.numpy(t), lt.interpret(c, t)):         # the same schedule as plain loops
+        assert_close(got, ref, 1e-5)
+
+
+@pytest.mark.parametrize("dtype, a_order, b_order, a_load, b_load", [
+    (lt.bfloat16, ("m", "k"), ("k", "n"), "x4", "x2.trans"),
+    (lt.float16, ("k", "m"), ("n", "k"), "x4.trans", "x2"),
+], ids=["bf16-row-major", "f16-transposed"])
+def test_operands_in_shared_memory_load_with_ldmatrix(rng, dtype, a_order, b_order, a_load, b_load):
+    c, ref = contraction(rng, dtype)
+    t = staged(warp_tiles(c, warps=2), a_order, b_order)
+    assert t.check() == (True, "legal")
+    module = gpu.generate(t, "sm_90")
+    assert module.launches[0].block == (32, 2, 1)
+    counts = instructions(module.ptx)
+    kind = {lt.bfloat16: "bf16", lt.float16: "f16"}[dtype]
+    assert counts[f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32"] == 1
+    assert counts[f"ldmatrix.sync.aligned.m8n8.{a_load}.shared.b16"] == 1
+    assert counts[f"ldmatrix.sync.aligned.m8n8.{b_load}.shared.b16"] == 1
+    assert counts["ld.shared.b16"] == 0 and counts["st.shared.b16"] > 0 and counts["bar.sync"] > 0
+    assert_close(c.numpy(t), ref, 1e-5)
+    assert_close(lt.interpret(c, t), ref, 1e-5)
+
+
+def test_tensorize_survives_json(rng):
+    c, _ = contraction(rng)
+    t = warp_tiles(c)
+    again = Schedule.from_json(t.schedule.to_json(), t.program)
+    assert again.steps == t.schedule.steps and ("tensorize", "t0", "m.1.1", "n.1", "k.1", MMA) in again.steps
+
+
+def _refused(t, *words):
+    legal, reason = t.check()
+    assert not legal
+    assert re.search(mentions(*words), reason), reason
+    with pytest.raises(lt.IllegalScheduleError, match=mentions(*words)):
+        gpu.generate(t, "sm_90")
+
+
+def test_wrong_tile_sizes_and_tails_are_refused(rng):
+    c, _ = contraction(rng)
+    t = c.loop_tree().split("m", 16).split("n", 16).split("k", 16).reorder("m.0", "n.0", "k.0", "m.1", "n.1", "k.1")
+    _refused(t.tensorize(("m.1", "n.1", "k.1"), MMA), MMA, "16 x 8 x 16", "n.1", "runs 16", "split 'n' by 8")
+    c40, _ = contraction(rng, m=40)
+    t = c40.loop_tree().split("m", 16).split("n", 8).split("k", 16).reorder("m.0", "n.0", "k.0", "m.1", "n.1", "k.1")
+    _refused(t.tensorize(("m.1", "n.1", "k.1"), MMA), "m.1", "tail", "whole tiles")
+
+
+def test_operand_and_accumulator_dtypes_are_refused(rng):
+    c32, _ = contraction(rng, np.float32)
+    _refused(warp_tiles(c32), MMA, "two bfloat16 or two float16", "float32 in0", "float32 in1", "astype")
+    a, b, sk = operands(rng)
+    _refused(warp_tiles((a * b).sum(sk, dtype=lt.float64)), MMA, "accumulates in float32", "float64")
+
+
+def test_what_is_not_a_product_of_two_matrices_is_refused(rng):
+    a, b, sk = operands(rng)
+    _refused(warp_tiles((a * b * 2.0).sum(sk)), MMA, "product of two tensors", "sums")
+    _refused(warp_tiles((a * b).max(sk)), "not a sum", "contractions")
+
+
+def test_the_warp_rules_are_refused_in_plain_words(rng):
+    c, _ = contraction(rng)
+    t = c.loop_tree().split("m", 16).split("n", 16).split("n.1", 8).split("k", 16)
+    t = t.reorder("m.0", "n.0", "n.1.0", "k.0", "m.1", "n.1.1", "k.1").bind("n.1.0", "thread.x")
+    _refused(t.tensorize(("m.1", "n.1.1", "k.1"), MMA), "warp", "32 lanes", "thread.x", "n.1.0", "thread.y")
+    t = warp_tiles(c).cache("in0", order=("m", "k")).place("in0.t0", "t0", 2)
+    t = t.bind("k", "thread.x", stage="in0.t0")
+    _refused(t, "thread.x", "64 iterations", "split it by 32")
+    t = c.loop_tree().split("m", 16).split("n", 8).split("k", 16).split("k.0", 2)
+    t = t.reorder("m.0", "n.0", "k.0.1", "k.0.0", "m.1", "n.1", "k.1").bind("k.0.1", "thread.y")
+    _refused(t.tensorize(("m.1", "n.1", "k.1"), MMA), "k.0.1", "summed dimension", "thread.y")
+    t = c.loop_tree().split("m", 16).split("n", 8).split("k", 16).reorder("m.0", "n.0", "k.0", "m.1", "n.1", "k.1")
+    t = t.tensorize(("m.1", "n.1", "k.1"), MMA).cache("in0", order=("m", "k")).place("in0.t0", "t0", 3)
+    t = t.split("m.1", 8, stage="in0.t0").bind("m.1.0", "thread.y", stage="in0.t0")   # 2 warps copy, 1 tile
+    _refused(t, "several warps", "m.1.0", "thread.y", "same", "one tile per warp")
+
+
+def test_misplaced_loops_are_refused(rng):
+    c, _ = contraction(rng)
+    t = c.loop_tree().split("m", 16).split("n", 8).split("k", 16).split("k.0", 2)
+    t = t.reorder("m.0", "n.0", "k.0.0", "m.1", "n.1", "k.1", "k.0.1")
+    _refused(t.tensorize(("m.1", "n.1", "k.1"), MMA), "three innermost", "k.0.1")
+    t = c.loop_tree().split("m", 16).split("n", 16).split("k", 8).reorder("m.0", "n.0", "k.0", "m.1", "n.1", "k.1")
+    _refused(t.tensorize(("m.1", "k.1", "n.1"), MMA), "n loop", "k.1", "dimension of the result", "'k' is not")
+
+
+def test_unknown_instructions_and_loop_lists_are_refused_at_once(rng):
+    c, _ = contraction(rng)
+    with pytest.raises(ValueError, match=mentions("unknown instruction", "wmma.m8n8k4", MMA)):
+        c.loop_tree().tensorize(("m", "n", "k"), "wmma.m8n8k4")
+    with pytest.raises(ValueError, match=mentions("three names")):
+        c.loop_tree().tensorize(("m", "n"), MMA)
+    with pytest.raises(ValueError, match=mentions("three different loops")):
+        c.loop_tree().tensorize(("m", "m", "k"), MMA)
