@@ -27,7 +27,7 @@ class _Lowering:
         name = self.input_ids.get(id(node))
         if name is None:
             array = self.prepare_input(node.array)
-            if not array.flags.aligned or any(s % array.itemsize for s in array.strides):
+            if not _whole_aligned_elements(array):
                 array = array.copy(order="C")  # kernels address whole, aligned elements
             name = f"in{len(self.inputs)}"
             self.input_ids[id(node)] = name
@@ -92,6 +92,13 @@ class _Lowering:
     @staticmethod
     def cast(expr: Expr, dtype: str) -> Expr:
         return expr if expr.dtype == dtype else Cast(expr, dtype)
+
+
+def _whole_aligned_elements(array) -> bool:
+    """Every element starts on a multiple of its size (device arrays, which have no `aligned` flag,
+    are checked by their strides alone: device allocations are aligned)."""
+    aligned = getattr(array.flags, "aligned", True)
+    return aligned and not any(s % array.itemsize for s in array.strides)
 
 
 def lower(node: graph.Node, prepare_input=None) -> tuple[Program, list]:

@@ -155,3 +155,20 @@ def test_unknown_instructions_and_loop_lists_are_refused_at_once(rng):
         c.loop_tree().tensorize(("m", "n"), MMA)
     with pytest.raises(ValueError, match=mentions("three different loops")):
         c.loop_tree().tensorize(("m", "m", "k"), MMA)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, a_order, b_order", [
+    (lt.bfloat16, None, None), (lt.float16, None, None),
+    (lt.bfloat16, ("m", "k"), ("k", "n")), (lt.float16, ("k", "m"), ("n", "k")),
+], ids=["bf16-global", "f16-global", "bf16-ldmatrix", "f16-ldmatrix-transposed"])
+def test_tensor_core_tiles_run_on_the_gpu(rng, dtype, a_order, b_order):
+    """Products of half-precision inputs are exact in float32, so against float64 on the same
+    (rounded) inputs only float32 accumulation error remains: 1e-5."""
+    from tests.gpu_helpers import cupy_or_skip
+    cp = cupy_or_skip()
+    c, ref = contraction(rng, dtype, m=96, k=160, n=48)
+    t = warp_tiles(c, warps=2)
+    if a_order:
+        t = staged(t, a_order, b_order)
+    assert_close(cp.asnumpy(c.cuda(t)), ref, 1e-5)
