@@ -15,11 +15,13 @@ def matmul(rng, m=64, k=32, n=48, dtype=np.float32):
     return (lt.Tensor(a).to(sm, sk) * lt.Tensor(b).to(sk, sn)).sum(sk), a.astype(np.float64) @ b.astype(np.float64)
 
 
-def tiled(tree):
-    return (tree.split("m", 16).split("n", 32).split("m.1", 4)
-            .reorder("m.0", "n.0", "m.1.0", "n.1", "k", "m.1.1")
-            .bind("m.0", "block.y").bind("n.0", "block.x").bind("m.1.0", "thread.y").bind("n.1", "thread.x")
-            .unroll("m.1.1"))
+def tiled(tree, stage=None):
+    """A 16 x 32 block of (m, n) per GPU block, 4 rows per thread, for the matmul stage `stage`."""
+    return (tree.split("m", 16, stage=stage).split("n", 32, stage=stage).split("m.1", 4, stage=stage)
+            .reorder("m.0", "n.0", "m.1.0", "n.1", "k", "m.1.1", stage=stage)
+            .bind("m.0", "block.y", stage=stage).bind("n.0", "block.x", stage=stage)
+            .bind("m.1.0", "thread.y", stage=stage).bind("n.1", "thread.x", stage=stage)
+            .unroll("m.1.1", stage=stage))
 
 
 def softmax_rows(rng, rows=6, cols=40, threads=16, dtype=np.float32):

@@ -97,7 +97,7 @@ class _Lowering:
 def _whole_aligned_elements(array) -> bool:
     """Every element starts on a multiple of its size (device arrays, which have no `aligned` flag,
     are checked by their strides alone: device allocations are aligned)."""
-    aligned = getattr(array.flags, "aligned", True)
+    aligned = getattr(getattr(array, "flags", None), "aligned", True)
     return aligned and not any(s % array.itemsize for s in array.strides)
 
 

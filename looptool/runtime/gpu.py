@@ -50,6 +50,10 @@ class BFloat16Array:
         return self.bits.shape
 
     @property
+    def ndim(self) -> int:
+        return self.bits.ndim
+
+    @property
     def strides(self) -> tuple[int, ...]:
         return self.bits.strides
 

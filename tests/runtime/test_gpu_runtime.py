@@ -91,13 +91,14 @@ def test_bfloat16_arrays_come_in_and_go_out_through_pytorch(rng):
     x = lt.Tensor(ta).to(sm, sk)
     assert x.dtype == lt.bfloat16
     c = (x * lt.Tensor(tb).to(sk, sn)).sum(sk).astype(lt.bfloat16)
-    out = c.cuda(tiled(c.loop_tree()))
+    tree = tiled(c.loop_tree(), stage="t0")          # t0: the float32 sum; t1 rounds it to bfloat16
+    out = c.cuda(tree)
     assert isinstance(out, gpu.BFloat16Array) and out.shape == (64, 48)
     back = out.to_torch()
     assert back.dtype == torch.bfloat16 and back.is_cuda
     ref = torch.matmul(ta.float(), tb.float()).cpu().double().numpy()
     assert_close(back.float().cpu().double().numpy(), ref, 2.0 ** -7)
-    assert np.array_equal(out.get(), c.numpy(tiled(c.loop_tree())))     # the CPU runs the same schedule
+    assert np.array_equal(out.get(), c.numpy(tree))     # the CPU runs the same schedule
 
 
 @pytest.mark.gpu
