@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -156,6 +157,35 @@ def workloads(scale: float):
            lambda: torch.matmul(ta, tb), ("flops", 2 * size ** 3))
 
 
+def tensor_core_tiles(tree, warps: int, shared: bool):
+    """bfloat16/float16 matmul on tensor cores: per block (16 * warps) x 8 outputs, a warp per 16 x 8
+    tile (warps on thread.y) computed by one mma.m16n8k16 per k step of 16; with `shared`, both
+    operands staged per k step in shared memory and loaded by ldmatrix."""
+    t = tree.split("m", 16 * warps).split("m.1", 16).split("n", 8).split("k", 16)
+    t = t.reorder("m.0", "n.0", "k.0", "m.1.0", "m.1.1", "n.1", "k.1")
+    t = t.bind("m.0", "block.y").bind("n.0", "block.x").bind("m.1.0", "thread.y")
+    t = t.tensorize(("m.1.1", "n.1", "k.1"), "mma.m16n8k16")
+    if shared:
+        t = t.cache("in0", order=("m", "k")).place("in0.t0", "t0", 3).cache("in1", order=("k", "n")) \
+            .place("in1.t0", "t0", 3).bind("m.1.0", "thread.y", stage="in0.t0").bind("k.1", "thread.x", stage="in0.t0") \
+            .bind("k.1", "thread.x", stage="in1.t0")
+    return t
+
+
+def half_matmuls(scale: float):
+    """bfloat16 matmul 4096^3 (float32 accumulation and result) against torch.matmul in bfloat16."""
+    import torch
+    size = int(4096 * scale ** (1 / 3))
+    ta = torch.randn(size, size, device="cuda").to(torch.bfloat16)
+    tb = torch.randn(size, size, device="cuda").to(torch.bfloat16)
+    mm, kk, nn = lt.symbols("m k n")
+    mat = (lt.Tensor(ta).to(mm, kk) * lt.Tensor(tb).to(kk, nn)).sum(kk)
+    ref = ta.double().cpu().numpy() @ tb.double().cpu().numpy()
+    variants = {f"tensor cores, {w} warps/block{', ldmatrix from shared' if shared else ', operands from global'}":
+                tensor_core_tiles(mat.loop_tree(), w, shared) for w, shared in ((4, False), (4, True), (8, True))}
+    yield ("matmul bfloat16", mat, variants, ref, lambda: torch.matmul(ta, tb), ("flops", 2 * size ** 3))
+
+
 def main(argv=None):
     """Command-line entry point."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -168,7 +198,8 @@ def main(argv=None):
     name = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
     print(f"GPU: {name} ({runtime_gpu.device_arch()})")
     results, ptx_by_variant = [], {}
-    for label, tensor, schedules, ref, baseline, (unit, amount) in workloads(args.scale):
+    for label, tensor, schedules, ref, baseline, (unit, amount) in chain(workloads(args.scale),
+                                                                        half_matmuls(args.scale)):
         if args.only and args.only not in label:
             continue
         for variant, schedule in schedules.items():
