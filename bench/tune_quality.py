@@ -57,16 +57,6 @@ def first_reaching(study: optuna.Study, seconds: float) -> tuple[int | None, flo
     return None, None
 
 
-def best_so_far(study: optuna.Study) -> list[float]:
-    """Best time after each trial (inf before the first measured one)."""
-    out, best = [], math.inf
-    for trial in sorted(study.trials, key=lambda t: t.number):
-        if trial.state == COMPLETE:
-            best = min(best, trial.value)
-        out.append(best)
-    return out
-
-
 def tune_run(tensor, storage: str, name: str, sampler: str, seed: int, trials: int, repeats: int) -> optuna.Study:
     """One tuning run; 'costmodel-cold' and 'costmodel-warm' are the cost-model sampler without and
     with transfer."""
@@ -134,7 +124,7 @@ def summarize(names, runs, trials, seeds) -> dict:
             overheads = [t.user_attrs["overhead_seconds"] for t in study.trials if "overhead_seconds" in t.user_attrs]
             row["median_overhead_seconds"] = statistics.median(overheads) if overheads else None
             rows.append(row)
-            curves[f"{name}/{sampler}/{seed}"] = [best / b if b < math.inf else 0.0 for b in best_so_far(study)]
+            curves[f"{name}/{sampler}/{seed}"] = [best / b if b < math.inf else 0.0 for b in tuner_study.best_so_far(study)]
     return {"trials": trials, "seeds": seeds, "runs": rows, "curves": curves, "spearman": quality}
 
 

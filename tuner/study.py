@@ -27,7 +27,7 @@ from looptool.runtime import gpu as runtime_gpu
 from looptool.runtime import tuning_db
 from looptool.schedule import LoopTree, Schedule
 
-from . import costmodel, space
+from . import costmodel, scheduler, space
 from .worker import MeasureError, Measurer
 
 log = logging.getLogger("looptool.tuner")
@@ -259,6 +259,33 @@ def _result(study: optuna.Study, program: ir.Program, default_seconds: float, re
                                  f"study {study.study_name}, trial {best.number}")
         log.info("best schedule %s in the tuning database", "stored" if stored else "not better than the one")
     return TuneResult(study, tree, best.value, default_seconds)
+
+
+def tune_program(tensors: list, trials: int = 200, weights: list[float] | None = None, **options) -> list[TuneResult]:
+    """Tune the kernels of a program (one tensor each) within one budget of `trials`: after a round
+    each, more rounds go to the kernels whose improvement saves the most program time
+    (`tuner/scheduler.py`).  `weights[i]` is how often kernel i runs per program run (default 1);
+    `options` are tune()'s."""
+    tasks = [scheduler.Task(str(i), w) for i, w in enumerate(weights or [1.0] * len(tensors))]
+    results: list[TuneResult | None] = [None] * len(tensors)
+
+    def run_round(index: int, count: int) -> list[float]:
+        before = len(tasks[index].history)
+        results[index] = tune(tensors[index], trials=before + count, **options)
+        return best_so_far(results[index].study)[before:]
+    scheduler.allocate(tasks, trials, run_round)
+    return results
+
+
+def best_so_far(study: optuna.Study) -> list[float]:
+    """The best time after each finished trial, in trial order (inf before the first measured one)."""
+    out, best = [], float("inf")
+    for trial in sorted(study.trials, key=lambda t: t.number):
+        if trial.state == optuna.trial.TrialState.COMPLETE:
+            best = min(best, trial.value)
+        if trial.state in FINISHED:
+            out.append(best)
+    return out
 
 
 def best_schedule_json(study: optuna.Study) -> str:
