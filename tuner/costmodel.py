@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
@@ -222,7 +221,6 @@ class CostModelSampler(optuna.samplers.BaseSampler):
         self.fallback = optuna.samplers.RandomSampler(seed=seed)
         self.queue: list[dict] = []
         self.chosen: dict[int, dict] = {}
-        self.round_seconds = 0.0
 
     def infer_relative_search_space(self, study, trial):
         return {}
@@ -247,7 +245,6 @@ class CostModelSampler(optuna.samplers.BaseSampler):
     def next_round(self, study: optuna.Study) -> list[dict]:
         """Retrain on every measured trial, draw candidates, return the parameters of the next BATCH:
         the best legal ones by the model, and one legal random one to keep exploring."""
-        started = time.perf_counter()
         trials = study.get_trials(deepcopy=False)
         data = TrainingSet(list(self.prior.data.rows), list(self.prior.data.targets))
         data.add_study(trials)
@@ -263,7 +260,6 @@ class CostModelSampler(optuna.samplers.BaseSampler):
         picked = _first_legal(candidates, ranked, BATCH - 1)
         explore = [i for i in self.rng.permutation(len(candidates)) if i not in picked]
         picked += _first_legal(candidates, explore, 1)
-        self.round_seconds = time.perf_counter() - started
         return [candidates[i].params for i in picked]
 
     def candidates(self, trials, taken: set) -> list[Candidate]:
