@@ -1,114 +1,207 @@
-"""How well does the tuner search?  `python -m bench.tune_quality [--trials N] [--seeds 0 1 2]`
+"""How well does the tuner search?  `python -m bench.tune_quality [--trials N] [--seeds 0 1 2] [--workloads ...]`
 
-Tunes float32 matmul 512³ on one thread with Optuna's TPE sampler and with its random
-sampler (same space, same trial budget, several seeds), measuring every schedule in the
-same kind of isolated worker as the hand-written best schedule from
-bench/schedules/matmul_512.json.  Reports, per run: the best time found as a fraction
-of the hand-written schedule's speed, the number of trials needed to reach 0.9x of it,
-wall time and the median per-trial overhead (everything but the kernel's own runs).
-Writes bench/results/tune_quality.json and .md.
+Tunes matmul 512³, conv2d 1×64×56² 3×3, softmax 4096×1024 and layernorm 4096×1024 (float32,
+one thread) with four samplers over the same space: random, Optuna's TPE, the cost-model
+sampler cold (no transfer), and the cost-model sampler warm-started from the studies of the
+other three workloads (copied into a fresh storage first, so nothing of the workload itself
+is seen).  Every run measures in the same kind of isolated worker.  Per run it reports the
+trials and wall seconds (from the first trial's start) needed to reach 0.9x and 0.95x of the
+best time any run found for that workload, and the median per-trial overhead (everything but
+the timed runs).  Per workload it reports the cost model's ranking quality: Spearman's
+correlation between predicted and measured speed on the random study's trials (held out),
+with the model trained on the TPE and cold cost-model studies.  Writes
+bench/results/tune_quality.json, .md and .png (best-so-far against trials).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
+import numpy as np
 import optuna
 
 import looptool as lt
-from looptool import ir
-from looptool.schedule import Schedule
+from bench import workloads as bench_workloads
+from tuner import costmodel
 from tuner import study as tuner_study
-from tuner.worker import Measurer
-from tuner.workloads import matmul
 
 HERE = Path(__file__).parent
-TARGET = 0.9
+WORKLOADS = ("matmul_512", "conv2d", "softmax", "layernorm")
+SAMPLERS = ("random", "tpe", "costmodel-cold", "costmodel-warm")
+TARGETS = (0.9, 0.95)
+COMPLETE = optuna.trial.TrialState.COMPLETE
 
 
-def hand_written_seconds(tensor, repeats: int) -> float:
-    """The hand-written best schedule's time, measured by the tuner's own worker."""
-    program, _ = ir.lower(tensor.node)
-    text = (HERE / "schedules" / "matmul_512.json").read_text()
-    steps = [s for s in json.loads(text)["steps"] if s[0] != "annotate" or s[3] != "parallel"]
-    schedule = Schedule.default(program).apply(steps)
-    with Measurer(tensor.node, repeats=repeats, threads=1) as measurer:
-        return min(measurer.measure(schedule.steps).seconds for _ in range(3))
+def tensor_of(name: str) -> lt.Tensor:
+    """The benchmark workload's tensor, on seed-0 inputs."""
+    work = next(w for w in bench_workloads.WORKLOADS if w.name == name)
+    return work.build(work.inputs(np.random.default_rng(0)))
 
 
-def trials_to_reach(study: optuna.Study, seconds: float) -> int | None:
-    """1-based index of the first trial whose time is at most `seconds` (None if none is)."""
-    for trial in sorted(study.trials, key=lambda t: t.number):
-        if trial.state == optuna.trial.TrialState.COMPLETE and trial.value <= seconds:
-            return trial.number + 1
-    return None
+def measured(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """The study's measured trials, in trial order."""
+    return sorted((t for t in study.trials if t.state == COMPLETE), key=lambda t: t.number)
 
 
-def run(trials: int, seeds: list[int], repeats: int) -> dict:
-    """Tune with both samplers for every seed and summarize."""
-    work = matmul(512, 512, 512)
+def first_reaching(study: optuna.Study, seconds: float) -> tuple[int | None, float | None]:
+    """(1-based trial number, wall seconds since the first trial began) of the first trial at most
+    `seconds` long; (None, None) when none is."""
+    start = min(t.datetime_start for t in study.trials)
+    for trial in measured(study):
+        if trial.value <= seconds:
+            return trial.number + 1, (trial.datetime_complete - start).total_seconds()
+    return None, None
+
+
+def tune_run(tensor, storage: str, name: str, sampler: str, seed: int, trials: int, repeats: int) -> optuna.Study:
+    """One tuning run; 'costmodel-cold' and 'costmodel-warm' are the cost-model sampler without and
+    with transfer."""
+    kind = sampler.split("-")[0]
+    result = tuner_study.tune(tensor, trials=trials, storage=storage, study_name=name, sampler=kind, seed=seed,
+                              repeats=repeats, progress=False, record=False, transfer=sampler == "costmodel-warm")
+    return result.study
+
+
+def ranking_quality(studies: dict[str, optuna.Study]) -> float | None:
+    """Spearman correlation of predicted and measured speed on the random study's trials, with the
+    model trained on the TPE and cold cost-model studies."""
+    from scipy.stats import spearmanr
+    train = costmodel.TrainingSet()
+    for sampler in ("tpe", "costmodel-cold"):
+        train.add_study(studies[sampler].trials)
+    held_out = [t for t in measured(studies["random"]) if t.user_attrs.get("features")]
+    predicted = costmodel.CostModel().fit(train).predict([t.user_attrs["features"] for t in held_out])
+    if predicted is None or len(held_out) < 3:
+        return None
+    return float(spearmanr(predicted, [-math.log(t.value) for t in held_out]).statistic)
+
+
+def run(names: list[str], trials: int, seeds: list[int], repeats: int) -> dict:
+    """Every workload with every sampler and seed; the warm runs last, from the others' studies."""
     lt.set_num_threads(1)
-    hand = hand_written_seconds(work.tensor, repeats)
-    rows, studies = [], []
+    runs: dict[tuple[str, str, int], optuna.Study] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        storage = f"sqlite:///{tmp}/quality.sqlite"
-        for sampler in ("tpe", "random"):
+        for name in names:
+            storage = f"sqlite:///{tmp}/{name}.sqlite"
+            for sampler in SAMPLERS[:3]:
+                for seed in seeds:
+                    runs[name, sampler, seed] = tune_run(tensor_of(name), storage, f"{sampler}-{seed}", sampler,
+                                                         seed, trials, repeats)
+                    print(name, sampler, seed, runs[name, sampler, seed].best_value, flush=True)
+        for name in names:
+            warm = f"sqlite:///{tmp}/warm-{name}.sqlite"
+            for other in names:
+                for sampler in SAMPLERS[:3]:
+                    for seed in seeds:
+                        if other != name:
+                            optuna.copy_study(from_study_name=f"{sampler}-{seed}",
+                                              from_storage=f"sqlite:///{tmp}/{other}.sqlite", to_storage=warm,
+                                              to_study_name=f"{other}-{sampler}-{seed}")
             for seed in seeds:
-                start = time.perf_counter()
-                result = tuner_study.tune(work.tensor, trials=trials, storage=storage, seed=seed, sampler=sampler,
-                                          study_name=f"{sampler}-{seed}", repeats=repeats, progress=False,
-                                          record=False)
-                overheads = [t.user_attrs["overhead_seconds"] for t in result.study.trials
-                             if "overhead_seconds" in t.user_attrs]
-                rows.append({"sampler": sampler, "seed": seed, "best_seconds": result.best_seconds,
-                             "wall_seconds": time.perf_counter() - start,
-                             "median_overhead_seconds": statistics.median(overheads)})
-                studies.append(result.study)
-                print(rows[-1], flush=True)
-        # Timed again at the end: the faster time counts, so load that comes and goes
-        # during the runs cannot flatter the tuner.
-        hand = min(hand, hand_written_seconds(work.tensor, repeats))
-        for row, study in zip(rows, studies):
-            row["fraction_of_hand"] = hand / row["best_seconds"]
-            row["trials_to_target"] = trials_to_reach(study, hand / TARGET)
-    return {"hand_written_seconds": hand, "trials": trials, "target": TARGET, "runs": rows}
+                runs[name, "costmodel-warm", seed] = tune_run(tensor_of(name), warm, f"costmodel-warm-{seed}",
+                                                              "costmodel-warm", seed, trials, repeats)
+                print(name, "costmodel-warm", seed, runs[name, "costmodel-warm", seed].best_value, flush=True)
+        return summarize(names, runs, trials, seeds)
+
+
+def summarize(names, runs, trials, seeds) -> dict:
+    """Rows per run, medians per workload and sampler, ranking quality per workload."""
+    rows, curves, quality = [], {}, {}
+    for name in names:
+        best = min(runs[key].best_value for key in runs if key[0] == name)
+        quality[name] = ranking_quality({s: runs[name, s, seeds[0]] for s in SAMPLERS})
+        for (workload, sampler, seed), study in runs.items():
+            if workload != name:
+                continue
+            row = {"workload": name, "sampler": sampler, "seed": seed, "best_seconds": study.best_value,
+                   "fraction_of_best": best / study.best_value}
+            for target in TARGETS:
+                row[f"trials_to_{target}"], row[f"seconds_to_{target}"] = first_reaching(study, best / target)
+            overheads = [t.user_attrs["overhead_seconds"] for t in study.trials if "overhead_seconds" in t.user_attrs]
+            row["median_overhead_seconds"] = statistics.median(overheads) if overheads else None
+            rows.append(row)
+            curves[f"{name}/{sampler}/{seed}"] = [best / b if b < math.inf else 0.0 for b in tuner_study.best_so_far(study)]
+    return {"trials": trials, "seeds": seeds, "runs": rows, "curves": curves, "spearman": quality}
+
+
+def median_trials(data: dict, workload: str, sampler: str, target: float) -> float:
+    """Median trials to reach `target` over seeds; runs that never reach it count as trials + 1."""
+    reached = [r[f"trials_to_{target}"] or data["trials"] + 1 for r in data["runs"]
+               if r["workload"] == workload and r["sampler"] == sampler]
+    return statistics.median(reached)
 
 
 def to_markdown(data: dict) -> str:
-    """A table of the runs and the per-sampler medians."""
-    lines = [f"matmul 512³ float32, 1 thread; hand-written best schedule: {data['hand_written_seconds'] * 1e3:.3f} ms; "
-             f"{data['trials']} trials per run", "",
-             "| sampler | seed | best / hand-written speed | trials to reach 0.9x | wall s | median overhead s |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    """Per-run table, then median trials to each target per workload and sampler, and Spearman."""
+    lines = [f"float32, 1 thread; {data['trials']} trials per run, seeds {data['seeds']}; targets are fractions "
+             f"of the best time any run found for the workload", "",
+             "| workload | sampler | seed | best / best found | trials to 0.9x | s to 0.9x | trials to 0.95x "
+             "| s to 0.95x | median overhead s |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+
+    def cell(value, fmt):
+        return "-" if value is None else format(value, fmt)
     for r in data["runs"]:
-        lines.append(f"| {r['sampler']} | {r['seed']} | {r['fraction_of_hand']:.2f} | {r['trials_to_target'] or '-'} "
-                     f"| {r['wall_seconds']:.0f} | {r['median_overhead_seconds']:.2f} |")
-    for sampler in ("tpe", "random"):
-        reached = [r["trials_to_target"] or data["trials"] + 1 for r in data["runs"] if r["sampler"] == sampler]
-        lines.append(f"\nmedian trials to 0.9x, {sampler}: {statistics.median(reached)} "
-                     f"(runs that never reached it count as {data['trials'] + 1})")
+        lines.append(f"| {r['workload']} | {r['sampler']} | {r['seed']} | {r['fraction_of_best']:.2f} "
+                     f"| {cell(r['trials_to_0.9'], 'd')} | {cell(r['seconds_to_0.9'], '.0f')} "
+                     f"| {cell(r['trials_to_0.95'], 'd')} | {cell(r['seconds_to_0.95'], '.0f')} "
+                     f"| {cell(r['median_overhead_seconds'], '.2f')} |")
+    workloads = sorted({r["workload"] for r in data["runs"]}, key=WORKLOADS.index)
+    lines += ["", f"median trials to reach the target (never reached counts as {data['trials'] + 1}):", "",
+              "| workload | " + " | ".join(f"{s} 0.9x / 0.95x" for s in SAMPLERS) + " | Spearman |",
+              "| --- | " + " | ".join("---" for _ in SAMPLERS) + " | --- |"]
+    for name in workloads:
+        cells = [f"{median_trials(data, name, s, 0.9):g} / {median_trials(data, name, s, 0.95):g}" for s in SAMPLERS]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {cell(data['spearman'][name], '.2f')} |")
     return "\n".join(lines)
+
+
+def plot(data: dict, path: Path) -> Path:
+    """Best-so-far (as a fraction of the best found) against trials, one panel per workload."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    workloads = sorted({r["workload"] for r in data["runs"]}, key=WORKLOADS.index)
+    fig, axes = plt.subplots(1, len(workloads), figsize=(4 * len(workloads), 3.4), squeeze=False)
+    colors = dict(zip(SAMPLERS, ("tab:gray", "tab:blue", "tab:orange", "tab:green")))
+    for ax, name in zip(axes[0], workloads):
+        for key, curve in data["curves"].items():
+            workload, sampler, _ = key.split("/")
+            if workload == name:
+                ax.plot(range(1, len(curve) + 1), curve, color=colors[sampler], label=sampler, alpha=0.8)
+        ax.set_title(name)
+        ax.set_xlabel("trials")
+        ax.set_ylim(0, 1.05)
+    axes[0][0].set_ylabel("best so far / best found")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    fig.legend(unique.values(), unique.keys(), loc="lower center", ncol=len(unique))
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def main(argv=None):
     """Command-line entry point."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=100)
+    parser.add_argument("--trials", type=int, default=64)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     args = parser.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    data = run(args.trials, args.seeds, args.repeats)
+    data = run(args.workloads, args.trials, args.seeds, args.repeats)
     out = HERE / "results"
     out.mkdir(exist_ok=True)
     (out / "tune_quality.json").write_text(json.dumps(data, indent=2))
     text = to_markdown(data)
     (out / "tune_quality.md").write_text(text + "\n")
     print(text)
+    print(f"plot: {plot(data, out / 'tune_quality.png')}")
 
 
 if __name__ == "__main__":

@@ -68,7 +68,7 @@ def tune_command(args) -> None:
     work = workloads.resolve(args.workload)
     result = study.tune(work.tensor, trials=args.trials, timeout=args.timeout, storage=args.storage,
                         study_name=args.study, sampler=args.sampler, seed=args.seed, jobs=args.jobs,
-                        threads=args.threads, device=args.device)
+                        threads=args.threads, device=args.device, transfer=args.transfer)
     baseline = _median_time(work.baseline, 10) if work.baseline and args.device == "cpu" else None
     print(result.summary(baseline))
     if args.plots:
@@ -112,7 +112,10 @@ def main(argv=None) -> None:
     tune_cmd.add_argument("--jobs", type=int, default=1, help="worker processes sharing the study")
     tune_cmd.add_argument("--storage", default=None, help="Optuna storage URL (default: SQLite in ~/.cache/looptool)")
     tune_cmd.add_argument("--study", default=None, help="study name (default: derived from the workload)")
-    tune_cmd.add_argument("--sampler", default="tpe", choices=("tpe", "random"))
+    tune_cmd.add_argument("--sampler", default="costmodel", choices=("costmodel", "tpe", "random"),
+                          help="costmodel: a learned cost model ranks many drawn schedules, the best few are measured")
+    tune_cmd.add_argument("--no-transfer", dest="transfer", action="store_false",
+                          help="costmodel: do not learn from the storage's other studies")
     tune_cmd.add_argument("--seed", type=int, default=None)
     tune_cmd.add_argument("--threads", type=int, default=1, help="cores each kernel may use")
     tune_cmd.add_argument("--device", default="cpu", choices=("cpu", "gpu"),

@@ -1,5 +1,5 @@
 """The looptool tuner: Optuna searches over legal schedules, measured in isolated workers."""
-from .study import TuneResult, default_storage, tune
+from .study import TuneResult, default_storage, tune, tune_program
 from .worker import MeasureError, Measurer
 
-__all__ = ["tune", "TuneResult", "default_storage", "Measurer", "MeasureError"]
+__all__ = ["tune", "tune_program", "TuneResult", "default_storage", "Measurer", "MeasureError"]

@@ -13,6 +13,7 @@ import json
 import logging
 import multiprocessing as mp
 import os
+import statistics
 import time
 import warnings
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from looptool.runtime import gpu as runtime_gpu
 from looptool.runtime import tuning_db
 from looptool.schedule import LoopTree, Schedule
 
-from . import space
+from . import costmodel, scheduler, space
 from .worker import MeasureError, Measurer
 
 log = logging.getLogger("looptool.tuner")
@@ -68,14 +69,21 @@ def make_storage(url: str | None):
             time.sleep(0.2 * (attempt + 1))
 
 
-def make_sampler(name: str, seed: int | None):
-    """'tpe' (multivariate, safe for parallel workers) or 'random'."""
+SAMPLERS = ("costmodel", "tpe", "random")
+
+
+def make_sampler(name: str, seed: int | None, draw=None, threads: int = 1,
+                 prior: costmodel.Prior | None = None):
+    """'costmodel' (the learned cost model ranks candidates from `draw`, trained first on `prior`),
+    'tpe' (multivariate, safe for parallel workers) or 'random'."""
+    if name == "costmodel":
+        return costmodel.CostModelSampler(draw, threads, seed, prior)
     if name == "tpe":
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, constant_liar=True,
                                           n_startup_trials=10)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
-    raise ValueError(f"unknown sampler {name!r}; use 'tpe' or 'random'")
+    raise ValueError(f"unknown sampler {name!r}; use one of {', '.join(SAMPLERS)}")
 
 
 def study_name_for(program: ir.Program, threads: int, device: str = "cpu") -> str:
@@ -112,6 +120,9 @@ class TuneResult:
         counts = {s.name.lower(): states.count(s) for s in FINISHED}
         lines = [f"study {self.study.study_name}: {len(states)} trials ({counts['complete']} measured, "
                  f"{counts['pruned']} pruned as illegal or invalid, {counts['fail']} failed)"]
+        overheads = [t.user_attrs["overhead_seconds"] for t in self.study.trials if "overhead_seconds" in t.user_attrs]
+        if overheads:
+            lines.append(f"per-trial overhead (all but the timed runs): median {statistics.median(overheads):.3f} s")
         if self.best_tree is None:
             return "\n".join(lines + ["no schedule was measured"])
         lines += [f"best: {self.best_seconds * 1e3:.3f} ms; default schedule: {self.default_seconds * 1e3:.3f} ms "
@@ -129,9 +140,7 @@ class Objective:
         self.tree, self.measurer, self.threads, self.inject_crash_at = tree, measurer, threads, inject_crash_at
 
     def draw(self, trial: optuna.Trial) -> LoopTree:
-        if self.measurer.device == "gpu":
-            return space.sample_gpu(trial, self.tree)
-        return space.sample(trial, self.tree, self.threads)
+        return draw_schedule(trial, self.tree, self.threads, self.measurer.device)
 
     def __call__(self, trial: optuna.Trial) -> float:
         started = time.perf_counter()
@@ -152,44 +161,60 @@ class Objective:
             raise TrialFailed(str(err)) from None
         trial.set_user_attr("compile_seconds", result.compile_seconds)
         trial.set_user_attr("relative_error", result.relative_error)
+        trial.set_user_attr("features", costmodel.describe(tree, self.threads))
         trial.set_user_attr("overhead_seconds", time.perf_counter() - started - result.seconds * (
             self.measurer.repeats + 2))
         return result.seconds
 
 
-def _run_trials(node, storage_url, study_name, trials, timeout, sampler, seed, threads, repeats, device, progress,
-                inject_crash_at=frozenset()):
+def draw_schedule(trial, tree: LoopTree, threads: int, device: str) -> LoopTree:
+    """One schedule of the search space for `device`, drawn through the trial's suggestions."""
+    if device == "gpu":
+        return space.sample_gpu(trial, tree)
+    return space.sample(trial, tree, threads)
+
+
+def _run_trials(node, storage_url, study_name, trials, timeout, sampler, seed, threads, repeats, device, transfer,
+                progress, inject_crash_at=frozenset()):
     """Optimize one study in this process until it holds `trials` finished trials or time runs out."""
     program, _ = ir.lower(node)
-    study = optuna.load_study(study_name=study_name, storage=make_storage(storage_url),
-                              sampler=make_sampler(sampler, seed))
+    tree = LoopTree(program)
+    storage = make_storage(storage_url)
+    prior = None
+    if sampler == "costmodel" and transfer:
+        prior = costmodel.prior_from_storage(storage, study_name, target_name(device), program)
+    study = optuna.load_study(study_name=study_name, storage=storage, sampler=make_sampler(
+        sampler, seed, lambda trial: draw_schedule(trial, tree, threads, device), threads, prior))
     remaining = trials - sum(t.state in FINISHED for t in study.trials)
     if remaining <= 0:
         return
     with Measurer(node, repeats=repeats, threads=threads, seed=seed or 0, device=device) as measurer:
-        objective = Objective(LoopTree(program), measurer, threads, inject_crash_at)
+        objective = Objective(tree, measurer, threads, inject_crash_at)
         study.optimize(objective, n_trials=remaining, timeout=timeout, catch=(TrialFailed,),
                        callbacks=[optuna.study.MaxTrialsCallback(trials, states=FINISHED)],
                        show_progress_bar=progress)
 
 
 def tune(tensor, trials: int = 100, timeout: float | None = None, storage: str | None = None,
-         study_name: str | None = None, sampler: str = "tpe", seed: int | None = None, jobs: int = 1,
+         study_name: str | None = None, sampler: str = "costmodel", seed: int | None = None, jobs: int = 1,
          threads: int = 1, repeats: int = 10, progress: bool = True, record: bool = True,
-         inject_crash_at: set[int] = frozenset(), device: str = "cpu") -> TuneResult:
+         inject_crash_at: set[int] = frozenset(), device: str = "cpu", transfer: bool = True) -> TuneResult:
     """Search schedules for `tensor` with Optuna and return the best (and store it for `.numpy()`).
 
     `trials` is how many finished trials the study should hold; `jobs` worker processes share
     it through the storage; `threads` is how many cores each kernel may use.  With `device="gpu"`
-    the GPU search space is drawn and kernels run on the current GPU (CuPy)."""
+    the GPU search space is drawn and kernels run on the current GPU (CuPy).  The 'costmodel'
+    sampler learns from the study's trials and, with `transfer`, from the storage's other studies
+    for the same target."""
     node = tensor.node
     program, _ = ir.lower(node)
     storage_url = storage or default_storage()
     name = study_name or study_name_for(program, threads, device)
     study = optuna.create_study(study_name=name, storage=make_storage(storage_url), direction="minimize",
-                                sampler=make_sampler(sampler, seed), load_if_exists=True)
+                                load_if_exists=True)
+    _describe_workload(study, program, target_name(device))
     default_seconds = _default_seconds(study, node, threads, repeats, device)
-    args = (node, storage_url, name, trials, timeout, sampler, seed, threads, repeats, device)
+    args = (node, storage_url, name, trials, timeout, sampler, seed, threads, repeats, device, transfer)
     helpers = [mp.get_context("spawn").Process(target=_run_trials, args=args[:6] + (
         None if seed is None else seed + k + 1,) + args[7:] + (False,)) for k in range(jobs - 1)]
     for proc in helpers:
@@ -199,6 +224,14 @@ def tune(tensor, trials: int = 100, timeout: float | None = None, storage: str |
         proc.join()
     return _result(optuna.load_study(study_name=name, storage=make_storage(storage_url)), program,
                    default_seconds, record, target_name(device))
+
+
+def _describe_workload(study: optuna.Study, program: ir.Program, target: str):
+    """Study attributes transfer looks for: the target, the program's structure and its sizes."""
+    described = {"target": target, "structure": costmodel.structure_key(program), "sizes": dict(program.sizes)}
+    for key, value in described.items():
+        if study.user_attrs.get(key) != value:
+            study.set_user_attr(key, value)
 
 
 def _default_seconds(study: optuna.Study, node, threads: int, repeats: int, device: str) -> float:
@@ -226,6 +259,33 @@ def _result(study: optuna.Study, program: ir.Program, default_seconds: float, re
                                  f"study {study.study_name}, trial {best.number}")
         log.info("best schedule %s in the tuning database", "stored" if stored else "not better than the one")
     return TuneResult(study, tree, best.value, default_seconds)
+
+
+def tune_program(tensors: list, trials: int = 200, weights: list[float] | None = None, **options) -> list[TuneResult]:
+    """Tune the kernels of a program (one tensor each) within one budget of `trials`: after a round
+    each, more rounds go to the kernels whose improvement saves the most program time
+    (`tuner/scheduler.py`).  `weights[i]` is how often kernel i runs per program run (default 1);
+    `options` are tune()'s."""
+    tasks = [scheduler.Task(str(i), w) for i, w in enumerate(weights or [1.0] * len(tensors))]
+    results: list[TuneResult | None] = [None] * len(tensors)
+
+    def run_round(index: int, count: int) -> list[float]:
+        before = len(tasks[index].history)
+        results[index] = tune(tensors[index], trials=before + count, **options)
+        return best_so_far(results[index].study)[before:]
+    scheduler.allocate(tasks, trials, run_round)
+    return results
+
+
+def best_so_far(study: optuna.Study) -> list[float]:
+    """The best time after each finished trial, in trial order (inf before the first measured one)."""
+    out, best = [], float("inf")
+    for trial in sorted(study.trials, key=lambda t: t.number):
+        if trial.state == optuna.trial.TrialState.COMPLETE:
+            best = min(best, trial.value)
+        if trial.state in FINISHED:
+            out.append(best)
+    return out
 
 
 def best_schedule_json(study: optuna.Study) -> str:

@@ -83,7 +83,7 @@ def _tune_module_study(tmp_path_factory, name, case, **kwargs) -> Tuned:
 
 @pytest.fixture(scope="module")
 def matmul_study(tmp_path_factory) -> Tuned:
-    """matmul 24x20x28, 8 trials, TPE (its first 10 trials are random), seed 0."""
+    """matmul 24x20x28, 8 trials, the cost-model sampler (the default), seed 0."""
     return _tune_module_study(tmp_path_factory, "matmul-study", matmul_case(24, 20, 28), trials=8, seed=0)
 
 
@@ -252,12 +252,13 @@ def _killpg(proc):
     proc.wait(30)
 
 
-def test_resume_after_sigkill(tmp_path):
+@pytest.mark.parametrize("sampler", ["costmodel", "tpe"])
+def test_resume_after_sigkill(tmp_path, sampler):
     url, name = sqlite_url(tmp_path / "resume.sqlite"), "resume-matmul"
     log_path = tmp_path / "tune.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(looptool_cli("tune", "matmul:24x20x28", "--trials", "500", "--storage", url,
-                                             "--study", name, "--seed", "0"),
+                                             "--study", name, "--seed", "0", "--sampler", sampler),
                                 cwd=REPO, env=subprocess_env(tuning_db=tmp_path / "tuned.sqlite"),
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -274,7 +275,7 @@ def test_resume_after_sigkill(tmp_path):
 
     total = len(done_before) + 3
     tensor = workloads.resolve("matmul:24x20x28").tensor        # what the CLI tuned: new objects
-    result = tuner.tune(tensor, trials=total, storage=url, study_name=name, seed=1, progress=False)
+    result = tuner.tune(tensor, trials=total, storage=url, study_name=name, seed=1, progress=False, sampler=sampler)
     after = optuna.load_study(study_name=name, storage=url)
     assert count_finished(after) == total
     by_number = {t.number: t for t in after.trials}

@@ -1,0 +1,135 @@
+"""The cost-model sampler (tuner/costmodel.py): the model ranks a held-out set of schedules by a
+synthetic cost, the sampler finds cheap schedules of that cost with few trials, transfer reads
+earlier studies from the storage, and drawing without Optuna follows the search space.
+
+No kernel is compiled: a synthetic cost computed from the loop tree stands in for the timings."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import optuna
+import pytest
+from scipy.stats import spearmanr
+
+from looptool.schedule import accesses
+from tuner import costmodel, space
+from tuner.study import draw_schedule
+
+from tests.tuner_helpers import matmul_case
+
+pytestmark = pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
+
+
+def synthetic_seconds(tree) -> float:
+    """Iterations of every statement, divided by its SIMD width, doubled for each access that
+    strides along its innermost loop."""
+    total = 0.0
+    for stmt, path in tree.statements():
+        iterations = math.prod(node.loop.extent for node in path)
+        inner = path[-1] if path else None
+        width = inner.loop.extent if inner is not None and inner.loop.annotation == "vectorize" else 1
+        strided = 0
+        for access in accesses(stmt):
+            plan = tree.buffers[access.buffer]
+            offset = plan.linear_offset(tuple(ix.substitute(stmt.index) for ix in access.index))
+            strided += inner is not None and abs(offset.coeffs().get(inner.loop.name, 0)) > 1
+        total += iterations / width * 2 ** strided
+    return total * 1e-9
+
+
+def _candidates(tree, count: int, seed: int):
+    rng = np.random.default_rng(seed)
+    out = []
+    while len(out) < count:
+        draft = costmodel.ParamDraw(rng)
+        try:
+            drawn = space.sample(draft, tree, 1)
+        except space.InvalidDraw:
+            continue
+        out.append((draft.params, drawn))
+    return out
+
+
+def test_the_model_ranks_held_out_schedules_by_a_synthetic_cost():
+    tree = matmul_case(64, 48, 96).tensor.loop_tree()
+    drawn = _candidates(tree, 160, seed=0)
+    rows = [costmodel.describe(t, 1) for _, t in drawn]
+    seconds = [synthetic_seconds(t) for _, t in drawn]
+    train = costmodel.TrainingSet(rows[:120], [math.log(min(seconds[:120]) / s) for s in seconds[:120]])
+    model = costmodel.CostModel(seed=0).fit(train)
+    predicted = model.predict(rows[120:])
+    rho = spearmanr(predicted, [-s for s in seconds[120:]]).statistic
+    assert rho >= 0.8, rho
+
+
+def test_no_model_before_enough_measurements():
+    model = costmodel.CostModel().fit(costmodel.TrainingSet([[1.0], [2.0]], [0.0, -1.0]))
+    assert model.predict([[1.0]]) is None
+
+
+def _synthetic_study(storage, name, case, trials, sampler, target="cpu:test"):
+    """A study of `case` whose trials cost `synthetic_seconds`, with the attributes tune() sets."""
+    tree = case.tensor.loop_tree()
+    program = tree.program
+    study = optuna.create_study(study_name=name, storage=storage, sampler=sampler)
+    study.set_user_attr("target", target)
+    study.set_user_attr("structure", costmodel.structure_key(program))
+    study.set_user_attr("sizes", dict(program.sizes))
+
+    def objective(trial):
+        try:
+            drawn = draw_schedule(trial, tree, 1, "cpu")
+        except space.InvalidDraw as err:
+            raise optuna.TrialPruned(str(err)) from None
+        trial.set_user_attr("features", costmodel.describe(drawn, 1))
+        return synthetic_seconds(drawn)
+    study.optimize(objective, n_trials=trials)
+    return study
+
+
+def _costmodel_sampler(case, seed, prior=None):
+    tree = case.tensor.loop_tree()
+    return costmodel.CostModelSampler(lambda trial: draw_schedule(trial, tree, 1, "cpu"), 1, seed, prior)
+
+
+def test_the_sampler_finds_cheaper_schedules_than_random_search_with_as_many_trials():
+    case = matmul_case(64, 48, 96)
+    storage = optuna.storages.InMemoryStorage()
+    ranked = _synthetic_study(storage, "ranked", case, 24, _costmodel_sampler(case, 0))
+    drawn = _synthetic_study(storage, "random", case, 24, optuna.samplers.RandomSampler(seed=0))
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in ranked.trials)   # only legal ones
+    assert ranked.best_value < drawn.best_value
+
+
+def test_transfer_reads_other_studies_and_seeds_from_the_nearest_shape():
+    storage = optuna.storages.InMemoryStorage()
+    near, far = matmul_case(64, 48, 96), matmul_case(16, 16, 16)
+    _synthetic_study(storage, "near", near, 6, optuna.samplers.RandomSampler(seed=0))
+    _synthetic_study(storage, "far", far, 6, optuna.samplers.RandomSampler(seed=1))
+    _synthetic_study(storage, "other-target", near, 6, optuna.samplers.RandomSampler(seed=2), target="cpu:other")
+    new = matmul_case(64, 48, 80)
+    program = new.tensor.loop_tree().program
+    prior = costmodel.prior_from_storage(storage, "new", "cpu:test", program)
+    assert len(prior.data) == 12                      # both studies for this target, not the other
+    near_study = optuna.load_study(study_name="near", storage=storage)
+    best = sorted(near_study.trials, key=lambda t: t.value)[:costmodel.NEAREST_SEEDS]
+    assert prior.seeds == [t.params for t in best]
+    # The new study's first trials are the nearest shape's best schedules, where they fit its sizes.
+    study = _synthetic_study(storage, "new", new, 2, _costmodel_sampler(new, 0, prior))
+    assert study.trials[0].params == prior.seeds[0]
+
+
+def test_param_draw_keeps_its_base_without_mutation_and_redraws_values_that_do_not_fit():
+    tree = matmul_case(64, 48, 96).tensor.loop_tree()
+    (params, drawn), = _candidates(tree, 1, seed=3)
+    again = costmodel.ParamDraw(np.random.default_rng(9), params, mutation=0.0)
+    assert space.sample(again, tree, 1).schedule.to_json() == drawn.schedule.to_json()
+    assert again.params == params
+    small = matmul_case(8, 8, 8).tensor.loop_tree()
+    fitted = costmodel.ParamDraw(np.random.default_rng(9), {"t0.m.block": 64})
+    try:
+        space.sample(fitted, small, 1)
+    except space.InvalidDraw:
+        pass
+    assert fitted.params["t0.m.block"] <= 8

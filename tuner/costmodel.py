@@ -1,0 +1,306 @@
+"""The cost-model sampler: rank many drawn schedules with a learned model, measure the best few.
+
+As in TVM's Ansor, each round draws many candidate schedules from the search space (random
+draws, plus mutations of the best schedules measured so far), describes each by its loop-tree
+features (`looptool.analysis.features`, no compiling), ranks them with gradient-boosted trees
+(LightGBM) trained on the trials measured so far, and hands the top few, legal ones, to Optuna
+one trial at a time.  Plugged in as an Optuna sampler, it leaves storages, several jobs,
+resumption and optuna-dashboard as they are: each trial's parameters are ordinary Optuna
+parameters, and every measured trial stores its feature vector (`features` user attribute),
+so trials of earlier studies in the same storage and for the same target train the model
+before a new study measures anything (transfer), and a new shape of a tuned workload starts
+from the best schedules of its nearest tuned shape.
+
+The model's target is a trial's log throughput relative to the best trial of its own study,
+log(best seconds / seconds), so studies of different workloads share one scale.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import optuna
+
+from looptool import ir
+from looptool.analysis import features
+from looptool.schedule import LoopTree
+
+from . import space
+
+BATCH = 8                   # trials per round: the model is retrained between rounds
+RANDOM_CANDIDATES = 96      # fresh random draws per round
+MUTANTS_PER_PARENT = 16     # mutations of each of the best measured schedules per round
+PARENTS = 4
+MIN_TRAINING = 4            # measured trials (own or transferred) before the model ranks anything
+NEAREST_SEEDS = 4           # best schedules of the nearest tuned shape tried first
+CACHE_SYSFS = Path("/sys/devices/system/cpu/cpu0/cache")
+DEFAULT_CACHE_BYTES = (32 << 10, 1 << 20, 32 << 20)
+COMPLETE = optuna.trial.TrialState.COMPLETE
+
+
+def host_cache_bytes() -> tuple[int, ...]:
+    """The data cache sizes of this CPU, smallest first (Linux sysfs; three typical sizes elsewhere)."""
+    sizes = {}
+    for index in sorted(CACHE_SYSFS.glob("index*")):
+        try:
+            kind = (index / "type").read_text().strip()
+            level = int((index / "level").read_text())
+            text = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        if kind != "Instruction" and text.endswith("K"):
+            sizes[level] = int(text[:-1]) << 10
+    found = tuple(sizes[level] for level in sorted(sizes))
+    return found if len(found) == len(DEFAULT_CACHE_BYTES) else DEFAULT_CACHE_BYTES
+
+
+def describe(tree: LoopTree, threads: int) -> list[float]:
+    """A schedule's feature vector for this host, as stored with each measured trial."""
+    return features.schedule_features(tree, host_cache_bytes(), threads).tolist()
+
+
+def structure_key(program: ir.Program) -> str:
+    """A hash of a program's structure without its sizes: the same for every shape of a workload."""
+    inputs = tuple(replace(b, shape=(), strides=()) for b in program.inputs)
+    bare = replace(program, inputs=inputs, sizes=tuple((d, 0) for d, _ in program.sizes))
+    return hashlib.sha256(repr(bare).encode()).hexdigest()[:32]
+
+
+# Drawing candidates without Optuna ---------------------------------------------------------------
+
+class ParamDraw:
+    """Stands in for an `optuna.Trial` in `space.sample`: answers each suggestion from `base` where
+    that value is allowed, redrawing it at random with probability `mutation` (or when it is not),
+    and records what it answered."""
+
+    def __init__(self, rng: np.random.Generator, base: dict | None = None, mutation: float = 0.0):
+        self.rng, self.base, self.mutation = rng, base or {}, mutation
+        self.params: dict = {}
+
+    def _keep(self, name: str, allowed) -> bool:
+        return name in self.base and allowed(self.base[name]) and self.rng.random() >= self.mutation
+
+    def suggest_categorical(self, name: str, choices):
+        """One of `choices`."""
+        choices = list(choices)
+        value = self.base[name] if self._keep(name, choices.__contains__) else \
+            choices[int(self.rng.integers(len(choices)))]
+        self.params[name] = value
+        return value
+
+    def suggest_int(self, name: str, low: int, high: int) -> int:
+        """An integer in [low, high]."""
+        value = self.base[name] if self._keep(name, lambda v: low <= v <= high) else \
+            int(self.rng.integers(low, high + 1))
+        self.params[name] = value
+        return value
+
+
+@dataclass
+class Candidate:
+    """A drawn schedule: its Optuna parameters, loop tree and features; `seeded` when it comes from
+    the nearest tuned shape (tried first)."""
+
+    params: dict
+    tree: LoopTree
+    features: list[float]
+    seeded: bool = False
+
+
+def param_key(params: dict) -> tuple:
+    """A hashable identity of a parameter set."""
+    return tuple(sorted((k, str(v)) for k, v in params.items()))
+
+
+# The model ---------------------------------------------------------------------------------------
+
+@dataclass
+class TrainingSet:
+    """Feature vectors and their targets (log throughput relative to their study's best)."""
+
+    rows: list = field(default_factory=list)
+    targets: list = field(default_factory=list)
+
+    def add_study(self, trials: list[optuna.trial.FrozenTrial]):
+        """Add the measured trials of one study that carry features of this layout."""
+        usable = [t for t in trials if t.state == COMPLETE and t.value and
+                  len(t.user_attrs.get("features") or ()) == features.feature_length()]
+        if not usable:
+            return
+        best = min(t.value for t in usable)
+        for t in usable:
+            self.rows.append(t.user_attrs["features"])
+            self.targets.append(math.log(best / t.value))
+
+    def __len__(self):
+        return len(self.rows)
+
+
+class CostModel:
+    """Gradient-boosted trees (LightGBM) from features to relative log throughput."""
+
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+        self.booster = None
+
+    def fit(self, data: TrainingSet) -> "CostModel":
+        """Train on `data` (fewer than MIN_TRAINING rows, or all targets equal: no model)."""
+        import lightgbm
+        self.booster = None
+        if len(data) < MIN_TRAINING or len(set(data.targets)) < 2:
+            return self
+        params = {"objective": "regression", "learning_rate": 0.08, "num_leaves": 15, "min_data_in_leaf": 2,
+                  "min_data_in_bin": 1, "bagging_fraction": 0.9, "bagging_freq": 1, "feature_fraction": 0.8,
+                  "seed": self.seed, "num_threads": 1, "verbose": -1}
+        dataset = lightgbm.Dataset(np.asarray(data.rows), np.asarray(data.targets), params={"verbose": -1})
+        self.booster = lightgbm.train(params, dataset, num_boost_round=120)
+        return self
+
+    def predict(self, rows: list) -> np.ndarray | None:
+        """Predicted relative log throughput (higher is faster), or None without a model."""
+        if self.booster is None or not rows:
+            return None
+        return self.booster.predict(np.asarray(rows))
+
+
+# Transfer ----------------------------------------------------------------------------------------
+
+@dataclass
+class Prior:
+    """What earlier studies in the storage give a new one: training data and schedules to try first."""
+
+    data: TrainingSet = field(default_factory=TrainingSet)
+    seeds: list = field(default_factory=list)
+
+
+def prior_from_storage(storage, study_name: str, target: str, program: ir.Program) -> Prior:
+    """Measured trials of the other studies for `target` in `storage`, and the best parameters of
+    the study of the same structure whose sizes are nearest to `program`'s."""
+    prior = Prior()
+    structure, sizes = structure_key(program), dict(program.sizes)
+    nearest, distance = None, math.inf
+    for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
+        attrs = summary.user_attrs
+        if summary.study_name == study_name or attrs.get("target") != target:
+            continue
+        study = optuna.load_study(study_name=summary.study_name, storage=storage)
+        trials = study.get_trials(deepcopy=False, states=(COMPLETE,))
+        prior.data.add_study(trials)
+        if attrs.get("structure") == structure and trials:
+            gap = _size_distance(sizes, attrs.get("sizes", {}))
+            if gap < distance:
+                nearest, distance = trials, gap
+    if nearest:
+        prior.seeds = [t.params for t in sorted(nearest, key=lambda t: t.value)[:NEAREST_SEEDS]]
+    return prior
+
+
+def _size_distance(a: dict, b: dict) -> float:
+    if set(a) != set(b):
+        return math.inf
+    return sum(abs(math.log(a[d]) - math.log(b[d])) for d in a)
+
+
+# The sampler -------------------------------------------------------------------------------------
+
+class CostModelSampler(optuna.samplers.BaseSampler):
+    """An Optuna sampler that gives each trial the parameters of the next schedule a learned cost
+    model ranks best (see the module docstring).  `draw(trial)` is the search space: it draws a
+    loop tree through the trial's suggestions; kernels run on `threads` cores."""
+
+    def __init__(self, draw: Callable[[object], LoopTree], threads: int = 1, seed: int | None = None,
+                 prior: Prior | None = None):
+        self.draw, self.threads = draw, threads
+        self.rng = np.random.default_rng(seed)
+        self.prior = prior or Prior()
+        self.model = CostModel(seed or 0)
+        self.fallback = optuna.samplers.RandomSampler(seed=seed)
+        self.queue: list[dict] = []
+        self.chosen: dict[int, dict] = {}
+
+    def infer_relative_search_space(self, study, trial):
+        return {}
+
+    def sample_relative(self, study, trial, search_space):
+        return {}
+
+    def sample_independent(self, study, trial, param_name, param_distribution):
+        """The chosen schedule's value for this parameter (chosen on the trial's first parameter)."""
+        if trial.number not in self.chosen:
+            if not self.queue:
+                self.queue = self.next_round(study)
+            self.chosen[trial.number] = self.queue.pop(0) if self.queue else {}
+        value = self.chosen[trial.number].get(param_name)
+        if value is not None and _allowed(value, param_distribution):
+            return value
+        return self.fallback.sample_independent(study, trial, param_name, param_distribution)
+
+    def after_trial(self, study, trial, state, values):
+        self.chosen.pop(trial.number, None)
+
+    def next_round(self, study: optuna.Study) -> list[dict]:
+        """Retrain on every measured trial, draw candidates, return the parameters of the next BATCH:
+        the best legal ones by the model, and one legal random one to keep exploring."""
+        trials = study.get_trials(deepcopy=False)
+        data = TrainingSet(list(self.prior.data.rows), list(self.prior.data.targets))
+        data.add_study(trials)
+        self.model.fit(data)
+        taken = {param_key(t.params) for t in trials}
+        candidates = self.candidates(trials, taken)
+        scores = self.model.predict([c.features for c in candidates])
+        order = list(range(len(candidates)))
+        if scores is not None:
+            order.sort(key=lambda i: -scores[i])
+        seeded = [i for i, c in enumerate(candidates) if c.seeded]
+        ranked = seeded + [i for i in order if i not in seeded]
+        picked = _first_legal(candidates, ranked, BATCH - 1)
+        explore = [i for i in self.rng.permutation(len(candidates)) if i not in picked]
+        picked += _first_legal(candidates, explore, 1)
+        return [candidates[i].params for i in picked]
+
+    def candidates(self, trials, taken: set) -> list[Candidate]:
+        """Random draws, mutations of the best measured schedules and (first) the prior's seeds,
+        each once and none already tried."""
+        measured = sorted((t for t in trials if t.state == COMPLETE and t.value), key=lambda t: t.value)
+        drafts = []
+        if not measured:
+            drafts += [(ParamDraw(self.rng, seed), True) for seed in self.prior.seeds]
+        for parent in measured[:PARENTS]:
+            mutation = 1.0 / max(1, len(parent.params))
+            drafts += [(ParamDraw(self.rng, parent.params, max(mutation, 0.1)), False)
+                       for _ in range(MUTANTS_PER_PARENT)]
+        drafts += [(ParamDraw(self.rng), False) for _ in range(RANDOM_CANDIDATES)]
+        out = []
+        for draft, seeded in drafts:
+            try:
+                tree = self.draw(draft)
+            except space.InvalidDraw:
+                continue
+            key = param_key(draft.params)
+            if key in taken:
+                continue
+            taken.add(key)
+            out.append(Candidate(draft.params, tree, describe(tree, self.threads), seeded))
+        return out
+
+
+def _first_legal(candidates: list[Candidate], order, count: int) -> list[int]:
+    picked = []
+    for i in order:
+        if len(picked) == count:
+            break
+        if candidates[i].tree.check()[0]:
+            picked.append(i)
+    return picked
+
+
+def _allowed(value, distribution) -> bool:
+    if isinstance(distribution, optuna.distributions.CategoricalDistribution):
+        return value in distribution.choices
+    if isinstance(distribution, optuna.distributions.IntDistribution):
+        return distribution.low <= value <= distribution.high
+    return False
