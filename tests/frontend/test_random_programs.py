@@ -173,7 +173,7 @@ class Builder:
             mask = inside.reshape((1,) * axis + inside.shape + (1,) * (len(x.dims) - axis - 1))
             return made(tensor, np.where(mask, taken, 0.0), replace(x.dims, axis, (out, kernel)), x)
         other = self.new_view_dim(self.ch.int(1, 5))
-        y_dims = replace(x.dims, axis, (other,))   # concat wants the other dims in the same order
+        y_dims = tuple(other if d == dim else d for d in self.ch.permutation(x.dims))   # by name, any order
         if self.elements(y_dims) > MAX_ELEMENTS:
             return x
         y_array = self.rng.standard_normal([self.sizes[d] for d in y_dims]).astype(x.value.dtype)
@@ -181,7 +181,7 @@ class Builder:
         y_term = made(y, y_array.astype(x.tensor.dtype).astype(np.float64), y_dims)
         joined = self.new_view_dim(n + self.sizes[other])
         tensor = lt.concat([x.tensor, y], lt.symbols(f"{dim} {other}"), lt.symbols(joined)[0])
-        value = np.concatenate([x.value, y_term.value], axis=axis)
+        value = np.concatenate([x.value, self.spread(y_term, replace(x.dims, axis, (other,)))], axis=axis)
         return made(tensor, value, replace(x.dims, axis, (joined,)), x, y_term)
 
     def new_view_dim(self, size: int) -> str:
