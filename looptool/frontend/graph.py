@@ -205,7 +205,7 @@ class Concat(Node):
         first = [x for x in srcs[0].dims if x != src_dims[0]]
         for src, d in zip(srcs[1:], src_dims[1:]):
             rest = [x for x in src.dims if x != d]
-            if rest != first:
+            if sorted(rest) != sorted(first):  # matched by name, in any order
                 raise ValueError(f"concat: {describe(src)} has other dimensions {tuple(rest)} than "
                                  f"{describe(srcs[0])} {tuple(first)} besides the joined one")
         self.srcs, self.src_dims, self.new_dim, self.label = srcs, src_dims, new_dim, "concat"

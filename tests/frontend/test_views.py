@@ -144,6 +144,15 @@ def test_concat_matches_other_dims_by_name(rng):
     check(t, np.concatenate([a, b.T], axis=0), np.float32, dims=(k, n))
 
 
+def test_concat_matches_several_other_dims_by_name_in_any_order(rng):
+    """Found by the random-program fuzz (tests/frontend/test_random_programs.py): with two other
+    dims in another order concat refused ("has other dimensions ('d2', 'd1') than ... ('d1', 'd2')")."""
+    p, q, i, j, k = lt.symbols("p q i j k")
+    a, b = rand(rng, (2, 3, 4)), rand(rng, (3, 5, 2))   # b is laid out (q, j, p)
+    t = lt.concat([lt.Tensor(a).to(p, q, i), lt.Tensor(b).to(q, j, p)], [i, j], k)
+    check(t, np.concatenate([a, b.transpose(2, 0, 1)], axis=2), np.float32, dims=(p, q, k))
+
+
 def test_concat_of_expressions_then_reduce(rng):
     i, j, n, k = lt.symbols("i j n k")
     a, b = rand(rng, (3, 6)), rand(rng, (2, 6))

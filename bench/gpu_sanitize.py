@@ -1,0 +1,187 @@
+"""Random legal GPU schedules under NVIDIA compute-sanitizer: `python -m bench.gpu_sanitize --out DIR`
+on the GPU machine (one call).
+
+Draws schedules from the tuner's GPU space (tuner.space.sample_gpu: blocks and threads, register
+tiles through cache_write, shared-memory staging, thread-bound reductions combined across
+threads, 128-bit vectors) for small float32 workloads with odd sizes (tails everywhere), keeps
+those the isl check accepts, and runs them in child processes under `compute-sanitizer` with
+memcheck (out-of-bounds and misaligned accesses), racecheck (shared-memory hazards) and
+synccheck (barriers in divergent code), the three children at once.  Each kernel writes into a
+NaN-filled output and is compared with a float64 NumPy reference.  The JSON report
+(DIR/gpu_sanitize.json, with each child's full output in DIR/gpu_sanitize_TOOL.log) lists the draws, every sanitizer error by draw and schedule, and every
+wrong result.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import optuna
+
+import looptool as lt
+from looptool import ir
+from looptool.runtime import gpu as runtime_gpu
+from looptool.runtime import resolve_schedule
+from looptool.schedule.looptree import LoopTree
+from tuner import space
+
+TOOLS = ("memcheck", "racecheck", "synccheck")
+MARK = "@@"
+
+
+def workloads() -> dict:
+    """{name: (tensor, float64 reference)}; the same arrays in every process (fixed seeds)."""
+    rng = np.random.default_rng(16)
+    out = {}
+    for m, k, n in ((67, 45, 53), (130, 36, 97)):
+        a, b = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
+        s = lt.symbols("m k n")
+        out[f"matmul {m}x{k}x{n}"] = ((lt.Tensor(a).to(s.m, s.k) * lt.Tensor(b).to(s.k, s.n)).sum(s.k),
+                                      a.astype(np.float64) @ b.astype(np.float64))
+    x = rng.standard_normal((37, 300), dtype=np.float32)
+    m, n = lt.symbols("m n")
+    xt = lt.Tensor(x).to(m, n)
+    e = (xt - xt.max(n)).exp()
+    ex = np.exp(x.astype(np.float64) - x.max(1, keepdims=True))
+    out["softmax 37x300"] = (e / e.sum(n), ex / ex.sum(1, keepdims=True))
+    x, g, b = (rng.standard_normal(shape, dtype=np.float32) for shape in ((29, 257), (257,), (257,)))
+    xt = lt.Tensor(x).to(m, n)
+    centered = xt - xt.mean(n)
+    y = centered / ((centered * centered).mean(n) + 1e-5).sqrt() * lt.Tensor(g).to(n) + lt.Tensor(b).to(n)
+    x64 = x.astype(np.float64)
+    ref = (x64 - x64.mean(1, keepdims=True)) / np.sqrt(x64.var(1, keepdims=True) + 1e-5) * g + b
+    out["layernorm 29x257"] = (y, ref)
+    return out
+
+
+def draw_schedules(per_workload: int, seed: int) -> list[dict]:
+    """Up to `per_workload` distinct legal GPU schedules per workload, as {workload, schedule JSON}
+    (the workloads drawn in parallel processes)."""
+    names = list(workloads())
+    with concurrent.futures.ProcessPoolExecutor(len(names)) as pool:
+        found = pool.map(draw_for, names, [per_workload] * len(names), [seed + k for k in range(len(names))])
+    return [{"workload": name, "schedule": text} for name, texts in zip(names, found) for text in texts]
+
+
+def draw_for(name: str, count: int, seed: int) -> list[str]:
+    """Distinct legal GPU schedules (JSON) of one workload, from up to 20 * count draws."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    tree, seen = workloads()[name][0].loop_tree(), []
+    for _ in range(count * 20):
+        if len(seen) == count:
+            break
+        try:
+            drawn = space.sample_gpu(study.ask(), tree)
+        except space.InvalidDraw:
+            continue
+        text = drawn.schedule.to_json()
+        if text not in seen and drawn.check()[0]:
+            seen.append(text)
+    return seen
+
+
+def run_draws(draws: list[dict]):
+    """Child: run each draw on a NaN-filled output, printing a mark before it and its result after."""
+    cp = runtime_gpu.cupy()
+    cases = workloads()
+    for i, draw in enumerate(draws):
+        print(f"{MARK}draw {i}", flush=True)
+        tensor, reference = cases[draw["workload"]]
+        program, arrays = ir.lower(tensor.node)
+        tree = LoopTree(program, resolve_schedule(program, draw["schedule"]))
+        result = {"draw": i}
+        try:
+            kernel = runtime_gpu.GpuKernel(tree)     # legality was checked when drawn
+            out = cp.full(tree.buffers[program.output.name].shape, cp.nan, dtype=program.output.dtype)
+            got = cp.asnumpy(kernel(arrays, out=out)).astype(np.float64)
+            cp.cuda.Device().synchronize()
+            err = np.abs(np.nan_to_num(got - reference, nan=np.inf)).max() / np.abs(reference).max()
+            result["rel_error"] = float(err)
+        except Exception as exc:  # noqa: BLE001 - a failing draw is reported, the others still run
+            result["exception"] = f"{type(exc).__name__}: {exc}"[:500]
+        print(f"{MARK}result {json.dumps(result)}", flush=True)
+
+
+def sanitize(tool: str, schedules: Path, count: int, timeout: float) -> subprocess.Popen:
+    """Start a child running the first `count` draws under compute-sanitizer's `tool`."""
+    sanitizer = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
+    command = [sanitizer, "--tool", tool, "--print-limit", "100", sys.executable, "-m", "bench.gpu_sanitize",
+               "--child", str(schedules), "--count", str(count)]
+    return subprocess.Popen(["timeout", str(int(timeout))] + command, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def parse(output: str) -> tuple[dict[int, list[str]], dict[int, dict], list[str]]:
+    """(sanitizer error lines by draw, results by draw, lines outside any draw)."""
+    errors: dict[int, list[str]] = {}
+    results: dict[int, dict] = {}
+    outside, current = [], None
+    for line in output.splitlines():
+        if line.startswith(MARK + "draw "):
+            current = int(line.split()[-1])
+        elif line.startswith(MARK + "result "):
+            result = json.loads(line[len(MARK + "result "):])
+            results[result["draw"]] = result
+        elif line.startswith("=") and "SUMMARY" in line:
+            outside.append(line.strip())
+        elif re.match(r"=+ (ERROR|Invalid|Race|Barrier|.*[Hh]azard|Program hit|Error|Warning)", line):
+            (errors.setdefault(current, []) if current is not None else outside).append(line.strip())
+    return errors, results, outside
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("."), help="folder for gpu_sanitize.json")
+    parser.add_argument("--per-workload", type=int, default=75, help="draws per workload (4 workloads)")
+    parser.add_argument("--racecheck-draws", type=int, default=300, help="draws racecheck and synccheck run")
+    parser.add_argument("--timeout", type=float, default=420, help="seconds each sanitizer child may run")
+    parser.add_argument("--seed", type=int, default=16)
+    parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--count", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        run_draws(json.loads(args.child.read_text())[:args.count])
+        return
+    start = time.time()
+    draws = draw_schedules(args.per_workload, args.seed)
+    args.out.mkdir(parents=True, exist_ok=True)
+    schedules = args.out / "gpu_sanitize_schedules.json"
+    schedules.write_text(json.dumps(draws))
+    drawn_s = time.time() - start
+    print(f"{len(draws)} legal schedules drawn in {drawn_s:.0f} s", flush=True)
+    counts = {tool: len(draws) if tool == "memcheck" else min(len(draws), args.racecheck_draws) for tool in TOOLS}
+    children = {tool: sanitize(tool, schedules, counts[tool], args.timeout) for tool in TOOLS}
+    report = {"device": runtime_gpu.cupy().cuda.runtime.getDeviceProperties(0)["name"].decode(),
+              "draws": len(draws), "drawing_s": round(drawn_s), "tools": {}}
+    for tool, child in children.items():
+        output, _ = child.communicate()
+        (args.out / f"gpu_sanitize_{tool}.log").write_text(output)
+        errors, results, outside = parse(output)
+        wrong = {i: r for i, r in results.items() if not r.get("rel_error", np.inf) < 1e-4}
+        report["tools"][tool] = {
+            "draws_asked": counts[tool], "draws_run": len(results), "exit_code": child.returncode,
+            "draws_with_errors": len(errors), "summary": outside[-3:],
+            "errors": {i: {"workload": draws[i]["workload"], "lines": lines[:8], "schedule": draws[i]["schedule"]}
+                       for i, lines in errors.items()},
+            "wrong_results": {i: {**r, "workload": draws[i]["workload"], "schedule": draws[i]["schedule"]}
+                              for i, r in wrong.items()},
+            "max_rel_error": max((r["rel_error"] for r in results.values() if "rel_error" in r), default=None),
+        }
+        print(f"{tool}: {len(results)}/{counts[tool]} draws run, {len(errors)} with sanitizer errors, "
+              f"{len(wrong)} wrong or failed, exit {child.returncode}; {outside[-1:] }", flush=True)
+    report["seconds"] = round(time.time() - start)
+    (args.out / "gpu_sanitize.json").write_text(json.dumps(report, indent=1))
+    return report
+
+
+if __name__ == "__main__":
+    main()
