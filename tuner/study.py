@@ -149,7 +149,7 @@ class Objective:
         except space.InvalidDraw as err:
             trial.set_user_attr("rejected", f"invalid transform: {err}")
             raise optuna.TrialPruned(str(err)) from None
-        legal, reason = tree.check()
+        legal, reason = space.check(tree)
         trial.set_user_attr("schedule", tree.schedule.to_json())
         if not legal:
             trial.set_user_attr("rejected", reason)
