@@ -82,6 +82,11 @@ def column_block(target: Target, kc: int, itemsize: int) -> int:
     return max(1, target.l2 // CACHE_SHARE // (kc * itemsize))
 
 
+def row_block(target: Target, kc: int, itemsize: int) -> int:
+    """mc: the rows of the mc x kc block of the broadcast operand that fit in its share of L2."""
+    return max(1, target.l2 // CACHE_SHARE // (kc * itemsize))
+
+
 def vector_width(target: Target, dtype: str, extent: int) -> int:
     """Lanes of one vectorized loop with no register reuse: INDEPENDENT_VECTORS vectors, no wider
     than the loop (a short loop is one short vector)."""

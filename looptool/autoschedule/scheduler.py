@@ -6,7 +6,7 @@ gets a register tile, cache blocks, a packed panel of its reused operand and a p
 stride and a parallel loop (`streamed`).  A producer that only feeds the stage around it, read
 at the plain index, is computed inside that stage's loops over its own dims (`placed`), so
 its rows stay in cache.  Every schedule is checked by isl; a refused one is rebuilt with
-fewer choices (no placement, then no packing, no threads, no register tile), logged at DEBUG
+fewer choices (no placement, or no packing, or no threads, then fewer and fewer), logged at DEBUG
 on the `looptool` logger.
 """
 from __future__ import annotations
@@ -40,8 +40,9 @@ class Choices:
         return "all choices" if not off else "without " + ", ".join(off)
 
 
-FALLBACKS = (Choices(), Choices(place=False), Choices(place=False, pack=False),
-             Choices(place=False, pack=False, threads=False),
+# Each kind of choice left out alone first, then more and more of them together.
+FALLBACKS = (Choices(), Choices(place=False), Choices(pack=False), Choices(threads=False),
+             Choices(place=False, pack=False), Choices(place=False, pack=False, threads=False),
              Choices(place=False, pack=False, threads=False, tile=False))
 
 
@@ -169,22 +170,30 @@ class Builder:
                                   f"takes {kc * nc * itemsize // 1024} KiB, half of L2 at most")
         col_tiles, col_tile = self.split(stage.name, col_rest, tile.columns)
         vectors, lanes = self.split(stage.name, col_tile, tile.lanes)
-        row_tiles, rows = self.split(stage.name, found.row, tile.rows)
+        mc = model.balanced(size(found.row), model.row_block(self.target, kc, itemsize), tile.rows)
+        row_blocks, row_rest = self.split(stage.name, found.row, mc)
+        if row_blocks:
+            self.note(stage.name, f"row block {found.row} by {mc}: the {mc}x{kc} block of {found.broadcast} takes "
+                                  f"{mc * kc * itemsize // 1024} KiB, half of L2 at most")
+        row_tiles, rows = self.split(stage.name, row_rest, tile.rows)
         others = structure.by_stride(self.program, stage, [d for d in stage.dims if d not in (found.row, found.col)])
         reused_dims = structure.dims_read(self.program, stage, found.reused)
         before = [d for d in others if d in reused_dims]
         after = [d for d in others if d not in reused_dims]
         blocks = [lp for lp in (col_outer, reduce_outer) if lp]
-        order = before + blocks + after + [row_tiles, col_tiles, reduce_inner] + rest + [rows, vectors, lanes]
+        tiles = [row_blocks, col_tiles, row_tiles]
+        order = before + blocks + after + tiles + [reduce_inner] + rest + [rows, vectors, lanes]
         self.reorder(stage.name, [lp for lp in order if lp])
+        self.note(stage.name, f"loops: {found.col} tiles outside {found.row} tiles, so each {tile.columns}-column "
+                              f"micro-panel of {found.reused} stays in L1 while {found.broadcast} streams past")
         for loop, annotation in ((rows, "unroll"), (vectors, "unroll"), (lanes, "vectorize")):
             if loop:
                 self.schedule = self.schedule.annotate(stage.name, loop, annotation)
-        if self.choices.pack and row_tiles:
+        if self.choices.pack and (row_blocks or row_tiles):
             self.pack(stage, found, before + blocks, reductions)
         if self.choices.threads:
             work = math.prod(size(d) for d in stage.loop_dims)
-            self.threads(stage.name, [lp for lp in before + [col_outer] + after + [row_tiles] if lp], work)
+            self.threads(stage.name, [lp for lp in before + [col_outer] + after + tiles if lp], work)
 
     def pack(self, stage: ir.Stage, found: structure.Contraction, blocks: list[str], reductions: list[str]):
         """Copy the reused operand's panel, reductions outer and columns innermost, once per block."""
