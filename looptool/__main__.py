@@ -121,7 +121,7 @@ def main(argv=None) -> None:
     export_cmd = commands.add_parser("export", help="write a kernel artifact (manifest, LLVM IR, object, .so/.h)")
     export_cmd.add_argument("workload", help="as for tune")
     export_cmd.add_argument("out", help="artifact directory to write")
-    export_cmd.add_argument("--schedule", default=None, help="schedule JSON file (default: tuned, else default)")
+    export_cmd.add_argument("--schedule", default=None, help="schedule JSON file (default: tuned, else automatic)")
     export_cmd.add_argument("--names", nargs="+", default=None, help="names for the inputs")
     run_cmd = commands.add_parser("run", help="run an exported kernel on .npy inputs")
     run_cmd.add_argument("artifact")
