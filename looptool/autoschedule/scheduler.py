@@ -180,9 +180,9 @@ class Builder:
         reused_dims = structure.dims_read(self.program, stage, found.reused)
         before = [d for d in others if d in reused_dims]
         after = [d for d in others if d not in reused_dims]
-        blocks = [lp for lp in (col_outer, reduce_outer) if lp]
-        tiles = [row_blocks, col_tiles, row_tiles]
-        order = before + blocks + after + tiles + [reduce_inner] + rest + [rows, vectors, lanes]
+        blocks = [lp for lp in (col_outer, reduce_outer, row_blocks) if lp]
+        outer = before + blocks + [col_tiles] + after + [row_tiles]
+        order = outer + [reduce_inner] + rest + [rows, vectors, lanes]
         self.reorder(stage.name, [lp for lp in order if lp])
         self.note(stage.name, f"loops: {found.col} tiles outside {found.row} tiles, so each {tile.columns}-column "
                               f"micro-panel of {found.reused} stays in L1 while {found.broadcast} streams past")
@@ -190,13 +190,14 @@ class Builder:
             if loop:
                 self.schedule = self.schedule.annotate(stage.name, loop, annotation)
         if self.choices.pack and (row_blocks or row_tiles):
-            self.pack(stage, found, before + blocks, reductions)
+            self.pack(stage, found, [lp for lp in before + blocks + [col_tiles] if lp], reductions)
         if self.choices.threads:
             work = math.prod(size(d) for d in stage.loop_dims)
-            self.threads(stage.name, [lp for lp in before + [col_outer] + after + tiles if lp], work)
+            self.threads(stage.name, [lp for lp in outer if lp and lp != reduce_outer], work)
 
     def pack(self, stage: ir.Stage, found: structure.Contraction, blocks: list[str], reductions: list[str]):
-        """Copy the reused operand's panel, reductions outer and columns innermost, once per block."""
+        """Copy the reused operand's micro-panel (reductions outer, columns innermost) inside the loops
+        `blocks`, the last of which steps over column tiles: one contiguous panel per tile."""
         dims = self.program.buffer_dims(found.reused)
         order = tuple([d for d in reductions if d in dims] + [d for d in dims if d not in reductions and d != found.col]
                       + [found.col])
@@ -208,7 +209,7 @@ class Builder:
             self.schedule = self.schedule.place(copy, stage.name, len(blocks))
         where = f"once per {', '.join(blocks)}" if blocks else "once"
         self.note(stage.name, f"pack {found.reused} as ({', '.join(order)}) {where}: it is re-read by every row "
-                              f"tile, and packed its vectors along {found.col} are contiguous")
+                              f"tile, and packed its micro-panel is one contiguous block")
 
     # Shared steps ------------------------------------------------------------------------
     def split(self, stage: str, loop: str | None, factor: int) -> tuple[str | None, str | None]:
