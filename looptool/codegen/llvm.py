@@ -90,8 +90,9 @@ class FunctionBuilder:
             self.pointers[plan.name] = self.allocate(plan)
 
     def loop(self, node: LoopNode, env: dict):
-        self.allocate_placed(node)
         lp = node.loop
+        if lp.annotation != "parallel":       # a parallel loop's buffers are private to each thread
+            self.allocate_placed(node)
         count = self.trip_count(node, env)
         emit = {"unroll": self.unrolled, "vectorize": self.vectorized, "parallel": self.parallel}.get(lp.annotation)
         if emit:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from looptool import ir
-from tests.helpers import assert_loop_tree_text, check, f64, random_matmul
+from tests.helpers import assert_close, assert_loop_tree_text, check, f64, random_matmul
 from tests.schedule_helpers import matmul, pointwise
 
 
@@ -57,3 +57,23 @@ def test_vectorized_loop_in_llvm_ir_is_vector_code(rng):
     kernel = t.compile(t.loop_tree().split("n", 16).vectorize("n.1"))
     assert re.search(r"<\d+ x float>", kernel.optimized_ir), "no vector type in the optimized IR"
     case.check(t.numpy(kernel.loop_tree))
+
+
+# ------------------------------------------------------------------ threads
+
+def test_a_buffer_placed_at_a_parallel_loop_is_private_to_each_thread(rng):
+    """A panel packed per iteration of a parallel loop: each thread fills and reads its own copy
+    (a copy shared by the threads gave wrong sums here)."""
+    import looptool as lt
+    t, a, b = random_matmul(rng, 200, 300, 500, np.float32)
+    tree = (t.loop_tree().split("k", 100).split("n", 24).split("n.1", 8).split("m", 4)
+            .reorder("k.0", "n.0", "m.0", "k.1", "m.1", "n.1.0", "n.1.1")
+            .unroll("m.1").unroll("n.1.0").vectorize("n.1.1")
+            .cache("in1").place("in1.t0", "t0", 2).parallel("n.0"))
+    threads = lt.get_num_threads()
+    lt.set_num_threads(2)
+    try:
+        got = t.numpy(tree)
+    finally:
+        lt.set_num_threads(threads)
+    assert_close(got, f64(a) @ f64(b), 1e-5)
