@@ -53,7 +53,7 @@ class Target:
         """One line: the figures the scheduler uses."""
         return (f"{self.arch}: {self.vector_registers} vector registers of {self.vector_bits} bits"
                 f"{', FMA' if self.fma else ''}; L1 {self.l1 // 1024} KiB, L2 {self.l2 // 1024} KiB, "
-                f"L3 {self.l3 // 1024} KiB; {self.cores} cores")
+                f"L3 {self.l3 // 1024} KiB; {self.cores} core{'s' if self.cores != 1 else ''}")
 
 
 def vector_file(triple: str, features: dict[str, bool]) -> tuple[int, int]:
