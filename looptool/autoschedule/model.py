@@ -77,13 +77,9 @@ def reduction_block(target: Target, tile: RegisterTile, itemsize: int) -> int:
     return max(1, target.l1 // CACHE_SHARE // ((tile.rows + tile.columns) * itemsize))
 
 
-def column_block(target: Target, kc: int, itemsize: int) -> int:
-    """nc: the columns of the packed kc x nc panel of the reused operand that fit in its share of L2."""
-    return max(1, target.l2 // CACHE_SHARE // (kc * itemsize))
-
-
-def row_block(target: Target, kc: int, itemsize: int) -> int:
-    """mc: the rows of the mc x kc block of the broadcast operand that fit in its share of L2."""
+def l2_block(target: Target, kc: int, itemsize: int) -> int:
+    """nc or mc: how many kc-long slices of an operand (a kc x nc panel of the reused one, an
+    mc x kc block of the broadcast one) fit in the share of L2 the model allows."""
     return max(1, target.l2 // CACHE_SHARE // (kc * itemsize))
 
 

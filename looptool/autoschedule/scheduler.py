@@ -163,18 +163,10 @@ class Builder:
             self.note(stage.name, f"reduction block {first} by {block} ({kc} products per result per pass): "
                                   f"a {tile.rows}x{kc} and a {kc}x{tile.columns} panel take "
                                   f"{(tile.rows + tile.columns) * kc * itemsize // 1024} KiB, half of L1 at most")
-        nc = model.balanced(size(found.col), model.column_block(self.target, kc, itemsize), tile.columns)
-        col_outer, col_rest = self.split(stage.name, found.col, nc)
-        if col_outer:
-            self.note(stage.name, f"column block {found.col} by {nc}: the {kc}x{nc} panel of {found.reused} "
-                                  f"takes {kc * nc * itemsize // 1024} KiB, half of L2 at most")
+        col_outer, col_rest = self.l2_block(stage.name, found.col, kc, itemsize, tile.columns, found.reused)
         col_tiles, col_tile = self.split(stage.name, col_rest, tile.columns)
         vectors, lanes = self.split(stage.name, col_tile, tile.lanes)
-        mc = model.balanced(size(found.row), model.row_block(self.target, kc, itemsize), tile.rows)
-        row_blocks, row_rest = self.split(stage.name, found.row, mc)
-        if row_blocks:
-            self.note(stage.name, f"row block {found.row} by {mc}: the {mc}x{kc} block of {found.broadcast} takes "
-                                  f"{mc * kc * itemsize // 1024} KiB, half of L2 at most")
+        row_blocks, row_rest = self.l2_block(stage.name, found.row, kc, itemsize, tile.rows, found.broadcast)
         row_tiles, rows = self.split(stage.name, row_rest, tile.rows)
         others = structure.by_stride(self.program, stage, [d for d in stage.dims if d not in (found.row, found.col)])
         reused_dims = structure.dims_read(self.program, stage, found.reused)
@@ -189,11 +181,29 @@ class Builder:
         for loop, annotation in ((rows, "unroll"), (vectors, "unroll"), (lanes, "vectorize")):
             if loop:
                 self.schedule = self.schedule.annotate(stage.name, loop, annotation)
-        if self.choices.pack and (row_blocks or row_tiles):
+        if self.choices.pack and (row_blocks or row_tiles) and self.packing_pays(stage, found, itemsize):
             self.pack(stage, found, [lp for lp in before + blocks + [col_tiles] if lp], reductions)
         if self.choices.threads:
             work = math.prod(size(d) for d in stage.loop_dims)
             self.threads(stage.name, [lp for lp in outer if lp and lp != reduce_outer], work)
+
+    def l2_block(self, stage: str, dim: str, kc: int, itemsize: int, multiple: int, operand: str):
+        """Block `dim` (by a multiple of the tile) so that the kc-long slices of `operand` along it
+        fill half of L2 at most; (outer, inner) loop names."""
+        block = model.balanced(self.program.size(dim), model.l2_block(self.target, kc, itemsize), multiple)
+        outer, inner = self.split(stage, dim, block)
+        if outer:
+            self.note(stage, f"{dim} block {block}: the {kc}x{block} panel of {operand} takes "
+                             f"{kc * block * itemsize // 1024} KiB, half of L2 at most")
+        return outer, inner
+
+    def packing_pays(self, stage: ir.Stage, found: structure.Contraction, itemsize: int) -> bool:
+        """Packing the reused operand pays when its vectors are not contiguous (a transposed operand)
+        or when it does not fit in the share of L1 the model allows (its rows would evict each other)."""
+        loads = [ld for ld in ir.loads(stage.expr) if ld.buffer == found.reused]
+        gathered = any(abs(structure.load_strides(self.program, ld).get(found.col, 0)) != 1 for ld in loads)
+        footprint = math.prod(self.program.buffer_shape(found.reused)) * itemsize
+        return gathered or footprint > self.target.l1 // model.CACHE_SHARE
 
     def pack(self, stage: ir.Stage, found: structure.Contraction, blocks: list[str], reductions: list[str]):
         """Copy the reused operand's micro-panel (reductions outer, columns innermost) inside the loops
