@@ -36,6 +36,7 @@ class Choices:
     tile: bool = True
 
     def describe(self) -> str:
+        """'all choices' or 'without place, pack', for logs and explanations."""
         off = [name for name, on in vars(self).items() if not on]
         return "all choices" if not off else "without " + ", ".join(off)
 
@@ -83,9 +84,11 @@ class Builder:
 
     @property
     def program(self) -> Program:
+        """The program as scheduled so far (packing adds copy stages)."""
         return self.schedule.program
 
     def note(self, stage: str, text: str):
+        """Record the reason for a choice made for `stage`."""
         self.reasons.append(f"{stage}: {text}")
 
     def schedule_stage(self, name: str):
@@ -126,6 +129,7 @@ class Builder:
         vector = structure.vector_dim(self.program, stage, tuple(own))
         pure = structure.by_stride(self.program, stage, [d for d in own if d not in stage.reduce_dims and d != vector])
         reductions = structure.by_stride(self.program, stage, [d for d in own if d in stage.reduce_dims and d != vector])
+        outer = None
         if vector is None:
             order = pure + reductions
         else:
@@ -143,7 +147,8 @@ class Builder:
         self.reorder(stage.name, [lp for lp in order if lp])
         if threads:
             work = math.prod(self.program.size(d) for d in stage.loop_dims)
-            self.threads(stage.name, [lp for lp in order[:len(pure) + 1] if lp and lp not in reductions], work)
+            vector_outer = [outer] if outer and vector not in stage.reduce_dims else []
+            self.threads(stage.name, pure + vector_outer, work)
 
     # Contractions ------------------------------------------------------------------------
     def tiled(self, stage: ir.Stage, found: structure.Contraction):
@@ -234,6 +239,7 @@ class Builder:
         return f"{loop}.0", f"{loop}.1"
 
     def reorder(self, stage: str, order: list[str]):
+        """Put the stage's loops in `order` (nothing to do for a single loop)."""
         if len(order) > 1:
             self.schedule = self.schedule.reorder(stage, *order)
 
