@@ -178,7 +178,14 @@ class Builder:
         before = [d for d in others if d in reused_dims]
         after = [d for d in others if d not in reused_dims]
         blocks = [lp for lp in (col_outer, reduce_outer, row_blocks) if lp]
-        outer = before + blocks + [col_tiles] + after + [row_tiles]
+        outer = [lp for lp in before + blocks + [col_tiles] + after + [row_tiles] if lp]
+        work = math.prod(size(d) for d in stage.loop_dims)
+        parallel = self.parallel_loop(stage.name, [lp for lp in outer if lp != reduce_outer], work) \
+            if self.choices.threads else None
+        if parallel and parallel not in (row_blocks, row_tiles):
+            outer = [parallel] + [lp for lp in outer if lp != parallel]
+            self.note(stage.name, f"parallel {parallel} outermost: one parallel region per call (the packed "
+                                  f"panels it encloses are made by each thread)")
         order = outer + [reduce_inner] + rest + [rows, vectors, lanes]
         self.reorder(stage.name, [lp for lp in order if lp])
         self.note(stage.name, f"loops: {found.col} tiles outside {found.row} tiles, so each {tile.columns}-column "
@@ -187,10 +194,11 @@ class Builder:
             if loop:
                 self.schedule = self.schedule.annotate(stage.name, loop, annotation)
         if self.choices.pack and (row_blocks or row_tiles) and self.packing_pays(stage, found, itemsize):
-            self.pack(stage, found, [lp for lp in before + blocks + [col_tiles] if lp], reductions)
-        if self.choices.threads:
-            work = math.prod(size(d) for d in stage.loop_dims)
-            self.threads(stage.name, [lp for lp in outer if lp and lp != reduce_outer], work)
+            enclosing = set(before + blocks + [col_tiles])
+            depth = max((i + 1 for i, lp in enumerate(outer) if lp in enclosing), default=0)
+            self.pack(stage, found, outer[:depth], reductions)
+        if parallel:
+            self.schedule = self.schedule.annotate(stage.name, parallel, "parallel")
 
     def l2_block(self, stage: str, dim: str, kc: int, itemsize: int, multiple: int, operand: str):
         """Block `dim` (by a multiple of the tile) so that the kc-long slices of `operand` along it
@@ -243,14 +251,20 @@ class Builder:
         if len(order) > 1:
             self.schedule = self.schedule.reorder(stage, *order)
 
-    def threads(self, stage: str, candidates: list[str], work: int):
-        """Run the outermost candidate loop with enough iterations for the cores on threads."""
+    def parallel_loop(self, stage: str, candidates: list[str], work: int) -> str | None:
+        """The outermost candidate loop with enough iterations for the cores, or None."""
         extents = {lp.name: lp.extent for lp in self.schedule.of(stage).loops}
         for loop in candidates:
             if model.worth_threads(self.target, extents[loop], work):
-                self.schedule = self.schedule.annotate(stage, loop, "parallel")
                 self.note(stage, f"parallel {loop}: {extents[loop]} iterations for {self.target.cores} cores")
-                return
+                return loop
+        return None
+
+    def threads(self, stage: str, candidates: list[str], work: int):
+        """Run the outermost candidate loop with enough iterations for the cores on threads."""
+        loop = self.parallel_loop(stage, candidates, work)
+        if loop:
+            self.schedule = self.schedule.annotate(stage, loop, "parallel")
 
 
 def covering_depth(loop_dims: list[str], dims: tuple[str, ...]) -> int | None:
