@@ -115,7 +115,7 @@ def write_json(path: Path, rows, compile_info, args, seconds: float) -> None:
 
 
 def bar_chart(path: Path, rows) -> None:
-    """Bars of the ratio per workload and thread count, default and best side by side (log scale)."""
+    """Bars of the ratio per workload and thread count, default, auto and best side by side (log scale)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -123,7 +123,7 @@ def bar_chart(path: Path, rows) -> None:
     groups = list(dict.fromkeys((r.title, r.threads) for r in rows))
     by_key = {(r.title, r.threads, r.variant): r for r in rows}
     fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(groups) + 2), 5))
-    width, labelled = 0.4, set()
+    width, labelled = 0.27, set()
 
     def label(name):
         """Each legend entry once."""
@@ -132,7 +132,7 @@ def bar_chart(path: Path, rows) -> None:
         labelled.add(name)
         return name
 
-    for offset, variant, color in ((-width / 2, "default", "#9aa5b1"), (width / 2, "best", "#2f6fb0")):
+    for offset, variant, color in ((-width, "default", "#9aa5b1"), (0.0, "auto", "#6fb06f"), (width, "best", "#2f6fb0")):
         for i, (title, threads) in enumerate(groups):
             r = by_key.get((title, threads, variant))
             x = i + offset

@@ -1,4 +1,7 @@
-"""The suite driver: build, check and time every workload × threads × {default, best} schedule."""
+"""The suite driver: build, check and time every workload × threads × {default, auto, best} schedule.
+
+default: the plain loop tree; auto: the automatic schedule for this machine (no tuning); best: the
+hand-written schedule in bench/schedules (written for an AVX-512 CPU)."""
 from __future__ import annotations
 
 import argparse
@@ -25,6 +28,7 @@ HERE = Path(__file__).resolve().parent
 SCHEDULES = HERE / "schedules"
 RESULTS = HERE / "results"
 TOLERANCE = 1e-5
+VARIANTS = ("default", "auto", "best")
 
 
 @dataclass
@@ -34,7 +38,7 @@ class Row:
     workload: str
     title: str
     threads: int
-    variant: str                    # "default" or "best"
+    variant: str                    # "default", "auto" or "best"
     status: str = "ok"              # ok, FAILED (wrong numbers or crash), skipped
     ours_ms: float | None = None
     base_ms: float | None = None
@@ -87,15 +91,20 @@ def run_one(workload: Workload, inputs, ref, threads: int, variant: str, args) -
     base_threads = workload.baseline_threads(threads)
     row = Row(workload.name, workload.title, threads, variant, baseline_threads=base_threads,
               target=workload.target if variant == "best" and threads in workload.target_threads else None)
-    schedule = None
+    lt.set_num_threads(threads)
+    tensor = workload.build(inputs)
     if variant == "best":
         schedule, source = schedule_text(workload, threads, Path(args.schedules))
         if schedule is None:
             row.status, row.note = "skipped", source
             return row
         row.note = source
-    lt.set_num_threads(threads)
-    tensor = workload.build(inputs)
+    elif variant == "auto":
+        start = time.perf_counter()
+        schedule = lt.auto_schedule(tensor)
+        row.note = f"chosen in {time.perf_counter() - start:.2f} s"
+    else:
+        schedule = tensor.loop_tree()
     try:
         kernel = tensor.compile(schedule)
     except Exception as err:     # a schedule that does not apply, is illegal, or crashes the compiler
@@ -185,7 +194,7 @@ def parse_args(argv=None):
                    help="in multi-thread rows, before each timed call wait for the previous call's threads "
                         "(OpenBLAS workers spin after returning) to stop using CPU")
     p.add_argument("--threads", help="comma-separated thread counts to run (default: each workload's own)")
-    p.add_argument("--variant", choices=("default", "best"), help="run only this variant")
+    p.add_argument("--variant", choices=VARIANTS, help="run only this variant")
     p.add_argument("--quick", action="store_true", help="smoke run: few repetitions, one warm-up")
     p.add_argument("--schedules", default=str(SCHEDULES), help="directory of the best schedules (<workload>.json)")
     p.add_argument("--out", default=str(RESULTS), help="directory for latest.{md,json,png}")
@@ -204,7 +213,7 @@ def main(argv=None) -> int:
     faulthandler.enable()
     args = parse_args(argv)
     thread_filter = {int(t) for t in args.threads.split(",")} if args.threads else None
-    variants = [args.variant] if args.variant else ["default", "best"]
+    variants = [args.variant] if args.variant else list(VARIANTS)
     rows: list[Row] = []
     start = time.time()
     for workload in select(args.only):

@@ -26,9 +26,9 @@ import numpy as np
 from . import ir, runtime
 from .analysis import legality
 from .codegen import cpu as codegen_cpu
-from .errors import ArtifactError
 from .codegen import threadpool as codegen_threadpool
-from .runtime import threadpool, tuning_db
+from .errors import ArtifactError
+from .runtime import threadpool
 from .version import __version__
 
 FORMAT_VERSION = 2   # 2: the thread pool in pool.o, not kernel.o; manifest.json carries its own SHA-256
@@ -40,14 +40,14 @@ BITS_NOTE = {"float16": ", IEEE binary16 bits", "bfloat16": ", bfloat16 bits (th
 
 def export(tensor, path, schedule=None, *, input_names=None, tuning: dict | None = None) -> Path:
     """Write the compiled kernel of `tensor` under `schedule` (default: the tuned one, else the
-    default schedule) as an artifact directory at `path`; return the path.
+    automatic one) as an artifact directory at `path`; return the path.
 
     `input_names` names the inputs (in the order they first appear in the computation)
     for calling the loaded kernel by keyword; `tuning` is stored as the tuning result."""
     program, _ = runtime.lower_on_host(tensor.node)
     target = codegen_cpu.HostTarget.get()
     if schedule is None:
-        schedule = tuning_db.lookup(program, target.name)
+        schedule = runtime.chosen_schedule(program)
     tree = runtime.loop_tree_of(tensor.node, schedule)
     if tree.schedule.steps:
         legality.assert_legal(tree)

@@ -293,7 +293,7 @@ def _first_legal(candidates: list[Candidate], order, count: int) -> list[int]:
     for i in order:
         if len(picked) == count:
             break
-        if space.check(candidates[i].tree)[0]:
+        if candidates[i].tree.check()[0]:
             picked.append(i)
     return picked
 

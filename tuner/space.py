@@ -28,21 +28,6 @@ class InvalidDraw(ValueError):
     """A drawn combination of transforms that the schedule API refused."""
 
 
-_VERDICTS: dict[tuple, tuple[bool, str]] = {}
-VERDICTS_KEPT = 4096
-
-
-def check(tree: LoopTree) -> tuple[bool, str]:
-    """`tree.check()`, remembered per program and schedule in this process: the cost-model sampler
-    checks the schedules it hands out, and the objective's check of them is then free."""
-    key = (tree.program, tree.schedule.to_json())
-    if key not in _VERDICTS:
-        if len(_VERDICTS) >= VERDICTS_KEPT:
-            _VERDICTS.clear()
-        _VERDICTS[key] = tree.check()
-    return _VERDICTS[key]
-
-
 def sample(trial: optuna.Trial, tree: LoopTree, threads: int = 1) -> LoopTree:
     """Draw one schedule for `tree` (illegal ones are possible: the caller checks them)."""
     placed: set[str] = set()

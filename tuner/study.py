@@ -1,7 +1,8 @@
 """Tuning a computation with Optuna: studies, trials, persistence and the result.
 
-`tune(tensor)` derives the search space from the tensor's loop tree, measures
-every legal drawn schedule in an isolated worker, and records the best schedule
+`tune(tensor)` derives the search space from the tensor's loop tree, starts a new
+study from the automatic schedule for this CPU, measures every legal drawn
+schedule in an isolated worker, and records the best schedule
 in looptool's tuning database so later `.numpy()` calls use it.  Studies live in
 any Optuna storage; the embedded default is the SQLite file
 `~/.cache/looptool/studies.sqlite` (or `$LOOPTOOL_STORAGE`).  `trials` is the
@@ -22,6 +23,8 @@ from pathlib import Path
 import optuna
 
 from looptool import ir
+from looptool.analysis.target import host
+from looptool.autoschedule import auto_tree
 from looptool.codegen import cpu as codegen_cpu
 from looptool.runtime import gpu as runtime_gpu
 from looptool.runtime import tuning_db
@@ -33,6 +36,10 @@ from .worker import MeasureError, Measurer
 log = logging.getLogger("looptool.tuner")
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
+
+
+# The user attribute of a study's first trial that holds the automatic schedule it measures.
+AUTOMATIC = "automatic_schedule"
 
 
 class TrialFailed(RuntimeError):
@@ -140,6 +147,9 @@ class Objective:
         self.tree, self.measurer, self.threads, self.inject_crash_at = tree, measurer, threads, inject_crash_at
 
     def draw(self, trial: optuna.Trial) -> LoopTree:
+        if AUTOMATIC in trial.user_attrs:
+            program = self.tree.program
+            return LoopTree(program, Schedule.from_json(trial.user_attrs[AUTOMATIC], program))
         return draw_schedule(trial, self.tree, self.threads, self.measurer.device)
 
     def __call__(self, trial: optuna.Trial) -> float:
@@ -149,7 +159,7 @@ class Objective:
         except space.InvalidDraw as err:
             trial.set_user_attr("rejected", f"invalid transform: {err}")
             raise optuna.TrialPruned(str(err)) from None
-        legal, reason = space.check(tree)
+        legal, reason = tree.check()   # remembered: the sampler checked it when drawing
         trial.set_user_attr("schedule", tree.schedule.to_json())
         if not legal:
             trial.set_user_attr("rejected", reason)
@@ -213,6 +223,8 @@ def tune(tensor, trials: int = 100, timeout: float | None = None, storage: str |
     study = optuna.create_study(study_name=name, storage=make_storage(storage_url), direction="minimize",
                                 load_if_exists=True)
     _describe_workload(study, program, target_name(device))
+    if device == "cpu" and not study.trials:
+        start_from_automatic(study, program, threads)
     default_seconds = _default_seconds(study, node, threads, repeats, device)
     args = (node, storage_url, name, trials, timeout, sampler, seed, threads, repeats, device, transfer)
     helpers = [mp.get_context("spawn").Process(target=_run_trials, args=args[:6] + (
@@ -232,6 +244,14 @@ def _describe_workload(study: optuna.Study, program: ir.Program, target: str):
     for key, value in described.items():
         if study.user_attrs.get(key) != value:
             study.set_user_attr(key, value)
+
+
+def start_from_automatic(study: optuna.Study, program: ir.Program, threads: int) -> None:
+    """Queue the automatic schedule for this CPU as the study's first trial.  It is made of steps the
+    space's parameters cannot spell (register tile, cache blocks and packing as the target gives
+    them), so the trial carries it as a user attribute and draws no parameters."""
+    automatic = auto_tree(program, host().with_cores(threads)).schedule.to_json()
+    study.enqueue_trial({}, user_attrs={AUTOMATIC: automatic})
 
 
 def _default_seconds(study: optuna.Study, node, threads: int, repeats: int, device: str) -> float:

@@ -82,8 +82,30 @@ def check(tree: LoopTree) -> tuple[bool, str]:
     return True, "legal"
 
 
+# Verdicts by program and per-stage loops (what the tree is made of), so a tree checked when it was
+# chosen (by the automatic scheduler or the tuner's sampler) is not checked again when it is
+# measured or compiled; the oldest are forgotten past VERDICTS_KEPT.
+VERDICTS_KEPT = 4096
+_VERDICTS: dict = {}
+
+
 def assert_legal(tree: LoopTree) -> None:
     """Raise IllegalScheduleError naming the broken dependence, or return for a legal tree."""
+    key = (tree.program, tree.schedule.stages)
+    if key not in _VERDICTS:
+        try:
+            _prove(tree)
+            verdict = None
+        except IllegalScheduleError as err:
+            verdict = str(err)
+        if len(_VERDICTS) >= VERDICTS_KEPT:
+            _VERDICTS.pop(next(iter(_VERDICTS)))
+        _VERDICTS[key] = verdict
+    if _VERDICTS[key] is not None:
+        raise IllegalScheduleError(_VERDICTS[key])
+
+
+def _prove(tree: LoopTree) -> None:
     _check_structure(tree)
     tensor_tiles(tree)
     original = {(s.node.stage.name, s.node.kind): s for s in _statements(LoopTree(tree.program))}

@@ -98,8 +98,8 @@ class CpuFunctionBuilder(FunctionBuilder):
 
     def parallel(self, node: LoopNode, env: dict, count: llir.Value):
         """Outline the loop into body(noalias buffers..., outer loop values..., start, end) and run
-        chunks of its range on threads through a (ctx, start, end) wrapper; the buffers placed at
-        the loop are allocated in the body, so each thread has its own."""
+        chunks of its range on threads through a (ctx, start, end) wrapper.  Buffers placed at the
+        loop are allocated in the body, one per thread, as the legality check assumes."""
         module = self.fn.module
         pointers, values = list(self.pointers.items()), list(env.items())
         name = f"{self.fn.name}.{node.loop.name}.par{len(module.globals)}"
@@ -129,6 +129,7 @@ class CpuFunctionBuilder(FunctionBuilder):
         start, end = body_fn.args[-2:]
         lp = node.loop
         inner.full = set(self.full)
+        inner.allocate_placed(node)
         inner.counted_loop(start, end, lambda i: inner.loop_body(node, {**inner_env, lp.name: i}), lp.name)
         inner.finish()
 

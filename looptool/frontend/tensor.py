@@ -221,7 +221,8 @@ class Tensor:
     def numpy(self, schedule=None) -> np.ndarray:
         """Compile (or fetch from the cache) and run the computation; axes follow `.dims`.
 
-        `schedule` may be a LoopTree, a Schedule or its JSON text; None means the default."""
+        `schedule` may be a LoopTree, a Schedule or its JSON text; None means the tuned schedule
+        stored for this workload, else the automatic one for this CPU."""
         return BACKEND.get().evaluate(self.node, schedule)
 
     def cuda(self, schedule=None):
@@ -235,7 +236,8 @@ class Tensor:
         return BACKEND.get().loop_tree_of(self.node, schedule)
 
     def compile(self, schedule=None):
-        """The compiled kernel (with .llvm_ir, .assembly and .loop_tree) for this computation."""
+        """The compiled kernel (with .llvm_ir, .assembly and .loop_tree) for this computation, under
+        `schedule` (None: the tuned one, else the automatic one, as for `numpy`)."""
         return BACKEND.get().kernel_for(self.node, schedule)
 
 

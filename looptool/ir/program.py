@@ -194,6 +194,13 @@ class Program:
                 return buf.shape
         return tuple(self.size(d) for d in self.stage(name).dims)
 
+    def buffer_dims(self, name: str) -> tuple[str, ...]:
+        """The dims of an input or of a stage's result."""
+        for buf in self.inputs:
+            if buf.name == name:
+                return buf.dims
+        return self.stage(name).dims
+
     def readers(self, buffer: str) -> list[Stage]:
         """Stages whose expression loads `buffer`."""
         return [st for st in self.stages if buffer in loaded_buffers(st.expr)]

@@ -10,6 +10,8 @@ import llvmlite.binding as llvm
 import numpy as np
 
 from .. import ir
+from ..analysis import target as target_model
+from ..autoschedule import auto_tree
 from ..codegen import cpu as codegen_cpu
 from ..frontend import graph
 from ..schedule import LoopTree
@@ -144,18 +146,45 @@ def loop_tree_of(node: graph.Node, schedule=None) -> LoopTree:
     return LoopTree(program, resolve_schedule(program, schedule))
 
 
+_AUTO: dict[tuple[ir.Program, int], LoopTree] = {}
+
+
+def auto_schedule(tensor) -> LoopTree:
+    """The automatic schedule of a tensor's computation for this CPU and `get_num_threads()` threads,
+    as a loop tree (`explain()` says why); chosen once per computation and thread count."""
+    program, _ = lower_on_host(tensor.node)
+    return automatic_tree(program)
+
+
+def automatic_tree(program: ir.Program) -> LoopTree:
+    """The memoized automatic loop tree of a program for this CPU and the current thread count."""
+    key = (program, _THREADS[0])
+    if key not in _AUTO:
+        _AUTO[key] = auto_tree(program, target_model.host().with_cores(_THREADS[0]))
+    return _AUTO[key]
+
+
+def chosen_schedule(program: ir.Program):
+    """What runs when no schedule is given: the tuned schedule stored for this workload and CPU,
+    else the automatic one."""
+    tuned = tuning_db.lookup(program, codegen_cpu.HostTarget.get().name)
+    return tuned if tuned is not None else automatic_tree(program).schedule
+
+
 def kernel_for(node: graph.Node, schedule=None) -> Kernel:
-    """The compiled kernel for a graph, from the cache when it was built before."""
-    return CACHE.get(loop_tree_of(node, schedule))
+    """The compiled kernel for a graph (no schedule: `chosen_schedule`), from the cache when it was built before."""
+    program, _ = lower_on_host(node)
+    schedule = chosen_schedule(program) if schedule is None else schedule
+    return CACHE.get(LoopTree(program, resolve_schedule(program, schedule)))
 
 
 def evaluate(node: graph.Node, schedule=None) -> np.ndarray:
     """Compile (cached) and run a graph; the result's axes follow the graph's dims.
 
-    With no schedule given, a schedule the tuner stored for this workload is used."""
+    With no schedule given, the tuned schedule stored for this workload is used, else the automatic one."""
     program, arrays = lower_on_host(node)
     if schedule is None:
-        schedule = tuning_db.lookup(program, codegen_cpu.HostTarget.get().name)
+        schedule = chosen_schedule(program)
     kernel = CACHE.get_for(program, schedule_steps(schedule),
                            lambda: LoopTree(program, resolve_schedule(program, schedule)))
     return kernel(arrays)

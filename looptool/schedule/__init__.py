@@ -1,7 +1,8 @@
 """The schedule layer: schedules as data (steps.py), the loop tree they give (looptree.py), printing."""
-from .looptree import LEGALITY, BufferPlan, Limit, LoopNode, LoopTree, StmtNode, accesses, thread_bound, walk
+from .looptree import (AUTOSCHEDULE, LEGALITY, BufferPlan, Limit, LoopNode, LoopTree, StmtNode, accesses,
+                       thread_bound, walk)
 from .steps import ANNOTATIONS, GPU_AXES, TENSOR_INSTRUCTIONS, Loop, Schedule, Tail, pipeline_depth, tensor_role
 
-__all__ = ["LEGALITY", "BufferPlan", "Limit", "LoopNode", "LoopTree", "StmtNode", "accesses", "thread_bound",
-           "walk", "ANNOTATIONS", "GPU_AXES", "TENSOR_INSTRUCTIONS", "Loop", "Schedule", "Tail", "pipeline_depth",
-           "tensor_role"]
+__all__ = ["AUTOSCHEDULE", "LEGALITY", "BufferPlan", "Limit", "LoopNode", "LoopTree", "StmtNode", "accesses",
+           "thread_bound", "walk", "ANNOTATIONS", "GPU_AXES", "TENSOR_INSTRUCTIONS", "Loop", "Schedule", "Tail",
+           "pipeline_depth", "tensor_role"]

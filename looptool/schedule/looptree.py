@@ -18,6 +18,7 @@ from .printing import buffer_text, loop_text, stmt_text
 from .steps import GPU_AXES, Loop, Schedule, Tail, pipeline_annotation
 
 LEGALITY = Hook("the legality check (LoopTree.check, assert_legal)", "looptool.analysis")
+AUTOSCHEDULE = Hook("the automatic scheduler (LoopTree.auto)", "looptool.autoschedule")
 
 
 
@@ -101,8 +102,9 @@ class ThreadSlice:
 class LoopTree:
     """A program under a schedule: inspect it with str(), reshape it with the transform methods."""
 
-    def __init__(self, program: Program, schedule: Schedule | None = None):
+    def __init__(self, program: Program, schedule: Schedule | None = None, reasons: tuple[str, ...] = ()):
         self.schedule = schedule or Schedule.default(program)
+        self.reasons = reasons
         self.program = self.schedule.program
         self.buffers = _plan_buffers(self.program, self.schedule)
         self.local_buffers: dict[int, list[BufferPlan]] = {}
@@ -259,6 +261,17 @@ class LoopTree:
     def assert_legal(self) -> None:
         """Raise IllegalScheduleError (a ValueError) naming the dependence this schedule breaks."""
         LEGALITY.get().assert_legal(self)
+
+    def auto(self) -> "LoopTree":
+        """The automatic schedule of this tree's computation for this CPU (any reshaping of this
+        tree is replaced); `explain()` on the result says why each choice was made."""
+        return AUTOSCHEDULE.get().auto_tree(self.program)
+
+    def explain(self) -> str:
+        """One line per choice the automatic scheduler made for this tree, with its reason."""
+        if not self.reasons:
+            return "no automatic choices: this tree was not made by auto() (or was reshaped since)"
+        return "\n".join(self.reasons)
 
     # Printing --------------------------------------------------------------------
     def __str__(self):

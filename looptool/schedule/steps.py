@@ -256,7 +256,7 @@ class Schedule:
         loads = [ld for ld in ir.loads(consumer.expr) if ld.buffer == buffer]
         if not loads:
             raise ValueError(f"cannot cache {buffer} in stage {stage}: the stage does not read it")
-        dims = _buffer_dims(self.program, buffer)
+        dims = self.program.buffer_dims(buffer)
         order = tuple(order) if order else dims
         if sorted(order) != sorted(dims):
             raise ValueError(f"cache of {buffer}: order {order} must list its dims {dims}")
@@ -353,13 +353,6 @@ def _split_tail(tail: Tail, name: str, outer: str, inner: str, factor: int) -> T
 
 def _default_stage(program: Program, stage: ir.Stage) -> StageSchedule:
     return StageSchedule(tuple(Loop(d, d, program.size(d), 1) for d in stage.loop_dims))
-
-
-def _buffer_dims(program: Program, buffer: str) -> tuple[str, ...]:
-    for buf in program.inputs:
-        if buf.name == buffer:
-            return buf.dims
-    return program.stage(buffer).dims
 
 
 def _redirect(expr: ir.Expr, buffer: str, copy: str, dims: tuple[str, ...], order: tuple[str, ...]) -> ir.Expr:

@@ -19,6 +19,7 @@ LAYERS = (
     ("looptool.ir",),
     ("looptool.schedule",),
     ("looptool.analysis",),
+    ("looptool.autoschedule",),
     ("looptool.codegen",),
     ("looptool.runtime",),
     ("looptool.export",),

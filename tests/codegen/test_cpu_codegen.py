@@ -72,7 +72,8 @@ def test_buffer_placed_at_a_parallel_loop_is_private_to_each_thread(rng):
     """t0 = a @ b placed inside the parallel loop m of relu(t0 + bias): each thread needs its own
     tile of t0.  The brute-force oracle (tests/analysis/oracle.py) found that the tile was
     allocated once, outside the threads, so they overwrote each other's rows (5 wrong results
-    in 20 runs at 64x300x64); it is now allocated in the outlined loop body."""
+    in 20 runs at 64x300x64); it is now allocated in the outlined loop body (the automatic
+    scheduler's packed panels hit the same bug with two threads)."""
     case = matmul_bias_relu(rng, 64, 300, 64, np.float64)
     t = case.make()
     tree = apply_steps(t.loop_tree(), [("place", "t0", "t1", 1), ("parallel", "m", {"stage": "t1"})])

@@ -135,6 +135,18 @@ def test_tune_end_to_end_records_trials_and_the_tuning_db(matmul_study, tmp_path
     assert err < TOL
 
 
+def test_a_new_study_starts_from_the_automatic_schedule(matmul_study):
+    """Trial 0 measures the automatic schedule for this CPU (it draws no parameters of the space)."""
+    from looptool.analysis.target import host
+    from looptool.autoschedule import auto_tree
+    program, _ = ir.lower(matmul_study.case.tensor.node)
+    first = matmul_study.study().trials[0]
+    automatic = auto_tree(program, host().with_cores(1)).schedule.to_json()
+    assert first.state == optuna.trial.TrialState.COMPLETE and first.params == {}
+    assert first.user_attrs["automatic_schedule"] == first.user_attrs["schedule"] == automatic
+    assert rel_err(matmul_study.case.tensor.numpy(automatic), matmul_study.case.reference) < TOL
+
+
 def test_tune_on_a_full_study_adds_no_trials(matmul_study):
     """`trials` is the size the study should reach: asking again for 8 measures nothing new."""
     with pytest.MonkeyPatch.context() as mp:

@@ -1,0 +1,99 @@
+"""The analytical model: register tiles, cache blocks, vector widths and thread counts, from the
+target's facts alone (after Low et al. 2016, "Analytical Modeling Is Enough for High-Performance
+BLIS").  Nothing here knows a CPU by name; every figure comes from a `Target`."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..analysis.target import Target
+
+# Independent vectors in flight in a loop with no reuse: an add or FMA has a latency of about
+# four issue slots on current x86 and Arm cores, so four accumulators (or four loads) keep a
+# pipe busy.  A fact of pipelines in general, the same for every target the model sees.
+INDEPENDENT_VECTORS = 4
+# A thread start and join costs about as much as this many simple loop iterations; a parallel
+# loop must give every thread at least this much work.
+WORK_PER_THREAD = 1 << 16
+# A parallel loop whose iterations do not divide among the cores leaves some idle at its end; it is
+# used only when at least this share of the cores' time is busy.
+THREAD_EFFICIENCY = 0.9
+# Caches hold the blocks a loop nest re-reads only if they leave room for what streams past:
+# blocks are sized to half of the cache level they live in.
+CACHE_SHARE = 2
+
+
+@dataclass(frozen=True)
+class RegisterTile:
+    """`rows` x `vectors` vectors of `lanes` accumulators, in registers across the reduction."""
+
+    rows: int
+    vectors: int
+    lanes: int
+
+    @property
+    def columns(self) -> int:
+        return self.vectors * self.lanes
+
+    @property
+    def registers(self) -> int:
+        """Accumulators, one register per loaded vector of the reused operand, one broadcast."""
+        return self.rows * self.vectors + self.vectors + 1
+
+    def reason(self, target: Target) -> str:
+        return (f"register tile {self.rows}x{self.columns}: {self.rows * self.vectors} accumulators of "
+                f"{self.lanes} lanes + {self.vectors} operand vectors + 1 broadcast = {self.registers} "
+                f"of {target.vector_registers} registers; {self.rows + self.vectors} loads per "
+                f"{self.rows * self.vectors} FMAs")
+
+
+def register_tile(target: Target, lanes: int, rows: int, columns: int) -> RegisterTile:
+    """The tile that fits the register file with the fewest loads per FMA, counting the work
+    wasted in partial tiles at the edges of `rows` x `columns` (BLIS: mr x nr with
+    mr*nr/lanes + nr/lanes + 1 <= registers)."""
+    best, best_cost = RegisterTile(1, 1, lanes), float("inf")
+    for mr in range(1, min(rows, target.vector_registers) + 1):
+        for nv in range(1, -(-columns // lanes) + 1):
+            tile = RegisterTile(mr, nv, lanes)
+            if tile.registers > target.vector_registers:
+                break
+            loads_per_fma = (mr + nv) / (mr * nv)
+            used = (rows / (-(-rows // mr) * mr)) * (columns / (-(-columns // tile.columns) * tile.columns))
+            cost = loads_per_fma / used
+            if cost < best_cost - 1e-12:
+                best, best_cost = tile, cost
+    return best
+
+
+def balanced(extent: int, most: int, multiple: int = 1) -> int:
+    """A block of at most about `most` (a multiple of `multiple`) that splits `extent` into equal blocks."""
+    most = max(multiple, most // multiple * multiple)
+    size = -(-extent // -(-extent // most))
+    return min(-(-size // multiple) * multiple, extent)
+
+
+def reduction_block(target: Target, tile: RegisterTile, itemsize: int) -> int:
+    """kc: the reduction length whose slice of the broadcast operand (rows x kc) and of one reused
+    micro-panel (kc x columns) fit in the share of L1 the model allows."""
+    return max(1, target.l1 // CACHE_SHARE // ((tile.rows + tile.columns) * itemsize))
+
+
+def l2_block(target: Target, kc: int, itemsize: int) -> int:
+    """nc or mc: how many kc-long slices of an operand (a kc x nc panel of the reused one, an
+    mc x kc block of the broadcast one) fit in the share of L2 the model allows."""
+    return max(1, target.l2 // CACHE_SHARE // (kc * itemsize))
+
+
+def vector_width(target: Target, dtype: str, extent: int) -> int:
+    """Lanes of one vectorized loop with no register reuse: INDEPENDENT_VECTORS vectors, no wider
+    than the loop (a short loop is one short vector)."""
+    lanes = target.lanes(dtype)
+    if extent <= lanes:
+        return extent
+    return min(lanes * INDEPENDENT_VECTORS, extent // lanes * lanes)
+
+
+def worth_threads(target: Target, iterations: int, work: int) -> bool:
+    """Whether a loop of `iterations` over `work` scalar iterations in all should run on the cores."""
+    if target.cores < 2 or iterations < target.cores or work < WORK_PER_THREAD * target.cores:
+        return False
+    return iterations / (-(-iterations // target.cores) * target.cores) >= THREAD_EFFICIENCY

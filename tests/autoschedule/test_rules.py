@@ -1,0 +1,104 @@
+"""The rules, from the target's facts: register tiles fit the register file, blocks fit the caches,
+threads only where there is work for them, and every choice is explained; refused choices fall back."""
+import logging
+
+import numpy as np
+import pytest
+
+import looptool as lt
+from looptool.analysis.target import Target
+from looptool.autoschedule import auto_tree, model
+from looptool.runtime import lower_on_host
+from looptool.schedule import LoopTree
+from tests.helpers import assert_close
+
+
+def fake(registers=16, bits=256, cores=1, l1=32 * 1024, l2=512 * 1024):
+    return Target("x86_64", bits, registers, True, l1, l2, 32 << 20, cores)
+
+
+def matmul_program(m=200, k=300, n=500):
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32)
+    s = lt.symbols("m k n")
+    c = (lt.Tensor(a).to(s.m, s.k) * lt.Tensor(b).to(s.k, s.n)).sum(s.k)
+    return c, lower_on_host(c.node)[0], a.astype(np.float64) @ b
+
+
+def unrolled_extents(tree):
+    loops = tree.schedule.of("t0").loops
+    return [lp.extent for lp in loops if lp.annotation == "unroll"], [lp.extent for lp in loops
+                                                                      if lp.annotation == "vectorize"]
+
+
+def test_sixteen_or_thirty_two_registers_change_the_register_tile():
+    _, program, _ = matmul_program()
+    avx2 = auto_tree(program, fake(16, 256))
+    avx512 = auto_tree(program, fake(32, 512))
+    assert unrolled_extents(avx2) == ([4, 3], [8])           # 4 rows x 3 vectors of 8 lanes
+    rows, vectors = unrolled_extents(avx512)[0]
+    assert unrolled_extents(avx512)[1] == [16] and rows * vectors > 12
+    assert rows * vectors + vectors + 1 <= 32
+    assert "register tile 4x24: 12 accumulators of 8 lanes + 3 operand vectors + 1 broadcast = 16 of 16" \
+        in avx2.explain()
+
+
+@pytest.mark.parametrize("registers", [8, 16, 32])
+def test_every_register_tile_fits_the_register_file(registers):
+    for rows, columns in [(200, 500), (6, 7), (1000, 16), (3, 1000)]:
+        tile = model.register_tile(fake(registers), 8, rows, columns)
+        assert tile.registers <= registers and tile.rows <= rows
+
+
+def test_blocks_follow_the_cache_sizes():
+    _, program, _ = matmul_program(256, 1024, 1024)
+    small = auto_tree(program, fake(l1=8 * 1024, l2=64 * 1024)).schedule.of("t0").loops
+    large = auto_tree(program, fake(l1=64 * 1024, l2=2048 * 1024)).schedule.of("t0").loops
+    k_block = {lp.name: lp.extent for lp in small}["k.1"], {lp.name: lp.extent for lp in large}["k.1"]
+    assert k_block[0] < k_block[1]
+
+
+def test_threads_only_with_several_cores_and_enough_work():
+    _, program, _ = matmul_program()
+    annotations = lambda tree: [lp.annotation for lp in tree.schedule.of("t0").loops]  # noqa: E731
+    assert "parallel" not in annotations(auto_tree(program, fake(cores=1)))
+    assert "parallel" in annotations(auto_tree(program, fake(cores=4)))
+    _, tiny, _ = matmul_program(8, 8, 8)
+    assert "parallel" not in annotations(auto_tree(tiny, fake(cores=4)))
+
+
+def test_a_refused_choice_falls_back_and_says_so_at_debug_level(monkeypatch, caplog):
+    """Threads refused (as if isl had found a race): the schedule without them is used, and logged."""
+    c, program, ref = matmul_program(64, 64, 64)
+    real_check = LoopTree.check
+
+    def no_threads(tree):
+        if any(lp.annotation == "parallel" for _, sched in tree.schedule.stages for lp in sched.loops):
+            return False, "made-up race for the test"
+        return real_check(tree)
+    monkeypatch.setattr(LoopTree, "check", no_threads)
+    with caplog.at_level(logging.DEBUG, logger="looptool"):
+        tree = auto_tree(program, fake(cores=4))
+    assert "made-up race for the test" in caplog.text
+    assert "fell back to a schedule without threads" in tree.explain()
+    assert not any(lp.annotation == "parallel" for lp in tree.schedule.of("t0").loops)
+    monkeypatch.undo()
+    assert_close(c.numpy(tree), ref, 1e-5)
+
+
+def test_auto_from_a_tree_replaces_its_reshaping_and_explains_it():
+    c, _, _ = matmul_program(32, 16, 40)
+    reshaped = c.loop_tree().split("m", 4)
+    assert "not made by auto()" in reshaped.explain()
+    tree = reshaped.auto()
+    assert tree.schedule.steps and tree.explain().count("\n") >= 2
+    assert "register tile" in tree.explain()
+
+
+def test_numpy_compile_and_export_use_the_automatic_schedule_and_loop_tree_stays_default(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOOPTOOL_TUNING_DB", "")
+    c, _, ref = matmul_program(24, 20, 28)
+    assert c.loop_tree().schedule.steps == ()
+    automatic = lt.auto_schedule(c)
+    assert c.compile().tree.schedule.steps == automatic.schedule.steps
+    assert_close(c.numpy(), ref, 1e-5)
