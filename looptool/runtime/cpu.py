@@ -174,8 +174,7 @@ def chosen_schedule(program: ir.Program):
 def kernel_for(node: graph.Node, schedule=None) -> Kernel:
     """The compiled kernel for a graph (no schedule: `chosen_schedule`), from the cache when it was built before."""
     program, _ = lower_on_host(node)
-    schedule = chosen_schedule(program) if schedule is None else schedule
-    return CACHE.get(LoopTree(program, resolve_schedule(program, schedule)))
+    return _cached_kernel(program, schedule)
 
 
 def evaluate(node: graph.Node, schedule=None) -> np.ndarray:
@@ -183,11 +182,15 @@ def evaluate(node: graph.Node, schedule=None) -> np.ndarray:
 
     With no schedule given, the tuned schedule stored for this workload is used, else the automatic one."""
     program, arrays = lower_on_host(node)
+    return _cached_kernel(program, schedule)(arrays)
+
+
+def _cached_kernel(program: ir.Program, schedule) -> Kernel:
+    """The kernel of `program` under `schedule` (None: `chosen_schedule`); a cache hit builds no tree."""
     if schedule is None:
         schedule = chosen_schedule(program)
-    kernel = CACHE.get_for(program, schedule_steps(schedule),
-                           lambda: LoopTree(program, resolve_schedule(program, schedule)))
-    return kernel(arrays)
+    return CACHE.get_for(program, schedule_steps(schedule),
+                         lambda: LoopTree(program, resolve_schedule(program, schedule)))
 
 
 def interpret(tensor, schedule=None) -> np.ndarray:
