@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -37,30 +36,12 @@ MUTANTS_PER_PARENT = 16     # mutations of each of the best measured schedules p
 PARENTS = 4
 MIN_TRAINING = 4            # measured trials (own or transferred) before the model ranks anything
 NEAREST_SEEDS = 4           # best schedules of the nearest tuned shape tried first
-CACHE_SYSFS = Path("/sys/devices/system/cpu/cpu0/cache")
-DEFAULT_CACHE_BYTES = (32 << 10, 1 << 20, 32 << 20)
 COMPLETE = optuna.trial.TrialState.COMPLETE
-
-
-def host_cache_bytes() -> tuple[int, ...]:
-    """The data cache sizes of this CPU, smallest first (Linux sysfs; three typical sizes elsewhere)."""
-    sizes = {}
-    for index in sorted(CACHE_SYSFS.glob("index*")):
-        try:
-            kind = (index / "type").read_text().strip()
-            level = int((index / "level").read_text())
-            text = (index / "size").read_text().strip()
-        except OSError:
-            continue
-        if kind != "Instruction" and text.endswith("K"):
-            sizes[level] = int(text[:-1]) << 10
-    found = tuple(sizes[level] for level in sorted(sizes))
-    return found if len(found) == len(DEFAULT_CACHE_BYTES) else DEFAULT_CACHE_BYTES
 
 
 def describe(tree: LoopTree, threads: int) -> list[float]:
     """A schedule's feature vector for this host, as stored with each measured trial."""
-    return features.schedule_features(tree, host_cache_bytes(), threads).tolist()
+    return features.schedule_features(tree, threads=threads).tolist()
 
 
 def structure_key(program: ir.Program) -> str:

@@ -17,6 +17,7 @@ import numpy as np
 
 from .. import ir
 from ..schedule import LoopNode, LoopTree, accesses
+from .target import host
 
 FEATURE_VERSION = 1
 STATEMENTS = 4          # statements described, heaviest first
@@ -41,12 +42,12 @@ def feature_length(cache_levels: int = 3) -> int:
     return STATEMENTS * statement_width(cache_levels) + 6
 
 
-def schedule_features(tree: LoopTree, cache_bytes: tuple[int, ...] = (32 << 10, 1 << 20, 32 << 20),
-                      threads: int = 1) -> np.ndarray:
+def schedule_features(tree: LoopTree, cache_bytes: tuple[int, ...] | None = None, threads: int = 1) -> np.ndarray:
     """The fixed-length feature vector of `tree` (float64, `feature_length(len(cache_bytes))` long).
 
-    `cache_bytes` are the data cache sizes of the target, smallest first; `threads` the cores a
-    parallel loop is shared over."""
+    `cache_bytes` are the data cache sizes of the target, smallest first (default: this machine's,
+    from the target model); `threads` the cores a parallel loop is shared over."""
+    cache_bytes = cache_bytes or host().cache_bytes
     described = sorted((_statement(tree, stmt, path, cache_bytes, threads) for stmt, path in tree.statements()),
                        key=lambda row: -row[0])
     width = statement_width(len(cache_bytes))

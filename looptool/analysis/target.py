@@ -41,6 +41,11 @@ class Target:
     l3: int
     cores: int
 
+    @property
+    def cache_bytes(self) -> tuple[int, int, int]:
+        """The data cache sizes, smallest first."""
+        return self.l1, self.l2, self.l3
+
     def lanes(self, dtype: str) -> int:
         """Elements of `dtype` in one vector register."""
         return max(1, self.vector_bits // (8 * np.dtype(dtype).itemsize))
