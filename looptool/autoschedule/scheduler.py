@@ -57,12 +57,12 @@ def auto_tree(program: Program, target: Target | None = None) -> LoopTree:
         except ValueError as err:
             log.debug("automatic schedule (%s) could not be built: %s", choices.describe(), err)
             continue
-        tree = LoopTree(program, schedule)
+        if choices != FALLBACKS[0]:
+            reasons.append(f"fell back to a schedule {choices.describe()}: richer ones were refused")
+        tree = LoopTree(program, schedule, tuple(reasons))
         legal, why = tree.check()
         if legal:
-            if choices != FALLBACKS[0]:
-                reasons.append(f"fell back to a schedule {choices.describe()}: richer ones were refused")
-            return LoopTree(program, schedule, tuple(reasons))
+            return tree
         log.debug("automatic schedule (%s) refused by the isl check: %s", choices.describe(), why)
     return LoopTree(program, None, (target.describe(), "default schedule: every automatic schedule was refused"))
 
