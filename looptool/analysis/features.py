@@ -42,7 +42,8 @@ def feature_length(cache_levels: int = 3) -> int:
     return STATEMENTS * statement_width(cache_levels) + 6
 
 
-def schedule_features(tree: LoopTree, cache_bytes: tuple[int, ...] | None = None, threads: int = 1) -> np.ndarray:
+def schedule_features(tree: LoopTree, cache_bytes: tuple[int, ...] | None = None,
+                      threads: int = 1) -> np.ndarray:
     """The fixed-length feature vector of `tree` (float64, `feature_length(len(cache_bytes))` long).
 
     `cache_bytes` are the data cache sizes of the target, smallest first (default: this machine's,
@@ -69,7 +70,8 @@ def _statement(tree, stmt, path, cache_bytes, threads) -> tuple[float, np.ndarra
     iterations = math.prod(extents)
     inner = list(reversed(path))[:LEVELS]
     levels = np.zeros((4, LEVELS))
-    traffic = _footprints(tree, stmt, path)
+    offsets = _offsets(tree, stmt)
+    traffic = _footprints(offsets, path)
     for i, node in enumerate(inner):
         annotation = node.loop.annotation
         levels[:, i] = (log2p(node.loop.extent), annotation == "vectorize", annotation == "unroll",
@@ -81,9 +83,9 @@ def _statement(tree, stmt, path, cache_bytes, threads) -> tuple[float, np.ndarra
             break
         unrolled *= node.loop.extent
     parallel = math.prod(n.loop.extent for n in path if n.loop.annotation == "parallel")
-    contiguous_inner = _strides(tree, stmt, path[-1].loop.name if path else None)
+    contiguous_inner = _strides(offsets, path[-1].loop.name if path else None)
     vector_loop = next((n.loop.name for n in path if n.loop.annotation == "vectorize"), None)
-    contiguous_vector = _strides(tree, stmt, vector_loop)
+    contiguous_vector = _strides(offsets, vector_loop)
     plan = tree.buffers[stmt.stage.name]
     ops = _arithmetic(stmt.stage.expr) + (stmt.kind == "update")
     scalars = np.array([
@@ -93,7 +95,7 @@ def _statement(tree, stmt, path, cache_bytes, threads) -> tuple[float, np.ndarra
         tree.schedule.of(stmt.stage.name).at, plan.kind == "local", stmt.kind == "init",
     ])
     moved = [log2p(_bytes_into_cache(traffic, extents, size)) for size in cache_bytes]
-    return iterations, np.concatenate([levels.ravel(), scalars, moved, _reuse(tree, stmt, path, iterations)])
+    return iterations, np.concatenate([levels.ravel(), scalars, moved, _reuse(offsets, stmt, path, iterations)])
 
 
 def _arithmetic(expr: ir.Expr) -> int:
@@ -117,11 +119,12 @@ def _offsets(tree, stmt) -> list[tuple[ir.Affine, int, str]]:
     return list(seen.values())
 
 
-def _strides(tree, stmt, loop: str | None) -> tuple[float, float, float]:
-    """Fractions of a statement's accesses that along `loop` stay put, are contiguous, or stride."""
+def _strides(offsets, loop: str | None) -> tuple[float, float, float]:
+    """Fractions of a statement's accesses (`_offsets`) that along `loop` stay put, are contiguous,
+    or stride."""
     if loop is None:
         return 0.0, 0.0, 0.0
-    strides = [abs(offset.coeffs().get(loop, 0)) for offset, _, _ in _offsets(tree, stmt)]
+    strides = [abs(offset.coeffs().get(loop, 0)) for offset, _, _ in offsets]
     count = len(strides)
     return (sum(s == 0 for s in strides) / count, sum(s == 1 for s in strides) / count,
             sum(s > 1 for s in strides) / count)
@@ -135,14 +138,14 @@ def _footprint(offset: ir.Affine, loops) -> int:
     return min(math.prod(e for _, e in moving), 1 + sum(c * (e - 1) for c, e in moving))
 
 
-def _footprints(tree, stmt, path) -> list[float]:
-    """Bytes the statement touches inside each loop of its path (one number per loop, outermost first),
-    whole cache lines counted where an access strides along the innermost loop."""
+def _footprints(offsets, path) -> list[float]:
+    """Bytes a statement's accesses (`_offsets`) touch inside each loop of its path (one number per
+    loop, outermost first), whole cache lines counted where an access strides along the innermost loop."""
     out = []
     inner_loop = path[-1].loop.name if path else None
     for depth in range(len(path)):
         total = 0.0
-        for offset, item, _ in _offsets(tree, stmt):
+        for offset, item, _ in offsets:
             elements = _footprint(offset, path[depth:])
             stride = abs(offset.coeffs().get(inner_loop, 0)) * item
             total += elements * max(item, min(stride, CACHE_LINE_BYTES))
@@ -159,8 +162,8 @@ def _bytes_into_cache(traffic: list[float], extents: list[int], size: int) -> fl
     return (traffic[-1] if traffic else 0.0) * math.prod(extents)
 
 
-def _reuse(tree, stmt, path, iterations: int) -> np.ndarray:
+def _reuse(offsets, stmt, path, iterations: int) -> np.ndarray:
     """log2 of uses per element touched for the reads with the most reuse (padded with zeros)."""
-    reads = [offset for offset, _, buffer in _offsets(tree, stmt) if buffer != stmt.stage.name]
+    reads = [offset for offset, _, buffer in offsets if buffer != stmt.stage.name]
     reuse = sorted((log2p(iterations / max(1, _footprint(offset, path))) for offset in reads), reverse=True)
     return np.array((reuse + [0.0] * READS)[:READS])
