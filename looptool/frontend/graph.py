@@ -212,9 +212,8 @@ class Concat(Node):
         check_halves_apart(srcs, "concat")
         self.dtype = dtypes.view_dtype(s.dtype for s in srcs)
         total = sum(s.sizes[d] for s, d in zip(srcs, src_dims))
-        base = merge_sizes(list(srcs))
-        self.dims, _ = _replace_dim(srcs[0], src_dims[0], (new_dim,), {new_dim: total}, "concat")
-        self.sizes = merge_sizes([_Sized(base, "concat"), _Sized({new_dim: total}, "concat")])
+        self.dims, first = _replace_dim(srcs[0], src_dims[0], (new_dim,), {new_dim: total}, "concat")
+        self.sizes = merge_sizes([*srcs[1:], _Sized(first, "concat")])
 
     def children(self):
         return self.srcs
