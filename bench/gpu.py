@@ -172,6 +172,21 @@ def tensor_core_tiles(tree, warps: int, shared: bool):
     return t
 
 
+def tensor_core_variants(tree) -> dict:
+    """The tensor-core schedules timed: the first one-tile-per-warp kernel, then warp tiles of 16 x 8 mma
+    tiles with accumulators in registers and both operands staged per k tile (`space.mma_tiled`)."""
+    variants = {"tensor cores, one 16x8 tile per warp, 4 warps/block, operands from global":
+                tensor_core_tiles(tree, 4, False)}
+    for block, warps, k_tile, stages in (((128, 128), (2, 2), 32, 0), ((128, 128), (2, 2), 32, 2),
+                                         ((128, 128), (2, 2), 32, 3), ((128, 128), (2, 2), 64, 0),
+                                         ((128, 256), (2, 4), 32, 2), ((256, 128), (4, 2), 32, 2)):
+        warp = (block[0] // warps[0], block[1] // warps[1])
+        name = (f"mma tiles: block {block[0]}x{block[1]}, {warps[0] * warps[1]} warps of {warp[0]}x{warp[1]}, "
+                f"k tile {k_tile}" + (f", cp.async {stages} stages" if stages else ""))
+        variants[name] = space.mma_tiled(tree, "t0", block, warps, k_tile, stages)
+    return variants
+
+
 def half_matmuls(scale: float):
     """bfloat16 matmul 4096^3 (float32 accumulation and result) against torch.matmul in bfloat16."""
     import torch
@@ -181,9 +196,8 @@ def half_matmuls(scale: float):
     mm, kk, nn = lt.symbols("m k n")
     mat = (lt.Tensor(ta).to(mm, kk) * lt.Tensor(tb).to(kk, nn)).sum(kk)
     ref = ta.double().cpu().numpy() @ tb.double().cpu().numpy()
-    variants = {f"tensor cores, {w} warps/block{', ldmatrix from shared' if shared else ', operands from global'}":
-                tensor_core_tiles(mat.loop_tree(), w, shared) for w, shared in ((4, False), (4, True), (8, True))}
-    yield ("matmul bfloat16", mat, variants, ref, lambda: torch.matmul(ta, tb), ("flops", 2 * size ** 3))
+    yield ("matmul bfloat16", mat, tensor_core_variants(mat.loop_tree()), ref, lambda: torch.matmul(ta, tb),
+           ("flops", 2 * size ** 3))
 
 
 def main(argv=None):

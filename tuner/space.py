@@ -16,6 +16,7 @@ import optuna
 
 from looptool import ir
 from looptool.codegen import gpu as codegen_gpu
+from looptool.codegen.llvm import ITEM_BYTES
 from looptool.schedule import LoopTree
 
 TILE_FACTORS = (1, 2, 3, 4, 5, 6, 8)
@@ -321,3 +322,65 @@ def _threads_over(tree: LoopTree, stage: str, dim: str, threads: int) -> LoopTre
     loop = next(lp.name for lp in tree.schedule.of(stage).loops if lp.dim == dim)
     tree = tree.split(loop, threads, stage=stage)
     return tree.reorder(f"{loop}.1", f"{loop}.0", stage=stage).bind(f"{loop}.1", "thread.x", stage=stage)
+
+
+def mma_tiled(tree: LoopTree, stage: str, block: tuple[int, int] = (128, 128), warps: tuple[int, int] = (2, 2),
+              k_tile: int = 32, stages: int = 0) -> LoopTree:
+    """A contraction on tensor cores (mma.m16n8k16): blocks of block[0] x block[1] outputs (m x n), split
+    between warps[0] x warps[1] warps (thread.y, thread.z), each computing its warp tile as unrolled
+    16 x 8 mma tiles whose accumulators stay in registers (`cache_write`) across the k loop; per k tile
+    of `k_tile`, both operands are staged in shared memory by all threads with 16-byte copies, and read
+    by ldmatrix. With `stages` >= 2 the copies are pipelined (cp.async)."""
+    st = tree.program.stage(stage)
+    m, n = [d for d in st.loop_dims if d not in st.reduce_dims][-2:]
+    k, = st.reduce_dims
+    warp_m, warp_n = block[0] // warps[0], block[1] // warps[1]
+    tree = tree.cache_write(stage)
+    for dim, size, warp, tile in ((m, block[0], warp_m, 16), (n, block[1], warp_n, 8)):
+        tree = tree.split(dim, size, stage=stage).split(f"{dim}.1", warp, stage=stage) \
+            .split(f"{dim}.1.1", tile, stage=stage)
+    tiles = (f"{m}.1.1.1", f"{n}.1.1.1")
+    tree = tree.reorder(f"{m}.0", f"{n}.0", f"{m}.1.0", f"{n}.1.0", f"{m}.1.1.0", f"{n}.1.1.0", *tiles, stage=stage)
+    acc = f"{stage}.acc"
+    for name in (stage, acc):
+        if name == acc:
+            tree = tree.place(acc, stage, 2).split(k, k_tile, stage=acc).split(f"{k}.1", 16, stage=acc)
+            tree = tree.reorder(f"{k}.0", f"{m}.1.0", f"{n}.1.0", f"{k}.1.0", f"{m}.1.1.0", f"{n}.1.1.0", *tiles,
+                                f"{k}.1.1", stage=acc).unroll(f"{k}.1.0", stage=acc)
+        else:
+            tree = tree.bind(f"{m}.0", "block.y", stage=name).bind(f"{n}.0", "block.x", stage=name)
+        tree = tree.bind(f"{m}.1.0", "thread.y", stage=name).bind(f"{n}.1.0", "thread.z", stage=name)
+        tree = tree.unroll(f"{m}.1.1.0", stage=name).unroll(f"{n}.1.1.0", stage=name)
+    tree = tree.tensorize(tiles, "mma.m16n8k16", stage=stage).tensorize((*tiles, f"{k}.1.1"), "mma.m16n8k16", stage=acc)
+    for load in _loads(st):
+        tree = _copy_by_warps(tree, acc, load.buffer, warps)
+    return tree.pipeline(f"{k}.0", stages, stage=acc) if stages >= 2 else tree
+
+
+def _copy_by_warps(tree: LoopTree, acc: str, buffer: str, warps: tuple[int, int]) -> LoopTree:
+    """Stage `buffer`'s tile of one k step in shared memory (in its own layout), copied by the block's
+    warps with 16-byte vectors along its contiguous dim: lanes take rows, warps share the rest."""
+    dims = next(b.dims for b in tree.program.inputs if b.name == buffer)
+    copy = f"{buffer}.{acc}"
+    tree = tree.cache(buffer, stage=acc, order=dims).place(copy, acc, 3)
+    width = 16 // ITEM_BYTES[tree.buffers[buffer].dtype]
+    inner = [lp for lp in tree.schedule.of(copy).loops if lp.dim == dims[-1]][-1]
+    if inner.extent > width:
+        tree = tree.split(inner.name, width, stage=copy)
+        inner = tree.schedule.of(copy).loops[-1]
+    loops = [lp for lp in tree.schedule.of(copy).loops if lp.name != inner.name]
+    rows = max((lp for lp in loops if lp.dim != dims[-1] and lp.extent <= 32), key=lambda lp: lp.extent)
+    bound = [(rows.name, "thread.x")]
+    for axis, size in (("thread.y", warps[0]), ("thread.z", warps[1])):
+        spare = [lp for lp in tree.schedule.of(copy).loops
+                 if lp.name not in (inner.name, *(name for name, _ in bound)) and lp.extent % size == 0]
+        if size > 1 and spare:
+            tree = tree.split(spare[0].name, spare[0].extent // size, stage=copy)
+            bound.append((f"{spare[0].name}.0", axis))
+    rest = [lp.name for lp in tree.schedule.of(copy).loops if lp.name not in (inner.name, *(n for n, _ in bound))]
+    tree = tree.reorder(*(name for name, _ in bound), *rest, inner.name, stage=copy)
+    for name, axis in bound:
+        tree = tree.bind(name, axis, stage=copy)
+    for name in rest:
+        tree = tree.unroll(name, stage=copy)
+    return tree.vectorize(inner.name, stage=copy)

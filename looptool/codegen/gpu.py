@@ -36,7 +36,7 @@ from ..analysis.tensorize import WARP, TensorTile, tensor_tiles
 from ..ir import Affine
 from ..schedule import (GPU_AXES, LoopNode, LoopTree, StmtNode, accesses, pipeline_depth, tensor_role,
                         thread_bound, walk)
-from .llvm import (F32, F64, I16, I32, I64, IDENTITY, ITEM_BYTES, MEMORY_TYPE, REDUCE_BINARY, VALUE_TYPE, ZERO,
+from .llvm import (F32, F64, I16, I32, I64, IDENTITY, ONE, ITEM_BYTES, MEMORY_TYPE, REDUCE_BINARY, VALUE_TYPE, ZERO,
                    FunctionBuilder, element_type, kernel_params)
 
 TRIPLE = "nvptx64-nvidia-cuda"
@@ -187,7 +187,7 @@ class _GpuBuilder(FunctionBuilder):
             return
         tiled = self.tile_under(node)
         if tiled:
-            self.mma(*tiled, env)
+            self.mma(*tiled, [node, *_loop_nodes(node.body)], env)
             return
         if axis == "parallel":
             raise ValueError(f"loop '{node.loop.name}' is marked parallel: on a GPU, bind it to blocks or threads")
@@ -223,6 +223,7 @@ class _GpuBuilder(FunctionBuilder):
         sizes = {plan.name: self.rotating_size(plan) for plan in placed}
         for plan in placed:
             self.pointers[plan.name] = self.shared(MEMORY_TYPE[plan.dtype], sizes[plan.name] * stages, plan.name)
+            self.shared_buffers.add(plan.name)
         copies = [child for child in node.body if _buffers_touched(child)[0] <= sizes.keys()]
         rest = [child for child in node.body if all(child is not copy for copy in copies)]
         count, name, b = self.trip_count(node, env), node.loop.name, self.builder
@@ -427,7 +428,7 @@ class _GpuBuilder(FunctionBuilder):
     # Tensor cores -------------------------------------------------------------------
     def tile_under(self, node: LoopNode) -> tuple[TensorTile, StmtNode] | None:
         """(tile, statement) when `node` is the outermost loop of a tensorized tile's update (three
-        loops) or of its initialization (its m and n loops)."""
+        loops), of its copy (two) or of its initialization (its m and n loops)."""
         if not tensor_role(node.loop):
             return None
         inside = [current for current, _ in walk(node.body)]
@@ -435,32 +436,65 @@ class _GpuBuilder(FunctionBuilder):
         if len(stmts) != 1:
             return None
         stmt = stmts[0]
-        if id(stmt) in self.tiles and len(inside) == 3:
+        if id(stmt) in self.tiles and len(inside) == len(self.tiles[id(stmt)].loops):
             return self.tiles[id(stmt)], stmt
         tile = self.stage_tiles.get(stmt.stage.name)
         if tile and stmt.kind == "init" and len(inside) == 2 and tensor_role(inside[0].loop):
             return tile, stmt
         return None
 
-    def mma(self, tile: TensorTile, stmt: StmtNode, env: dict):
+    def is_fragment(self, buffer: str) -> bool:
+        """Whether a buffer is kept by each thread (registers), so a tile holds it as fragments."""
+        return self.tree.buffers[buffer].kind == "local" and buffer not in self.shared_buffers
+
+    def tile_elements(self, buffer: str, index, tile: TensorTile, stmt: StmtNode, env: dict,
+                      lane: llir.Value) -> list[llir.Value]:
+        """Pointers to a lane's four elements of a 16 x 8 tile of `buffer`: rows lane/4 and lane/4 + 8,
+        columns 2*(lane%4) and the next. A buffer each thread keeps (an accumulator placed in the
+        kernel) holds them as a fragment instead, at the places lane 0's elements have: constant
+        offsets, so they stay in registers."""
+        b = self.builder
+        m, n = tile.loops["m"].loop.name, tile.loops["n"].loop.name
+        if self.is_fragment(buffer):
+            rows, cols = (ZERO, llir.Constant(I64, 8)), (ZERO, ONE)
+        else:
+            group = b.lshr(lane, llir.Constant(I64, 2))
+            pair = b.shl(b.and_(lane, llir.Constant(I64, 3)), llir.Constant(I64, 1))
+            rows, cols = (group, b.add(group, llir.Constant(I64, 8))), (pair, b.add(pair, ONE))
+        return [self.access(buffer, index, False, stmt, {**env, m: row, n: col}) for row in rows for col in cols]
+
+    def mma(self, tile: TensorTile, stmt: StmtNode, nodes: list[LoopNode], env: dict):
         """One m16n8k16 tile on the warp: each lane gathers its fragments of A (four registers of two
         elements), B (two) and the accumulator (four floats), runs mma.sync, and stores the four sums.
-        Lane l holds rows l/4 and l/4 + 8 and the column pair 2*(l%4) of each 8-wide block. An
-        initialization stores the identity into each lane's four accumulator elements."""
+        An initialization stores the identity into each lane's four accumulator elements; a copy tile
+        copies them."""
+        b, stage = self.builder, stmt.stage
+        base = {**env, **{node.loop.name: ZERO for node in nodes}}
+        present = llir.Constant(llir.IntType(1), 1)
+        for node in nodes:
+            for lim in node.limits:     # a tail of whole tiles: this one is there or not, for the whole warp
+                present = b.and_(present, b.icmp_signed("<", self.affine(lim.rest, base), llir.Constant(I64, lim.bound)))
+        with b.if_then(present):
+            self.tile(tile, stmt, base)
+
+    def tile(self, tile: TensorTile, stmt: StmtNode, base: dict):
+        """The instructions of one tile, at loop values `base` (its own loops at 0)."""
         b, stage = self.builder, stmt.stage
         lane = b.zext(b.call(self.declare("llvm.nvvm.read.ptx.sreg.tid.x", I32, []), []), I64)
-        group = b.lshr(lane, llir.Constant(I64, 2))
-        pair = b.shl(b.and_(lane, llir.Constant(I64, 3)), llir.Constant(I64, 1))
-        m, n, k = (tile.loops[role].loop.name for role in "mnk")
-        base = {**env, m: ZERO, n: ZERO, k: ZERO}
-        rows = (group, b.add(group, llir.Constant(I64, 8)))
-        own = Affine.identity(stage.dims)
-        targets = [self.access(stage.name, own, False, stmt, {**base, m: row, n: col})
-                   for row in rows for col in (pair, b.add(pair, llir.Constant(I64, 1)))]
+        targets = self.tile_elements(stage.name, Affine.identity(stage.dims), tile, stmt, base, lane)
         if stmt.kind == "init":
             for target in targets:
                 self.store_value(llir.Constant(F32, IDENTITY[stage.reduce_op]), target, stage.dtype)
             return
+        if tile.b is None:
+            sources = self.tile_elements(tile.a.buffer, tile.a.index, tile, stmt, base, lane)
+            for source, target in zip(sources, targets):
+                value = self.load_value(source, tile.dtype)
+                if isinstance(stage.expr, ir.Cast):
+                    value = self.convert(value, stage.expr.dtype)
+                self.store_value(value, target, stage.dtype)
+            return
+        m, n = tile.loops["m"].loop.name, tile.loops["n"].loop.name
         a = self.fragment(tile.a, tile, stmt, base, m, 4, lane)
         bb = self.fragment(tile.b, tile, stmt, base, n, 2, lane)
         accumulators = [self.load_value(target, stage.dtype) for target in targets]
@@ -506,8 +540,9 @@ class _GpuBuilder(FunctionBuilder):
 
     def ldmatrix(self, load, stmt: StmtNode, base: dict, row: str, k: str, count: int, lane: llir.Value,
                  layout: str) -> list[llir.Value]:
-        """ldmatrix: lanes 8j..8j+7 give the addresses of the 8 rows of 8x8 block j (stored rows run
-        along k with '.trans'), and each lane receives its registers of all `count` blocks."""
+        """ldmatrix (the NVVM intrinsic, so LLVM loads a fragment that several tiles use once): lanes
+        8j..8j+7 give the addresses of the 8 rows of 8x8 block j (stored rows run along k with
+        '.trans'), and each lane receives its registers of all `count` blocks."""
         b = self.builder
         block = b.and_(b.lshr(lane, llir.Constant(I64, 3)), llir.Constant(I64, count - 1))
         offset = b.and_(lane, llir.Constant(I64, 7))
@@ -521,11 +556,11 @@ class _GpuBuilder(FunctionBuilder):
         else:
             here = {**base, row: b.add(row_block, offset), k: k_block}
         pointer = self.access(load.buffer, load.index, False, stmt, here)
-        address = b.ptrtoint(b.addrspacecast(pointer, llir.PointerType(addrspace=3)), I32)
-        outputs = ",".join(f"${i}" for i in range(count))
-        ptx = f"ldmatrix.sync.aligned.m8n8.x{count}{layout}.shared.b16 {{{outputs}}}, [${count}];"
-        signature = llir.FunctionType(llir.LiteralStructType([I32] * count), [I32])
-        result = b.asm(signature, ptx, ",".join(["=r"] * count + ["r"]), [address], side_effect=True)
+        shared = b.addrspacecast(pointer, llir.PointerType(addrspace=3))
+        result_type = llir.LiteralStructType([I32] * count)
+        load_matrix = self.declare(f"llvm.nvvm.ldmatrix.sync.aligned.m8n8.x{count}{layout}.b16", result_type,
+                                   [shared.type])
+        result = b.call(load_matrix, [shared])
         return [b.extract_value(result, index) for index in range(count)]
 
     def packed_pair(self, load, dtype: str, stmt: StmtNode, env: dict, k: str) -> llir.Value:
@@ -562,9 +597,14 @@ def _buffers_touched(node) -> tuple[set[str], set[str]]:
     return written, read
 
 
+def _loop_nodes(body: list) -> list[LoopNode]:
+    """The loop nodes in `body`, nested ones included."""
+    return [current for current, _ in walk(body) if isinstance(current, LoopNode)]
+
+
 def _loops(body: list):
     """The loops in `body`, nested ones included."""
-    return [current.loop for current, _ in walk(body) if isinstance(current, LoopNode)]
+    return [node.loop for node in _loop_nodes(body)]
 
 
 def describe(module: GpuModule) -> str:

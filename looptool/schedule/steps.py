@@ -180,17 +180,19 @@ class Schedule:
         loops = sched.loops[:i] + (replace(lp, annotation=annotation),) + sched.loops[i + 1:]
         return self._with(stage, replace(sched, loops=loops), ("annotate", stage, loop, annotation))
 
-    def tensorize(self, stage: str, m: str, n: str, k: str, instruction: str) -> "Schedule":
+    def tensorize(self, stage: str, m: str, n: str, k: str | None, instruction: str) -> "Schedule":
         """Mark loops `m`, `n` and `k` of `stage` as the tile of one warp-level matrix instruction
-        (`TENSOR_INSTRUCTIONS`). What the instruction needs (tile sizes, operand dtypes, innermost
-        loops, the warp's lanes) is checked with the legality of the whole tree."""
+        (`TENSOR_INSTRUCTIONS`); with `k` None, loops `m` and `n` of a copy of an accumulator, which
+        each lane then writes from its own fragment. What the instruction needs (tile sizes, operand
+        dtypes, innermost loops, the warp's lanes) is checked with the legality of the whole tree."""
         if instruction not in TENSOR_INSTRUCTIONS:
             raise ValueError(f"tensorize: unknown instruction {instruction!r}; use one of {tuple(TENSOR_INSTRUCTIONS)}")
-        if len({m, n, k}) != 3:
-            raise ValueError(f"tensorize: the m, n and k loops must be three different loops, got {(m, n, k)}")
+        names = (m, n) if k is None else (m, n, k)
+        if len(set(names)) != len(names):
+            raise ValueError(f"tensorize: the m, n and k loops must be different loops, got {names}")
         sched = self.of(stage)
         loops = list(sched.loops)
-        for role, name in zip("mnk", (m, n, k)):
+        for role, name in zip("mnk", names):
             i, lp = self._loop(stage, name)
             loops[i] = replace(lp, annotation=f"{instruction}.{role}")
         return self._with(stage, replace(sched, loops=tuple(loops)), ("tensorize", stage, m, n, k, instruction))
