@@ -172,14 +172,16 @@ def tensor_core_tiles(tree, warps: int, shared: bool):
     return t
 
 
-def tensor_core_variants(tree) -> dict:
+MMA_VARIANTS = (((128, 128), (2, 2), 32, 0), ((128, 128), (2, 2), 32, 2), ((128, 128), (2, 2), 32, 3),
+                ((128, 256), (2, 4), 32, 2), ((256, 128), (4, 2), 32, 2), ((64, 128), (2, 2), 32, 3))
+
+
+def tensor_core_variants(tree, shapes=MMA_VARIANTS, first: bool = True) -> dict:
     """The tensor-core schedules timed: the first one-tile-per-warp kernel, then warp tiles of 16 x 8 mma
     tiles with accumulators in registers and both operands staged per k tile (`space.mma_tiled`)."""
     variants = {"tensor cores, one 16x8 tile per warp, 4 warps/block, operands from global":
-                tensor_core_tiles(tree, 4, False)}
-    for block, warps, k_tile, stages in (((128, 128), (2, 2), 32, 0), ((128, 128), (2, 2), 32, 2),
-                                         ((128, 128), (2, 2), 32, 3), ((128, 128), (2, 2), 64, 0),
-                                         ((128, 256), (2, 4), 32, 2), ((256, 128), (4, 2), 32, 2)):
+                tensor_core_tiles(tree, 4, False)} if first else {}
+    for block, warps, k_tile, stages in shapes:
         warp = (block[0] // warps[0], block[1] // warps[1])
         name = (f"mma tiles: block {block[0]}x{block[1]}, {warps[0] * warps[1]} warps of {warp[0]}x{warp[1]}, "
                 f"k tile {k_tile}" + (f", cp.async {stages} stages" if stages else ""))
@@ -188,16 +190,20 @@ def tensor_core_variants(tree) -> dict:
 
 
 def half_matmuls(scale: float):
-    """bfloat16 matmul 4096^3 (float32 accumulation and result) against torch.matmul in bfloat16."""
+    """bfloat16 and float16 matmul 4096^3 (float32 accumulation and result) against torch.matmul in the
+    same dtype."""
     import torch
     size = int(4096 * scale ** (1 / 3))
-    ta = torch.randn(size, size, device="cuda").to(torch.bfloat16)
-    tb = torch.randn(size, size, device="cuda").to(torch.bfloat16)
-    mm, kk, nn = lt.symbols("m k n")
-    mat = (lt.Tensor(ta).to(mm, kk) * lt.Tensor(tb).to(kk, nn)).sum(kk)
-    ref = ta.double().cpu().numpy() @ tb.double().cpu().numpy()
-    yield ("matmul bfloat16", mat, tensor_core_variants(mat.loop_tree()), ref, lambda: torch.matmul(ta, tb),
-           ("flops", 2 * size ** 3))
+    for dtype, label in ((torch.bfloat16, "bfloat16"), (torch.float16, "float16")):
+        ta = torch.randn(size, size, device="cuda").to(dtype)
+        tb = torch.randn(size, size, device="cuda").to(dtype)
+        mm, kk, nn = lt.symbols("m k n")
+        mat = (lt.Tensor(ta).to(mm, kk) * lt.Tensor(tb).to(kk, nn)).sum(kk)
+        ref = ta.double().cpu().numpy() @ tb.double().cpu().numpy()
+        variants = tensor_core_variants(mat.loop_tree(), MMA_VARIANTS if label == "bfloat16" else MMA_VARIANTS[1:3],
+                                        first=label == "bfloat16")
+        yield (f"matmul {label}", mat, variants, ref, lambda ta=ta, tb=tb: torch.matmul(ta, tb),
+               ("flops", 2 * size ** 3))
 
 
 def main(argv=None):

@@ -372,11 +372,13 @@ def _copy_by_warps(tree: LoopTree, acc: str, buffer: str, warps: tuple[int, int]
     rows = max((lp for lp in loops if lp.dim != dims[-1] and lp.extent <= 32), key=lambda lp: lp.extent)
     bound = [(rows.name, "thread.x")]
     for axis, size in (("thread.y", warps[0]), ("thread.z", warps[1])):
-        spare = [lp for lp in tree.schedule.of(copy).loops
-                 if lp.name not in (inner.name, *(name for name, _ in bound)) and lp.extent % size == 0]
-        if size > 1 and spare:
-            tree = tree.split(spare[0].name, spare[0].extent // size, stage=copy)
-            bound.append((f"{spare[0].name}.0", axis))
+        free = [lp for lp in tree.schedule.of(copy).loops if lp.name not in (inner.name, *(n for n, _ in bound))]
+        if size == 1 or not free:
+            continue
+        # a loop of the copy on every thread axis of the block, so no two warps write the same element
+        spare = max(free, key=lambda lp: (lp.extent % size == 0 and lp.extent >= size, lp.extent))
+        tree = tree.split(spare.name, -(-spare.extent // size), stage=copy)
+        bound.append((f"{spare.name}.0", axis))
     rest = [lp.name for lp in tree.schedule.of(copy).loops if lp.name not in (inner.name, *(n for n, _ in bound))]
     tree = tree.reorder(*(name for name, _ in bound), *rest, inner.name, stage=copy)
     for name, axis in bound:

@@ -138,6 +138,7 @@ class _GpuBuilder(FunctionBuilder):
         super().__init__(tree, fn, pointers, threads=1)
         self.tiles = tiles
         self.shared_buffers: set[str] = set()
+        self.swizzles: dict[str, Swizzle] = {}           # shared mma operands read by ldmatrix
         self.stage_tiles = {stmt.stage.name: tiles[id(stmt)] for stmt, _ in tree.statements() if id(stmt) in tiles}
         self.assume_aligned = aligned_params
         self.thread_loops: list[str] = []
@@ -223,7 +224,7 @@ class _GpuBuilder(FunctionBuilder):
         sizes = {plan.name: self.rotating_size(plan) for plan in placed}
         for plan in placed:
             self.pointers[plan.name] = self.shared(MEMORY_TYPE[plan.dtype], sizes[plan.name] * stages, plan.name)
-            self.shared_buffers.add(plan.name)
+            self.share(plan)
         copies = [child for child in node.body if _buffers_touched(child)[0] <= sizes.keys()]
         rest = [child for child in node.body if all(child is not copy for copy in copies)]
         count, name, b = self.trip_count(node, env), node.loop.name, self.builder
@@ -369,7 +370,7 @@ class _GpuBuilder(FunctionBuilder):
         count = plan.size if private is None else private.size
         if private is None:
             if not self.thread_loops and self._written_by_threads(plan.name):
-                self.shared_buffers.add(plan.name)
+                self.share(plan)
                 return self.shared(MEMORY_TYPE[plan.dtype], plan.size, plan.name)
             size = plan.size * ITEM_BYTES[plan.dtype]
             if size > LOCAL_LIMIT:
@@ -379,21 +380,67 @@ class _GpuBuilder(FunctionBuilder):
         buffer.align = 16
         return buffer
 
+    def share(self, plan):
+        """Note a buffer placed in shared memory; an mma operand there that ldmatrix reads row by row
+        is swizzled, so its reads and the copies into it are free of bank conflicts."""
+        self.shared_buffers.add(plan.name)
+        operands = [(load, stmt, tile) for stmt, tile in self.statements_of_tiles()
+                    for load in (tile.a, tile.b) if tile.b is not None and load.buffer == plan.name]
+        swizzle = Swizzle.of(plan.strides, ITEM_BYTES[plan.dtype])
+        if swizzle and operands and self.within_chunks(plan) and all(self.ldmatrix_layout(load, stmt, tile.loops["m" if load is tile.a else "n"]
+                                                             .loop.name, tile.loops["k"].loop.name) is not None
+                                        for load, stmt, tile in operands):
+            self.swizzles[plan.name] = swizzle
+
+    def within_chunks(self, plan) -> bool:
+        """Whether every access of a buffer stays inside 16-byte chunks (so a swizzle keeps vectors
+        whole): vectors of at most 16 bytes starting at a multiple of their width, no clamped loads."""
+        for stmt, path in self.tree.statements():
+            for access in accesses(stmt):
+                if access.buffer != plan.name:
+                    continue
+                if any(ld.buffer == plan.name and ld.clamped for ld in ir.loads(stmt.stage.expr)):
+                    return False
+                coeffs = self.linear_offset(plan.name, access.index, stmt).coeffs()
+                const = self.linear_offset(plan.name, access.index, stmt).const
+                for node in path:
+                    width = node.loop.extent
+                    if node.loop.annotation != "vectorize" or coeffs.get(node.loop.name) != 1:
+                        continue
+                    rest = math.gcd(const, *(c for name, c in coeffs.items() if name != node.loop.name))
+                    if width * ITEM_BYTES[plan.dtype] > 16 or rest % width:
+                        return False
+        return True
+
+    def statements_of_tiles(self) -> list[tuple[StmtNode, TensorTile]]:
+        return [(stmt, self.tiles[id(stmt)]) for stmt, _ in self.tree.statements() if id(stmt) in self.tiles]
+
     def access(self, buffer, index, clamp, stmt, env):
         """Accesses of a buffer kept per thread index this thread's slice: the thread-bound loops'
-        terms drop out of the offset, so unrolled loops give constant offsets (registers)."""
+        terms drop out of the offset, so unrolled loops give constant offsets (registers). A swizzled
+        buffer's offsets are permuted within each row (`Swizzle`)."""
         private = self.tree.thread_slices.get(buffer)
+        swizzle = self.swizzles.get(buffer)
+        if swizzle is not None and not clamp:
+            offset = swizzle.apply(self.builder, self.affine(self.linear_offset(buffer, index, stmt), env))
+            pointer = self.builder.gep(self.pointers[buffer], [offset], inbounds=True,
+                                       source_etype=MEMORY_TYPE[self.tree.buffers[buffer].dtype])
+            return self.rotated(buffer, pointer)
         if private is None:
             pointer = super().access(buffer, index, clamp, stmt, env)
-            if buffer in self.rotations:
-                pointer = self.builder.gep(pointer, [self.rotations[buffer]],
-                                           source_etype=MEMORY_TYPE[self.tree.buffers[buffer].dtype], inbounds=True)
-            return pointer
+            return self.rotated(buffer, pointer)
         linear = self.linear_offset(buffer, index, stmt)
         own = Affine.of({name: c for name, c in linear.terms if name not in self.thread_loops})
         offset = self.affine(own + (linear.const - private.low), env)
         return self.builder.gep(self.pointers[buffer], [offset], source_etype=MEMORY_TYPE[self.tree.buffers[buffer].dtype],
                                 inbounds=True)
+
+    def rotated(self, buffer: str, pointer: llir.Value) -> llir.Value:
+        """A pipelined buffer's pointer moved to the copy of the current iteration."""
+        if buffer not in self.rotations:
+            return pointer
+        return self.builder.gep(pointer, [self.rotations[buffer]],
+                                source_etype=MEMORY_TYPE[self.tree.buffers[buffer].dtype], inbounds=True)
 
     def alignment(self, buffer, index, stmt, env, lanes=None):
         """Up to 16 bytes where every term of the offset is a multiple of the lanes (so LLVM emits
@@ -577,6 +624,40 @@ class _GpuBuilder(FunctionBuilder):
         if op in ("log",) or (op == "exp" and element_type(x.type) == F64):
             raise ValueError(f"{op} of {element_type(x.type)} is not supported on the GPU backend yet")
         return super().unary(op, x)
+
+
+@dataclass(frozen=True)
+class Swizzle:
+    """offset -> offset ^ (((offset >> shift) & mask) << chunk): the 16-byte chunks of each row of a
+    shared tile are permuted by its row, so that 8 consecutive rows' chunks at one column (what
+    ldmatrix reads in one phase, and what a warp's 16-byte copies write) fall in 8 different groups
+    of 4 banks. A row of C chunks takes chunk ^ (row mod 8) for C >= 8, else chunk ^ ((row / (8 / C))
+    mod C): the rows that share a 128-byte line keep their place, the others cycle through all C."""
+
+    shift: int
+    mask: int
+    chunk: int
+
+    @staticmethod
+    def of(strides: tuple[int, ...], item_bytes: int) -> "Swizzle | None":
+        """The swizzle of a row-major tile with these strides (in elements), if its rows are a power of
+        two of at least two 16-byte chunks; None otherwise."""
+        if len(strides) < 2 or strides[-1] != 1:
+            return None
+        row, per_chunk = strides[-2], 16 // item_bytes
+        chunks = row // per_chunk
+        if row % per_chunk or chunks < 2 or chunks & (chunks - 1):
+            return None
+        lines = max(8 // chunks, 1)
+        return Swizzle((row * lines).bit_length() - 1, min(chunks, 8) - 1, per_chunk.bit_length() - 1)
+
+    def apply(self, b: llir.IRBuilder, offset: llir.Value) -> llir.Value:
+        """The swizzled offset (elements), as i64 arithmetic."""
+        row = b.and_(b.lshr(offset, llir.Constant(I64, self.shift)), llir.Constant(I64, self.mask))
+        return b.xor(offset, b.shl(row, llir.Constant(I64, self.chunk)))
+
+    def __call__(self, offset: int) -> int:
+        return offset ^ (((offset >> self.shift) & self.mask) << self.chunk)
 
 
 def fragment_blocks(count: int) -> list[tuple[int, int]]:
