@@ -157,30 +157,14 @@ def workloads(scale: float):
            lambda: torch.matmul(ta, tb), ("flops", 2 * size ** 3))
 
 
-def tensor_core_tiles(tree, warps: int, shared: bool):
-    """bfloat16/float16 matmul on tensor cores: per block (16 * warps) x 8 outputs, a warp per 16 x 8
-    tile (warps on thread.y) computed by one mma.m16n8k16 per k step of 16; with `shared`, both
-    operands staged per k step in shared memory and loaded by ldmatrix."""
-    t = tree.split("m", 16 * warps).split("m.1", 16).split("n", 8).split("k", 16)
-    t = t.reorder("m.0", "n.0", "k.0", "m.1.0", "m.1.1", "n.1", "k.1")
-    t = t.bind("m.0", "block.y").bind("n.0", "block.x").bind("m.1.0", "thread.y")
-    t = t.tensorize(("m.1.1", "n.1", "k.1"), "mma.m16n8k16")
-    if shared:
-        t = t.cache("in0", order=("m", "k")).place("in0.t0", "t0", 3).cache("in1", order=("k", "n")) \
-            .place("in1.t0", "t0", 3).bind("m.1.0", "thread.y", stage="in0.t0").bind("k.1", "thread.x", stage="in0.t0") \
-            .bind("k.1", "thread.x", stage="in1.t0")
-    return t
+MMA_VARIANTS = (((256, 128), (4, 2), 32, 2), ((128, 256), (2, 4), 32, 2), ((128, 128), (2, 2), 32, 0),
+                ((128, 128), (2, 2), 32, 2), ((128, 128), (2, 2), 32, 3), ((64, 128), (2, 2), 32, 3))
 
 
-MMA_VARIANTS = (((128, 128), (2, 2), 32, 0), ((128, 128), (2, 2), 32, 2), ((128, 128), (2, 2), 32, 3),
-                ((128, 256), (2, 4), 32, 2), ((256, 128), (4, 2), 32, 2), ((64, 128), (2, 2), 32, 3))
-
-
-def tensor_core_variants(tree, shapes=MMA_VARIANTS, first: bool = True) -> dict:
-    """The tensor-core schedules timed: the first one-tile-per-warp kernel, then warp tiles of 16 x 8 mma
-    tiles with accumulators in registers and both operands staged per k tile (`space.mma_tiled`)."""
-    variants = {"tensor cores, one 16x8 tile per warp, 4 warps/block, operands from global":
-                tensor_core_tiles(tree, 4, False)} if first else {}
+def tensor_core_variants(tree, shapes=MMA_VARIANTS) -> dict:
+    """Tensor-core schedules: warp tiles of 16 x 8 mma tiles with accumulators in registers and both
+    operands staged per k tile, pipelined (`space.mma_tiled`)."""
+    variants = {}
     for block, warps, k_tile, stages in shapes:
         warp = (block[0] // warps[0], block[1] // warps[1])
         name = (f"mma tiles: block {block[0]}x{block[1]}, {warps[0] * warps[1]} warps of {warp[0]}x{warp[1]}, "
@@ -200,8 +184,7 @@ def half_matmuls(scale: float):
         mm, kk, nn = lt.symbols("m k n")
         mat = (lt.Tensor(ta).to(mm, kk) * lt.Tensor(tb).to(kk, nn)).sum(kk)
         ref = ta.double().cpu().numpy() @ tb.double().cpu().numpy()
-        variants = tensor_core_variants(mat.loop_tree(), MMA_VARIANTS if label == "bfloat16" else MMA_VARIANTS[1:3],
-                                        first=label == "bfloat16")
+        variants = tensor_core_variants(mat.loop_tree(), MMA_VARIANTS if label == "bfloat16" else MMA_VARIANTS[:2])
         yield (f"matmul {label}", mat, variants, ref, lambda ta=ta, tb=tb: torch.matmul(ta, tb),
                ("flops", 2 * size ** 3))
 
