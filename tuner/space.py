@@ -23,6 +23,7 @@ TILE_FACTORS = (1, 2, 3, 4, 5, 6, 8)
 LANE_FACTORS = (8, 16, 32, 48, 64)
 BLOCK_FACTORS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 UNROLL_LIMIT = 8
+WARP_LANES = 32
 
 
 class InvalidDraw(ValueError):
@@ -334,32 +335,30 @@ def mma_tiled(tree: LoopTree, stage: str, block: tuple[int, int] = (128, 128), w
     st = tree.program.stage(stage)
     m, n = [d for d in st.loop_dims if d not in st.reduce_dims][-2:]
     k, = st.reduce_dims
-    warp_m, warp_n = block[0] // warps[0], block[1] // warps[1]
-    tree = tree.cache_write(stage)
-    for dim, size, warp, tile in ((m, block[0], warp_m, 16), (n, block[1], warp_n, 8)):
-        tree = tree.split(dim, size, stage=stage).split(f"{dim}.1", warp, stage=stage) \
-            .split(f"{dim}.1.1", tile, stage=stage)
-    tiles = (f"{m}.1.1.1", f"{n}.1.1.1")
-    tree = tree.reorder(f"{m}.0", f"{n}.0", f"{m}.1.0", f"{n}.1.0", f"{m}.1.1.0", f"{n}.1.1.0", *tiles, stage=stage)
     acc = f"{stage}.acc"
+    tree = tree.cache_write(stage).split(m, block[0], stage=stage).split(n, block[1], stage=stage)
+    tree = tree.reorder(f"{m}.0", f"{n}.0", f"{m}.1", f"{n}.1", stage=stage).place(acc, stage, 2)
+    tree = tree.split(k, k_tile, stage=acc).reorder(f"{k}.0", f"{m}.1", f"{n}.1", f"{k}.1", stage=acc)
+    for load in _loads(st):     # placed before the warp splits: the copies keep whole rows of the tile
+        tree = _copy_by_warps(tree, acc, load.buffer, warps)
+    tiles = (f"{m}.1.1.1", f"{n}.1.1.1")
     for name in (stage, acc):
-        if name == acc:
-            tree = tree.place(acc, stage, 2).split(k, k_tile, stage=acc).split(f"{k}.1", 16, stage=acc)
-            tree = tree.reorder(f"{k}.0", f"{m}.1.0", f"{n}.1.0", f"{k}.1.0", f"{m}.1.1.0", f"{n}.1.1.0", *tiles,
-                                f"{k}.1.1", stage=acc).unroll(f"{k}.1.0", stage=acc)
-        else:
-            tree = tree.bind(f"{m}.0", "block.y", stage=name).bind(f"{n}.0", "block.x", stage=name)
+        for dim, warp, tile in ((m, block[0] // warps[0], 16), (n, block[1] // warps[1], 8)):
+            tree = tree.split(f"{dim}.1", warp, stage=name).split(f"{dim}.1.1", tile, stage=name)
         tree = tree.bind(f"{m}.1.0", "thread.y", stage=name).bind(f"{n}.1.0", "thread.z", stage=name)
         tree = tree.unroll(f"{m}.1.1.0", stage=name).unroll(f"{n}.1.1.0", stage=name)
+    tree = tree.bind(f"{m}.0", "block.y", stage=stage).bind(f"{n}.0", "block.x", stage=stage)
+    tree = tree.reorder(f"{m}.1.0", f"{n}.1.0", f"{m}.1.1.0", f"{n}.1.1.0", *tiles, stage=stage)
+    tree = tree.split(f"{k}.1", 16, stage=acc).unroll(f"{k}.1.0", stage=acc)
+    tree = tree.reorder(f"{m}.1.0", f"{n}.1.0", f"{k}.1.0", f"{m}.1.1.0", f"{n}.1.1.0", *tiles, f"{k}.1.1", stage=acc)
     tree = tree.tensorize(tiles, "mma.m16n8k16", stage=stage).tensorize((*tiles, f"{k}.1.1"), "mma.m16n8k16", stage=acc)
-    for load in _loads(st):
-        tree = _copy_by_warps(tree, acc, load.buffer, warps)
     return tree.pipeline(f"{k}.0", stages, stage=acc) if stages >= 2 else tree
 
 
 def _copy_by_warps(tree: LoopTree, acc: str, buffer: str, warps: tuple[int, int]) -> LoopTree:
     """Stage `buffer`'s tile of one k step in shared memory (in its own layout), copied by the block's
-    warps with 16-byte vectors along its contiguous dim: lanes take rows, warps share the rest."""
+    warps with 16-byte vectors along its contiguous dim, lanes on the chunks of a row (or on rows), warps
+    sharing the rest."""
     dims = next(b.dims for b in tree.program.inputs if b.name == buffer)
     copy = f"{buffer}.{acc}"
     tree = tree.cache(buffer, stage=acc, order=dims).place(copy, acc, 3)
@@ -367,10 +366,17 @@ def _copy_by_warps(tree: LoopTree, acc: str, buffer: str, warps: tuple[int, int]
     inner = [lp for lp in tree.schedule.of(copy).loops if lp.dim == dims[-1]][-1]
     if inner.extent > width:
         tree = tree.split(inner.name, width, stage=copy)
-        inner = tree.schedule.of(copy).loops[-1]
+        inner = next(lp for lp in tree.schedule.of(copy).loops if lp.name == f"{inner.name}.1")
     loops = [lp for lp in tree.schedule.of(copy).loops if lp.name != inner.name]
-    rows = max((lp for lp in loops if lp.dim != dims[-1] and lp.extent <= 32), key=lambda lp: lp.extent)
-    bound = [(rows.name, "thread.x")]
+    # lanes along the rows of the tile, unless its rows hold 4 or more 16-byte chunks: lanes then take
+    # the chunks, so each copy instruction reads whole 32-byte sectors
+    chunks = [lp for lp in loops if lp.dim == dims[-1] and lp.extent >= 4]
+    rows = max((lp for lp in loops if lp.dim != dims[-1]), key=lambda lp: lp.extent)
+    lanes = chunks[-1] if chunks else rows
+    if lanes.extent > WARP_LANES:
+        tree = tree.split(lanes.name, WARP_LANES, stage=copy)
+        lanes = next(lp for lp in tree.schedule.of(copy).loops if lp.name == f"{lanes.name}.1")
+    bound = [(lanes.name, "thread.x")]
     for axis, size in (("thread.y", warps[0]), ("thread.z", warps[1])):
         free = [lp for lp in tree.schedule.of(copy).loops if lp.name not in (inner.name, *(n for n, _ in bound))]
         if size == 1 or not free:

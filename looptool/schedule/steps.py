@@ -132,9 +132,11 @@ class Schedule:
                          f"{[lp.name for lp in loops]}")
 
     def _check_not_shared(self, stage: str, position: int, what: str):
+        """Refuse to reshape the own loop at `position` where a stage placed inside `stage` shares it
+        (depths count the loops `stage` itself shares with its consumer first)."""
         for other in self.placed_in(stage):
             at = self.of(other).at
-            if position < at:
+            if position + self.of(stage).at < at:
                 loop = self.of(stage).loops[position].name
                 raise ValueError(f"cannot {what} loop '{loop}' of stage {stage}: stage {other} is placed inside "
                                  f"it (at depth {at}); reshape {stage}'s outer loops before placing {other}")
