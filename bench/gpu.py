@@ -174,19 +174,25 @@ def tensor_core_variants(tree, shapes=MMA_VARIANTS) -> dict:
 
 
 def half_matmuls(scale: float):
-    """bfloat16 and float16 matmul 4096^3 (float32 accumulation and result) against torch.matmul in the
-    same dtype."""
+    """bfloat16 and float16 matmul 4096^3, bfloat16 8192^3 and a batched bfloat16 matmul (64 x 1024^3,
+    as in attention), float32 accumulation and result, against torch.matmul in the same dtype; the
+    float64 references come from torch.matmul in float64 on the GPU."""
     import torch
-    size = int(4096 * scale ** (1 / 3))
-    for dtype, label in ((torch.bfloat16, "bfloat16"), (torch.float16, "float16")):
-        ta = torch.randn(size, size, device="cuda").to(dtype)
-        tb = torch.randn(size, size, device="cuda").to(dtype)
-        mm, kk, nn = lt.symbols("m k n")
-        mat = (lt.Tensor(ta).to(mm, kk) * lt.Tensor(tb).to(kk, nn)).sum(kk)
-        ref = ta.double().cpu().numpy() @ tb.double().cpu().numpy()
-        variants = tensor_core_variants(mat.loop_tree(), MMA_VARIANTS if label == "bfloat16" else MMA_VARIANTS[:2])
-        yield (f"matmul {label}", mat, variants, ref, lambda ta=ta, tb=tb: torch.matmul(ta, tb),
-               ("flops", 2 * size ** 3))
+    size, big, rows = (int(s * scale ** (1 / 3)) for s in (4096, 8192, 1024))
+    cases = (("matmul bfloat16", torch.bfloat16, (), size, MMA_VARIANTS),
+             ("matmul float16", torch.float16, (), size, MMA_VARIANTS[:2]),
+             ("matmul bfloat16 8192^3", torch.bfloat16, (), big, MMA_VARIANTS[:2]),
+             ("batched matmul bfloat16 64x1024^3", torch.bfloat16, (64,), rows, MMA_VARIANTS[:2]))
+    for label, dtype, batch, n, shapes in cases:
+        ta = torch.randn(*batch, n, n, device="cuda").to(dtype)
+        tb = torch.randn(*batch, n, n, device="cuda").to(dtype)
+        dims = lt.symbols("b m k n")
+        outer, (mm, kk, nn) = dims[:len(batch)], dims[1:]
+        mat = (lt.Tensor(ta).to(*outer, mm, kk) * lt.Tensor(tb).to(*outer, kk, nn)).sum(kk)
+        ref = torch.matmul(ta.double(), tb.double()).cpu().numpy()
+        variants = tensor_core_variants(mat.loop_tree(), shapes)
+        yield (label, mat, variants, ref, lambda ta=ta, tb=tb: torch.matmul(ta, tb),
+               ("flops", 2 * n ** 3 * (batch[0] if batch else 1)))
 
 
 def main(argv=None):

@@ -194,11 +194,12 @@ def _operands(tree: LoopTree, stage: ir.Stage, instruction: str, loops: dict) ->
             f"{dtypes[0]} {pair[0].buffer} by {dtypes[1]} {pair[1].buffer}: convert them with "
             f".astype(lt.bfloat16) (or lt.float16)")
     m, n, k = (loops[role].loop.dim for role in "mnk")
+    batch = set(stage.dims) - {m, n}          # dims outside the tile, fixed in each
     for a, b in (pair, pair[::-1]):
-        if _dims_of(a) == {m, k} and _dims_of(b) == {k, n}:
+        if _dims_of(a) - batch == {m, k} and _dims_of(b) - batch == {k, n}:
             return a, b
-    raise IllegalScheduleError(f"{instruction} multiplies an m x k by a k x n matrix; in stage {stage.name}, "
-                               f"{pair[0].buffer} runs over {sorted(_dims_of(pair[0]))} and {pair[1].buffer} over "
+    raise IllegalScheduleError(f"{instruction} multiplies an m x k by a k x n matrix (batched or not); in stage "
+                               f"{stage.name}, {pair[0].buffer} runs over {sorted(_dims_of(pair[0]))} and {pair[1].buffer} over "
                                f"{sorted(_dims_of(pair[1]))} (m, n, k = '{m}', '{n}', '{k}')")
 
 

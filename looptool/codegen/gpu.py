@@ -21,7 +21,9 @@ through shared memory (a tree over the threads), then thread 0 updates the resul
 A tensorized tile (`LoopTree.tensorize`) is one `mma.sync` (inline PTX) run by a warp:
 thread.x is the warp's 32 lanes, each lane loads the operand elements and the four
 accumulators its fragments hold (the PTX ISA's layout for m16n8k16), and stores the
-four results back.
+four results back. An accumulator each thread keeps (placed by `cache_write`) is held as
+fragments at constant offsets (registers) and leaves through a tensorized copy tile; shared
+operands read by ldmatrix are swizzled (`Swizzle`).
 """
 from __future__ import annotations
 
@@ -387,9 +389,9 @@ class _GpuBuilder(FunctionBuilder):
         operands = [(load, stmt, tile) for stmt, tile in self.statements_of_tiles()
                     for load in (tile.a, tile.b) if tile.b is not None and load.buffer == plan.name]
         swizzle = Swizzle.of(plan.strides, ITEM_BYTES[plan.dtype])
-        if swizzle and operands and self.within_chunks(plan) and all(self.ldmatrix_layout(load, stmt, tile.loops["m" if load is tile.a else "n"]
-                                                             .loop.name, tile.loops["k"].loop.name) is not None
-                                        for load, stmt, tile in operands):
+        by_ldmatrix = all(self.ldmatrix_layout(load, stmt, tile.loops["m" if load is tile.a else "n"].loop.name,
+                                               tile.loops["k"].loop.name) is not None for load, stmt, tile in operands)
+        if swizzle and operands and by_ldmatrix and self.within_chunks(plan):
             self.swizzles[plan.name] = swizzle
 
     def within_chunks(self, plan) -> bool:
@@ -413,6 +415,7 @@ class _GpuBuilder(FunctionBuilder):
         return True
 
     def statements_of_tiles(self) -> list[tuple[StmtNode, TensorTile]]:
+        """Every tensorized statement of the tree with its tile."""
         return [(stmt, self.tiles[id(stmt)]) for stmt, _ in self.tree.statements() if id(stmt) in self.tiles]
 
     def access(self, buffer, index, clamp, stmt, env):
@@ -515,12 +518,13 @@ class _GpuBuilder(FunctionBuilder):
         elements), B (two) and the accumulator (four floats), runs mma.sync, and stores the four sums.
         An initialization stores the identity into each lane's four accumulator elements; a copy tile
         copies them."""
-        b, stage = self.builder, stmt.stage
+        b = self.builder
         base = {**env, **{node.loop.name: ZERO for node in nodes}}
         present = llir.Constant(llir.IntType(1), 1)
         for node in nodes:
             for lim in node.limits:     # a tail of whole tiles: this one is there or not, for the whole warp
-                present = b.and_(present, b.icmp_signed("<", self.affine(lim.rest, base), llir.Constant(I64, lim.bound)))
+                inside = b.icmp_signed("<", self.affine(lim.rest, base), llir.Constant(I64, lim.bound))
+                present = b.and_(present, inside)
         with b.if_then(present):
             self.tile(tile, stmt, base)
 
@@ -657,6 +661,7 @@ class Swizzle:
         return b.xor(offset, b.shl(row, llir.Constant(I64, self.chunk)))
 
     def __call__(self, offset: int) -> int:
+        """The swizzled offset of a whole number (what `apply` emits)."""
         return offset ^ (((offset >> self.shift) & self.mask) << self.chunk)
 
 
