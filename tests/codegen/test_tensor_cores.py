@@ -200,6 +200,18 @@ def test_tiles_may_skip_whole_tiles_at_the_edges(rng):
     assert_close(lt.interpret(c, t), ref, 1e-5)
 
 
+def test_batched_contractions_put_the_batch_on_blocks(rng):
+    sb, sm, sk, sn = lt.symbols("b m k n")
+    a = rng.standard_normal((3, 64, 32)).astype(lt.bfloat16)
+    b = rng.standard_normal((3, 32, 48)).astype(lt.bfloat16)
+    c = (lt.Tensor(a).to(sb, sm, sk) * lt.Tensor(b).to(sb, sk, sn)).sum(sk)
+    t = warp_tiled(c, block=(64, 64), stages=2)
+    module = gpu.generate(t, "sm_90")
+    assert module.launches[0].grid == (1, 1, 3) and "local" not in module.ptx
+    assert instructions(module.ptx)["mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"] > 0
+    assert_close(lt.interpret(c, t), np.einsum("bmk,bkn->bmn", a.astype(np.float64), b.astype(np.float64)), 1e-5)
+
+
 def test_an_accumulator_in_fragments_is_read_only_by_copy_tiles(rng):
     c, _ = contraction(rng, m=128, k=64, n=128)
     t = warp_tiled(c)
