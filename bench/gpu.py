@@ -157,33 +157,42 @@ def workloads(scale: float):
            lambda: torch.matmul(ta, tb), ("flops", 2 * size ** 3))
 
 
-def tensor_core_tiles(tree, warps: int, shared: bool):
-    """bfloat16/float16 matmul on tensor cores: per block (16 * warps) x 8 outputs, a warp per 16 x 8
-    tile (warps on thread.y) computed by one mma.m16n8k16 per k step of 16; with `shared`, both
-    operands staged per k step in shared memory and loaded by ldmatrix."""
-    t = tree.split("m", 16 * warps).split("m.1", 16).split("n", 8).split("k", 16)
-    t = t.reorder("m.0", "n.0", "k.0", "m.1.0", "m.1.1", "n.1", "k.1")
-    t = t.bind("m.0", "block.y").bind("n.0", "block.x").bind("m.1.0", "thread.y")
-    t = t.tensorize(("m.1.1", "n.1", "k.1"), "mma.m16n8k16")
-    if shared:
-        t = t.cache("in0", order=("m", "k")).place("in0.t0", "t0", 3).cache("in1", order=("k", "n")) \
-            .place("in1.t0", "t0", 3).bind("m.1.0", "thread.y", stage="in0.t0").bind("k.1", "thread.x", stage="in0.t0") \
-            .bind("k.1", "thread.x", stage="in1.t0")
-    return t
+MMA_VARIANTS = (((128, 256), (2, 4), 32, 2), ((256, 128), (4, 2), 32, 2), ((128, 128), (2, 2), 32, 0),
+                ((128, 128), (2, 2), 32, 2), ((128, 128), (2, 2), 32, 3), ((64, 128), (2, 2), 32, 3))
+
+
+def tensor_core_variants(tree, shapes=MMA_VARIANTS) -> dict:
+    """Tensor-core schedules: warp tiles of 16 x 8 mma tiles with accumulators in registers and both
+    operands staged per k tile, pipelined (`space.mma_tiled`)."""
+    variants = {}
+    for block, warps, k_tile, stages in shapes:
+        warp = (block[0] // warps[0], block[1] // warps[1])
+        name = (f"mma tiles: block {block[0]}x{block[1]}, {warps[0] * warps[1]} warps of {warp[0]}x{warp[1]}, "
+                f"k tile {k_tile}" + (f", cp.async {stages} stages" if stages else ""))
+        variants[name] = space.mma_tiled(tree, "t0", block, warps, k_tile, stages)
+    return variants
 
 
 def half_matmuls(scale: float):
-    """bfloat16 matmul 4096^3 (float32 accumulation and result) against torch.matmul in bfloat16."""
+    """bfloat16 and float16 matmul 4096^3, bfloat16 8192^3 and a batched bfloat16 matmul (64 x 1024^3,
+    as in attention), float32 accumulation and result, against torch.matmul in the same dtype; the
+    float64 references come from torch.matmul in float64 on the GPU."""
     import torch
-    size = int(4096 * scale ** (1 / 3))
-    ta = torch.randn(size, size, device="cuda").to(torch.bfloat16)
-    tb = torch.randn(size, size, device="cuda").to(torch.bfloat16)
-    mm, kk, nn = lt.symbols("m k n")
-    mat = (lt.Tensor(ta).to(mm, kk) * lt.Tensor(tb).to(kk, nn)).sum(kk)
-    ref = ta.double().cpu().numpy() @ tb.double().cpu().numpy()
-    variants = {f"tensor cores, {w} warps/block{', ldmatrix from shared' if shared else ', operands from global'}":
-                tensor_core_tiles(mat.loop_tree(), w, shared) for w, shared in ((4, False), (4, True), (8, True))}
-    yield ("matmul bfloat16", mat, variants, ref, lambda: torch.matmul(ta, tb), ("flops", 2 * size ** 3))
+    size, big, rows = (int(s * scale ** (1 / 3)) for s in (4096, 8192, 1024))
+    cases = (("matmul bfloat16", torch.bfloat16, (), size, MMA_VARIANTS),
+             ("matmul float16", torch.float16, (), size, MMA_VARIANTS[:2]),
+             ("matmul bfloat16 8192^3", torch.bfloat16, (), big, MMA_VARIANTS[:2]),
+             ("batched matmul bfloat16 64x1024^3", torch.bfloat16, (64,), rows, MMA_VARIANTS[:2]))
+    for label, dtype, batch, n, shapes in cases:
+        ta = torch.randn(*batch, n, n, device="cuda").to(dtype)
+        tb = torch.randn(*batch, n, n, device="cuda").to(dtype)
+        dims = lt.symbols("b m k n")
+        outer, (mm, kk, nn) = dims[:len(batch)], dims[1:]
+        mat = (lt.Tensor(ta).to(*outer, mm, kk) * lt.Tensor(tb).to(*outer, kk, nn)).sum(kk)
+        ref = torch.matmul(ta.double(), tb.double()).cpu().numpy()
+        variants = tensor_core_variants(mat.loop_tree(), shapes)
+        yield (label, mat, variants, ref, lambda ta=ta, tb=tb: torch.matmul(ta, tb),
+               ("flops", 2 * n ** 3 * (batch[0] if batch else 1)))
 
 
 def main(argv=None):

@@ -16,12 +16,14 @@ import optuna
 
 from looptool import ir
 from looptool.codegen import gpu as codegen_gpu
+from looptool.codegen.llvm import ITEM_BYTES
 from looptool.schedule import LoopTree
 
 TILE_FACTORS = (1, 2, 3, 4, 5, 6, 8)
 LANE_FACTORS = (8, 16, 32, 48, 64)
 BLOCK_FACTORS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 UNROLL_LIMIT = 8
+WARP_LANES = 32
 
 
 class InvalidDraw(ValueError):
@@ -135,24 +137,61 @@ GPU_THREADS_Y = (1, 2, 4, 8, 16, 32)
 GPU_REGISTER_TILE = (1, 2, 4, 8)
 GPU_K_TILE = (4, 8, 16, 32)
 GPU_ROW_THREADS = (128, 256, 512, 1024)
+MMA_BLOCK = (64, 128, 256)
+MMA_WARPS = (1, 2, 4)
+MMA_K_TILE = (16, 32, 64)
+MMA_STAGES = (0, 2, 3)
+MMA_SHARED = 48 * 1024          # static shared memory a block may use
+MMA_ACCUMULATORS = 128          # float registers a lane gives its warp tile's accumulators
 
 
 def sample_gpu(trial: optuna.Trial, tree: LoopTree) -> LoopTree:
-    """Draw one GPU schedule. Two families: 'tiles' gives every root stage blocks and threads over
+    """Draw one GPU schedule. Three families: 'tiles' gives every root stage blocks and threads over
     its output with per-thread register tiles, reductions accumulated in registers (cache_write) over
     k tiles whose inputs may be staged in shared memory, and 128-bit vectors along the contiguous
     dim; 'rows' (programs of several stages) gives each block a row of the output, computes the
-    producers there, and binds the innermost dim to threads, combining reductions across them."""
+    producers there, and binds the innermost dim to threads, combining reductions across them;
+    'mma' (a contraction of two bfloat16 or float16 tensors) runs it on tensor cores (`mma_tiled`:
+    block tile, warps, k tile, pipeline stages)."""
     try:
         stages = [st.name for st in tree.program.stages]
         if len(stages) > 1 and trial.suggest_categorical("gpu.family", ["tiles", "rows"]) == "rows":
             return _gpu_rows(trial, tree)
+        if _half_contraction(tree) and trial.suggest_categorical("gpu.tensor.family", ["tiles", "mma"]) == "mma":
+            return _gpu_mma(trial, tree)
         for stage in stages:
             tree = _gpu_tiles(trial, tree, stage)
         _check_block_size(tree)
     except ValueError as err:
         raise InvalidDraw(str(err)) from None
     return tree
+
+
+def _half_contraction(tree: LoopTree) -> bool:
+    """One stage summing the product of two bfloat16 (or two float16) tensors."""
+    stages = tree.program.stages
+    if len(stages) != 1 or stages[0].reduce_op != "sum" or len(stages[0].reduce_dims) != 1:
+        return False
+    dtypes = [tree.buffers[load.buffer].dtype for load in _loads(stages[0])]
+    return len(dtypes) == 2 and dtypes[0] == dtypes[1] and dtypes[0] in ("bfloat16", "float16")
+
+
+def _gpu_mma(trial: optuna.Trial, tree: LoopTree) -> LoopTree:
+    st = tree.program.output
+    m, n = [d for d in st.loop_dims if d not in st.reduce_dims][-2:]
+    block = tuple(_choose(trial, f"gpu.mma.block.{d}", list(MMA_BLOCK)) for d in (m, n))
+    warps = tuple(_choose(trial, f"gpu.mma.warps.{d}", list(MMA_WARPS)) for d in (m, n))
+    k_tile = _choose(trial, "gpu.mma.k.tile", list(MMA_K_TILE))
+    stages = _choose(trial, "gpu.mma.stages", list(MMA_STAGES))
+    warp = (block[0] // warps[0], block[1] // warps[1])
+    if warp[0] % 16 or warp[1] % 8:
+        raise ValueError(f"a warp tile of {warp[0]}x{warp[1]} is not made of 16x8 mma tiles")
+    if warp[0] * warp[1] // 32 > MMA_ACCUMULATORS:
+        raise ValueError(f"a warp tile of {warp[0]}x{warp[1]} needs more than {MMA_ACCUMULATORS} registers a lane")
+    shared = (block[0] + block[1]) * k_tile * 2 * max(stages, 1)
+    if shared > MMA_SHARED:
+        raise ValueError(f"{shared} bytes of shared memory a block (at most {MMA_SHARED})")
+    return mma_tiled(tree, st.name, block, warps, k_tile, stages)
 
 
 def register_tiled(tree: LoopTree, stage: str, x_threads: int, x_groups: int, vector: int, y_threads: int,
@@ -321,3 +360,79 @@ def _threads_over(tree: LoopTree, stage: str, dim: str, threads: int) -> LoopTre
     loop = next(lp.name for lp in tree.schedule.of(stage).loops if lp.dim == dim)
     tree = tree.split(loop, threads, stage=stage)
     return tree.reorder(f"{loop}.1", f"{loop}.0", stage=stage).bind(f"{loop}.1", "thread.x", stage=stage)
+
+
+def mma_tiled(tree: LoopTree, stage: str, block: tuple[int, int] = (128, 128), warps: tuple[int, int] = (2, 2),
+              k_tile: int = 32, stages: int = 0) -> LoopTree:
+    """A contraction on tensor cores (mma.m16n8k16): blocks of block[0] x block[1] outputs (m x n), split
+    between warps[0] x warps[1] warps (thread.y, thread.z), each computing its warp tile as unrolled
+    16 x 8 mma tiles whose accumulators stay in registers (`cache_write`) across the k loop; per k tile
+    of `k_tile`, both operands are staged in shared memory by all threads with 16-byte copies, and read
+    by ldmatrix. With `stages` >= 2 the copies are pipelined (cp.async). A batch dim (one) goes on
+    block.z."""
+    st = tree.program.stage(stage)
+    m, n = [d for d in st.loop_dims if d not in st.reduce_dims][-2:]
+    k, = st.reduce_dims
+    batch = [d for d in st.loop_dims if d not in st.reduce_dims and d not in (m, n)]
+    if len(batch) > 1:
+        raise ValueError(f"mma_tiled binds one batch dim to block.z; stage {stage} has {batch}")
+    acc = f"{stage}.acc"
+    tree = tree.cache_write(stage).split(m, block[0], stage=stage).split(n, block[1], stage=stage)
+    tree = tree.reorder(*batch, f"{m}.0", f"{n}.0", f"{m}.1", f"{n}.1", stage=stage)
+    tree = tree.place(acc, stage, len(batch) + 2)
+    tree = tree.split(k, k_tile, stage=acc).reorder(f"{k}.0", f"{m}.1", f"{n}.1", f"{k}.1", stage=acc)
+    for load in _loads(st):     # placed before the warp splits: the copies keep whole rows of the tile
+        tree = _copy_by_warps(tree, acc, load.buffer, warps, len(batch) + 3)
+    tiles = (f"{m}.1.1.1", f"{n}.1.1.1")
+    for name in (stage, acc):
+        for dim, warp, tile in ((m, block[0] // warps[0], 16), (n, block[1] // warps[1], 8)):
+            tree = tree.split(f"{dim}.1", warp, stage=name).split(f"{dim}.1.1", tile, stage=name)
+        tree = tree.bind(f"{m}.1.0", "thread.y", stage=name).bind(f"{n}.1.0", "thread.z", stage=name)
+        tree = tree.unroll(f"{m}.1.1.0", stage=name).unroll(f"{n}.1.1.0", stage=name)
+    tree = tree.bind(f"{m}.0", "block.y", stage=stage).bind(f"{n}.0", "block.x", stage=stage)
+    for dim in batch:
+        tree = tree.bind(dim, "block.z", stage=stage)
+    tree = tree.reorder(f"{m}.1.0", f"{n}.1.0", f"{m}.1.1.0", f"{n}.1.1.0", *tiles, stage=stage)
+    tree = tree.split(f"{k}.1", 16, stage=acc).unroll(f"{k}.1.0", stage=acc)
+    tree = tree.reorder(f"{m}.1.0", f"{n}.1.0", f"{k}.1.0", f"{m}.1.1.0", f"{n}.1.1.0", *tiles, f"{k}.1.1", stage=acc)
+    tree = tree.tensorize(tiles, "mma.m16n8k16", stage=stage).tensorize((*tiles, f"{k}.1.1"), "mma.m16n8k16", stage=acc)
+    return tree.pipeline(f"{k}.0", stages, stage=acc) if stages >= 2 else tree
+
+
+def _copy_by_warps(tree: LoopTree, acc: str, buffer: str, warps: tuple[int, int], depth: int) -> LoopTree:
+    """Stage `buffer`'s tile of one k step in shared memory (in its own layout), copied by the block's
+    warps with 16-byte vectors along its contiguous dim, lanes on the chunks of a row (or on rows), warps
+    sharing the rest."""
+    dims = next(b.dims for b in tree.program.inputs if b.name == buffer)
+    copy = f"{buffer}.{acc}"
+    tree = tree.cache(buffer, stage=acc, order=dims).place(copy, acc, depth)
+    width = 16 // ITEM_BYTES[tree.buffers[buffer].dtype]
+    inner = [lp for lp in tree.schedule.of(copy).loops if lp.dim == dims[-1]][-1]
+    if inner.extent > width:
+        tree = tree.split(inner.name, width, stage=copy)
+        inner = next(lp for lp in tree.schedule.of(copy).loops if lp.name == f"{inner.name}.1")
+    loops = [lp for lp in tree.schedule.of(copy).loops if lp.name != inner.name]
+    # lanes along the rows of the tile, unless its rows hold 4 or more 16-byte chunks: lanes then take
+    # the chunks, so each copy instruction reads whole 32-byte sectors
+    chunks = [lp for lp in loops if lp.dim == dims[-1] and lp.extent >= 4]
+    rows = max((lp for lp in loops if lp.dim != dims[-1]), key=lambda lp: lp.extent)
+    lanes = chunks[-1] if chunks else rows
+    if lanes.extent > WARP_LANES:
+        tree = tree.split(lanes.name, WARP_LANES, stage=copy)
+        lanes = next(lp for lp in tree.schedule.of(copy).loops if lp.name == f"{lanes.name}.1")
+    bound = [(lanes.name, "thread.x")]
+    for axis, size in (("thread.y", warps[0]), ("thread.z", warps[1])):
+        free = [lp for lp in tree.schedule.of(copy).loops if lp.name not in (inner.name, *(n for n, _ in bound))]
+        if size == 1 or not free:
+            continue
+        # a loop of the copy on every thread axis of the block, so no two warps write the same element
+        spare = max(free, key=lambda lp: (lp.extent % size == 0 and lp.extent >= size, lp.extent))
+        tree = tree.split(spare.name, -(-spare.extent // size), stage=copy)
+        bound.append((f"{spare.name}.0", axis))
+    rest = [lp.name for lp in tree.schedule.of(copy).loops if lp.name not in (inner.name, *(n for n, _ in bound))]
+    tree = tree.reorder(*(name for name, _ in bound), *rest, inner.name, stage=copy)
+    for name, axis in bound:
+        tree = tree.bind(name, axis, stage=copy)
+    for name in rest:
+        tree = tree.unroll(name, stage=copy)
+    return tree.vectorize(inner.name, stage=copy)

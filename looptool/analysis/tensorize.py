@@ -1,11 +1,16 @@
 """What a warp-level matrix instruction (`LoopTree.tensorize`) needs of the loops it was given.
 
 A tensorized update is `C[m, n] += A[m, k] * B[k, n]` whose three innermost loops are the
-instruction's m, n and k tile, whole (no tails), with half-precision operands of one dtype
+instruction's m, n and k tile, whole (a tail may only skip whole tiles), with half-precision operands of one dtype
 and a float32 accumulator; on the GPU the instruction runs on a warp, whose 32 lanes take
 `thread.x` (so loops around it that split work between warps are bound to thread.y or
 thread.z). `tensor_tiles` returns each tensorized update with its operands, or raises an
 `IllegalScheduleError` saying in plain words what is missing.
+
+An accumulator the instruction computes into a buffer placed in the kernel (`cache_write`) is kept
+as the lanes' fragments: each lane holds its own elements of every 16 x 8 tile. So such a buffer is
+read only by a copy whose (m, n) loops are tensorized with the same instruction (a copy tile, `b`
+None), on the same 16 x 8 grid of the buffer.
 """
 from __future__ import annotations
 
@@ -23,17 +28,18 @@ WARP = 32
 @dataclass(frozen=True)
 class TensorTile:
     """A tensorized update: the instruction, its loops by role ('m', 'n', 'k'), and its operands
-    `a` (an m x k matrix) and `b` (k x n), both of `dtype`."""
+    `a` (an m x k matrix) and `b` (k x n), both of `dtype`; or a copy tile: loops 'm' and 'n', the
+    accumulator it copies as `a`, `b` None."""
 
     instruction: str
     loops: dict[str, LoopNode]
     a: ir.Load
-    b: ir.Load
+    b: ir.Load | None
     dtype: str
 
 
 def tensor_tiles(tree: LoopTree) -> dict[int, TensorTile]:
-    """id(update statement) -> its TensorTile, for every tensorized update of the tree."""
+    """id(update or copy statement) -> its TensorTile, for every tensorized statement of the tree."""
     tiles = {}
     for root in tree.root:
         for stmt, path in walk([root]):
@@ -41,6 +47,7 @@ def tensor_tiles(tree: LoopTree) -> dict[int, TensorTile]:
                 roles = {tensor_role(node.loop): node for node in path if tensor_role(node.loop)}
                 if roles and stmt.kind != "init":
                     tiles[id(stmt)] = _tile(tree, root, stmt, path, roles)
+    _check_fragments(tree, tiles)
     return tiles
 
 
@@ -53,6 +60,8 @@ def _tile(tree: LoopTree, root, stmt: StmtNode, path: list[LoopNode], roles: dic
     instruction = instructions.pop()
     loops = {role: node for (_, role), node in roles.items()}
     names = "', '".join(node.loop.name for node in loops.values())
+    if stmt.kind == "assign" and "k" not in loops:
+        return _copy_tile(tree, root, stmt, path, instruction, loops)
     if stmt.kind != "update" or stage.reduce_op != "sum":
         raise IllegalScheduleError(f"loops '{names}' are tensorized, but stage {stage.name} is not a sum: "
                                    f"{instruction} computes contractions, (a * b).sum(k)")
@@ -60,9 +69,7 @@ def _tile(tree: LoopTree, root, stmt: StmtNode, path: list[LoopNode], roles: dic
     if missing:
         raise IllegalScheduleError(f"stage {stage.name}'s update lies inside the tensorized loops '{names}' but "
                                    f"not inside its {' and '.join(missing)} loop for {instruction}")
-    if {id(node) for node in path[-3:]} != {id(node) for node in loops.values()}:
-        raise IllegalScheduleError(f"the tensorized loops '{names}' must be the three innermost loops of stage "
-                                   f"{stage.name}; '{path[-1].loop.name}' is inside them")
+    _check_innermost(stage, path, loops, names)
     _check_tile_sizes(instruction, loops)
     _check_dims(stage, instruction, loops)
     a, b = _operands(tree, stage, instruction, loops)
@@ -70,20 +77,95 @@ def _tile(tree: LoopTree, root, stmt: StmtNode, path: list[LoopNode], roles: dic
     return TensorTile(instruction, loops, a, b, tree.buffers[a.buffer].dtype)
 
 
+def _copy_tile(tree: LoopTree, root, stmt: StmtNode, path: list[LoopNode], instruction: str,
+               loops: dict) -> TensorTile:
+    """A copy of an accumulator whose (m, n) loops are tensorized: each lane copies its fragment."""
+    stage = stmt.stage
+    names = "', '".join(node.loop.name for node in loops.values())
+    source = _operand_load(stage.expr) if not isinstance(stage.expr, ir.Cast) else _operand_load(stage.expr.x)
+    if source is None or len(loops) != 2:
+        raise IllegalScheduleError(f"loops '{names}' of stage {stage.name} are tensorized, but it is neither a sum "
+                                   f"(a * b).sum(k) nor a copy of an accumulator over its (m, n) loops: "
+                                   f"{instruction} computes contractions")
+    _check_innermost(stage, path, loops, names)
+    _check_tile_sizes(instruction, loops)
+    for role in "mn":
+        if loops[role].loop.dim in stage.reduce_dims or loops[role].loop.dim not in stage.dims:
+            raise IllegalScheduleError(f"the {role} loop '{loops[role].loop.name}' of the copy tile of stage "
+                                       f"{stage.name} must run over a dimension of the result")
+    _check_warp(root, path, stage, instruction)
+    return TensorTile(instruction, loops, source, None, tree.buffers[source.buffer].dtype)
+
+
+def _check_innermost(stage: ir.Stage, path: list[LoopNode], loops: dict, names: str):
+    count = len(loops)
+    if {id(node) for node in path[-count:]} != {id(node) for node in loops.values()}:
+        raise IllegalScheduleError(f"the tensorized loops '{names}' must be the {('two', 'three')[count - 2]} "
+                                   f"innermost loops of stage {stage.name}; '{path[-1].loop.name}' is inside them")
+
+
+def _check_fragments(tree: LoopTree, tiles: dict[int, TensorTile]):
+    """A placed buffer that tensor tiles accumulate into is held in the lanes' fragments: only copy
+    tiles over the same (m, n) dims may read it, and every tile sees it on one 16 x 8 grid."""
+    producers = {}
+    for stmt, _ in tree.statements():
+        tile = tiles.get(id(stmt))
+        if tile and tile.b is not None and tree.buffers[stmt.stage.name].kind == "local":
+            producers[stmt.stage.name] = (stmt, tile)
+    for stmt, _ in tree.statements():
+        for load in ir.loads(stmt.stage.expr) if stmt.kind != "init" else ():
+            if load.buffer not in producers:
+                continue
+            producer, made = producers[load.buffer]
+            tile = tiles.get(id(stmt))
+            if tile is None or tile.b is not None:
+                raise IllegalScheduleError(
+                    f"stage {stmt.stage.name} reads {load.buffer}, which {made.instruction} keeps in the lanes' "
+                    f"fragments (each lane holds its own elements of each tile): tensorize {stmt.stage.name}'s "
+                    f"(m, n) tile loops with {made.instruction} too, a copy tile")
+            for role in "mn":
+                if tile.loops[role].loop.dim != made.loops[role].loop.dim:
+                    raise IllegalScheduleError(
+                        f"the copy tile of stage {stmt.stage.name} runs its {role} loop '{tile.loops[role].loop.name}'"
+                        f" over '{tile.loops[role].loop.dim}', but {load.buffer}'s tiles run {role} over "
+                        f"'{made.loops[role].loop.dim}'")
+            for where, index, loops in ((producer, ir.Affine.identity(producer.stage.dims), made.loops),
+                                        (stmt, load.index, tile.loops)):
+                _check_grid(tree, load.buffer, where, index, loops, made.instruction)
+
+
+def _check_grid(tree: LoopTree, buffer: str, stmt: StmtNode, index, loops: dict, instruction: str):
+    """The tile's m and n loops step the accumulator's m and n axes by one, and every other term of
+    those axes is a multiple of the tile (16 rows, 8 columns), so tiles fall on one grid."""
+    plan = tree.buffers[buffer]
+    axes = plan.element_index(tuple(ix.substitute(stmt.index) for ix in index))
+    shape = TENSOR_INSTRUCTIONS[instruction]
+    for role in "mn":
+        axis = axes[plan.dims.index(loops[role].loop.dim)]
+        coeffs = axis.coeffs()
+        rest = [c for name, c in coeffs.items() if name != loops[role].loop.name] + [axis.const]
+        if coeffs.get(loops[role].loop.name) != 1 or any(c % shape[role] for c in rest):
+            raise IllegalScheduleError(
+                f"stage {stmt.stage.name} reaches {buffer} off the {shape['m']} x {shape['n']} grid of its "
+                f"{instruction} fragments: its {role} loop '{loops[role].loop.name}' must step "
+                f"'{loops[role].loop.dim}' by 1 from a multiple of {shape[role]}")
+
+
 def _check_tile_sizes(instruction: str, loops: dict[str, LoopNode]):
     shape = TENSOR_INSTRUCTIONS[instruction]
     tile = " x ".join(str(shape[role]) for role in "mnk")
-    for role in "mnk":
-        node = loops[role]
+    for role, node in loops.items():
         if node.loop.extent != shape[role]:
             raise IllegalScheduleError(
                 f"{instruction} computes a {tile} (m x n x k) tile: its {role} loop '{node.loop.name}' must run "
                 f"{shape[role]} iterations, it runs {node.loop.extent}; split '{node.loop.dim}' by {shape[role]} "
                 f"and tensorize the inner loop")
-        if node.limits:
-            raise IllegalScheduleError(
-                f"loop '{node.loop.name}' has a tail (size {node.loop.dim} does not divide into tiles of "
-                f"{shape[role]}): {instruction} computes whole tiles only")
+        size = shape[role]
+        for lim in node.limits:
+            if lim.coeff != 1 or any(c % size for c in (lim.bound, lim.rest.const, *lim.rest.coeffs().values())):
+                raise IllegalScheduleError(
+                    f"loop '{node.loop.name}' has a tail (size {node.loop.dim} does not divide into tiles of "
+                    f"{size}): {instruction} computes whole tiles only")
 
 
 def _check_dims(stage: ir.Stage, instruction: str, loops: dict[str, LoopNode]):
@@ -112,11 +194,12 @@ def _operands(tree: LoopTree, stage: ir.Stage, instruction: str, loops: dict) ->
             f"{dtypes[0]} {pair[0].buffer} by {dtypes[1]} {pair[1].buffer}: convert them with "
             f".astype(lt.bfloat16) (or lt.float16)")
     m, n, k = (loops[role].loop.dim for role in "mnk")
+    batch = set(stage.dims) - {m, n}          # dims outside the tile, fixed in each
     for a, b in (pair, pair[::-1]):
-        if _dims_of(a) == {m, k} and _dims_of(b) == {k, n}:
+        if _dims_of(a) - batch == {m, k} and _dims_of(b) - batch == {k, n}:
             return a, b
-    raise IllegalScheduleError(f"{instruction} multiplies an m x k by a k x n matrix; in stage {stage.name}, "
-                               f"{pair[0].buffer} runs over {sorted(_dims_of(pair[0]))} and {pair[1].buffer} over "
+    raise IllegalScheduleError(f"{instruction} multiplies an m x k by a k x n matrix (batched or not); in stage "
+                               f"{stage.name}, {pair[0].buffer} runs over {sorted(_dims_of(pair[0]))} and {pair[1].buffer} over "
                                f"{sorted(_dims_of(pair[1]))} (m, n, k = '{m}', '{n}', '{k}')")
 
 

@@ -21,7 +21,9 @@ through shared memory (a tree over the threads), then thread 0 updates the resul
 A tensorized tile (`LoopTree.tensorize`) is one `mma.sync` (inline PTX) run by a warp:
 thread.x is the warp's 32 lanes, each lane loads the operand elements and the four
 accumulators its fragments hold (the PTX ISA's layout for m16n8k16), and stores the
-four results back.
+four results back. An accumulator each thread keeps (placed by `cache_write`) is held as
+fragments at constant offsets (registers) and leaves through a tensorized copy tile; shared
+operands read by ldmatrix are swizzled (`Swizzle`).
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ from ..analysis.tensorize import WARP, TensorTile, tensor_tiles
 from ..ir import Affine
 from ..schedule import (GPU_AXES, LoopNode, LoopTree, StmtNode, accesses, pipeline_depth, tensor_role,
                         thread_bound, walk)
-from .llvm import (F32, F64, I16, I32, I64, IDENTITY, ITEM_BYTES, MEMORY_TYPE, REDUCE_BINARY, VALUE_TYPE, ZERO,
+from .llvm import (F32, F64, I16, I32, I64, IDENTITY, ONE, ITEM_BYTES, MEMORY_TYPE, REDUCE_BINARY, VALUE_TYPE, ZERO,
                    FunctionBuilder, element_type, kernel_params)
 
 TRIPLE = "nvptx64-nvidia-cuda"
@@ -138,6 +140,7 @@ class _GpuBuilder(FunctionBuilder):
         super().__init__(tree, fn, pointers, threads=1)
         self.tiles = tiles
         self.shared_buffers: set[str] = set()
+        self.swizzles: dict[str, Swizzle] = {}           # shared mma operands read by ldmatrix
         self.stage_tiles = {stmt.stage.name: tiles[id(stmt)] for stmt, _ in tree.statements() if id(stmt) in tiles}
         self.assume_aligned = aligned_params
         self.thread_loops: list[str] = []
@@ -187,7 +190,7 @@ class _GpuBuilder(FunctionBuilder):
             return
         tiled = self.tile_under(node)
         if tiled:
-            self.mma(*tiled, env)
+            self.mma(*tiled, [node, *_loop_nodes(node.body)], env)
             return
         if axis == "parallel":
             raise ValueError(f"loop '{node.loop.name}' is marked parallel: on a GPU, bind it to blocks or threads")
@@ -223,6 +226,7 @@ class _GpuBuilder(FunctionBuilder):
         sizes = {plan.name: self.rotating_size(plan) for plan in placed}
         for plan in placed:
             self.pointers[plan.name] = self.shared(MEMORY_TYPE[plan.dtype], sizes[plan.name] * stages, plan.name)
+            self.share(plan)
         copies = [child for child in node.body if _buffers_touched(child)[0] <= sizes.keys()]
         rest = [child for child in node.body if all(child is not copy for copy in copies)]
         count, name, b = self.trip_count(node, env), node.loop.name, self.builder
@@ -368,7 +372,7 @@ class _GpuBuilder(FunctionBuilder):
         count = plan.size if private is None else private.size
         if private is None:
             if not self.thread_loops and self._written_by_threads(plan.name):
-                self.shared_buffers.add(plan.name)
+                self.share(plan)
                 return self.shared(MEMORY_TYPE[plan.dtype], plan.size, plan.name)
             size = plan.size * ITEM_BYTES[plan.dtype]
             if size > LOCAL_LIMIT:
@@ -378,21 +382,68 @@ class _GpuBuilder(FunctionBuilder):
         buffer.align = 16
         return buffer
 
+    def share(self, plan):
+        """Note a buffer placed in shared memory; an mma operand there that ldmatrix reads row by row
+        is swizzled, so its reads and the copies into it are free of bank conflicts."""
+        self.shared_buffers.add(plan.name)
+        operands = [(load, stmt, tile) for stmt, tile in self.statements_of_tiles()
+                    for load in (tile.a, tile.b) if tile.b is not None and load.buffer == plan.name]
+        swizzle = Swizzle.of(plan.strides, ITEM_BYTES[plan.dtype])
+        by_ldmatrix = all(self.ldmatrix_layout(load, stmt, tile.loops["m" if load is tile.a else "n"].loop.name,
+                                               tile.loops["k"].loop.name) is not None for load, stmt, tile in operands)
+        if swizzle and operands and by_ldmatrix and self.within_chunks(plan):
+            self.swizzles[plan.name] = swizzle
+
+    def within_chunks(self, plan) -> bool:
+        """Whether every access of a buffer stays inside 16-byte chunks (so a swizzle keeps vectors
+        whole): vectors of at most 16 bytes starting at a multiple of their width, no clamped loads."""
+        for stmt, path in self.tree.statements():
+            for access in accesses(stmt):
+                if access.buffer != plan.name:
+                    continue
+                if any(ld.buffer == plan.name and ld.clamped for ld in ir.loads(stmt.stage.expr)):
+                    return False
+                coeffs = self.linear_offset(plan.name, access.index, stmt).coeffs()
+                const = self.linear_offset(plan.name, access.index, stmt).const
+                for node in path:
+                    width = node.loop.extent
+                    if node.loop.annotation != "vectorize" or coeffs.get(node.loop.name) != 1:
+                        continue
+                    rest = math.gcd(const, *(c for name, c in coeffs.items() if name != node.loop.name))
+                    if width * ITEM_BYTES[plan.dtype] > 16 or rest % width:
+                        return False
+        return True
+
+    def statements_of_tiles(self) -> list[tuple[StmtNode, TensorTile]]:
+        """Every tensorized statement of the tree with its tile."""
+        return [(stmt, self.tiles[id(stmt)]) for stmt, _ in self.tree.statements() if id(stmt) in self.tiles]
+
     def access(self, buffer, index, clamp, stmt, env):
         """Accesses of a buffer kept per thread index this thread's slice: the thread-bound loops'
-        terms drop out of the offset, so unrolled loops give constant offsets (registers)."""
+        terms drop out of the offset, so unrolled loops give constant offsets (registers). A swizzled
+        buffer's offsets are permuted within each row (`Swizzle`)."""
         private = self.tree.thread_slices.get(buffer)
+        swizzle = self.swizzles.get(buffer)
+        if swizzle is not None and not clamp:
+            offset = swizzle.apply(self.builder, self.affine(self.linear_offset(buffer, index, stmt), env))
+            pointer = self.builder.gep(self.pointers[buffer], [offset], inbounds=True,
+                                       source_etype=MEMORY_TYPE[self.tree.buffers[buffer].dtype])
+            return self.rotated(buffer, pointer)
         if private is None:
             pointer = super().access(buffer, index, clamp, stmt, env)
-            if buffer in self.rotations:
-                pointer = self.builder.gep(pointer, [self.rotations[buffer]],
-                                           source_etype=MEMORY_TYPE[self.tree.buffers[buffer].dtype], inbounds=True)
-            return pointer
+            return self.rotated(buffer, pointer)
         linear = self.linear_offset(buffer, index, stmt)
         own = Affine.of({name: c for name, c in linear.terms if name not in self.thread_loops})
         offset = self.affine(own + (linear.const - private.low), env)
         return self.builder.gep(self.pointers[buffer], [offset], source_etype=MEMORY_TYPE[self.tree.buffers[buffer].dtype],
                                 inbounds=True)
+
+    def rotated(self, buffer: str, pointer: llir.Value) -> llir.Value:
+        """A pipelined buffer's pointer moved to the copy of the current iteration."""
+        if buffer not in self.rotations:
+            return pointer
+        return self.builder.gep(pointer, [self.rotations[buffer]],
+                                source_etype=MEMORY_TYPE[self.tree.buffers[buffer].dtype], inbounds=True)
 
     def alignment(self, buffer, index, stmt, env, lanes=None):
         """Up to 16 bytes where every term of the offset is a multiple of the lanes (so LLVM emits
@@ -427,7 +478,7 @@ class _GpuBuilder(FunctionBuilder):
     # Tensor cores -------------------------------------------------------------------
     def tile_under(self, node: LoopNode) -> tuple[TensorTile, StmtNode] | None:
         """(tile, statement) when `node` is the outermost loop of a tensorized tile's update (three
-        loops) or of its initialization (its m and n loops)."""
+        loops), of its copy (two) or of its initialization (its m and n loops)."""
         if not tensor_role(node.loop):
             return None
         inside = [current for current, _ in walk(node.body)]
@@ -435,32 +486,66 @@ class _GpuBuilder(FunctionBuilder):
         if len(stmts) != 1:
             return None
         stmt = stmts[0]
-        if id(stmt) in self.tiles and len(inside) == 3:
+        if id(stmt) in self.tiles and len(inside) == len(self.tiles[id(stmt)].loops):
             return self.tiles[id(stmt)], stmt
         tile = self.stage_tiles.get(stmt.stage.name)
         if tile and stmt.kind == "init" and len(inside) == 2 and tensor_role(inside[0].loop):
             return tile, stmt
         return None
 
-    def mma(self, tile: TensorTile, stmt: StmtNode, env: dict):
+    def is_fragment(self, buffer: str) -> bool:
+        """Whether a buffer is kept by each thread (registers), so a tile holds it as fragments."""
+        return self.tree.buffers[buffer].kind == "local" and buffer not in self.shared_buffers
+
+    def tile_elements(self, buffer: str, index, tile: TensorTile, stmt: StmtNode, env: dict,
+                      lane: llir.Value) -> list[llir.Value]:
+        """Pointers to a lane's four elements of a 16 x 8 tile of `buffer`: rows lane/4 and lane/4 + 8,
+        columns 2*(lane%4) and the next. A buffer each thread keeps (an accumulator placed in the
+        kernel) holds them as a fragment instead, at the places lane 0's elements have: constant
+        offsets, so they stay in registers."""
+        b = self.builder
+        m, n = tile.loops["m"].loop.name, tile.loops["n"].loop.name
+        if self.is_fragment(buffer):
+            rows, cols = (ZERO, llir.Constant(I64, 8)), (ZERO, ONE)
+        else:
+            group = b.lshr(lane, llir.Constant(I64, 2))
+            pair = b.shl(b.and_(lane, llir.Constant(I64, 3)), llir.Constant(I64, 1))
+            rows, cols = (group, b.add(group, llir.Constant(I64, 8))), (pair, b.add(pair, ONE))
+        return [self.access(buffer, index, False, stmt, {**env, m: row, n: col}) for row in rows for col in cols]
+
+    def mma(self, tile: TensorTile, stmt: StmtNode, nodes: list[LoopNode], env: dict):
         """One m16n8k16 tile on the warp: each lane gathers its fragments of A (four registers of two
         elements), B (two) and the accumulator (four floats), runs mma.sync, and stores the four sums.
-        Lane l holds rows l/4 and l/4 + 8 and the column pair 2*(l%4) of each 8-wide block. An
-        initialization stores the identity into each lane's four accumulator elements."""
+        An initialization stores the identity into each lane's four accumulator elements; a copy tile
+        copies them."""
+        b = self.builder
+        base = {**env, **{node.loop.name: ZERO for node in nodes}}
+        present = llir.Constant(llir.IntType(1), 1)
+        for node in nodes:
+            for lim in node.limits:     # a tail of whole tiles: this one is there or not, for the whole warp
+                inside = b.icmp_signed("<", self.affine(lim.rest, base), llir.Constant(I64, lim.bound))
+                present = b.and_(present, inside)
+        with b.if_then(present):
+            self.tile(tile, stmt, base)
+
+    def tile(self, tile: TensorTile, stmt: StmtNode, base: dict):
+        """The instructions of one tile, at loop values `base` (its own loops at 0)."""
         b, stage = self.builder, stmt.stage
         lane = b.zext(b.call(self.declare("llvm.nvvm.read.ptx.sreg.tid.x", I32, []), []), I64)
-        group = b.lshr(lane, llir.Constant(I64, 2))
-        pair = b.shl(b.and_(lane, llir.Constant(I64, 3)), llir.Constant(I64, 1))
-        m, n, k = (tile.loops[role].loop.name for role in "mnk")
-        base = {**env, m: ZERO, n: ZERO, k: ZERO}
-        rows = (group, b.add(group, llir.Constant(I64, 8)))
-        own = Affine.identity(stage.dims)
-        targets = [self.access(stage.name, own, False, stmt, {**base, m: row, n: col})
-                   for row in rows for col in (pair, b.add(pair, llir.Constant(I64, 1)))]
+        targets = self.tile_elements(stage.name, Affine.identity(stage.dims), tile, stmt, base, lane)
         if stmt.kind == "init":
             for target in targets:
                 self.store_value(llir.Constant(F32, IDENTITY[stage.reduce_op]), target, stage.dtype)
             return
+        if tile.b is None:
+            sources = self.tile_elements(tile.a.buffer, tile.a.index, tile, stmt, base, lane)
+            for source, target in zip(sources, targets):
+                value = self.load_value(source, tile.dtype)
+                if isinstance(stage.expr, ir.Cast):
+                    value = self.convert(value, stage.expr.dtype)
+                self.store_value(value, target, stage.dtype)
+            return
+        m, n = tile.loops["m"].loop.name, tile.loops["n"].loop.name
         a = self.fragment(tile.a, tile, stmt, base, m, 4, lane)
         bb = self.fragment(tile.b, tile, stmt, base, n, 2, lane)
         accumulators = [self.load_value(target, stage.dtype) for target in targets]
@@ -506,8 +591,9 @@ class _GpuBuilder(FunctionBuilder):
 
     def ldmatrix(self, load, stmt: StmtNode, base: dict, row: str, k: str, count: int, lane: llir.Value,
                  layout: str) -> list[llir.Value]:
-        """ldmatrix: lanes 8j..8j+7 give the addresses of the 8 rows of 8x8 block j (stored rows run
-        along k with '.trans'), and each lane receives its registers of all `count` blocks."""
+        """ldmatrix (the NVVM intrinsic, so LLVM loads a fragment that several tiles use once): lanes
+        8j..8j+7 give the addresses of the 8 rows of 8x8 block j (stored rows run along k with
+        '.trans'), and each lane receives its registers of all `count` blocks."""
         b = self.builder
         block = b.and_(b.lshr(lane, llir.Constant(I64, 3)), llir.Constant(I64, count - 1))
         offset = b.and_(lane, llir.Constant(I64, 7))
@@ -521,11 +607,11 @@ class _GpuBuilder(FunctionBuilder):
         else:
             here = {**base, row: b.add(row_block, offset), k: k_block}
         pointer = self.access(load.buffer, load.index, False, stmt, here)
-        address = b.ptrtoint(b.addrspacecast(pointer, llir.PointerType(addrspace=3)), I32)
-        outputs = ",".join(f"${i}" for i in range(count))
-        ptx = f"ldmatrix.sync.aligned.m8n8.x{count}{layout}.shared.b16 {{{outputs}}}, [${count}];"
-        signature = llir.FunctionType(llir.LiteralStructType([I32] * count), [I32])
-        result = b.asm(signature, ptx, ",".join(["=r"] * count + ["r"]), [address], side_effect=True)
+        shared = b.addrspacecast(pointer, llir.PointerType(addrspace=3))
+        result_type = llir.LiteralStructType([I32] * count)
+        load_matrix = self.declare(f"llvm.nvvm.ldmatrix.sync.aligned.m8n8.x{count}{layout}.b16", result_type,
+                                   [shared.type])
+        result = b.call(load_matrix, [shared])
         return [b.extract_value(result, index) for index in range(count)]
 
     def packed_pair(self, load, dtype: str, stmt: StmtNode, env: dict, k: str) -> llir.Value:
@@ -542,6 +628,41 @@ class _GpuBuilder(FunctionBuilder):
         if op in ("log",) or (op == "exp" and element_type(x.type) == F64):
             raise ValueError(f"{op} of {element_type(x.type)} is not supported on the GPU backend yet")
         return super().unary(op, x)
+
+
+@dataclass(frozen=True)
+class Swizzle:
+    """offset -> offset ^ (((offset >> shift) & mask) << chunk): the 16-byte chunks of each row of a
+    shared tile are permuted by its row, so that 8 consecutive rows' chunks at one column (what
+    ldmatrix reads in one phase, and what a warp's 16-byte copies write) fall in 8 different groups
+    of 4 banks. A row of C chunks takes chunk ^ (row mod 8) for C >= 8, else chunk ^ ((row / (8 / C))
+    mod C): the rows that share a 128-byte line keep their place, the others cycle through all C."""
+
+    shift: int
+    mask: int
+    chunk: int
+
+    @staticmethod
+    def of(strides: tuple[int, ...], item_bytes: int) -> "Swizzle | None":
+        """The swizzle of a row-major tile with these strides (in elements), if its rows are a power of
+        two of at least two 16-byte chunks; None otherwise."""
+        if len(strides) < 2 or strides[-1] != 1:
+            return None
+        row, per_chunk = strides[-2], 16 // item_bytes
+        chunks = row // per_chunk
+        if row % per_chunk or chunks < 2 or chunks & (chunks - 1):
+            return None
+        lines = max(8 // chunks, 1)
+        return Swizzle((row * lines).bit_length() - 1, min(chunks, 8) - 1, per_chunk.bit_length() - 1)
+
+    def apply(self, b: llir.IRBuilder, offset: llir.Value) -> llir.Value:
+        """The swizzled offset (elements), as i64 arithmetic."""
+        row = b.and_(b.lshr(offset, llir.Constant(I64, self.shift)), llir.Constant(I64, self.mask))
+        return b.xor(offset, b.shl(row, llir.Constant(I64, self.chunk)))
+
+    def __call__(self, offset: int) -> int:
+        """The swizzled offset of a whole number (what `apply` emits)."""
+        return offset ^ (((offset >> self.shift) & self.mask) << self.chunk)
 
 
 def fragment_blocks(count: int) -> list[tuple[int, int]]:
@@ -562,9 +683,14 @@ def _buffers_touched(node) -> tuple[set[str], set[str]]:
     return written, read
 
 
+def _loop_nodes(body: list) -> list[LoopNode]:
+    """The loop nodes in `body`, nested ones included."""
+    return [current for current, _ in walk(body) if isinstance(current, LoopNode)]
+
+
 def _loops(body: list):
     """The loops in `body`, nested ones included."""
-    return [current.loop for current, _ in walk(body) if isinstance(current, LoopNode)]
+    return [node.loop for node in _loop_nodes(body)]
 
 
 def describe(module: GpuModule) -> str:

@@ -243,11 +243,14 @@ class LoopTree:
 
     def tensorize(self, loops, instruction: str, stage: str | None = None) -> "LoopTree":
         """Compute the tile of the loops `(m, n, k)` of a contraction with one warp-level matrix
-        instruction on the GPU, e.g. `t.tensorize(("m.1", "n.1", "k.1"), "mma.m16n8k16")`; the CPU
-        and the interpreter run them as plain loops. `check()` says what the instruction needs."""
-        if len(loops) != 3:
-            raise ValueError(f"tensorize: give the (m, n, k) loops of the tile, three names; got {loops!r}")
-        m, n, k = loops
+        instruction on the GPU, e.g. `t.tensorize(("m.1", "n.1", "k.1"), "mma.m16n8k16")`; two loops
+        `(m, n)` of a stage that copies such a contraction's accumulator (`cache_write`) copy it out of
+        the lanes' fragments. The CPU and the interpreter run them as plain loops. `check()` says
+        what the instruction needs."""
+        if len(loops) not in (2, 3):
+            raise ValueError(f"tensorize: give the (m, n, k) loops of the tile, three names (or the (m, n) "
+                             f"loops of a copy of its accumulator, two); got {loops!r}")
+        m, n, k = (*loops, None)[:3]
         return LoopTree(self.program, self.schedule.tensorize(self._stage(stage), m, n, k, instruction))
 
     def place(self, stage: str, consumer: str | None, depth: int = 0) -> "LoopTree":

@@ -132,9 +132,11 @@ class Schedule:
                          f"{[lp.name for lp in loops]}")
 
     def _check_not_shared(self, stage: str, position: int, what: str):
+        """Refuse to reshape the own loop at `position` where a stage placed inside `stage` shares it
+        (depths count the loops `stage` itself shares with its consumer first)."""
         for other in self.placed_in(stage):
             at = self.of(other).at
-            if position < at:
+            if position + self.of(stage).at < at:
                 loop = self.of(stage).loops[position].name
                 raise ValueError(f"cannot {what} loop '{loop}' of stage {stage}: stage {other} is placed inside "
                                  f"it (at depth {at}); reshape {stage}'s outer loops before placing {other}")
@@ -180,17 +182,19 @@ class Schedule:
         loops = sched.loops[:i] + (replace(lp, annotation=annotation),) + sched.loops[i + 1:]
         return self._with(stage, replace(sched, loops=loops), ("annotate", stage, loop, annotation))
 
-    def tensorize(self, stage: str, m: str, n: str, k: str, instruction: str) -> "Schedule":
+    def tensorize(self, stage: str, m: str, n: str, k: str | None, instruction: str) -> "Schedule":
         """Mark loops `m`, `n` and `k` of `stage` as the tile of one warp-level matrix instruction
-        (`TENSOR_INSTRUCTIONS`). What the instruction needs (tile sizes, operand dtypes, innermost
-        loops, the warp's lanes) is checked with the legality of the whole tree."""
+        (`TENSOR_INSTRUCTIONS`); with `k` None, loops `m` and `n` of a copy of an accumulator, which
+        each lane then writes from its own fragment. What the instruction needs (tile sizes, operand
+        dtypes, innermost loops, the warp's lanes) is checked with the legality of the whole tree."""
         if instruction not in TENSOR_INSTRUCTIONS:
             raise ValueError(f"tensorize: unknown instruction {instruction!r}; use one of {tuple(TENSOR_INSTRUCTIONS)}")
-        if len({m, n, k}) != 3:
-            raise ValueError(f"tensorize: the m, n and k loops must be three different loops, got {(m, n, k)}")
+        names = (m, n) if k is None else (m, n, k)
+        if len(set(names)) != len(names):
+            raise ValueError(f"tensorize: the m, n and k loops must be different loops, got {names}")
         sched = self.of(stage)
         loops = list(sched.loops)
-        for role, name in zip("mnk", (m, n, k)):
+        for role, name in zip("mnk", names):
             i, lp = self._loop(stage, name)
             loops[i] = replace(lp, annotation=f"{instruction}.{role}")
         return self._with(stage, replace(sched, loops=tuple(loops)), ("tensorize", stage, m, n, k, instruction))

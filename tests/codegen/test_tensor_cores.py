@@ -11,8 +11,9 @@ import pytest
 
 import looptool as lt
 from looptool.codegen import gpu
-from looptool.schedule import Schedule
+from looptool.schedule import LoopTree, Schedule
 from tests.helpers import assert_close, mentions
+from tuner import space
 
 MMA = "mma.m16n8k16"
 
@@ -151,10 +152,88 @@ def test_unknown_instructions_and_loop_lists_are_refused_at_once(rng):
     c, _ = contraction(rng)
     with pytest.raises(ValueError, match=mentions("unknown instruction", "wmma.m8n8k4", MMA)):
         c.loop_tree().tensorize(("m", "n", "k"), "wmma.m8n8k4")
-    with pytest.raises(ValueError, match=mentions("three names")):
-        c.loop_tree().tensorize(("m", "n"), MMA)
-    with pytest.raises(ValueError, match=mentions("three different loops")):
+    with pytest.raises(ValueError, match=mentions("three names", "two")):
+        c.loop_tree().tensorize(("m",), MMA)
+    with pytest.raises(ValueError, match=mentions("different loops")):
         c.loop_tree().tensorize(("m", "m", "k"), MMA)
+
+
+def warp_tiled(c, block=(128, 128), warps=(2, 2), stages=0):
+    """`space.mma_tiled`: 64 x 64 warp tiles of 4 x 8 mma tiles, k tiles of 32 staged in shared memory."""
+    return space.mma_tiled(c.loop_tree(), "t0", block, warps, 32, stages)
+
+
+def test_warp_tiles_keep_their_accumulators_in_registers(rng):
+    c, ref = contraction(rng, m=128, k=64, n=128)
+    t = warp_tiled(c)
+    assert t.check() == (True, "legal")
+    module = gpu.generate(t, "sm_90")
+    assert module.launches[0].block == (32, 2, 2)
+    counts = instructions(module.ptx)
+    assert counts["mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"] == 64     # 4 x 8 tiles x 2 k steps
+    assert counts["ldmatrix.sync.aligned.m8n8.x4.shared.b16"] == 8                 # A: one per m tile and k step
+    assert counts["ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16"] == 16          # B: one per n tile and k step
+    assert "local" not in module.ptx                     # the 128 accumulators of a lane are registers
+    assert counts["st.global.b32"] == 128                # and are copied out once, through the fragment layout
+    assert re.search(r"xor\.b\d+", module.ptx)          # shared operands swizzled
+    for got in (c.numpy(t), lt.interpret(c, t)):
+        assert_close(got, ref, 1e-5)
+
+
+def test_pipelined_warp_tiles_copy_with_cp_async_and_read_with_ldmatrix(rng):
+    c, ref = contraction(rng, lt.float16, m=128, k=128, n=128)
+    t = warp_tiled(c, stages=3)
+    counts = instructions(gpu.generate(t, "sm_90").ptx)
+    assert counts["mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"] >= 64
+    assert counts["ldmatrix.sync.aligned.m8n8.x4.shared.b16"] >= 8 and counts["ld.shared.b16"] == 0
+    assert len(re.findall(r"cp\.async\.cg\.shared\.global", gpu.generate(t, "sm_90").ptx)) >= 32
+    assert_close(c.numpy(t), ref, 1e-5)
+
+
+def test_tiles_may_skip_whole_tiles_at_the_edges(rng):
+    """144 x 48 x 200 in 128 x 128 blocks and k tiles of 32: the last block and k tile hold fewer
+    whole 16 x 8 x 16 tiles, which are skipped."""
+    c, ref = contraction(rng, m=144, k=48, n=200)
+    t = warp_tiled(c, stages=2)
+    assert t.check() == (True, "legal")
+    assert instructions(gpu.generate(t, "sm_90").ptx)["mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"] > 0
+    assert_close(lt.interpret(c, t), ref, 1e-5)
+
+
+def test_batched_contractions_put_the_batch_on_blocks(rng):
+    sb, sm, sk, sn = lt.symbols("b m k n")
+    a = rng.standard_normal((3, 64, 32)).astype(lt.bfloat16)
+    b = rng.standard_normal((3, 32, 48)).astype(lt.bfloat16)
+    c = (lt.Tensor(a).to(sb, sm, sk) * lt.Tensor(b).to(sb, sk, sn)).sum(sk)
+    t = warp_tiled(c, block=(64, 64), stages=2)
+    module = gpu.generate(t, "sm_90")
+    assert module.launches[0].grid == (1, 1, 3) and "local" not in module.ptx
+    assert instructions(module.ptx)["mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"] > 0
+    assert_close(lt.interpret(c, t), np.einsum("bmk,bkn->bmn", a.astype(np.float64), b.astype(np.float64)), 1e-5)
+
+
+def test_an_accumulator_in_fragments_is_read_only_by_copy_tiles(rng):
+    c, _ = contraction(rng, m=128, k=64, n=128)
+    t = warp_tiled(c)
+    plain = LoopTree(t.program, t.schedule.annotate("t0", "m.1.1.1", "").annotate("t0", "n.1.1.1", ""))
+    _refused(plain, "t0 reads t0.acc", "fragments", "tensorize t0's (m, n) tile loops", "copy tile")
+    wrong = LoopTree(t.program, t.schedule.tensorize("t0", "n.1.1.1", "m.1.1.1", None, MMA))
+    _refused(wrong, MMA, "n loop 'm.1.1.1'", "must run 8 iterations, it runs 16")
+
+
+def test_swizzles_spread_rows_over_the_banks():
+    """Rows of 32 and 128 bfloat16 (4 and 16 chunks of 16 bytes): the swizzle permutes each row's
+    chunks, and 8 consecutive rows at one chunk (an ldmatrix phase, or 8 lanes' 16-byte copies)
+    land in 8 different groups of 4 banks."""
+    for row in (32, 64, 128):
+        swizzle = gpu.Swizzle.of((row, 1), 2)
+        for first in range(0, 64, 8):
+            for chunk in range(row // 8):
+                groups = {swizzle((first + r) * row + chunk * 8) * 2 // 16 % 8 for r in range(8)}
+                assert len(groups) == 8, (row, first, chunk)
+        offsets = sorted(swizzle(r * row + e) for r in range(16) for e in range(row))
+        assert offsets == list(range(16 * row))
+    assert gpu.Swizzle.of((8, 1), 2) is None and gpu.Swizzle.of((48, 1), 2) is None
 
 
 @pytest.mark.gpu
@@ -172,3 +251,13 @@ def test_tensor_core_tiles_run_on_the_gpu(rng, dtype, a_order, b_order):
     if a_order:
         t = staged(t, a_order, b_order)
     assert_close(cp.asnumpy(c.cuda(t)), ref, 1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [lt.bfloat16, lt.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("stages", [0, 2])
+def test_warp_tiles_run_on_the_gpu(rng, dtype, stages):
+    from tests.gpu_helpers import cupy_or_skip
+    cp = cupy_or_skip()
+    c, ref = contraction(rng, dtype, m=144, k=48, n=200)
+    assert_close(cp.asnumpy(c.cuda(warp_tiled(c, stages=stages))), ref, 1e-5)

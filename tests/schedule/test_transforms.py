@@ -533,6 +533,20 @@ def test_split_of_a_loop_shared_with_a_placed_stage_is_refused(rng):
     tree.split("n", 2)  # the loops it does not share are fine
 
 
+def test_loops_of_a_placed_stage_below_a_stage_placed_in_it_can_be_reshaped(rng):
+    """Depths of stages placed inside a placed stage count the loops it shares with its consumer."""
+    case = matmul(rng, 8, 6, 8)
+    c = case.make()
+    t = c.loop_tree().cache_write().split("m", 4).split("n", 4).reorder("m.0", "n.0", "m.1", "n.1")
+    t = t.place("t0.acc", "t0", 2).split("k", 2, stage="t0.acc").reorder("k.0", "m.1", "n.1", "k.1", stage="t0.acc")
+    t = t.cache("in0", stage="t0.acc").place("in0.t0.acc", "t0.acc", 3)
+    t = t.split("m.1", 2, stage="t0.acc")            # inside k.0, where the copy is placed: fine
+    with pytest.raises(ValueError, match=r"(?s)cannot split loop 'k.0' of stage t0.acc.*in0.t0.acc is placed"):
+        t.split("k.0", 2, stage="t0.acc")
+    assert t.check() == (True, "legal")
+    case.check(c.numpy(t))
+
+
 def test_bad_transform_arguments(rng):
     tree = matmul(rng, 4, 5, 6).make().loop_tree()
     with pytest.raises(ValueError, match="factor must be a positive integer"):

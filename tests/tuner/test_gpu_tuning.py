@@ -45,3 +45,31 @@ def test_a_gpu_study_measures_draws_and_records_the_best_for_this_gpu(rng, tmp_p
     assert stored is not None
     import cupy as cp
     assert_close(cp.asnumpy(c.cuda()), ref, 1e-5)        # .cuda() now runs the tuned schedule
+
+
+def test_gpu_draws_of_a_half_precision_contraction_include_tensor_core_schedules(rng):
+    """The 'mma' family (mma_tiled's block tile, warps, k tile and stages) on a bfloat16 matmul: every
+    legal draw computes the right result (in the interpreter, which runs the tiles as loops)."""
+    optuna = pytest.importorskip("optuna")
+    import numpy as np
+    import looptool as lt
+    m, k, n = lt.symbols("m k n")
+    a = rng.standard_normal((64, 48)).astype(lt.bfloat16)
+    b = rng.standard_normal((48, 64)).astype(lt.bfloat16)
+    c = (lt.Tensor(a).to(m, k) * lt.Tensor(b).to(k, n)).sum(k)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=5))
+    legal = 0
+    for _ in range(40):
+        trial = study.ask()
+        try:
+            tree = space.sample_gpu(trial, c.loop_tree())
+        except space.InvalidDraw:
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            continue
+        study.tell(trial, 1.0)
+        if trial.params.get("gpu.tensor.family") == "mma" and tree.check()[0]:
+            assert "mma.m16n8k16.k" in str(tree)
+            assert_close(lt.interpret(c, tree), ref, 1e-5)
+            legal += 1
+    assert legal >= 3

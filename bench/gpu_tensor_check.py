@@ -1,0 +1,38 @@
+"""Run the tensor-core matmul schedules once at a small size with tails of whole tiles in every dim
+(for compute-sanitizer): bfloat16 and float16, each checked against a float64 reference on a
+NaN-poisoned output. Exit status 1 on a wrong result."""
+import sys
+
+import numpy as np
+
+import looptool as lt
+from bench.gpu import check_and_time
+from tuner import space
+
+SHAPES = ((144, 48, 200), (32, 96, 24))      # m x k x n: blocks and k tiles with tails; one partial block
+
+
+def main() -> int:
+    """Check mma_tiled with 0, 2 and 3 pipeline stages and two block shapes, in both dtypes."""
+    rng = np.random.default_rng(0)
+    failures = 0
+    for dtype in (lt.bfloat16, lt.float16):
+        for m_size, k_size, n_size in SHAPES:
+            m, k, n = lt.symbols("m k n")
+            a = rng.standard_normal((m_size, k_size)).astype(dtype)
+            b = rng.standard_normal((k_size, n_size)).astype(dtype)
+            c = (lt.Tensor(a).to(m, k) * lt.Tensor(b).to(k, n)).sum(k)
+            ref = a.astype(np.float64) @ b.astype(np.float64)
+            for block, warps, k_tile, stages in (((128, 128), (2, 2), 32, 0), ((128, 128), (2, 2), 32, 2),
+                                                 ((64, 64), (2, 1), 32, 3)):
+                tree = space.mma_tiled(c.loop_tree(), "t0", block, warps, k_tile, stages)
+                err = check_and_time(c, tree, ref, 1)[0]
+                ok = err < 1e-5
+                failures += not ok
+                print(f"{np.dtype(dtype).name} {m_size}x{k_size}x{n_size}, block {block}, warps {warps}, "
+                      f"k tile {k_tile}, {stages} stages: rel. error {err:.1e} {'ok' if ok else 'WRONG'}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
