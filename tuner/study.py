@@ -23,8 +23,6 @@ from pathlib import Path
 import optuna
 
 from looptool import ir
-from looptool.analysis.target import host
-from looptool.autoschedule import auto_tree
 from looptool.codegen import cpu as codegen_cpu
 from looptool.runtime import gpu as runtime_gpu
 from looptool.runtime import tuning_db
@@ -36,10 +34,6 @@ from .worker import MeasureError, Measurer
 log = logging.getLogger("looptool.tuner")
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
-
-
-# The user attribute of a study's first trial that holds the automatic schedule it measures.
-AUTOMATIC = "automatic_schedule"
 
 
 class TrialFailed(RuntimeError):
@@ -147,9 +141,6 @@ class Objective:
         self.tree, self.measurer, self.threads, self.inject_crash_at = tree, measurer, threads, inject_crash_at
 
     def draw(self, trial: optuna.Trial) -> LoopTree:
-        if AUTOMATIC in trial.user_attrs:
-            program = self.tree.program
-            return LoopTree(program, Schedule.from_json(trial.user_attrs[AUTOMATIC], program))
         return draw_schedule(trial, self.tree, self.threads, self.measurer.device)
 
     def __call__(self, trial: optuna.Trial) -> float:
@@ -247,11 +238,8 @@ def _describe_workload(study: optuna.Study, program: ir.Program, target: str):
 
 
 def start_from_automatic(study: optuna.Study, program: ir.Program, threads: int) -> None:
-    """Queue the automatic schedule for this CPU as the study's first trial.  It is made of steps the
-    space's parameters cannot spell (register tile, cache blocks and packing as the target gives
-    them), so the trial carries it as a user attribute and draws no parameters."""
-    automatic = auto_tree(program, host().with_cores(threads)).schedule.to_json()
-    study.enqueue_trial({}, user_attrs={AUTOMATIC: automatic})
+    """Queue the automatic schedule for this CPU as the study's first trial: the centre of the space."""
+    study.enqueue_trial(space.automatic_params(program, threads))
 
 
 def _default_seconds(study: optuna.Study, node, threads: int, repeats: int, device: str) -> float:

@@ -2,9 +2,10 @@
 this CPU, derived from the program's structure and the target model, with no measurement.
 Importing it installs `LoopTree.auto()`."""
 from ..schedule import AUTOSCHEDULE
-from . import model, scheduler, structure
-from .scheduler import auto_tree
+from . import choices, model, scheduler, structure
+from .choices import Choice
+from .scheduler import auto_tree, automatic_choices, drawn_tree
 
 AUTOSCHEDULE.install(scheduler)
 
-__all__ = ["auto_tree", "model", "scheduler", "structure"]
+__all__ = ["Choice", "auto_tree", "automatic_choices", "choices", "drawn_tree", "model", "scheduler", "structure"]

@@ -8,6 +8,9 @@ at the plain index, is computed inside that stage's loops over its own dims (`pl
 its rows stay in cache.  Every schedule is checked by isl; a refused one is rebuilt with
 fewer choices (no placement, or no packing, or no threads, then fewer and fewer), logged at DEBUG
 on the `looptool` logger.
+
+Every decision goes through `Builder.decide` under a name (`choices.py`), so the same rules also
+build the schedule for any other values of those decisions (`drawn_tree`: the tuner's space).
 """
 from __future__ import annotations
 
@@ -21,14 +24,15 @@ from .. import ir
 from ..analysis.target import Target, host
 from ..ir import Program
 from ..schedule import LoopTree, Schedule
-from . import model, structure
+from . import choices, model, structure
+from .choices import Choice, Pick
 
 log = logging.getLogger("looptool")
 
 
 @dataclass(frozen=True)
-class Choices:
-    """Which kinds of choice the scheduler may make (fallbacks turn them off one by one)."""
+class Allowed:
+    """Which kinds of choice the rules may make (fallbacks turn them off one by one)."""
 
     place: bool = True
     pack: bool = True
@@ -42,45 +46,66 @@ class Choices:
 
 
 # Each kind of choice left out alone first, then more and more of them together.
-FALLBACKS = (Choices(), Choices(place=False), Choices(pack=False), Choices(threads=False),
-             Choices(place=False, pack=False), Choices(place=False, pack=False, threads=False),
-             Choices(place=False, pack=False, threads=False, tile=False))
+FALLBACKS = (Allowed(), Allowed(place=False), Allowed(pack=False), Allowed(threads=False),
+             Allowed(place=False, pack=False), Allowed(place=False, pack=False, threads=False),
+             Allowed(place=False, pack=False, threads=False, tile=False))
 
 
 def auto_tree(program: Program, target: Target | None = None) -> LoopTree:
     """The automatic schedule of `program` for `target` (default: this machine) as a loop tree whose
     `explain()` gives the reason for every choice."""
-    target = target or host()
-    for choices in FALLBACKS:
+    return automatic(program, target or host())[0]
+
+
+def automatic_choices(program: Program, target: Target | None = None) -> dict[str, Choice]:
+    """What the automatic schedule of `program` for `target` chose: every decision with more than one
+    option, by name, with its value and its neighbours.  `drawn_tree` with these values builds the
+    automatic schedule again."""
+    return automatic(program, target or host())[1]
+
+
+def automatic(program: Program, target: Target) -> tuple[LoopTree, dict[str, Choice]]:
+    """The automatic loop tree and its choices (the first schedule of FALLBACKS that isl accepts)."""
+    for allowed in FALLBACKS:
         try:
-            schedule, reasons = build(program, target, choices)
+            builder = build(program, target, allowed, choices.automatic)
         except ValueError as err:
-            log.debug("automatic schedule (%s) could not be built: %s", choices.describe(), err)
+            log.debug("automatic schedule (%s) could not be built: %s", allowed.describe(), err)
             continue
-        if choices != FALLBACKS[0]:
-            reasons.append(f"fell back to a schedule {choices.describe()}: richer ones were refused")
-        tree = LoopTree(program, schedule, tuple(reasons))
+        reasons = builder.reasons
+        if allowed != FALLBACKS[0]:
+            reasons.append(f"fell back to a schedule {allowed.describe()}: richer ones were refused")
+        tree = LoopTree(program, builder.schedule, tuple(reasons))
         legal, why = tree.check()
         if legal:
-            return tree
-        log.debug("automatic schedule (%s) refused by the isl check: %s", choices.describe(), why)
-    return LoopTree(program, None, (target.describe(), "default schedule: every automatic schedule was refused"))
+            return tree, {name: c for name, c in builder.choices.items() if len(c.options) > 1}
+        log.debug("automatic schedule (%s) refused by the isl check: %s", allowed.describe(), why)
+    tree = LoopTree(program, None, (target.describe(), "default schedule: every automatic schedule was refused"))
+    return tree, {}
 
 
-def build(program: Program, target: Target, choices: Choices) -> tuple[Schedule, list[str]]:
-    """The schedule and one reason per choice."""
-    builder = Builder(Schedule.default(program), target, choices)
+def drawn_tree(program: Program, target: Target, pick: Pick) -> LoopTree:
+    """The schedule the rules build when `pick(name, value, options)` makes every decision (not
+    checked by isl; a transform that refuses a drawn value raises ValueError)."""
+    builder = build(program, target, Allowed(), pick)
+    return LoopTree(program, builder.schedule, tuple(builder.reasons))
+
+
+def build(program: Program, target: Target, allowed: Allowed, pick: Pick) -> "Builder":
+    """The rules applied to every stage, from the result backwards."""
+    builder = Builder(Schedule.default(program), target, allowed, pick)
     for stage in reversed(program.stages):
         builder.schedule_stage(stage.name)
-    return builder.schedule, builder.reasons
+    return builder
 
 
 class Builder:
     """Applies the rules stage by stage, keeping the schedule and the reasons so far."""
 
-    def __init__(self, schedule: Schedule, target: Target, choices: Choices):
-        self.schedule, self.target, self.choices = schedule, target, choices
+    def __init__(self, schedule: Schedule, target: Target, allowed: Allowed, pick: Pick):
+        self.schedule, self.target, self.allowed, self.pick = schedule, target, allowed, pick
         self.reasons = [target.describe()]
+        self.choices: dict[str, Choice] = {}
 
     @property
     def program(self) -> Program:
@@ -91,36 +116,53 @@ class Builder:
         """Record the reason for a choice made for `stage`."""
         self.reasons.append(f"{stage}: {text}")
 
+    def decide(self, name: str, value, options: tuple):
+        """The value of decision `name`: the pick's, given the rules' `value` and its neighbours."""
+        options = tuple(dict.fromkeys((value, *options))) if value not in options else options
+        chosen = self.pick(name, value, options)
+        self.choices[name] = Choice(chosen, options)
+        return chosen
+
     def schedule_stage(self, name: str):
         """Place the stage inside its consumer if the rules allow, else give it loops of its own."""
         stage = self.program.stage(name)
-        if self.choices.place and self.placed(stage):
+        if self.placed(stage):
             self.streamed(stage, threads=False)
             return
-        found = structure.contraction(self.program, stage) if self.choices.tile else None
-        if found:
+        found = structure.contraction(self.program, stage)
+        # A contraction is tiled; a search leaves it streamed only where the rules fell back to that.
+        tile = self.allowed.tile
+        if found and self.decide(f"{name}.tiled", tile, (True,) if tile else (False, True)):
             self.tiled(stage, found)
         else:
-            self.streamed(stage, threads=self.choices.threads)
+            self.streamed(stage, threads=self.allowed.threads)
 
     # Placement -----------------------------------------------------------------------
     def placed(self, stage: ir.Stage) -> bool:
         """Compute a producer inside the loops of its last reader over the producer's dims."""
-        readers = self.program.readers(stage.name)
-        if stage is self.program.output or not readers or structure.contraction(self.program, stage):
+        where = self.placement(stage)
+        place = self.allowed.place
+        if where is None or not self.decide(f"{stage.name}.place", place, (place, not place)):
             return False
-        host_stage = readers[-1].name
-        if self.schedule.of(host_stage).consumer is not None or not structure.is_plain_read(self.program, stage):
-            return False
-        if any(r.name != host_stage and self.schedule.of(r.name).consumer != host_stage for r in readers):
-            return False
-        depth = covering_depth([lp.dim for lp in self.schedule.effective_loops(host_stage)], stage.dims)
-        if depth is None:
-            return False
+        host_stage, depth = where
         self.schedule = self.schedule.place(stage.name, host_stage, depth)
         self.note(stage.name, f"computed inside {host_stage}'s first {depth} loop(s), over its own dims "
                               f"{', '.join(stage.dims)}: each result is made just before it is read, in cache")
         return True
+
+    def placement(self, stage: ir.Stage) -> tuple[str, int] | None:
+        """(consumer, depth) where the stage could be computed: its last reader's loops over exactly
+        its own dims, when every other reader is placed there too and reads it at the plain index."""
+        readers = self.program.readers(stage.name)
+        if stage is self.program.output or not readers or structure.contraction(self.program, stage):
+            return None
+        host_stage = readers[-1].name
+        if self.schedule.of(host_stage).consumer is not None or not structure.is_plain_read(self.program, stage):
+            return None
+        if any(r.name != host_stage and self.schedule.of(r.name).consumer != host_stage for r in readers):
+            return None
+        depth = covering_depth([lp.dim for lp in self.schedule.effective_loops(host_stage)], stage.dims)
+        return None if depth is None else (host_stage, depth)
 
     # Streaming stages (no register reuse) ------------------------------------------------
     def streamed(self, stage: ir.Stage, threads: bool):
@@ -133,7 +175,10 @@ class Builder:
         if vector is None:
             order = pure + reductions
         else:
-            width = model.vector_width(self.target, stage.dtype, self.program.size(vector))
+            extent, lanes = self.program.size(vector), self.target.lanes(stage.dtype)
+            width = self.decide(f"{stage.name}.{vector}.lanes", model.vector_width(self.target, stage.dtype, extent),
+                                choices.halves_and_doubles(model.vector_width(self.target, stage.dtype, extent),
+                                                           extent, min(lanes, extent)))
             outer, inner = self.split(stage.name, vector, width)
             if vector in stage.reduce_dims:
                 order = pure + reductions + [outer, inner]
@@ -143,67 +188,93 @@ class Builder:
             kind = "reduction, kept as vector partial sums" if vector in stage.reduce_dims else "pure"
             self.note(stage.name, f"vectorize {vector} by {width} lanes ({kind}): "
                                   f"{structure.unit_stride_count(self.program, stage, vector)} of its accesses "
-                                  f"are contiguous along it; {self.target.lanes(stage.dtype)} lanes per register")
+                                  f"are contiguous along it; {lanes} lanes per register")
         self.reorder(stage.name, [lp for lp in order if lp])
-        if threads:
-            work = math.prod(self.program.size(d) for d in stage.loop_dims)
-            vector_outer = [outer] if outer and vector not in stage.reduce_dims else []
-            self.threads(stage.name, pure + vector_outer, work)
+        if not threads:
+            return
+        work = math.prod(self.program.size(d) for d in stage.loop_dims)
+        vector_outer = [outer] if outer and vector not in stage.reduce_dims else []
+        loop = self.parallel(stage.name, {lp: lp for lp in pure + vector_outer}, work)
+        if loop:
+            self.schedule = self.schedule.annotate(stage.name, loop, "parallel")
 
     # Contractions ------------------------------------------------------------------------
     def tiled(self, stage: ir.Stage, found: structure.Contraction):
         """Register tile, reduction block for L1, column block and packed panel for L2, threads."""
-        itemsize = np.dtype(stage.dtype).itemsize
-        size = self.program.size
-        tile = model.register_tile(self.target, self.target.lanes(stage.dtype), size(found.row), size(found.col))
-        self.note(stage.name, tile.reason(self.target) + f" (rows {found.row}, vectors along {found.col})")
+        name, itemsize, size = stage.name, np.dtype(stage.dtype).itemsize, self.program.size
+        tile = self.register_tile(stage, found)
+        self.note(name, tile.reason(self.target) + f" (rows {found.row}, vectors along {found.col})")
         reductions = structure.by_stride(self.program, stage, list(stage.reduce_dims))
         first, rest = reductions[0], reductions[1:]
         rest_length = math.prod(size(d) for d in rest)
         kc = model.reduction_block(self.target, tile, itemsize)
         block = model.balanced(size(first), max(1, kc // rest_length))
-        reduce_outer, reduce_inner = self.split(stage.name, first, block)
+        block = self.decide(f"{name}.{first}.block", block, choices.halves_and_doubles(block, size(first)))
+        reduce_outer, reduce_inner = self.split(name, first, block)
         kc = block * rest_length
         if reduce_outer:
-            self.note(stage.name, f"reduction block {first} by {block} ({kc} products per result per pass): "
-                                  f"a {tile.rows}x{kc} and a {kc}x{tile.columns} panel take "
-                                  f"{(tile.rows + tile.columns) * kc * itemsize // 1024} KiB, half of L1 at most")
-        col_outer, col_rest = self.l2_block(stage.name, found.col, kc, itemsize, tile.columns, found.reused)
-        col_tiles, col_tile = self.split(stage.name, col_rest, tile.columns)
-        vectors, lanes = self.split(stage.name, col_tile, tile.lanes)
-        row_blocks, row_rest = self.l2_block(stage.name, found.row, kc, itemsize, tile.rows, found.broadcast)
-        row_tiles, rows = self.split(stage.name, row_rest, tile.rows)
+            self.note(name, f"reduction block {first} by {block} ({kc} products per result per pass): "
+                            f"a {tile.rows}x{kc} and a {kc}x{tile.columns} panel take "
+                            f"{(tile.rows + tile.columns) * kc * itemsize // 1024} KiB, half of L1 at most")
+        col_outer, col_rest = self.l2_block(name, found.col, kc, itemsize, tile.columns, found.reused)
+        col_tiles, col_tile = self.split(name, col_rest, tile.columns)
+        vectors, lanes = self.split(name, col_tile, tile.lanes)
+        row_blocks, row_rest = self.l2_block(name, found.row, kc, itemsize, tile.rows, found.broadcast)
+        row_tiles, rows = self.split(name, row_rest, tile.rows)
         others = structure.by_stride(self.program, stage, [d for d in stage.dims if d not in (found.row, found.col)])
         reused_dims = structure.dims_read(self.program, stage, found.reused)
         before = [d for d in others if d in reused_dims]
         after = [d for d in others if d not in reused_dims]
-        blocks = [lp for lp in (col_outer, reduce_outer, row_blocks) if lp]
-        outer = [lp for lp in before + blocks + [col_tiles] + after + [row_tiles] if lp]
+        roles = {**{d: d for d in before}, f"{found.col}.block": col_outer, f"{first}.block": reduce_outer,
+                 f"{found.row}.block": row_blocks, f"{found.col}.tiles": col_tiles, **{d: d for d in after},
+                 f"{found.row}.tiles": row_tiles}
+        present = [role for role, loop in roles.items() if loop]
+        order = self.decide(f"{name}.order", " ".join(roles), choices.adjacent_orders(list(roles), present))
+        outer = [roles[role] for role in order.split() if roles.get(role)]
+        if len(outer) != len(present):
+            raise ValueError(f"loop order {order!r} of stage {name} does not name its loops {list(roles)}")
         work = math.prod(size(d) for d in stage.loop_dims)
-        parallel = self.parallel_loop(stage.name, [lp for lp in outer if lp != reduce_outer], work) \
-            if self.choices.threads else None
+        parallel = self.parallel(name, {role: roles[role] for role in order.split()
+                                        if roles.get(role) and roles[role] != reduce_outer}, work)
         if parallel and parallel not in (row_blocks, row_tiles):
             outer = [parallel] + [lp for lp in outer if lp != parallel]
-            self.note(stage.name, f"parallel {parallel} outermost: one parallel region per call (the packed "
-                                  f"panels it encloses are made by each thread)")
-        order = outer + [reduce_inner] + rest + [rows, vectors, lanes]
-        self.reorder(stage.name, [lp for lp in order if lp])
-        self.note(stage.name, f"loops: {found.col} tiles outside {found.row} tiles, so each {tile.columns}-column "
-                              f"micro-panel of {found.reused} stays in L1 while {found.broadcast} streams past")
+            self.note(name, f"parallel {parallel} outermost: one parallel region per call (the packed "
+                            f"panels it encloses are made by each thread)")
+        self.reorder(name, [lp for lp in outer + [reduce_inner] + rest + [rows, vectors, lanes] if lp])
+        self.note(name, f"loops: {found.col} tiles outside {found.row} tiles, so each {tile.columns}-column "
+                        f"micro-panel of {found.reused} stays in L1 while {found.broadcast} streams past")
         for loop, annotation in ((rows, "unroll"), (vectors, "unroll"), (lanes, "vectorize")):
             if loop:
-                self.schedule = self.schedule.annotate(stage.name, loop, annotation)
-        if self.choices.pack and (row_blocks or row_tiles) and self.packing_pays(stage, found, itemsize):
-            enclosing = set(before + blocks + [col_tiles])
-            depth = max((i + 1 for i, lp in enumerate(outer) if lp in enclosing), default=0)
-            self.pack(stage, found, outer[:depth], reductions)
+                self.schedule = self.schedule.annotate(name, loop, annotation)
+        if row_blocks or row_tiles:
+            pays = self.allowed.pack and self.packing_pays(stage, found, itemsize)
+            if self.decide(f"{name}.pack.{found.reused}", pays, (pays, not pays)):
+                enclosing = set(before + [col_outer, reduce_outer, row_blocks, col_tiles])
+                depth = max((i + 1 for i, lp in enumerate(outer) if lp in enclosing), default=0)
+                self.pack(stage, found, outer[:depth], reductions)
         if parallel:
-            self.schedule = self.schedule.annotate(stage.name, parallel, "parallel")
+            self.schedule = self.schedule.annotate(name, parallel, "parallel")
+
+    def register_tile(self, stage: ir.Stage, found: structure.Contraction) -> model.RegisterTile:
+        """The model's register tile, or the rows and columns the pick takes instead."""
+        size, lanes = self.program.size, self.target.lanes(stage.dtype)
+        tile = model.register_tile(self.target, lanes, size(found.row), size(found.col))
+        rows = self.decide(f"{stage.name}.{found.row}.tile", tile.rows,
+                           choices.steps_around(tile.rows, 1, 1, size(found.row)))
+        columns = self.decide(f"{stage.name}.{found.col}.tile", tile.columns,
+                              choices.steps_around(tile.columns, lanes, lanes, -(-size(found.col) // lanes) * lanes))
+        if columns % lanes or rows < 1:
+            raise ValueError(f"register tile {rows}x{columns} of stage {stage.name}: rows must be positive and "
+                             f"columns a multiple of {lanes} lanes")
+        return model.RegisterTile(rows, columns // lanes, lanes)
 
     def l2_block(self, stage: str, dim: str, kc: int, itemsize: int, multiple: int, operand: str):
         """Block `dim` (by a multiple of the tile) so that the kc-long slices of `operand` along it
         fill half of L2 at most; (outer, inner) loop names."""
-        block = model.balanced(self.program.size(dim), model.l2_block(self.target, kc, itemsize), multiple)
+        extent = self.program.size(dim)
+        block = model.balanced(extent, model.l2_block(self.target, kc, itemsize), multiple)
+        block = self.decide(f"{stage}.{dim}.block", block, choices.halves_and_doubles(block, extent, multiple))
+        block = min(extent, -(-block // multiple) * multiple)
         outer, inner = self.split(stage, dim, block)
         if outer:
             self.note(stage, f"{dim} block {block}: the {kc}x{block} panel of {operand} takes "
@@ -251,20 +322,21 @@ class Builder:
         if len(order) > 1:
             self.schedule = self.schedule.reorder(stage, *order)
 
-    def parallel_loop(self, stage: str, candidates: list[str], work: int) -> str | None:
-        """The outermost candidate loop with enough iterations for the cores, or None."""
+    def parallel(self, stage: str, candidates: dict[str, str], work: int) -> str | None:
+        """The loop to run on threads: of the `candidates` (role -> loop name, outer first), the rules
+        take the outermost with enough iterations for the cores; the pick may take another or none."""
+        if self.target.cores < 2:
+            return None
         extents = {lp.name: lp.extent for lp in self.schedule.of(stage).loops}
-        for loop in candidates:
-            if model.worth_threads(self.target, extents[loop], work):
-                self.note(stage, f"parallel {loop}: {extents[loop]} iterations for {self.target.cores} cores")
-                return loop
-        return None
-
-    def threads(self, stage: str, candidates: list[str], work: int):
-        """Run the outermost candidate loop with enough iterations for the cores on threads."""
-        loop = self.parallel_loop(stage, candidates, work)
-        if loop:
-            self.schedule = self.schedule.annotate(stage, loop, "parallel")
+        busy = [role for role, loop in candidates.items() if extents[loop] >= self.target.cores]
+        worth = [role for role in busy if model.worth_threads(self.target, extents[candidates[role]], work)]
+        role = self.decide(f"{stage}.parallel", worth[0] if worth and self.allowed.threads else "none",
+                           ("none", *busy))
+        if role not in candidates:
+            return None
+        loop = candidates[role]
+        self.note(stage, f"parallel {loop}: {extents[loop]} iterations for {self.target.cores} cores")
+        return loop
 
 
 def covering_depth(loop_dims: list[str], dims: tuple[str, ...]) -> int | None:

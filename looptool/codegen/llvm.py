@@ -339,6 +339,8 @@ class FunctionBuilder:
                 return self.load_value(base, dtype, align, lanes.width)
             if step == 0:
                 return self.splat(self.load_value(base, dtype, align), lanes.width)
+        if isinstance(e, ir.Load | ir.Select) and self.lane_invariant(e, stmt, lanes):
+            return self.invariant_vector(e, stmt, env, lanes)
         if isinstance(e, ir.Load | ir.Select):
             return self.per_lane(e, stmt, env, lanes)
         if isinstance(e, ir.Cast):
@@ -346,6 +348,33 @@ class FunctionBuilder:
         if isinstance(e, ir.Unary):
             return self.unary(e.op, self.vector_expr(e.x, stmt, env, lanes))
         return self.combine(e, lambda sub: self.vector_expr(sub, stmt, env, lanes))
+
+    def lane_invariant(self, e: ir.Expr, stmt: StmtNode, lanes: "Lanes") -> bool:
+        """Whether no address or guard in `e` moves with the vectorized loop (one value for all lanes)."""
+        if isinstance(e, ir.Select):
+            return all(not g.expr.substitute(stmt.index).coeffs().get(lanes.name, 0) for g in e.guards) and \
+                self.lane_invariant(e.then, stmt, lanes) and self.lane_invariant(e.otherwise, stmt, lanes)
+        return all(not self.linear_offset(ld.buffer, ld.index, stmt).coeffs().get(lanes.name, 0)
+                   for ld in ir.loads(e))
+
+    def invariant_vector(self, e: ir.Load | ir.Select, stmt: StmtNode, env: dict, lanes: "Lanes") -> llir.Value:
+        """A guarded value or clamped load that is the same in every lane: computed once and broadcast, its
+        guards choosing between vectors (a blend).  A scalar float select would become a branch on x86."""
+        if isinstance(e, ir.Load):
+            return self.splat(self.expr(e, stmt, env), lanes.width)
+        ok = self.splat(self.guards_hold(e.guards, stmt, env), lanes.width)
+        return self.builder.select(ok, self.vector_expr(e.then, stmt, env, lanes),
+                                   self.vector_expr(e.otherwise, stmt, env, lanes))
+
+    def guards_hold(self, guards, stmt: StmtNode, env: dict) -> llir.Value:
+        """An i1: every guard's affine expression lies in its range."""
+        b = self.builder
+        ok = llir.Constant(I1, 1)
+        for g in guards:
+            v = self.affine(g.expr.substitute(stmt.index), env)
+            ok = b.and_(ok, b.and_(b.icmp_signed(">=", v, llir.Constant(I64, g.lo)),
+                                   b.icmp_signed("<", v, llir.Constant(I64, g.hi))))
+        return ok
 
     def per_lane(self, e: ir.Expr, stmt: StmtNode, env: dict, lanes: "Lanes") -> llir.Value:
         """Gathered loads and guarded selects: each lane computed as a scalar, then packed."""
@@ -383,12 +412,8 @@ class FunctionBuilder:
             align = ITEM_BYTES[dtype] if e.clamped else self.alignment(e.buffer, e.index, stmt, env)
             return self.load_value(self.access(e.buffer, e.index, e.clamped, stmt, env), dtype, align)
         if isinstance(e, ir.Select):
-            ok = llir.Constant(I1, 1)
-            for g in e.guards:
-                v = self.affine(g.expr.substitute(stmt.index), env)
-                ok = b.and_(ok, b.and_(b.icmp_signed(">=", v, llir.Constant(I64, g.lo)),
-                                       b.icmp_signed("<", v, llir.Constant(I64, g.hi))))
-            return b.select(ok, self.expr(e.then, stmt, env), self.expr(e.otherwise, stmt, env))
+            return b.select(self.guards_hold(e.guards, stmt, env), self.expr(e.then, stmt, env),
+                            self.expr(e.otherwise, stmt, env))
         if isinstance(e, ir.Cast):
             return self.convert(self.expr(e.x, stmt, env), e.dtype)
         if isinstance(e, ir.Unary):

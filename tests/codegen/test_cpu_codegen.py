@@ -60,6 +60,26 @@ def test_vectorized_loop_in_llvm_ir_is_vector_code(rng):
     case.check(t.numpy(kernel.loop_tree))
 
 
+def test_a_padded_value_broadcast_across_lanes_is_one_guarded_vector(rng):
+    """A 1-D convolution vectorized along its output channels: the padded input is the same in every
+    lane, so it is loaded once and its padding guard picks between vectors (no scalar float select,
+    which x86 turns into a branch).  The padding reads a clamped neighbour, so an infinity at the
+    edge must not leak into padded positions."""
+    import looptool as lt
+    x, w = rng.standard_normal((8, 20), dtype=np.float32), rng.standard_normal((16, 8, 3), dtype=np.float32)
+    x[:, 0] = np.inf
+    c, i, o, j, k = lt.symbols("c i o j k")
+    xw = lt.Tensor(x).to(c, i).window(i, j, k, 3, padding=1)
+    t = (xw * lt.Tensor(w).to(o, c, k)).sum(c, k)                          # dims (j, o)
+    kernel = t.compile(t.loop_tree().split("o", 8).reorder("j", "o.0", "c", "k", "o.1").vectorize("o.1"))
+    assert re.search(r"select\s+<8 x i1>", kernel.llvm_ir), "the guard is not a vector select"
+    xp = np.pad(f64(x), ((0, 0), (1, 1)))
+    with np.errstate(invalid="ignore"):
+        ref = np.einsum("cjk,ock->jo", np.lib.stride_tricks.sliding_window_view(xp, 3, axis=1), f64(w))
+    got = kernel(ir.lower(t.node)[1])
+    assert np.isfinite(got[2:]).all() and np.allclose(got[2:], ref[2:], rtol=1e-5, atol=1e-5)
+
+
 # ------------------------------------------------------------------ parallel loops
 
 def _functions(llvm_ir: str) -> dict[str, str]:
