@@ -9,24 +9,30 @@ from tests.helpers import assert_close
 from tuner import space
 
 
-def test_every_legal_draw_of_the_gpu_search_space_computes_the_right_result(rng):
+def legal_gpu_draws(tensor, seed: int, draws: int):
+    """(trial, tree) for each of `draws` random draws of the GPU space that the legality check accepts."""
     optuna = pytest.importorskip("optuna")
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    for _ in range(draws):
+        trial = study.ask()
+        try:
+            tree = space.sample_gpu(trial, tensor.loop_tree())
+        except space.InvalidDraw:
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            continue
+        study.tell(trial, 1.0)
+        if tree.check()[0]:
+            yield trial, tree
+
+
+def test_every_legal_draw_of_the_gpu_search_space_computes_the_right_result(rng):
     c, ref = matmul(rng, 64, 32, 128)
     sm, _, sm_ref = softmax_rows(rng, rows=32, cols=128)
     measured = 0
     for tensor, expected in ((c, ref), (sm, sm_ref)):
-        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
-        for _ in range(12):
-            trial = study.ask()
-            try:
-                tree = space.sample_gpu(trial, tensor.loop_tree())
-            except space.InvalidDraw:
-                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-                continue
-            study.tell(trial, 1.0)
-            if tree.check()[0]:
-                assert_close(tensor.numpy(tree), expected, 1e-5)
-                measured += 1
+        for _, tree in legal_gpu_draws(tensor, 3, 12):
+            assert_close(tensor.numpy(tree), expected, 1e-5)
+            measured += 1
     assert measured >= 10
 
 
@@ -50,7 +56,6 @@ def test_a_gpu_study_measures_draws_and_records_the_best_for_this_gpu(rng, tmp_p
 def test_gpu_draws_of_a_half_precision_contraction_include_tensor_core_schedules(rng):
     """The 'mma' family (mma_tiled's block tile, warps, k tile and stages) on a bfloat16 matmul: every
     legal draw computes the right result (in the interpreter, which runs the tiles as loops)."""
-    optuna = pytest.importorskip("optuna")
     import numpy as np
     import looptool as lt
     m, k, n = lt.symbols("m k n")
@@ -58,17 +63,9 @@ def test_gpu_draws_of_a_half_precision_contraction_include_tensor_core_schedules
     b = rng.standard_normal((48, 64)).astype(lt.bfloat16)
     c = (lt.Tensor(a).to(m, k) * lt.Tensor(b).to(k, n)).sum(k)
     ref = a.astype(np.float64) @ b.astype(np.float64)
-    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=5))
     legal = 0
-    for _ in range(40):
-        trial = study.ask()
-        try:
-            tree = space.sample_gpu(trial, c.loop_tree())
-        except space.InvalidDraw:
-            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
-            continue
-        study.tell(trial, 1.0)
-        if trial.params.get("gpu.tensor.family") == "mma" and tree.check()[0]:
+    for trial, tree in legal_gpu_draws(c, 5, 40):
+        if trial.params.get("gpu.tensor.family") == "mma":
             assert "mma.m16n8k16.k" in str(tree)
             assert_close(lt.interpret(c, tree), ref, 1e-5)
             legal += 1
