@@ -9,12 +9,14 @@ trials and wall seconds (from the first trial's start) needed to reach 0.9x and 
 best time any run found for that workload, and the median per-trial overhead (everything but
 the timed runs).  Per workload it reports the cost model's ranking quality: Spearman's
 correlation between predicted and measured speed on the random study's trials (held out),
-with the model trained on the TPE and cold cost-model studies.  Writes
-bench/results/tune_quality.json, .md and .png (best-so-far against trials).
+with the model trained on every other study of the run.
+Writes bench/results/tune_quality.json, .md and .png (best-so-far against trials); `--keep DIR`
+keeps the study storages there.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import statistics
@@ -66,25 +68,28 @@ def tune_run(tensor, storage: str, name: str, sampler: str, seed: int, trials: i
     return result.study
 
 
-def ranking_quality(studies: dict[str, optuna.Study]) -> float | None:
-    """Spearman correlation of predicted and measured speed on the random study's trials, with the
-    model trained on the TPE and cold cost-model studies."""
+def ranking_quality(runs: dict, name: str, seed: int) -> float | None:
+    """Spearman correlation of predicted and measured speed on the random study's trials of workload
+    `name`, with the model trained on that workload's other studies and on every study of the other
+    workloads."""
     from scipy.stats import spearmanr
     train = costmodel.TrainingSet()
-    for sampler in ("tpe", "costmodel-cold"):
-        train.add_study(studies[sampler].trials)
-    held_out = [t for t in measured(studies["random"]) if t.user_attrs.get("features")]
+    for (workload, sampler, run_seed), study in runs.items():
+        if workload != name or sampler != "random":
+            train.add_study(study.trials)
+    held_out = [t for t in measured(runs[name, "random", seed]) if t.user_attrs.get("features")]
+    measured_speed = [-math.log(t.value) for t in held_out]
     predicted = costmodel.CostModel().fit(train).predict([t.user_attrs["features"] for t in held_out])
     if predicted is None or len(held_out) < 3:
         return None
-    return float(spearmanr(predicted, [-math.log(t.value) for t in held_out]).statistic)
+    return float(spearmanr(predicted, measured_speed).statistic)
 
 
-def run(names: list[str], trials: int, seeds: list[int], repeats: int) -> dict:
+def run(names: list[str], trials: int, seeds: list[int], repeats: int, keep: str | None = None) -> dict:
     """Every workload with every sampler and seed; the warm runs last, from the others' studies."""
     lt.set_num_threads(1)
     runs: dict[tuple[str, str, int], optuna.Study] = {}
-    with tempfile.TemporaryDirectory() as tmp:
+    with contextlib.nullcontext(keep) if keep else tempfile.TemporaryDirectory() as tmp:
         for name in names:
             storage = f"sqlite:///{tmp}/{name}.sqlite"
             for sampler in SAMPLERS[:3]:
@@ -113,7 +118,7 @@ def summarize(names, runs, trials, seeds) -> dict:
     rows, curves, quality = [], {}, {}
     for name in names:
         best = min(runs[key].best_value for key in runs if key[0] == name)
-        quality[name] = ranking_quality({s: runs[name, s, seeds[0]] for s in SAMPLERS})
+        quality[name] = ranking_quality(runs, name, seeds[0])
         for (workload, sampler, seed), study in runs.items():
             if workload != name:
                 continue
@@ -192,9 +197,12 @@ def main(argv=None):
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
+    parser.add_argument("--keep", metavar="DIR", help="keep the study storages in DIR (default: a temporary one)")
     args = parser.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    data = run(args.workloads, args.trials, args.seeds, args.repeats)
+    if args.keep:
+        Path(args.keep).mkdir(parents=True, exist_ok=True)
+    data = run(args.workloads, args.trials, args.seeds, args.repeats, args.keep)
     out = HERE / "results"
     out.mkdir(exist_ok=True)
     (out / "tune_quality.json").write_text(json.dumps(data, indent=2))
