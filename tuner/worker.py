@@ -170,8 +170,9 @@ class Compiler:
 
     def take(self, steps, timeout: float):
         """The object code of a submitted schedule (a `runtime.KernelObject`), waiting for it at most
-        `timeout` seconds; None when it was not submitted or did not compile here (the measuring
-        worker then compiles it, and reports its error)."""
+        `timeout` seconds (past it, the compile process is killed and MeasureError raised); None when
+        it was not submitted or did not compile here (the measuring worker then compiles it, and
+        reports its error)."""
         future = self._pending.pop(_steps_key(steps), None)
         if future is None:
             return None
@@ -179,6 +180,7 @@ class Compiler:
             return future.result(timeout)
         except FutureTimeout:
             self.close(kill=True)
+            raise MeasureError(f"compiling timed out after {timeout:g} s (compile process killed)") from None
         except BrokenProcessPool:
             self.close()
         except Exception:           # a compile error: the worker compiles it again and reports it

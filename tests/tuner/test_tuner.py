@@ -212,6 +212,20 @@ def test_prefetched_schedules_compile_in_another_process_and_measure_correctly()
         assert not measurer.ready([])
 
 
+def test_a_compile_past_the_time_limit_fails_the_trial_and_a_new_compile_process_starts():
+    case = matmul_case(24, 20, 28)
+    tiled = case.tensor.loop_tree().split("n", 4).vectorize("n.1")
+    with tuner.Measurer(case.tensor.node, repeats=1) as measurer:
+        assert measurer.measure([]).seconds > 0         # the measuring worker is up
+        measurer.timeout = 0.001
+        measurer.prefetch([tiled.schedule.steps])      # the compile process is still starting
+        with pytest.raises(tuner.MeasureError, match="compiling timed out"):
+            measurer.measure(tiled.schedule.steps)
+        measurer.timeout = 120
+        measurer.prefetch([tiled.schedule.steps])
+        assert measurer.measure(tiled.schedule.steps).relative_error < TOL
+
+
 def test_sqlite_storages_use_a_write_ahead_log(tmp_path):
     storage = tuner.study.make_storage(sqlite_url(tmp_path / "wal.sqlite"))
     optuna.create_study(storage=storage, study_name="wal")
