@@ -149,7 +149,7 @@ class TuneResult:
                  f"{counts['pruned']} pruned as illegal or invalid, {counts['fail']} failed)"]
         overheads = [t.user_attrs["overhead_seconds"] for t in self.study.trials if "overhead_seconds" in t.user_attrs]
         if overheads:
-            lines.append(f"per-trial overhead (all but the timed runs): median {statistics.median(overheads):.3f} s")
+            lines.append(f"per-trial overhead (all but the kernel runs): median {statistics.median(overheads):.3f} s")
         if self.best_tree is None:
             return "\n".join(lines + ["no schedule was measured"])
         lines += [f"best: {self.best_seconds * 1e3:.3f} ms; default schedule: {self.default_seconds * 1e3:.3f} ms "
