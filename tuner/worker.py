@@ -189,6 +189,7 @@ class Compiler:
 
     @property
     def closed(self) -> bool:
+        """Whether the process was stopped (killed at a time limit, or it died): a new one is needed."""
         return self._pid is None
 
     def close(self, kill: bool = False):
