@@ -8,13 +8,16 @@ is seen).  Every run measures in the same kind of isolated worker.  Per run it r
 trials and wall seconds (from the first trial's start) needed to reach 0.9x and 0.95x of the
 best time any run found for that workload, and the median per-trial overhead (everything but
 the timed runs).  Per workload it reports the cost model's ranking quality: Spearman's
-correlation between predicted and measured speed on the random study's trials (held out),
-with the model trained on the TPE and cold cost-model studies.  Writes
-bench/results/tune_quality.json, .md and .png (best-so-far against trials).
+correlation between predicted and measured speed on the random studies' trials (held out),
+with the model trained on every other study of the run.
+Writes bench/results/tune_quality.json, .md and .png (best-so-far against trials); `--keep DIR`
+keeps the study storages there, and `--summarize DIR` (with the same --trials, --seeds and
+--workloads) writes the results of such a run again without tuning.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import statistics
@@ -66,25 +69,29 @@ def tune_run(tensor, storage: str, name: str, sampler: str, seed: int, trials: i
     return result.study
 
 
-def ranking_quality(studies: dict[str, optuna.Study]) -> float | None:
-    """Spearman correlation of predicted and measured speed on the random study's trials, with the
-    model trained on the TPE and cold cost-model studies."""
+def ranking_quality(runs: dict, name: str) -> float | None:
+    """Spearman correlation of predicted and measured speed on the trials of workload `name`'s random
+    studies (every seed), with the model trained on every other study of the run (this workload's
+    TPE and cost-model studies, and all studies of the other workloads)."""
     from scipy.stats import spearmanr
     train = costmodel.TrainingSet()
-    for sampler in ("tpe", "costmodel-cold"):
-        train.add_study(studies[sampler].trials)
-    held_out = [t for t in measured(studies["random"]) if t.user_attrs.get("features")]
+    held_out = []
+    for (workload, sampler, _), study in runs.items():
+        if workload == name and sampler == "random":
+            held_out += [t for t in measured(study) if t.user_attrs.get("features")]
+        else:
+            train.add_study(study.trials)
     predicted = costmodel.CostModel().fit(train).predict([t.user_attrs["features"] for t in held_out])
     if predicted is None or len(held_out) < 3:
         return None
     return float(spearmanr(predicted, [-math.log(t.value) for t in held_out]).statistic)
 
 
-def run(names: list[str], trials: int, seeds: list[int], repeats: int) -> dict:
+def run(names: list[str], trials: int, seeds: list[int], repeats: int, keep: str | None = None) -> dict:
     """Every workload with every sampler and seed; the warm runs last, from the others' studies."""
     lt.set_num_threads(1)
     runs: dict[tuple[str, str, int], optuna.Study] = {}
-    with tempfile.TemporaryDirectory() as tmp:
+    with contextlib.nullcontext(keep) if keep else tempfile.TemporaryDirectory() as tmp:
         for name in names:
             storage = f"sqlite:///{tmp}/{name}.sqlite"
             for sampler in SAMPLERS[:3]:
@@ -108,12 +115,23 @@ def run(names: list[str], trials: int, seeds: list[int], repeats: int) -> dict:
         return summarize(names, runs, trials, seeds)
 
 
+def load_runs(directory: str, names: list[str], seeds: list[int]) -> dict:
+    """The studies of a run kept with --keep, as `run` holds them."""
+    runs = {}
+    for name in names:
+        for sampler in SAMPLERS:
+            for seed in seeds:
+                storage = f"sqlite:///{directory}/{'warm-' if sampler == 'costmodel-warm' else ''}{name}.sqlite"
+                runs[name, sampler, seed] = optuna.load_study(study_name=f"{sampler}-{seed}", storage=storage)
+    return runs
+
+
 def summarize(names, runs, trials, seeds) -> dict:
     """Rows per run, medians per workload and sampler, ranking quality per workload."""
     rows, curves, quality = [], {}, {}
     for name in names:
         best = min(runs[key].best_value for key in runs if key[0] == name)
-        quality[name] = ranking_quality({s: runs[name, s, seeds[0]] for s in SAMPLERS})
+        quality[name] = ranking_quality(runs, name)
         for (workload, sampler, seed), study in runs.items():
             if workload != name:
                 continue
@@ -156,7 +174,19 @@ def to_markdown(data: dict) -> str:
     for name in workloads:
         cells = [f"{median_trials(data, name, s, 0.9):g} / {median_trials(data, name, s, 0.95):g}" for s in SAMPLERS]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {cell(data['spearman'][name], '.2f')} |")
+    lines += ["", "median per-trial overhead in seconds (median over the runs' medians):", "",
+              "| workload | " + " | ".join(SAMPLERS) + " |", "| --- | " + " | ".join("---" for _ in SAMPLERS) + " |"]
+    for name in workloads:
+        cells = [cell(median_overhead(data, name, s), ".3f") for s in SAMPLERS]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def median_overhead(data: dict, workload: str, sampler: str) -> float | None:
+    """Median over seeds of a run's median per-trial overhead."""
+    values = [r["median_overhead_seconds"] for r in data["runs"] if r["workload"] == workload and
+              r["sampler"] == sampler and r["median_overhead_seconds"] is not None]
+    return statistics.median(values) if values else None
 
 
 def plot(data: dict, path: Path) -> Path:
@@ -192,9 +222,16 @@ def main(argv=None):
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
+    parser.add_argument("--keep", metavar="DIR", help="keep the study storages in DIR (default: a temporary one)")
+    parser.add_argument("--summarize", metavar="DIR", help="tune nothing: summarize the storages a --keep run left")
     args = parser.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    data = run(args.workloads, args.trials, args.seeds, args.repeats)
+    if args.summarize:
+        data = summarize(args.workloads, load_runs(args.summarize, args.workloads, args.seeds), args.trials, args.seeds)
+    else:
+        if args.keep:
+            Path(args.keep).mkdir(parents=True, exist_ok=True)
+        data = run(args.workloads, args.trials, args.seeds, args.repeats, args.keep)
     out = HERE / "results"
     out.mkdir(exist_ok=True)
     (out / "tune_quality.json").write_text(json.dumps(data, indent=2))

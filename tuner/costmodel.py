@@ -39,9 +39,19 @@ NEAREST_SEEDS = 4           # best schedules of the nearest tuned shape tried fi
 COMPLETE = optuna.trial.TrialState.COMPLETE
 
 
+_DESCRIBED: dict = {}
+DESCRIBED_LIMIT = 4096      # feature vectors remembered per process
+
+
 def describe(tree: LoopTree, threads: int) -> list[float]:
-    """A schedule's feature vector for this host, as stored with each measured trial."""
-    return features.schedule_features(tree, threads=threads).tolist()
+    """A schedule's feature vector for this host, as stored with each measured trial (remembered by
+    program and schedule, so the trial does not recompute what its sampler computed)."""
+    key = (tree.program, tree.schedule.to_json(), threads)
+    if key not in _DESCRIBED:
+        if len(_DESCRIBED) >= DESCRIBED_LIMIT:
+            _DESCRIBED.pop(next(iter(_DESCRIBED)))
+        _DESCRIBED[key] = features.schedule_features(tree, threads=threads).tolist()
+    return _DESCRIBED[key]
 
 
 def structure_key(program: ir.Program) -> str:
@@ -117,6 +127,9 @@ class TrainingSet:
             self.rows.append(t.user_attrs["features"])
             self.targets.append(math.log(best / t.value))
 
+    def copy(self) -> "TrainingSet":
+        return TrainingSet(list(self.rows), list(self.targets))
+
     def __len__(self):
         return len(self.rows)
 
@@ -142,11 +155,10 @@ class CostModel:
         return self
 
     def predict(self, rows: list) -> np.ndarray | None:
-        """Predicted relative log throughput (higher is faster), or None without a model."""
+        """Predicted score of each row (higher is faster), or None without a model."""
         if self.booster is None or not rows:
             return None
         return self.booster.predict(np.asarray(rows))
-
 
 # Transfer ----------------------------------------------------------------------------------------
 
@@ -158,21 +170,33 @@ class Prior:
     seeds: list = field(default_factory=list)
 
 
+_PRIORS: dict = {}
+
+
 def prior_from_storage(storage, study_name: str, target: str, program: ir.Program) -> Prior:
     """Measured trials of the other studies for `target` in `storage`, and the best parameters of
-    the study of the same structure whose sizes are nearest to `program`'s."""
+    the study of the same structure whose sizes are nearest to `program`'s.  Remembered per process
+    until those studies change (each round of `tune_program` asks again)."""
+    summaries = [s for s in optuna.get_all_study_summaries(storage, include_best_trial=False)
+                 if s.study_name != study_name and s.user_attrs.get("target") == target]
+    key = (getattr(storage, "url", id(storage)), study_name, target, structure_key(program), program.sizes)
+    signature = tuple((s.study_name, s.n_trials) for s in summaries)
+    remembered = _PRIORS.get(key)
+    if remembered is None or remembered[0] != signature:
+        _PRIORS[key] = signature, _read_prior(storage, summaries, program)
+    return _PRIORS[key][1]
+
+
+def _read_prior(storage, summaries, program: ir.Program) -> Prior:
     prior = Prior()
     structure, sizes = structure_key(program), dict(program.sizes)
     nearest, distance = None, math.inf
-    for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
-        attrs = summary.user_attrs
-        if summary.study_name == study_name or attrs.get("target") != target:
-            continue
+    for summary in summaries:
         study = optuna.load_study(study_name=summary.study_name, storage=storage)
         trials = study.get_trials(deepcopy=False, states=(COMPLETE,))
         prior.data.add_study(trials)
-        if attrs.get("structure") == structure and trials:
-            gap = _size_distance(sizes, attrs.get("sizes", {}))
+        if summary.user_attrs.get("structure") == structure and trials:
+            gap = _size_distance(sizes, summary.user_attrs.get("sizes", {}))
             if gap < distance:
                 nearest, distance = trials, gap
     if nearest:
@@ -191,16 +215,19 @@ def _size_distance(a: dict, b: dict) -> float:
 class CostModelSampler(optuna.samplers.BaseSampler):
     """An Optuna sampler that gives each trial the parameters of the next schedule a learned cost
     model ranks best (see the module docstring).  `draw(trial)` is the search space: it draws a
-    loop tree through the trial's suggestions; kernels run on `threads` cores."""
+    loop tree through the trial's suggestions; kernels run on `threads` cores.  `builder`, when given
+    (a `tuner.worker.Measurer`), gets each round's schedules (lists of steps) as soon as they are chosen,
+    to compile them ahead (`builder.prefetch`), and each trial takes the first schedule of the round
+    whose kernel is ready (`builder.ready`)."""
 
     def __init__(self, draw: Callable[[object], LoopTree], threads: int = 1, seed: int | None = None,
-                 prior: Prior | None = None):
-        self.draw, self.threads = draw, threads
+                 prior: Prior | None = None, builder=None):
+        self.draw, self.threads, self.builder = draw, threads, builder
         self.rng = np.random.default_rng(seed)
         self.prior = prior or Prior()
         self.model = CostModel(seed or 0)
         self.fallback = optuna.samplers.RandomSampler(seed=seed)
-        self.queue: list[dict] = []
+        self.queue: list[tuple[dict, list]] = []       # (parameters, steps) of the round's schedules
         self.chosen: dict[int, dict] = {}
 
     def infer_relative_search_space(self, study, trial):
@@ -214,20 +241,26 @@ class CostModelSampler(optuna.samplers.BaseSampler):
         if trial.number not in self.chosen:
             if not self.queue:
                 self.queue = self.next_round(study)
-            self.chosen[trial.number] = self.queue.pop(0) if self.queue else {}
+            self.chosen[trial.number] = self.queue.pop(self._first_ready())[0] if self.queue else {}
         value = self.chosen[trial.number].get(param_name)
         if value is not None and _allowed(value, param_distribution):
             return value
         return self.fallback.sample_independent(study, trial, param_name, param_distribution)
 
+    def _first_ready(self) -> int:
+        if self.builder is not None:
+            return next((i for i, (_, steps) in enumerate(self.queue) if self.builder.ready(steps)), 0)
+        return 0
+
     def after_trial(self, study, trial, state, values):
         self.chosen.pop(trial.number, None)
 
-    def next_round(self, study: optuna.Study) -> list[dict]:
-        """Retrain on every measured trial, draw candidates, return the parameters of the next BATCH:
-        the best legal ones by the model, and one legal random one to keep exploring."""
+    def next_round(self, study: optuna.Study) -> list[tuple[dict, list]]:
+        """Retrain on every measured trial, draw candidates, return the parameters and steps of the
+        next BATCH (MIN_TRAINING while there is no model): the best legal ones by the model, and one
+        legal random one to keep exploring."""
         trials = study.get_trials(deepcopy=False)
-        data = TrainingSet(list(self.prior.data.rows), list(self.prior.data.targets))
+        data = self.prior.data.copy()
         data.add_study(trials)
         self.model.fit(data)
         taken = {param_key(t.params) for t in trials}
@@ -238,10 +271,14 @@ class CostModelSampler(optuna.samplers.BaseSampler):
             order.sort(key=lambda i: -scores[i])
         seeded = [i for i, c in enumerate(candidates) if c.seeded]
         ranked = seeded + [i for i in order if i not in seeded]
-        picked = _first_legal(candidates, ranked, BATCH - 1)
+        size = BATCH if scores is not None else MIN_TRAINING     # without a model, retrain sooner
+        picked = _first_legal(candidates, ranked, size - 1)
         explore = [i for i in self.rng.permutation(len(candidates)) if i not in picked]
         picked += _first_legal(candidates, explore, 1)
-        return [candidates[i].params for i in picked]
+        chosen = [(candidates[i].params, candidates[i].tree.schedule.steps) for i in picked]
+        if self.builder is not None:
+            self.builder.prefetch([steps for _, steps in chosen])
+        return chosen
 
     def candidates(self, trials, taken: set) -> list[Candidate]:
         """Random draws, mutations of the best measured schedules and (first) the prior's seeds,

@@ -1,23 +1,31 @@
 """Measuring schedules in an isolated worker process that may crash or hang without harm.
 
 The parent sends the computation once, then one schedule (its steps) per trial.
-The worker compiles it, runs it on fresh random inputs, checks the result
-against the default schedule on the same inputs, then times warm-up plus
+The worker compiles it (or loads the object code a compile process made while
+earlier schedules were measured: `Measurer.prefetch`), runs it on one of a few
+random input sets made at start-up, checks the result against the default
+schedule's on the same inputs (computed once per set), then times warm-up plus
 repeated runs and answers with the median.  A crash (segfault, abort) or a run
 past the time limit kills only the worker: the parent reports the failure and
 starts a new one.
 """
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
+import os
 import signal
 import time
 import traceback
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 import numpy as np
 
 STARTUP_TIMEOUT = 300.0
+INPUT_SETS = 2          # random input sets per worker, used in turn by its trials
 
 
 class MeasureError(RuntimeError):
@@ -26,10 +34,13 @@ class MeasureError(RuntimeError):
 
 @dataclass
 class Measurement:
+    """A measured schedule: median seconds per run, seconds its kernel took to compile, its error
+    against the reference, and the wall seconds of all its kernel runs (check, warm-up, timed)."""
+
     seconds: float
     compile_seconds: float
     relative_error: float
-    overhead_seconds: float
+    running_seconds: float
 
 
 def fresh_like(array: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -50,7 +61,7 @@ def _serve(conn, run_trial):
         try:
             if request.get("inject_crash"):
                 signal.raise_signal(signal.SIGSEGV)
-            conn.send(run_trial(request["steps"], request.get("repeats")))
+            conn.send(run_trial(request))
         except Exception:
             conn.send({"error": traceback.format_exc(limit=3)})
 
@@ -66,28 +77,36 @@ def _wrong_result(got: np.ndarray, expected: np.ndarray, dtype: str, reference: 
 
 
 def _cpu_trials(node, repeats: int, seed: int):
-    """Trials on the CPU: fresh random inputs each time, checked against the default schedule."""
+    """Trials on the CPU: random input sets in turn, each checked against the default schedule's
+    result on it (computed once per set)."""
     from looptool import ir, runtime
     from looptool.schedule import LoopTree, Schedule
 
     program, arrays = ir.lower(node)
     reference_kernel = runtime.Kernel(LoopTree(program), runtime.get_num_threads())
     rng = np.random.default_rng(seed)
+    input_sets = [[fresh_like(a, rng) for a in arrays] for _ in range(INPUT_SETS)]
+    references = [reference_kernel(inputs).astype(np.float64) for inputs in input_sets]
+    turn = iter(range(1 << 62))
 
-    def run_trial(steps, trial_repeats):
-        kernel = runtime.Kernel(LoopTree(program, Schedule.default(program).apply(steps)), runtime.get_num_threads())
-        inputs = [fresh_like(a, rng) for a in arrays]
-        expected = reference_kernel(inputs).astype(np.float64)
-        error, wrong = _wrong_result(kernel(inputs), expected, program.output.dtype, "default schedule")
+    def run_trial(request):
+        tree = LoopTree(program, Schedule.default(program).apply(request["steps"]))
+        kernel = runtime.Kernel(tree, runtime.get_num_threads(), request.get("compiled"))
+        which = next(turn) % INPUT_SETS
+        inputs, expected = input_sets[which], references[which]
+        start = time.perf_counter()
+        got = kernel(inputs)
+        running = time.perf_counter() - start
+        error, wrong = _wrong_result(got, expected, program.output.dtype, "default schedule")
         if wrong:
             return wrong
-        kernel(inputs)
         times = []
-        for _ in range(trial_repeats or repeats):
+        for _ in range(1 + (request.get("repeats") or repeats)):
             start = time.perf_counter()
             kernel(inputs)
             times.append(time.perf_counter() - start)
-        return {"seconds": float(np.median(times)), "compile": kernel.compile_seconds, "relative_error": error}
+        return {"seconds": float(np.median(times[1:])), "compile": kernel.compile_seconds, "relative_error": error,
+                "running": running + sum(times)}
     return run_trial
 
 
@@ -104,29 +123,114 @@ def _gpu_trials(node, repeats: int, seed: int):
     inputs = [cp.asarray(fresh_like(a, rng)) for a in arrays]
     expected = cp.asnumpy(runtime_gpu.GpuKernel(runtime_gpu.default_tree(program))(inputs)).astype(np.float64)
 
-    def run_trial(steps, trial_repeats):
+    def run_trial(request):
         started = time.perf_counter()
-        kernel = runtime_gpu.GpuKernel(LoopTree(program, Schedule.default(program).apply(steps)))
+        kernel = runtime_gpu.GpuKernel(LoopTree(program, Schedule.default(program).apply(request["steps"])))
         compile_seconds = time.perf_counter() - started
         out = cp.full(expected.shape, cp.nan, dtype=program.output.dtype)
+        running = time.perf_counter()
         got = cp.asnumpy(kernel(inputs, out=out))
+        running = time.perf_counter() - running
         error, wrong = _wrong_result(got, expected, program.output.dtype, "default GPU schedule")
         if wrong:
             return wrong
         times = []
-        for _ in range(trial_repeats or repeats):
+        for _ in range(request.get("repeats") or repeats):
             start, stop = cp.cuda.Event(), cp.cuda.Event()
             start.record()
             kernel(inputs, out=out)
             stop.record()
             stop.synchronize()
             times.append(cp.cuda.get_elapsed_time(start, stop) / 1e3)
-        return {"seconds": float(np.median(times)), "compile": compile_seconds, "relative_error": error}
+        return {"seconds": float(np.median(times)), "compile": compile_seconds, "relative_error": error,
+                "running": running + sum(times)}
     return run_trial
 
 
+class Compiler:
+    """One process that compiles CPU schedules to object code, in the order they were submitted,
+    while the measuring worker times others."""
+
+    def __init__(self, node, threads: int | None):
+        self._pool = ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"), initializer=_compiler_main,
+                                         initargs=(node, threads))
+        self._pid = self._pool.submit(os.getpid)
+        self._pending: dict = {}
+
+    def submit(self, steps):
+        """Start compiling a schedule (its steps) unless it is already under way."""
+        key = _steps_key(steps)
+        if key not in self._pending:
+            self._pending[key] = self._pool.submit(_compile_object, [list(s) for s in steps])
+
+    def ready(self, steps) -> bool:
+        """Whether a submitted schedule has finished compiling."""
+        future = self._pending.get(_steps_key(steps))
+        return future is not None and future.done()
+
+    def take(self, steps, timeout: float):
+        """The object code of a submitted schedule (a `runtime.KernelObject`), waiting for it at most
+        `timeout` seconds (past it, the compile process is killed and MeasureError raised); None when
+        it was not submitted or did not compile here (the measuring worker then compiles it, and
+        reports its error)."""
+        future = self._pending.pop(_steps_key(steps), None)
+        if future is None:
+            return None
+        try:
+            return future.result(timeout)
+        except FutureTimeout:
+            self.close(kill=True)
+            raise MeasureError(f"compiling timed out after {timeout:g} s (compile process killed)") from None
+        except BrokenProcessPool:
+            self.close()
+        except Exception:           # a compile error: the worker compiles it again and reports it
+            pass
+        return None
+
+    @property
+    def closed(self) -> bool:
+        """Whether the process was stopped (killed at a time limit, or it died): a new one is needed."""
+        return self._pid is None
+
+    def close(self, kill: bool = False):
+        """Stop the compile process, at once when `kill`."""
+        if self._pid is None:
+            return
+        if kill and self._pid.done() and not self._pid.exception():
+            try:
+                os.kill(self._pid.result(), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self._pool.shutdown(wait=not kill, cancel_futures=True)
+        self._pid = None
+        self._pending.clear()
+
+
+def _steps_key(steps) -> str:
+    return json.dumps([list(s) for s in steps])
+
+
+_COMPILING: dict = {}
+
+
+def _compiler_main(node, threads):
+    import looptool
+    from looptool import ir
+    if threads:
+        looptool.set_num_threads(threads)
+    _COMPILING["program"] = ir.lower(node)[0]
+
+
+def _compile_object(steps):
+    from looptool import runtime
+    from looptool.schedule import LoopTree, Schedule
+    program = _COMPILING["program"]
+    return runtime.compile_object(LoopTree(program, Schedule.default(program).apply(steps)), runtime.get_num_threads())
+
+
 class Measurer:
-    """Owns one worker process for a computation; restarts it after a crash or a time-out."""
+    """Owns one worker process for a computation; restarts it after a crash or a time-out.  On the
+    CPU, schedules given to `prefetch` compile in a second process while others are measured."""
 
     def __init__(self, node, repeats: int = 10, timeout: float = 60.0, seed: int = 0, threads: int | None = None,
                  device: str = "cpu"):
@@ -135,6 +239,20 @@ class Measurer:
         self._context = mp.get_context("spawn")
         self._process = None
         self._conn = None
+        self._compiler: Compiler | None = None
+
+    def prefetch(self, schedules):
+        """Compile these schedules (lists of steps) ahead, in order, in the compile process (CPU only)."""
+        if self.device != "cpu":
+            return
+        if self._compiler is None or self._compiler.closed:
+            self._compiler = Compiler(self.node, self.threads)
+        for steps in schedules:
+            self._compiler.submit(steps)
+
+    def ready(self, steps) -> bool:
+        """Whether a prefetched schedule has finished compiling."""
+        return self._compiler is not None and self._compiler.ready(steps)
 
     def _start(self):
         parent, child = self._context.Pipe()
@@ -160,8 +278,8 @@ class Measurer:
         """Compile, check and time one schedule; raise MeasureError when the trial must fail."""
         if self._process is None or not self._process.is_alive():
             self._start()
-        hop = time.perf_counter()
-        self._conn.send({"steps": [list(s) for s in steps], "inject_crash": inject_crash})
+        compiled = self._compiler.take(steps, self.timeout) if self._compiler else None
+        self._conn.send({"steps": [list(s) for s in steps], "inject_crash": inject_crash, "compiled": compiled})
         if not self._conn.poll(self.timeout):
             self.close(kill=True)
             raise MeasureError(f"timed out after {self.timeout:g} s (worker killed)")
@@ -174,8 +292,7 @@ class Measurer:
             raise MeasureError(f"worker crashed (exit code {code})") from None
         if "error" in reply:
             raise MeasureError(reply["error"])
-        overhead = time.perf_counter() - hop - reply["seconds"] * (self.repeats + 2)
-        return Measurement(reply["seconds"], reply["compile"], reply["relative_error"], max(overhead, 0.0))
+        return Measurement(reply["seconds"], reply["compile"], reply["relative_error"], reply["running"])
 
     def close(self, kill: bool = False):
         """Stop the worker (politely unless `kill`)."""
@@ -198,6 +315,9 @@ class Measurer:
 
     def __exit__(self, *exc):
         self.close()
+        if self._compiler is not None:
+            self._compiler.close(kill=True)
+            self._compiler = None
 
 
 def _worker_main(conn, node, repeats, seed, threads, device):

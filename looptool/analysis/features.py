@@ -4,8 +4,9 @@ Each statement (innermost body) of the tree is described by: its trip counts and
 at each loop level (innermost first) with their annotations, its vector width, the arithmetic
 in one unrolled innermost body, whether its accesses are contiguous along the innermost and
 vectorized loops, the bytes its accesses touch under each loop level (footprints), the bytes
-it moves into each cache level, the reuse of each input it reads, its parallel work per thread
-and its placement depth.  The heaviest statements (most iterations) come first; a few
+it moves into each cache level (in all and per iteration), its arithmetic per byte moved into the
+first cache level, the reuse of each input it reads, its parallel work per thread and its
+placement depth.  The heaviest statements (most iterations) come first; a few
 whole-tree counts follow.  Sizes enter as log2(1 + x), so the vector suits tree models and
 compares across problem sizes.  `FEATURE_VERSION` changes whenever the layout does.
 """
@@ -19,7 +20,7 @@ from .. import ir
 from ..schedule import LoopNode, LoopTree, accesses
 from .target import host
 
-FEATURE_VERSION = 1
+FEATURE_VERSION = 2
 STATEMENTS = 4          # statements described, heaviest first
 LEVELS = 8              # loop levels described per statement, innermost first
 READS = 3               # reuse of the reads with the most reuse
@@ -34,7 +35,7 @@ def log2p(x: float) -> float:
 
 def statement_width(cache_levels: int) -> int:
     """How many numbers describe one statement."""
-    return 4 * LEVELS + 16 + cache_levels + READS
+    return 4 * LEVELS + 16 + 2 * cache_levels + 1 + READS
 
 
 def feature_length(cache_levels: int = 3) -> int:
@@ -94,8 +95,12 @@ def _statement(tree, stmt, path, cache_bytes, threads) -> tuple[float, np.ndarra
         log2p(parallel), log2p(iterations / max(1, min(parallel, threads))),
         tree.schedule.of(stmt.stage.name).at, plan.kind == "local", stmt.kind == "init",
     ])
-    moved = [log2p(_bytes_into_cache(traffic, extents, size)) for size in cache_bytes]
-    return iterations, np.concatenate([levels.ravel(), scalars, moved, _reuse(offsets, stmt, path, iterations)])
+    moved = [_bytes_into_cache(traffic, extents, size) for size in cache_bytes]
+    # Per iteration, so schedules of different problem sizes compare: bytes into each cache level and
+    # arithmetic per byte brought into the first.
+    normalised = [log2p(m / max(1, iterations)) for m in moved] + [log2p(ops * iterations / max(1.0, moved[0]))]
+    return iterations, np.concatenate([levels.ravel(), scalars, [log2p(m) for m in moved], normalised,
+                                       _reuse(offsets, stmt, path, iterations)])
 
 
 def _arithmetic(expr: ir.Expr) -> int:

@@ -5,14 +5,15 @@ from types import SimpleNamespace
 
 from ..frontend import BACKEND
 from . import gpu
-from .cpu import (CACHE, Kernel, aligned_empty, auto_schedule, cache_info, chosen_schedule, clear_cache, evaluate,
-                  get_num_threads, interpret, kernel_for, loop_tree_of, lower_on_host, set_num_threads)
+from .cpu import (CACHE, Kernel, KernelObject, aligned_empty, auto_schedule, cache_info, chosen_schedule, clear_cache,
+                  compile_object, evaluate, get_num_threads, interpret, kernel_for, loop_tree_of, lower_on_host,
+                  set_num_threads)
 from .schedules import resolve_schedule, schedule_steps
 
 BACKEND.install(SimpleNamespace(evaluate=evaluate, evaluate_on_gpu=gpu.evaluate, loop_tree_of=loop_tree_of,
                                 kernel_for=kernel_for, as_device=gpu.as_device,
                                 is_device_array=gpu.is_device_array))
 
-__all__ = ["CACHE", "Kernel", "aligned_empty", "auto_schedule", "chosen_schedule", "cache_info", "clear_cache", "evaluate", "get_num_threads",
+__all__ = ["CACHE", "Kernel", "KernelObject", "compile_object", "aligned_empty", "auto_schedule", "chosen_schedule", "cache_info", "clear_cache", "evaluate", "get_num_threads",
            "interpret", "kernel_for", "loop_tree_of", "lower_on_host", "set_num_threads", "resolve_schedule",
            "schedule_steps", "gpu"]

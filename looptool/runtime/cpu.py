@@ -5,6 +5,7 @@ import ctypes
 import ctypes.util
 import os
 import time
+from dataclasses import dataclass
 
 import llvmlite.binding as llvm
 import numpy as np
@@ -36,26 +37,48 @@ def get_num_threads() -> int:
     return _THREADS[0]
 
 
-class Kernel:
-    """A compiled loop tree: call it with the input arrays (in `program.inputs` order)."""
+@dataclass(frozen=True)
+class KernelObject:
+    """A loop tree's kernel compiled to object code for this host: it loads in any process on it
+    (the tuner compiles candidates in one process and runs them in another)."""
 
-    def __init__(self, tree: LoopTree, threads: int):
+    params: tuple[str, ...]
+    llvm_ir: str
+    optimized_ir: str
+    code: bytes
+    seconds: float
+
+
+def compile_object(tree: LoopTree, threads: int) -> KernelObject:
+    """Generate, optimize (O3) and assemble the kernel of `tree` for this CPU, `threads` for its
+    parallel loops."""
+    start = time.perf_counter()
+    target = codegen_cpu.HostTarget.get()
+    source = codegen_cpu.generate(tree, target.triple, threads)
+    llvm_ir = str(source.module)
+    machine = target.new_machine()
+    module = target.optimize(llvm_ir, machine)
+    return KernelObject(tuple(source.params), llvm_ir, str(module), machine.emit_object(module),
+                        time.perf_counter() - start)
+
+
+class Kernel:
+    """A compiled loop tree: call it with the input arrays (in `program.inputs` order).  `compiled`
+    is its object code when it was compiled elsewhere (`compile_object`)."""
+
+    def __init__(self, tree: LoopTree, threads: int, compiled: KernelObject | None = None):
+        compiled = compiled or compile_object(tree, threads)
         start = time.perf_counter()
         threadpool.ensure_loaded()
-        target = codegen_cpu.HostTarget.get()
-        source = codegen_cpu.generate(tree, target.triple, threads)
-        self.tree, self.params = tree, source.params
-        self.llvm_ir = str(source.module)
-        machine = target.new_machine()
-        module = target.optimize(self.llvm_ir, machine)
-        self.optimized_ir = str(module)
+        self.tree, self.params = tree, list(compiled.params)
+        self.llvm_ir, self.optimized_ir = compiled.llvm_ir, compiled.optimized_ir
         self._assembly = None
-        self._engine = llvm.create_mcjit_compiler(module, machine)
-        self._machine = machine
+        self._engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), codegen_cpu.HostTarget.get().new_machine())
+        self._engine.add_object_file(llvm.ObjectFileRef.from_data(compiled.code))
         self._engine.finalize_object()
         address = self._engine.get_function_address("kernel")
         self._fn = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * len(self.params))(address)
-        self.compile_seconds = time.perf_counter() - start
+        self.compile_seconds = compiled.seconds + time.perf_counter() - start
 
     @property
     def assembly(self) -> str:

@@ -5,6 +5,7 @@ earlier studies from the storage, and drawing without Optuna follows the search 
 No kernel is compiled: a synthetic cost computed from the loop tree stands in for the timings."""
 from __future__ import annotations
 
+import json
 import math
 import statistics
 
@@ -125,6 +126,50 @@ def test_transfer_reads_other_studies_and_seeds_from_the_nearest_shape():
     fitting = {k: v for k, v in prior.seeds[0].items() if k in first.distributions
                and v in first.distributions[k].choices}
     assert fitting and all(first.params[k] == v for k, v in fitting.items())
+
+
+def test_the_prior_is_read_again_only_when_the_storage_changed():
+    storage = optuna.storages.InMemoryStorage()
+    near = matmul_case(64, 48, 96)
+    _synthetic_study(storage, "near", near, 4, optuna.samplers.RandomSampler(seed=0))
+    program = matmul_case(64, 48, 80).tensor.loop_tree().program
+    first = costmodel.prior_from_storage(storage, "new", "cpu:test", program)
+    assert costmodel.prior_from_storage(storage, "new", "cpu:test", program) is first
+    optuna.load_study(study_name="near", storage=storage).optimize(lambda trial: 1.0, n_trials=1)
+    again = costmodel.prior_from_storage(storage, "new", "cpu:test", program)
+    assert again is not first and len(again.data) == len(first.data)   # the new trial has no features
+
+
+class RecordingBuilder:
+    """Stands in for the measurer: records what the sampler asks to compile; `done` are ready."""
+
+    def __init__(self):
+        self.prefetched, self.done = [], set()
+
+    def prefetch(self, schedules):
+        self.prefetched += [json.dumps(steps) for steps in schedules]
+
+    def ready(self, steps) -> bool:
+        return json.dumps(steps) in self.done
+
+
+def test_the_sampler_hands_each_round_to_the_builder_and_takes_ready_kernels_first():
+    case = matmul_case(64, 48, 96)
+    tree = case.tensor.loop_tree()
+    builder = RecordingBuilder()
+    sampler = costmodel.CostModelSampler(lambda trial: draw_schedule(trial, tree, 1, "cpu"), 1, 0, None, builder)
+    study = optuna.create_study(sampler=sampler)
+    drawn = []
+
+    def objective(trial):
+        drawn.append(json.dumps(draw_schedule(trial, tree, 1, "cpu").schedule.steps))
+        builder.done.add(builder.prefetched[-1])          # the round's last kernel is ready first
+        return synthetic_seconds(draw_schedule(trial, tree, 1, "cpu"))
+    study.optimize(objective, n_trials=costmodel.MIN_TRAINING)
+    # The first round (no model yet) has MIN_TRAINING schedules, all prefetched; the ready one ran second.
+    assert len(builder.prefetched) == costmodel.MIN_TRAINING
+    assert sorted(drawn) == sorted(builder.prefetched)
+    assert drawn[1] == builder.prefetched[-1]
 
 
 def test_param_draw_keeps_its_base_without_mutation_and_redraws_values_that_do_not_fit():

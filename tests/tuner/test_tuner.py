@@ -208,6 +208,45 @@ def test_a_segfaulting_trial_fails_and_later_trials_complete(tmp_path):
     assert rel_err(case.tensor.numpy(result.best_tree), case.reference) < TOL
 
 
+def test_prefetched_schedules_compile_in_another_process_and_measure_correctly():
+    case = matmul_case(24, 20, 28)
+    tiled = case.tensor.loop_tree().split("n", 4).vectorize("n.1")
+    with tuner.Measurer(case.tensor.node, repeats=2) as measurer:
+        measurer.prefetch([tiled.schedule.steps, [["no-such-transform", "m"]]])
+        deadline = time.perf_counter() + 120
+        while not measurer.ready(tiled.schedule.steps) and time.perf_counter() < deadline:
+            time.sleep(0.05)
+        assert measurer.ready(tiled.schedule.steps)
+        result = measurer.measure(tiled.schedule.steps)
+        assert result.seconds > 0 and result.relative_error < TOL
+        assert result.running_seconds >= 3 * result.seconds * 0.5      # check, warm-up and 2 timed runs
+        # A schedule the compile process refused is compiled again by the worker, which reports it.
+        with pytest.raises(tuner.MeasureError, match="no-such-transform"):
+            measurer.measure([["no-such-transform", "m"]])
+        assert not measurer.ready([])
+
+
+def test_a_compile_past_the_time_limit_fails_the_trial_and_a_new_compile_process_starts():
+    case = matmul_case(24, 20, 28)
+    tiled = case.tensor.loop_tree().split("n", 4).vectorize("n.1")
+    with tuner.Measurer(case.tensor.node, repeats=1) as measurer:
+        assert measurer.measure([]).seconds > 0         # the measuring worker is up
+        measurer.timeout = 0.001
+        measurer.prefetch([tiled.schedule.steps])      # the compile process is still starting
+        with pytest.raises(tuner.MeasureError, match="compiling timed out"):
+            measurer.measure(tiled.schedule.steps)
+        measurer.timeout = 120
+        measurer.prefetch([tiled.schedule.steps])
+        assert measurer.measure(tiled.schedule.steps).relative_error < TOL
+
+
+def test_sqlite_storages_use_a_write_ahead_log(tmp_path):
+    storage = tuner.study.make_storage(sqlite_url(tmp_path / "wal.sqlite"))
+    optuna.create_study(storage=storage, study_name="wal")
+    with storage.engine.connect() as connection:
+        assert connection.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+
+
 # 4. A trial that hangs ------------------------------------------------------------------------
 
 def test_measurer_time_limit_kills_a_long_run_and_recovers():
