@@ -547,7 +547,7 @@ class _GpuBuilder(FunctionBuilder):
             return
         m, n = tile.loops["m"].loop.name, tile.loops["n"].loop.name
         a = self.fragment(tile.a, tile, stmt, base, m, 4, lane)
-        bb = self.fragment(tile.b, tile, stmt, base, n, 2, lane)
+        bb = self.b_fragment(tile, stmt, base, n, lane)
         accumulators = [self.load_value(target, stage.dtype) for target in targets]
         kind = MMA_TYPE[tile.dtype]
         ptx = (f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32 "
@@ -575,6 +575,33 @@ class _GpuBuilder(FunctionBuilder):
             registers.append(self.packed_pair(load, tile.dtype, stmt, here, k))
         return registers
 
+    def b_fragment(self, tile: TensorTile, stmt: StmtNode, base: dict, n: str, lane: llir.Value) -> list[llir.Value]:
+        """A lane's two B registers. Where B's n tiles come in unrolled pairs (an even count of them) and
+        ldmatrix reads B, one ldmatrix.x4 loads both tiles of a pair: both tiles build it at the even
+        tile's loop values, so LLVM emits it once, and each takes its half."""
+        k = tile.loops["k"].loop.name
+        layout = self.ldmatrix_layout(tile.b, stmt, n, k)
+        pair = self.n_tile_pair(tile.b, stmt, base, n) if layout is not None else None
+        if pair is None:
+            return self.fragment(tile.b, tile, stmt, base, n, 2, lane)
+        outer, index = pair
+        even = {**base, outer: llir.Constant(I64, index - index % 2)}
+        registers = self.ldmatrix(tile.b, stmt, even, n, k, 4, lane, layout, rows_first=True)
+        return registers[2 * (index % 2):2 * (index % 2) + 2]
+
+    def n_tile_pair(self, load, stmt: StmtNode, base: dict, n: str) -> tuple[str, int] | None:
+        """(loop, value) of the unrolled loop over B's n tiles around the tile loop `n`: its step in B
+        is 8 of n's, its value here a constant and its extent even, so tiles 2j and 2j + 1 both lie
+        in the shared tile; None where there is no such loop."""
+        coeffs = self.linear_offset(load.buffer, load.index, stmt).coeffs()
+        loops = {lp.name: lp for lp in self.tree.schedule.of(stmt.stage.name).loops}
+        for name, coeff in coeffs.items():
+            lp, value = loops.get(name), base.get(name)
+            if (lp is not None and lp.annotation == "unroll" and lp.extent % 2 == 0 and coeff == 8 * coeffs.get(n, 0)
+                    and isinstance(value, llir.Constant)):
+                return name, int(value.constant)
+        return None
+
     def ldmatrix_layout(self, load, stmt: StmtNode, row: str, k: str) -> str | None:
         """'' or '.trans' where ldmatrix can load the operand: it lives in shared memory, k (or else
         the row loop) steps by one element, and every other step is a multiple of 8 elements, so
@@ -590,16 +617,21 @@ class _GpuBuilder(FunctionBuilder):
         return "" if contiguous == k else ".trans"
 
     def ldmatrix(self, load, stmt: StmtNode, base: dict, row: str, k: str, count: int, lane: llir.Value,
-                 layout: str) -> list[llir.Value]:
+                 layout: str, rows_first: bool = False) -> list[llir.Value]:
         """ldmatrix (the NVVM intrinsic, so LLVM loads a fragment that several tiles use once): lanes
         8j..8j+7 give the addresses of the 8 rows of 8x8 block j (stored rows run along k with
-        '.trans'), and each lane receives its registers of all `count` blocks."""
+        '.trans'), and each lane receives its registers of all `count` blocks. Four blocks go (row 0,
+        k 0), (row 8, k 0), (row 0, k 8), (row 8, k 8) as A's registers do, or with `rows_first` (two
+        B tiles) (row 0, k 0), (row 0, k 8), (row 8, k 0), (row 8, k 8)."""
         b = self.builder
         block = b.and_(b.lshr(lane, llir.Constant(I64, 3)), llir.Constant(I64, count - 1))
         offset = b.and_(lane, llir.Constant(I64, 7))
         if count == 4:
-            row_block = b.shl(b.and_(block, llir.Constant(I64, 1)), llir.Constant(I64, 3))
-            k_block = b.shl(b.lshr(block, llir.Constant(I64, 1)), llir.Constant(I64, 3))
+            low, high = b.and_(block, llir.Constant(I64, 1)), b.lshr(block, llir.Constant(I64, 1))
+            if rows_first:
+                low, high = high, low
+            row_block = b.shl(low, llir.Constant(I64, 3))
+            k_block = b.shl(high, llir.Constant(I64, 3))
         else:
             row_block, k_block = ZERO, b.shl(block, llir.Constant(I64, 3))
         if layout:

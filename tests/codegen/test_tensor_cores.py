@@ -172,12 +172,26 @@ def test_warp_tiles_keep_their_accumulators_in_registers(rng):
     counts = instructions(module.ptx)
     assert counts["mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"] == 64     # 4 x 8 tiles x 2 k steps
     assert counts["ldmatrix.sync.aligned.m8n8.x4.shared.b16"] == 8                 # A: one per m tile and k step
-    assert counts["ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16"] == 16          # B: one per n tile and k step
+    assert counts["ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"] == 8           # B: one per two n tiles and k step
+    assert counts["ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16"] == 0
     assert "local" not in module.ptx                     # the 128 accumulators of a lane are registers
     assert counts["st.global.b32"] == 128                # and are copied out once, through the fragment layout
     assert re.search(r"xor\.b\d+", module.ptx)          # shared operands swizzled
     for got in (c.numpy(t), lt.interpret(c, t)):
         assert_close(got, ref, 1e-5)
+
+
+def test_b_stored_by_rows_of_k_loads_two_n_tiles_per_ldmatrix(rng):
+    """B laid out n x k (k contiguous): its fragments come by ldmatrix.x4 without .trans, two n tiles each."""
+    sm, sk, sn = lt.symbols("m k n")
+    a = rng.standard_normal((128, 64)).astype(lt.float16)
+    bt = rng.standard_normal((128, 64)).astype(lt.float16)
+    c = (lt.Tensor(a).to(sm, sk) * lt.Tensor(bt).to(sn, sk)).sum(sk)
+    t = warp_tiled(c)
+    counts = instructions(gpu.generate(t, "sm_90").ptx)
+    assert counts["ldmatrix.sync.aligned.m8n8.x4.shared.b16"] == 16        # A's 8 and B's 8
+    assert counts["ldmatrix.sync.aligned.m8n8.x2.shared.b16"] == 0
+    assert_close(c.numpy(t), a.astype(np.float64) @ bt.astype(np.float64).T, 1e-5)
 
 
 def test_pipelined_warp_tiles_copy_with_cp_async_and_read_with_ldmatrix(rng):
