@@ -45,6 +45,8 @@ TRIPLE = "nvptx64-nvidia-cuda"
 DATA_LAYOUT = "e-p:64:64:64-i64:64-i128:128-v16:16-v32:32-n16:32:64"
 SREG = {"block": "ctaid", "thread": "tid"}
 LOCAL_LIMIT = 16 * 1024
+STATIC_SHARED = 48 * 1024       # shared memory a block may have without opting in (CUDA, every arch)
+DYNAMIC_SHARED = "looptool_dynamic_shared"
 MMA_TYPE = {"bfloat16": "bf16", "float16": "f16"}
 
 
@@ -55,6 +57,7 @@ class Launch:
     name: str
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
+    dynamic_shared: int = 0      # bytes of dynamic shared memory it is launched with (0: static only)
 
 
 @dataclass
@@ -72,7 +75,19 @@ class GpuModule:
 
 def generate(tree: LoopTree, arch: str = "sm_90", aligned_params: bool = True) -> GpuModule:
     """Lower every top-level nest of `tree` to a kernel and compile the module to PTX for `arch`.
-    With `aligned_params`, packed accesses to kernel parameters may assume 16-byte aligned buffers."""
+    With `aligned_params`, packed accesses to kernel parameters may assume 16-byte aligned buffers.
+    Shared buffers are static arrays while every kernel needs at most 48 KiB; otherwise the module
+    is built again with each kernel's shared buffers at offsets in dynamic shared memory, whose
+    size its Launch carries (the runtime opts the kernel in to that much)."""
+    text, launches, params, aligned = _module(tree, aligned_params, dynamic=False)
+    if any(launch.dynamic_shared for launch in launches):
+        text, launches, params, aligned = _module(tree, aligned_params, dynamic=True)
+    return GpuModule(_compile(text, arch), text, launches, params, arch, aligned)
+
+
+def _module(tree: LoopTree, aligned_params: bool, dynamic: bool):
+    """(LLVM IR text, launches, params, aligned params); a launch's dynamic_shared is the shared
+    memory its kernel needs where that exceeds STATIC_SHARED (or, `dynamic`, all it needs)."""
     module = llir.Module(name="looptool_gpu")
     module.triple = TRIPLE
     module.data_layout = DATA_LAYOUT
@@ -87,14 +102,14 @@ def generate(tree: LoopTree, arch: str = "sm_90", aligned_params: bool = True) -
             arg.name = buffer
             if tree.buffers[buffer].kind == "input":
                 arg.add_attribute("noalias")   # written buffers are shared between threads: not noalias
-        builder = _GpuBuilder(tree, fn, dict(zip(params, fn.args)), aligned_params, tiles)
+        builder = _GpuBuilder(tree, fn, dict(zip(params, fn.args)), aligned_params, tiles, dynamic)
         builder.body([node], {})
         builder.finish()
         aligned |= builder.aligned_params
-        launches.append(Launch(name, *launch_dims(node)))
+        needed = builder.shared_bytes if dynamic or builder.shared_bytes > STATIC_SHARED else 0
+        launches.append(Launch(name, *launch_dims(node), needed))
         _declare_block_size(module, fn, launches[-1].block)
-    text = str(module)
-    return GpuModule(_compile(text, arch), text, launches, params, arch, tuple(sorted(aligned)))
+    return str(module), launches, params, tuple(sorted(aligned))
 
 
 def _declare_block_size(module: llir.Module, fn: llir.Function, block: tuple[int, int, int]):
@@ -136,9 +151,11 @@ class _GpuBuilder(FunctionBuilder):
     """The CPU loop-tree walker with GPU-bound loops read from special registers."""
 
     def __init__(self, tree: LoopTree, fn: llir.Function, pointers: dict, aligned_params: bool,
-                 tiles: dict[int, TensorTile]):
+                 tiles: dict[int, TensorTile], dynamic: bool = False):
         super().__init__(tree, fn, pointers, threads=1)
         self.tiles = tiles
+        self.dynamic = dynamic
+        self.shared_bytes = 0
         self.shared_buffers: set[str] = set()
         self.swizzles: dict[str, Swizzle] = {}           # shared mma operands read by ldmatrix
         self.stage_tiles = {stmt.stage.name: tiles[id(stmt)] for stmt, _ in tree.statements() if id(stmt) in tiles}
@@ -360,7 +377,18 @@ class _GpuBuilder(FunctionBuilder):
         self.barrier()
 
     def shared(self, ty, count: int, name: str) -> llir.Value:
+        """A generic pointer to `count` elements of shared memory, 16-byte aligned: a static array of
+        its own, or (dynamic) the next 16-byte aligned offset in the kernel's dynamic shared memory."""
         module = self.fn.module
+        offset = -(-self.shared_bytes // 16) * 16
+        self.shared_bytes = offset + count * ty.get_abi_size(llvm.create_target_data(DATA_LAYOUT))
+        if self.dynamic:
+            if DYNAMIC_SHARED not in module.globals:
+                extern = llir.GlobalVariable(module, llir.ArrayType(llir.IntType(8), 0), DYNAMIC_SHARED, addrspace=3)
+                extern.align = 16
+            start = self.allocas.gep(module.globals[DYNAMIC_SHARED], [llir.Constant(I64, offset)],
+                                     source_etype=llir.IntType(8))
+            return self.allocas.addrspacecast(start, llir.PointerType())
         unique = f"{self.fn.name}.{name}.{len(module.globals)}"
         variable = llir.GlobalVariable(module, llir.ArrayType(ty, count), unique, addrspace=3)
         variable.linkage = "internal"

@@ -135,7 +135,15 @@ class GpuKernel:
     def _load(module: codegen_gpu.GpuModule):
         cuda_module = cupy().cuda.function.Module()
         cuda_module.load(module.ptx.encode())
-        return module, cuda_module, [cuda_module.get_function(k.name) for k in module.launches]
+        functions = [cuda_module.get_function(k.name) for k in module.launches]
+        for launch, function in zip(module.launches, functions):
+            if launch.dynamic_shared:
+                limit = cupy().cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
+                if launch.dynamic_shared > limit:
+                    raise ValueError(f"kernel {launch.name} needs {launch.dynamic_shared} bytes of shared memory a "
+                                     f"block; this GPU allows {limit}: use smaller tiles or fewer pipeline stages")
+                function.max_dynamic_shared_size_bytes = launch.dynamic_shared
+        return module, cuda_module, functions
 
     def _for_alignment(self, memory: dict):
         """The module for these buffers: the one assuming 16-byte aligned parameters where they are,
@@ -169,7 +177,7 @@ class GpuKernel:
         module, _, functions = self._for_alignment(memory)
         args = tuple(kernel_argument(memory[name]) for name in module.params)
         for launch, function in zip(module.launches, functions):
-            function(launch.grid, launch.block, args)
+            function(launch.grid, launch.block, args, shared_mem=launch.dynamic_shared)
         return memory[program.output.name]
 
 
