@@ -24,8 +24,8 @@ from looptool.runtime import resolve_schedule
 from looptool.schedule.looptree import LoopTree
 
 MMA = (((128, 256), (2, 4), 32, 2), ((128, 256), (2, 4), 32, 3), ((128, 256), (2, 4), 32, 4),
-       ((128, 256), (2, 4), 64, 2), ((128, 256), (2, 4), 64, 3), ((128, 128), (2, 2), 64, 3),
-       ((128, 128), (2, 2), 32, 4), ((256, 128), (4, 2), 32, 4))
+       ((128, 256), (2, 4), 64, 2), ((128, 256), (2, 4), 64, 3), ((64, 256), (1, 4), 32, 4),
+       ((64, 256), (1, 4), 64, 3))
 
 
 def launcher(module: gpu.GpuModule, memory: dict):
@@ -36,7 +36,7 @@ def launcher(module: gpu.GpuModule, memory: dict):
     functions = [cuda_module.get_function(k.name) for k in module.launches]
     for launch, function in zip(module.launches, functions):
         if launch.dynamic_shared:
-            function.max_dynamic_shared_size_bytes = launch.dynamic_shared
+            runtime_gpu.opt_in_shared(launch, function)
     args = tuple(memory[name] for name in module.params)
 
     def run():

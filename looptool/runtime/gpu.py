@@ -18,6 +18,9 @@ from . import tuning_db
 from .cache import KernelCache
 from .schedules import resolve_schedule, schedule_steps
 
+OPT_IN_SHARED_ATTRIBUTE = 97           # cudaDevAttrMaxSharedMemoryPerBlockOptin
+MAX_DYNAMIC_SHARED_ATTRIBUTE = 8       # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+
 
 def cupy():
     """The cupy module, or a clear error where it (or a GPU) is missing."""
@@ -122,6 +125,17 @@ def kernel_argument(array):
     return array.bits if isinstance(array, BFloat16Array) else array
 
 
+def opt_in_shared(launch, function):
+    """Let a loaded kernel use the dynamic shared memory its launch asks for (beyond 48 KB a block
+    a kernel must opt in); refused in plain words above what the GPU allows."""
+    cp = cupy()
+    limit = cp.cuda.runtime.deviceGetAttribute(OPT_IN_SHARED_ATTRIBUTE, cp.cuda.Device().id)
+    if launch.dynamic_shared > limit:
+        raise ValueError(f"kernel {launch.name} needs {launch.dynamic_shared} bytes of shared memory a block; "
+                         f"this GPU allows {limit}: use smaller tiles or fewer pipeline stages")
+    cp.cuda.driver.funcSetAttribute(function.ptr, MAX_DYNAMIC_SHARED_ATTRIBUTE, launch.dynamic_shared)
+
+
 class GpuKernel:
     """A loop tree compiled to PTX and loaded on the current GPU."""
 
@@ -138,11 +152,7 @@ class GpuKernel:
         functions = [cuda_module.get_function(k.name) for k in module.launches]
         for launch, function in zip(module.launches, functions):
             if launch.dynamic_shared:
-                limit = cupy().cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
-                if launch.dynamic_shared > limit:
-                    raise ValueError(f"kernel {launch.name} needs {launch.dynamic_shared} bytes of shared memory a "
-                                     f"block; this GPU allows {limit}: use smaller tiles or fewer pipeline stages")
-                function.max_dynamic_shared_size_bytes = launch.dynamic_shared
+                opt_in_shared(launch, function)
         return module, cuda_module, functions
 
     def _for_alignment(self, memory: dict):
