@@ -63,10 +63,9 @@ def float32_static_vs_dynamic(results: list):
     program, _ = ir.lower(mat.node)
     tree = LoopTree(program, resolve_schedule(program, staged))
     static = gpu.generate(tree, "sm_90")
-    text, launches, params, aligned = gpu._module(tree, True, True)
-    dynamic = gpu.GpuModule(gpu._compile(text, "sm_90"), text, launches, params, "sm_90", aligned)
+    dynamic = gpu.generate(tree, "sm_90", dynamic_shared=True)
     oversized = dataclasses.replace(dynamic, launches=[dataclasses.replace(k, dynamic_shared=200 * 1024)
-                                                       for k in launches])
+                                                       for k in dynamic.launches])
     ref = None
     for name, module in (("static", static), ("dynamic, exact size", dynamic), ("dynamic, 200 KB asked", oversized)):
         out = cp.full((4096, 4096), cp.nan, dtype=np.float32)

@@ -73,14 +73,15 @@ class GpuModule:
     aligned: tuple[str, ...] = ()
 
 
-def generate(tree: LoopTree, arch: str = "sm_90", aligned_params: bool = True) -> GpuModule:
+def generate(tree: LoopTree, arch: str = "sm_90", aligned_params: bool = True,
+             dynamic_shared: bool = False) -> GpuModule:
     """Lower every top-level nest of `tree` to a kernel and compile the module to PTX for `arch`.
     With `aligned_params`, packed accesses to kernel parameters may assume 16-byte aligned buffers.
-    Shared buffers are static arrays while every kernel needs at most 48 KiB; otherwise the module
-    is built again with each kernel's shared buffers at offsets in dynamic shared memory, whose
-    size its Launch carries (the runtime opts the kernel in to that much)."""
-    text, launches, params, aligned = _module(tree, aligned_params, dynamic=False)
-    if any(launch.dynamic_shared for launch in launches):
+    Shared buffers are static arrays while every kernel needs at most 48 KiB (unless `dynamic_shared`);
+    otherwise the module is built again with each kernel's shared buffers at offsets in dynamic shared
+    memory, whose size its Launch carries (the runtime opts the kernel in to that much)."""
+    text, launches, params, aligned = _module(tree, aligned_params, dynamic=dynamic_shared)
+    if not dynamic_shared and any(launch.dynamic_shared for launch in launches):
         text, launches, params, aligned = _module(tree, aligned_params, dynamic=True)
     return GpuModule(_compile(text, arch), text, launches, params, arch, aligned)
 
