@@ -125,15 +125,20 @@ def kernel_argument(array):
     return array.bits if isinstance(array, BFloat16Array) else array
 
 
+def shared_limit() -> int:
+    """Bytes of shared memory a block may use on the current GPU, where its kernel opts in."""
+    cp = cupy()
+    return cp.cuda.runtime.deviceGetAttribute(OPT_IN_SHARED_ATTRIBUTE, cp.cuda.Device().id)
+
+
 def opt_in_shared(launch, function):
     """Let a loaded kernel use the dynamic shared memory its launch asks for (beyond 48 KB a block
     a kernel must opt in); refused in plain words above what the GPU allows."""
-    cp = cupy()
-    limit = cp.cuda.runtime.deviceGetAttribute(OPT_IN_SHARED_ATTRIBUTE, cp.cuda.Device().id)
+    limit = shared_limit()
     if launch.dynamic_shared > limit:
         raise ValueError(f"kernel {launch.name} needs {launch.dynamic_shared} bytes of shared memory a block; "
                          f"this GPU allows {limit}: use smaller tiles or fewer pipeline stages")
-    cp.cuda.driver.funcSetAttribute(function.ptr, MAX_DYNAMIC_SHARED_ATTRIBUTE, launch.dynamic_shared)
+    cupy().cuda.driver.funcSetAttribute(function.ptr, MAX_DYNAMIC_SHARED_ATTRIBUTE, launch.dynamic_shared)
 
 
 class GpuKernel:

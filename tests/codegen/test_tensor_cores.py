@@ -275,3 +275,20 @@ def test_warp_tiles_run_on_the_gpu(rng, dtype, stages):
     cp = cupy_or_skip()
     c, ref = contraction(rng, dtype, m=144, k=48, n=200)
     assert_close(cp.asnumpy(c.cuda(warp_tiled(c, stages=stages))), ref, 1e-5)
+
+
+def test_shared_memory_beyond_48_kb_is_dynamic(rng):
+    """128 x 128 blocks, k tiles of 64 in 4 stages: 128 KB of operand tiles, which only dynamic shared
+    memory holds; the launch carries the size, ldmatrix and cp.async still address shared memory."""
+    c, ref = contraction(rng, m=128, k=256, n=128)
+    module = gpu.generate(space.mma_tiled(c.loop_tree(), "t0", (128, 128), (2, 2), 64, 4), "sm_90")
+    assert module.launches[0].dynamic_shared == (128 + 128) * 64 * 2 * 4
+    assert ".extern .shared .align 16 .b8 looptool_dynamic_shared[];" in module.ptx
+    assert not re.search(r"^\s*\.shared", module.ptx, re.M)           # no static shared arrays
+    counts = instructions(module.ptx)
+    assert counts["ldmatrix.sync.aligned.m8n8.x4.shared.b16"] > 0 and "cp.async.cg.shared.global" in module.ptx
+    small = gpu.generate(warp_tiled(c, stages=2), "sm_90")
+    assert small.launches[0].dynamic_shared == 0 and ".extern" not in small.ptx
+    forced = gpu.generate(warp_tiled(c, stages=2), "sm_90", dynamic_shared=True)
+    assert forced.launches[0].dynamic_shared == (128 + 128) * 32 * 2 * 2 and ".extern .shared" in forced.ptx
+    assert_close(c.numpy(space.mma_tiled(c.loop_tree(), "t0", (128, 128), (2, 2), 64, 4)), ref, 1e-5)
