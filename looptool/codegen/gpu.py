@@ -28,6 +28,7 @@ operands read by ldmatrix are swizzled (`Swizzle`).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import llvmlite.binding as llvm
@@ -46,7 +47,6 @@ DATA_LAYOUT = "e-p:64:64:64-i64:64-i128:128-v16:16-v32:32-n16:32:64"
 SREG = {"block": "ctaid", "thread": "tid"}
 LOCAL_LIMIT = 16 * 1024
 STATIC_SHARED = 48 * 1024       # shared memory a block may have without opting in (CUDA, every arch)
-DYNAMIC_SHARED = "looptool_dynamic_shared"
 MMA_TYPE = {"bfloat16": "bf16", "float16": "f16"}
 
 
@@ -83,7 +83,31 @@ def generate(tree: LoopTree, arch: str = "sm_90", aligned_params: bool = True,
     text, launches, params, aligned = _module(tree, aligned_params, dynamic=dynamic_shared)
     if not dynamic_shared and any(launch.dynamic_shared for launch in launches):
         text, launches, params, aligned = _module(tree, aligned_params, dynamic=True)
-    return GpuModule(_compile(text, arch), text, launches, params, arch, aligned)
+    ptx = _compile(text, arch)
+    if any(launch.dynamic_shared for launch in launches):
+        ptx = _extern_shared(ptx, [launch.name for launch in launches])
+    return GpuModule(ptx, text, launches, params, arch, aligned)
+
+
+def dynamic_shared_name(kernel: str) -> str:
+    """The name of a kernel's array of dynamic shared memory."""
+    return f"{kernel}_dynamic_shared"
+
+
+def _extern_shared(ptx: str, kernels: list[str]) -> str:
+    """Each kernel's shared array made extern (dynamic shared memory, sized at launch). LLVM optimizes
+    it as an internal array of its real size, which it knows no parameter points into; an extern
+    array from the start made it keep every global access in order around the shared ones (the
+    float32 kernel "128x128x16 tiles in shared memory" reloaded and stored its 64 accumulators each
+    k step, 32 registers instead of 128 and 34x slower on an H100)."""
+    declarations = []
+    for kernel in kernels:
+        name = dynamic_shared_name(kernel)
+        ptx, found = re.subn(rf"^\s*\.shared \.align 16 \.b8 {name}\[\d+\];\n", "", ptx, flags=re.M)
+        if found:
+            declarations.append(f".extern .shared .align 16 .b8 {name}[];\n")
+    head, address, rest = ptx.partition(".address_size 64\n")
+    return head + address + "".join(declarations) + rest
 
 
 def _module(tree: LoopTree, aligned_params: bool, dynamic: bool):
@@ -384,17 +408,24 @@ class _GpuBuilder(FunctionBuilder):
         offset = -(-self.shared_bytes // 16) * 16
         self.shared_bytes = offset + count * ty.get_abi_size(llvm.create_target_data(DATA_LAYOUT))
         if self.dynamic:
-            if DYNAMIC_SHARED not in module.globals:
-                extern = llir.GlobalVariable(module, llir.ArrayType(llir.IntType(8), 0), DYNAMIC_SHARED, addrspace=3)
-                extern.align = 16
-            start = self.allocas.gep(module.globals[DYNAMIC_SHARED], [llir.Constant(I64, offset)],
-                                     source_etype=llir.IntType(8))
+            name = dynamic_shared_name(self.fn.name)
+            if name not in module.globals:
+                array = llir.GlobalVariable(module, llir.ArrayType(llir.IntType(8), 0), name, addrspace=3)
+                array.linkage, array.align = "internal", 16
+            start = self.allocas.gep(module.globals[name], [llir.Constant(I64, offset)], source_etype=llir.IntType(8))
             return self.allocas.addrspacecast(start, llir.PointerType())
         unique = f"{self.fn.name}.{name}.{len(module.globals)}"
         variable = llir.GlobalVariable(module, llir.ArrayType(ty, count), unique, addrspace=3)
         variable.linkage = "internal"
         variable.align = 16
         return self.allocas.addrspacecast(variable, llir.PointerType())
+
+    def finish(self):
+        """Return; the kernel's dynamic shared array (if any) gets its size."""
+        array = self.fn.module.globals.get(dynamic_shared_name(self.fn.name))
+        if array is not None:
+            array.value_type = llir.ArrayType(llir.IntType(8), self.shared_bytes)
+        super().finish()
 
     def allocate(self, plan):
         private = self.tree.thread_slices.get(plan.name)
