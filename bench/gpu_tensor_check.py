@@ -13,7 +13,8 @@ SHAPES = ((144, 48, 200), (32, 96, 24))      # m x k x n: blocks and k tiles wit
 
 
 def main() -> int:
-    """Check mma_tiled with 0, 2 and 3 pipeline stages and two block shapes, in both dtypes."""
+    """Check mma_tiled with 0, 2, 3 and 4 pipeline stages (4 stages of 64-wide k tiles: 128 KB of dynamic
+    shared memory) and two block shapes, in both dtypes."""
     rng = np.random.default_rng(0)
     failures = 0
     for dtype in (lt.bfloat16, lt.float16):
@@ -24,7 +25,7 @@ def main() -> int:
             c = (lt.Tensor(a).to(m, k) * lt.Tensor(b).to(k, n)).sum(k)
             ref = a.astype(np.float64) @ b.astype(np.float64)
             for block, warps, k_tile, stages in (((128, 128), (2, 2), 32, 0), ((128, 128), (2, 2), 32, 2),
-                                                 ((64, 64), (2, 1), 32, 3)):
+                                                 ((64, 64), (2, 1), 32, 3), ((128, 128), (2, 2), 64, 4)):
                 tree = space.mma_tiled(c.loop_tree(), "t0", block, warps, k_tile, stages)
                 err = check_and_time(c, tree, ref, 1)[0]
                 ok = err < 1e-5

@@ -11,7 +11,7 @@ automatic schedule is the draw that takes every centre value.
 """
 from __future__ import annotations
 
-from functools import lru_cache
+import functools
 
 import optuna
 
@@ -19,6 +19,7 @@ from looptool import autoschedule, ir
 from looptool.analysis.target import Target, host
 from looptool.codegen import gpu as codegen_gpu
 from looptool.codegen.llvm import ITEM_BYTES
+from looptool.runtime import gpu as runtime_gpu
 from looptool.schedule import LoopTree
 
 WARP_LANES = 32
@@ -49,7 +50,7 @@ def automatic_params(program: ir.Program, threads: int = 1, target: Target | Non
     return {name: choice.value for name, choice in centre.items()}
 
 
-@lru_cache(maxsize=32)
+@functools.lru_cache(maxsize=32)
 def centre_of(program: ir.Program, target: Target) -> dict[str, autoschedule.Choice]:
     """The automatic scheduler's choices for `program` on `target` (computed once per process)."""
     return autoschedule.automatic_choices(program, target)
@@ -78,7 +79,6 @@ MMA_BLOCK = (64, 128, 256)
 MMA_WARPS = (1, 2, 4)
 MMA_K_TILE = (16, 32, 64)
 MMA_STAGES = (0, 2, 3)
-MMA_SHARED = 48 * 1024          # static shared memory a block may use
 MMA_ACCUMULATORS = 128          # float registers a lane gives its warp tile's accumulators
 
 
@@ -126,9 +126,19 @@ def _gpu_mma(trial: optuna.Trial, tree: LoopTree) -> LoopTree:
     if warp[0] * warp[1] // 32 > MMA_ACCUMULATORS:
         raise ValueError(f"a warp tile of {warp[0]}x{warp[1]} needs more than {MMA_ACCUMULATORS} registers a lane")
     shared = (block[0] + block[1]) * k_tile * 2 * max(stages, 1)
-    if shared > MMA_SHARED:
-        raise ValueError(f"{shared} bytes of shared memory a block (at most {MMA_SHARED})")
+    if shared > mma_shared_limit():
+        raise ValueError(f"{shared} bytes of shared memory a block (at most {mma_shared_limit()})")
     return mma_tiled(tree, st.name, block, warps, k_tile, stages)
+
+
+@functools.cache
+def mma_shared_limit() -> int:
+    """Shared memory an mma block may use: what the current GPU allows a kernel that opts in to
+    dynamic shared memory, or 48 KB (static, every CUDA GPU) where no GPU is found."""
+    try:
+        return runtime_gpu.shared_limit()
+    except RuntimeError:
+        return codegen_gpu.STATIC_SHARED
 
 
 def register_tiled(tree: LoopTree, stage: str, x_threads: int, x_groups: int, vector: int, y_threads: int,

@@ -28,6 +28,7 @@ operands read by ldmatrix are swizzled (`Swizzle`).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import llvmlite.binding as llvm
@@ -45,6 +46,7 @@ TRIPLE = "nvptx64-nvidia-cuda"
 DATA_LAYOUT = "e-p:64:64:64-i64:64-i128:128-v16:16-v32:32-n16:32:64"
 SREG = {"block": "ctaid", "thread": "tid"}
 LOCAL_LIMIT = 16 * 1024
+STATIC_SHARED = 48 * 1024       # shared memory a block may have without opting in (CUDA, every arch)
 MMA_TYPE = {"bfloat16": "bf16", "float16": "f16"}
 
 
@@ -55,6 +57,7 @@ class Launch:
     name: str
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
+    dynamic_shared: int = 0      # bytes of dynamic shared memory it is launched with (0: static only)
 
 
 @dataclass
@@ -70,9 +73,46 @@ class GpuModule:
     aligned: tuple[str, ...] = ()
 
 
-def generate(tree: LoopTree, arch: str = "sm_90", aligned_params: bool = True) -> GpuModule:
+def generate(tree: LoopTree, arch: str = "sm_90", aligned_params: bool = True,
+             dynamic_shared: bool = False) -> GpuModule:
     """Lower every top-level nest of `tree` to a kernel and compile the module to PTX for `arch`.
-    With `aligned_params`, packed accesses to kernel parameters may assume 16-byte aligned buffers."""
+    With `aligned_params`, packed accesses to kernel parameters may assume 16-byte aligned buffers.
+    Shared buffers are static arrays while every kernel needs at most 48 KiB (unless `dynamic_shared`);
+    otherwise the module is built again with each kernel's shared buffers at offsets in dynamic shared
+    memory, whose size its Launch carries (the runtime opts the kernel in to that much)."""
+    text, launches, params, aligned = _module(tree, aligned_params, dynamic=dynamic_shared)
+    if not dynamic_shared and any(launch.dynamic_shared for launch in launches):
+        text, launches, params, aligned = _module(tree, aligned_params, dynamic=True)
+    ptx = _compile(text, arch)
+    if any(launch.dynamic_shared for launch in launches):
+        ptx = _extern_shared(ptx, [launch.name for launch in launches])
+    return GpuModule(ptx, text, launches, params, arch, aligned)
+
+
+def dynamic_shared_name(kernel: str) -> str:
+    """The name of a kernel's array of dynamic shared memory."""
+    return f"{kernel}_dynamic_shared"
+
+
+def _extern_shared(ptx: str, kernels: list[str]) -> str:
+    """Each kernel's shared array made extern (dynamic shared memory, sized at launch). LLVM optimizes
+    it as an internal array of its real size, which it knows no parameter points into; an extern
+    array from the start made it keep every global access in order around the shared ones (the
+    float32 kernel "128x128x16 tiles in shared memory" reloaded and stored its 64 accumulators each
+    k step, 32 registers instead of 128 and 34x slower on an H100)."""
+    declarations = []
+    for kernel in kernels:
+        name = dynamic_shared_name(kernel)
+        ptx, found = re.subn(rf"^\s*\.shared \.align 16 \.b8 {name}\[\d+\];\n", "", ptx, flags=re.M)
+        if found:
+            declarations.append(f".extern .shared .align 16 .b8 {name}[];\n")
+    head, address, rest = ptx.partition(".address_size 64\n")
+    return head + address + "".join(declarations) + rest
+
+
+def _module(tree: LoopTree, aligned_params: bool, dynamic: bool):
+    """(LLVM IR text, launches, params, aligned params); a launch's dynamic_shared is the shared
+    memory its kernel needs where that exceeds STATIC_SHARED (or, `dynamic`, all it needs)."""
     module = llir.Module(name="looptool_gpu")
     module.triple = TRIPLE
     module.data_layout = DATA_LAYOUT
@@ -87,14 +127,14 @@ def generate(tree: LoopTree, arch: str = "sm_90", aligned_params: bool = True) -
             arg.name = buffer
             if tree.buffers[buffer].kind == "input":
                 arg.add_attribute("noalias")   # written buffers are shared between threads: not noalias
-        builder = _GpuBuilder(tree, fn, dict(zip(params, fn.args)), aligned_params, tiles)
+        builder = _GpuBuilder(tree, fn, dict(zip(params, fn.args)), aligned_params, tiles, dynamic)
         builder.body([node], {})
         builder.finish()
         aligned |= builder.aligned_params
-        launches.append(Launch(name, *launch_dims(node)))
+        needed = builder.shared_bytes if dynamic or builder.shared_bytes > STATIC_SHARED else 0
+        launches.append(Launch(name, *launch_dims(node), needed))
         _declare_block_size(module, fn, launches[-1].block)
-    text = str(module)
-    return GpuModule(_compile(text, arch), text, launches, params, arch, tuple(sorted(aligned)))
+    return str(module), launches, params, tuple(sorted(aligned))
 
 
 def _declare_block_size(module: llir.Module, fn: llir.Function, block: tuple[int, int, int]):
@@ -136,9 +176,11 @@ class _GpuBuilder(FunctionBuilder):
     """The CPU loop-tree walker with GPU-bound loops read from special registers."""
 
     def __init__(self, tree: LoopTree, fn: llir.Function, pointers: dict, aligned_params: bool,
-                 tiles: dict[int, TensorTile]):
+                 tiles: dict[int, TensorTile], dynamic: bool = False):
         super().__init__(tree, fn, pointers, threads=1)
         self.tiles = tiles
+        self.dynamic = dynamic
+        self.shared_bytes = 0
         self.shared_buffers: set[str] = set()
         self.swizzles: dict[str, Swizzle] = {}           # shared mma operands read by ldmatrix
         self.stage_tiles = {stmt.stage.name: tiles[id(stmt)] for stmt, _ in tree.statements() if id(stmt) in tiles}
@@ -360,12 +402,30 @@ class _GpuBuilder(FunctionBuilder):
         self.barrier()
 
     def shared(self, ty, count: int, name: str) -> llir.Value:
+        """A generic pointer to `count` elements of shared memory, 16-byte aligned: a static array of
+        its own, or (dynamic) the next 16-byte aligned offset in the kernel's dynamic shared memory."""
         module = self.fn.module
+        offset = -(-self.shared_bytes // 16) * 16
+        self.shared_bytes = offset + count * ty.get_abi_size(llvm.create_target_data(DATA_LAYOUT))
+        if self.dynamic:
+            name = dynamic_shared_name(self.fn.name)
+            if name not in module.globals:
+                array = llir.GlobalVariable(module, llir.ArrayType(llir.IntType(8), 0), name, addrspace=3)
+                array.linkage, array.align = "internal", 16
+            start = self.allocas.gep(module.globals[name], [llir.Constant(I64, offset)], source_etype=llir.IntType(8))
+            return self.allocas.addrspacecast(start, llir.PointerType())
         unique = f"{self.fn.name}.{name}.{len(module.globals)}"
         variable = llir.GlobalVariable(module, llir.ArrayType(ty, count), unique, addrspace=3)
         variable.linkage = "internal"
         variable.align = 16
         return self.allocas.addrspacecast(variable, llir.PointerType())
+
+    def finish(self):
+        """Return; the kernel's dynamic shared array (if any) gets its size."""
+        array = self.fn.module.globals.get(dynamic_shared_name(self.fn.name))
+        if array is not None:
+            array.value_type = llir.ArrayType(llir.IntType(8), self.shared_bytes)
+        super().finish()
 
     def allocate(self, plan):
         private = self.tree.thread_slices.get(plan.name)
@@ -547,7 +607,7 @@ class _GpuBuilder(FunctionBuilder):
             return
         m, n = tile.loops["m"].loop.name, tile.loops["n"].loop.name
         a = self.fragment(tile.a, tile, stmt, base, m, 4, lane)
-        bb = self.fragment(tile.b, tile, stmt, base, n, 2, lane)
+        bb = self.b_fragment(tile, stmt, base, n, lane)
         accumulators = [self.load_value(target, stage.dtype) for target in targets]
         kind = MMA_TYPE[tile.dtype]
         ptx = (f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32 "
@@ -575,6 +635,33 @@ class _GpuBuilder(FunctionBuilder):
             registers.append(self.packed_pair(load, tile.dtype, stmt, here, k))
         return registers
 
+    def b_fragment(self, tile: TensorTile, stmt: StmtNode, base: dict, n: str, lane: llir.Value) -> list[llir.Value]:
+        """A lane's two B registers. Where B's n tiles come in unrolled pairs (an even count of them) and
+        ldmatrix reads B, one ldmatrix.x4 loads both tiles of a pair: both tiles build it at the even
+        tile's loop values, so LLVM emits it once, and each takes its half."""
+        k = tile.loops["k"].loop.name
+        layout = self.ldmatrix_layout(tile.b, stmt, n, k)
+        pair = self.n_tile_pair(tile.b, stmt, base, n) if layout is not None else None
+        if pair is None:
+            return self.fragment(tile.b, tile, stmt, base, n, 2, lane)
+        outer, index = pair
+        even = {**base, outer: llir.Constant(I64, index - index % 2)}
+        registers = self.ldmatrix(tile.b, stmt, even, n, k, 4, lane, layout, rows_first=True)
+        return registers[2 * (index % 2):2 * (index % 2) + 2]
+
+    def n_tile_pair(self, load, stmt: StmtNode, base: dict, n: str) -> tuple[str, int] | None:
+        """(loop, value) of the unrolled loop over B's n tiles around the tile loop `n`: its step in B
+        is 8 of n's, its value here a constant and its extent even, so tiles 2j and 2j + 1 both lie
+        in the shared tile; None where there is no such loop."""
+        coeffs = self.linear_offset(load.buffer, load.index, stmt).coeffs()
+        loops = {lp.name: lp for lp in self.tree.schedule.of(stmt.stage.name).loops}
+        for name, coeff in coeffs.items():
+            lp, value = loops.get(name), base.get(name)
+            if (lp is not None and lp.annotation == "unroll" and lp.extent % 2 == 0 and coeff == 8 * coeffs.get(n, 0)
+                    and isinstance(value, llir.Constant)):
+                return name, int(value.constant)
+        return None
+
     def ldmatrix_layout(self, load, stmt: StmtNode, row: str, k: str) -> str | None:
         """'' or '.trans' where ldmatrix can load the operand: it lives in shared memory, k (or else
         the row loop) steps by one element, and every other step is a multiple of 8 elements, so
@@ -590,16 +677,21 @@ class _GpuBuilder(FunctionBuilder):
         return "" if contiguous == k else ".trans"
 
     def ldmatrix(self, load, stmt: StmtNode, base: dict, row: str, k: str, count: int, lane: llir.Value,
-                 layout: str) -> list[llir.Value]:
+                 layout: str, rows_first: bool = False) -> list[llir.Value]:
         """ldmatrix (the NVVM intrinsic, so LLVM loads a fragment that several tiles use once): lanes
         8j..8j+7 give the addresses of the 8 rows of 8x8 block j (stored rows run along k with
-        '.trans'), and each lane receives its registers of all `count` blocks."""
+        '.trans'), and each lane receives its registers of all `count` blocks. Four blocks go (row 0,
+        k 0), (row 8, k 0), (row 0, k 8), (row 8, k 8) as A's registers do, or with `rows_first` (two
+        B tiles) (row 0, k 0), (row 0, k 8), (row 8, k 0), (row 8, k 8)."""
         b = self.builder
         block = b.and_(b.lshr(lane, llir.Constant(I64, 3)), llir.Constant(I64, count - 1))
         offset = b.and_(lane, llir.Constant(I64, 7))
         if count == 4:
-            row_block = b.shl(b.and_(block, llir.Constant(I64, 1)), llir.Constant(I64, 3))
-            k_block = b.shl(b.lshr(block, llir.Constant(I64, 1)), llir.Constant(I64, 3))
+            low, high = b.and_(block, llir.Constant(I64, 1)), b.lshr(block, llir.Constant(I64, 1))
+            if rows_first:
+                low, high = high, low
+            row_block = b.shl(low, llir.Constant(I64, 3))
+            k_block = b.shl(high, llir.Constant(I64, 3))
         else:
             row_block, k_block = ZERO, b.shl(block, llir.Constant(I64, 3))
         if layout:

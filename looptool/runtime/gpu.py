@@ -18,6 +18,9 @@ from . import tuning_db
 from .cache import KernelCache
 from .schedules import resolve_schedule, schedule_steps
 
+OPT_IN_SHARED_ATTRIBUTE = 97           # cudaDevAttrMaxSharedMemoryPerBlockOptin
+MAX_DYNAMIC_SHARED_ATTRIBUTE = 8       # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+
 
 def cupy():
     """The cupy module, or a clear error where it (or a GPU) is missing."""
@@ -122,6 +125,22 @@ def kernel_argument(array):
     return array.bits if isinstance(array, BFloat16Array) else array
 
 
+def shared_limit() -> int:
+    """Bytes of shared memory a block may use on the current GPU, where its kernel opts in."""
+    cp = cupy()
+    return cp.cuda.runtime.deviceGetAttribute(OPT_IN_SHARED_ATTRIBUTE, cp.cuda.Device().id)
+
+
+def opt_in_shared(launch, function):
+    """Let a loaded kernel use the dynamic shared memory its launch asks for (beyond 48 KB a block
+    a kernel must opt in); refused in plain words above what the GPU allows."""
+    limit = shared_limit()
+    if launch.dynamic_shared > limit:
+        raise ValueError(f"kernel {launch.name} needs {launch.dynamic_shared} bytes of shared memory a block; "
+                         f"this GPU allows {limit}: use smaller tiles or fewer pipeline stages")
+    cupy().cuda.driver.funcSetAttribute(function.ptr, MAX_DYNAMIC_SHARED_ATTRIBUTE, launch.dynamic_shared)
+
+
 class GpuKernel:
     """A loop tree compiled to PTX and loaded on the current GPU."""
 
@@ -135,7 +154,11 @@ class GpuKernel:
     def _load(module: codegen_gpu.GpuModule):
         cuda_module = cupy().cuda.function.Module()
         cuda_module.load(module.ptx.encode())
-        return module, cuda_module, [cuda_module.get_function(k.name) for k in module.launches]
+        functions = [cuda_module.get_function(k.name) for k in module.launches]
+        for launch, function in zip(module.launches, functions):
+            if launch.dynamic_shared:
+                opt_in_shared(launch, function)
+        return module, cuda_module, functions
 
     def _for_alignment(self, memory: dict):
         """The module for these buffers: the one assuming 16-byte aligned parameters where they are,
@@ -169,7 +192,7 @@ class GpuKernel:
         module, _, functions = self._for_alignment(memory)
         args = tuple(kernel_argument(memory[name]) for name in module.params)
         for launch, function in zip(module.launches, functions):
-            function(launch.grid, launch.block, args)
+            function(launch.grid, launch.block, args, shared_mem=launch.dynamic_shared)
         return memory[program.output.name]
 
 

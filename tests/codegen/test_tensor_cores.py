@@ -172,12 +172,26 @@ def test_warp_tiles_keep_their_accumulators_in_registers(rng):
     counts = instructions(module.ptx)
     assert counts["mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"] == 64     # 4 x 8 tiles x 2 k steps
     assert counts["ldmatrix.sync.aligned.m8n8.x4.shared.b16"] == 8                 # A: one per m tile and k step
-    assert counts["ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16"] == 16          # B: one per n tile and k step
+    assert counts["ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"] == 8           # B: one per two n tiles and k step
+    assert counts["ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16"] == 0
     assert "local" not in module.ptx                     # the 128 accumulators of a lane are registers
     assert counts["st.global.b32"] == 128                # and are copied out once, through the fragment layout
     assert re.search(r"xor\.b\d+", module.ptx)          # shared operands swizzled
     for got in (c.numpy(t), lt.interpret(c, t)):
         assert_close(got, ref, 1e-5)
+
+
+def test_b_stored_by_rows_of_k_loads_two_n_tiles_per_ldmatrix(rng):
+    """B laid out n x k (k contiguous): its fragments come by ldmatrix.x4 without .trans, two n tiles each."""
+    sm, sk, sn = lt.symbols("m k n")
+    a = rng.standard_normal((128, 64)).astype(lt.float16)
+    bt = rng.standard_normal((128, 64)).astype(lt.float16)
+    c = (lt.Tensor(a).to(sm, sk) * lt.Tensor(bt).to(sn, sk)).sum(sk)
+    t = warp_tiled(c)
+    counts = instructions(gpu.generate(t, "sm_90").ptx)
+    assert counts["ldmatrix.sync.aligned.m8n8.x4.shared.b16"] == 16        # A's 8 and B's 8
+    assert counts["ldmatrix.sync.aligned.m8n8.x2.shared.b16"] == 0
+    assert_close(c.numpy(t), a.astype(np.float64) @ bt.astype(np.float64).T, 1e-5)
 
 
 def test_pipelined_warp_tiles_copy_with_cp_async_and_read_with_ldmatrix(rng):
@@ -261,3 +275,43 @@ def test_warp_tiles_run_on_the_gpu(rng, dtype, stages):
     cp = cupy_or_skip()
     c, ref = contraction(rng, dtype, m=144, k=48, n=200)
     assert_close(cp.asnumpy(c.cuda(warp_tiled(c, stages=stages))), ref, 1e-5)
+
+
+def test_shared_memory_beyond_48_kb_is_dynamic(rng):
+    """128 x 128 blocks, k tiles of 64 in 4 stages: 128 KB of operand tiles, which only dynamic shared
+    memory holds; the launch carries the size, ldmatrix and cp.async still address shared memory."""
+    c, ref = contraction(rng, m=128, k=256, n=128)
+    module = gpu.generate(space.mma_tiled(c.loop_tree(), "t0", (128, 128), (2, 2), 64, 4), "sm_90")
+    assert module.launches[0].dynamic_shared == (128 + 128) * 64 * 2 * 4
+    assert ".extern .shared .align 16 .b8 looptool_k0_dynamic_shared[];" in module.ptx
+    assert not re.search(r"^\s*\.shared", module.ptx, re.M)           # no static shared arrays
+    counts = instructions(module.ptx)
+    assert counts["ldmatrix.sync.aligned.m8n8.x4.shared.b16"] > 0 and "cp.async.cg.shared.global" in module.ptx
+    small = gpu.generate(warp_tiled(c, stages=2), "sm_90")
+    assert small.launches[0].dynamic_shared == 0 and ".extern" not in small.ptx
+    forced = gpu.generate(warp_tiled(c, stages=2), "sm_90", dynamic_shared=True)
+    assert forced.launches[0].dynamic_shared == (128 + 128) * 32 * 2 * 2 and ".extern .shared" in forced.ptx
+    assert_close(c.numpy(space.mma_tiled(c.loop_tree(), "t0", (128, 128), (2, 2), 64, 4)), ref, 1e-5)
+
+
+def test_dynamic_shared_memory_keeps_accumulators_in_registers(rng):
+    """A float32 kernel staging 16 x 16 tiles in shared memory, forced to dynamic shared memory: its
+    k loop reads only shared memory, the accumulators stay in registers as with static arrays (an
+    extern array from the start made LLVM reload and store them every k step)."""
+    sm, sk, sn = lt.symbols("m k n")
+    a, b = (rng.standard_normal((64, 64)).astype(np.float32) for _ in range(2))
+    c = (lt.Tensor(a).to(sm, sk) * lt.Tensor(b).to(sk, sn)).sum(sk)
+    t = c.loop_tree().split("m", 32).split("n", 32).split("k", 16).split("m.1", 4).split("n.1", 8) \
+        .reorder("m.0", "n.0", "k.0", "m.1.0", "n.1.1", "k.1", "m.1.1", "n.1.0") \
+        .bind("m.0", "block.y").bind("n.0", "block.x").bind("m.1.0", "thread.y").bind("n.1.1", "thread.x") \
+        .unroll("m.1.1").unroll("n.1.0") \
+        .cache("in0").place("in0.t0", "t0", 3).cache("in1").place("in1.t0", "t0", 3) \
+        .bind("m.1.0", "thread.y", stage="in0.t0").bind("k.1", "thread.x", stage="in0.t0") \
+        .bind("n.1.1", "thread.x", stage="in1.t0").bind("k.1", "thread.y", stage="in1.t0")
+    static, dynamic = (gpu.generate(t, "sm_90", dynamic_shared=d).ptx for d in (False, True))
+    assert ".extern .shared" in dynamic and ".extern" not in static
+    for ptx in (static, dynamic):
+        loops = re.split(r"^\$L__BB\d+_\d+:", ptx, flags=re.M)
+        k_loop = next(body for body in loops if "fma.rn.f32" in body)
+        assert "ld.shared" in k_loop and "ld.global" not in k_loop and "st.global" not in k_loop
+    assert_close(c.numpy(t), a.astype(np.float64) @ b.astype(np.float64), 1e-5)

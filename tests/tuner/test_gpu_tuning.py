@@ -70,3 +70,15 @@ def test_gpu_draws_of_a_half_precision_contraction_include_tensor_core_schedules
             assert_close(lt.interpret(c, tree), ref, 1e-5)
             legal += 1
     assert legal >= 3
+
+
+def test_mma_shared_limit_is_the_gpus_or_48_kb_without_one(monkeypatch):
+    def no_gpu():
+        raise RuntimeError("no GPU")
+    space.mma_shared_limit.cache_clear()
+    monkeypatch.setattr(space.runtime_gpu, "shared_limit", no_gpu)
+    assert space.mma_shared_limit() == 48 * 1024
+    space.mma_shared_limit.cache_clear()
+    monkeypatch.setattr(space.runtime_gpu, "shared_limit", lambda: 227 * 1024)
+    assert space.mma_shared_limit() == 227 * 1024
+    space.mma_shared_limit.cache_clear()
