@@ -131,13 +131,7 @@ def workloads(scale: float):
         .reorder("m.0", "n.0", "m.1.0", "n.1.1", "k", "m.1.1", "n.1.0") \
         .bind("m.0", "block.y").bind("n.0", "block.x").bind("m.1.0", "thread.y").bind("n.1.1", "thread.x") \
         .unroll("m.1.1").unroll("n.1.0")
-    staged = mat.loop_tree().split("m", 128).split("n", 128).split("k", 16).split("m.1", 8).split("n.1", 16) \
-        .reorder("m.0", "n.0", "k.0", "m.1.0", "n.1.1", "k.1", "m.1.1", "n.1.0") \
-        .bind("m.0", "block.y").bind("n.0", "block.x").bind("m.1.0", "thread.y").bind("n.1.1", "thread.x") \
-        .unroll("m.1.1").unroll("n.1.0") \
-        .cache("in0").place("in0.t0", "t0", 3).cache("in1").place("in1.t0", "t0", 3) \
-        .bind("m.1.0", "thread.y", stage="in0.t0").bind("k.1", "thread.x", stage="in0.t0") \
-        .bind("n.1.1", "thread.x", stage="in1.t0").bind("k.1", "thread.y", stage="in1.t0")
+    staged = space.shared_tiled(mat.loop_tree(), 128, 16, 8, 16)
     yield ("matmul float32", mat, {"1 output/thread": naive, "4x4 register tile/thread": tiled,
                                    "8x8 register tile/thread": tiled8,
                                    "128x128x16 tiles in shared memory, 8x8/thread": staged,

@@ -22,6 +22,7 @@ from looptool.codegen import gpu
 from looptool.runtime import gpu as runtime_gpu
 from looptool.runtime import resolve_schedule
 from looptool.schedule.looptree import LoopTree
+from tuner import space
 
 MMA = (((128, 256), (2, 4), 32, 2), ((128, 256), (2, 4), 32, 3), ((128, 256), (2, 4), 32, 4),
        ((128, 256), (2, 4), 64, 2), ((128, 256), (2, 4), 64, 3), ((64, 256), (1, 4), 32, 4),
@@ -53,13 +54,7 @@ def float32_static_vs_dynamic(results: list):
     B = cp.asarray(rng.standard_normal((4096, 4096), dtype=np.float32))
     mm, kk, nn = lt.symbols("m k n")
     mat = (lt.Tensor(A).to(mm, kk) * lt.Tensor(B).to(kk, nn)).sum(kk)
-    staged = mat.loop_tree().split("m", 128).split("n", 128).split("k", 16).split("m.1", 8).split("n.1", 16) \
-        .reorder("m.0", "n.0", "k.0", "m.1.0", "n.1.1", "k.1", "m.1.1", "n.1.0") \
-        .bind("m.0", "block.y").bind("n.0", "block.x").bind("m.1.0", "thread.y").bind("n.1.1", "thread.x") \
-        .unroll("m.1.1").unroll("n.1.0") \
-        .cache("in0").place("in0.t0", "t0", 3).cache("in1").place("in1.t0", "t0", 3) \
-        .bind("m.1.0", "thread.y", stage="in0.t0").bind("k.1", "thread.x", stage="in0.t0") \
-        .bind("n.1.1", "thread.x", stage="in1.t0").bind("k.1", "thread.y", stage="in1.t0")
+    staged = space.shared_tiled(mat.loop_tree(), 128, 16, 8, 16)
     program, _ = ir.lower(mat.node)
     tree = LoopTree(program, resolve_schedule(program, staged))
     static = gpu.generate(tree, "sm_90")

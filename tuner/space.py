@@ -141,6 +141,20 @@ def mma_shared_limit() -> int:
         return codegen_gpu.STATIC_SHARED
 
 
+def shared_tiled(tree: LoopTree, block: int, k_tile: int, y_tile: int, x_threads: int) -> LoopTree:
+    """A matmul's output in block x block tiles: each thread computes y_tile x (block / x_threads)
+    outputs (x_threads apart along n), and both inputs are staged in shared memory per k tile,
+    copied by the block's threads."""
+    return tree.split("m", block).split("n", block).split("k", k_tile).split("m.1", y_tile) \
+        .split("n.1", x_threads) \
+        .reorder("m.0", "n.0", "k.0", "m.1.0", "n.1.1", "k.1", "m.1.1", "n.1.0") \
+        .bind("m.0", "block.y").bind("n.0", "block.x").bind("m.1.0", "thread.y").bind("n.1.1", "thread.x") \
+        .unroll("m.1.1").unroll("n.1.0") \
+        .cache("in0").place("in0.t0", "t0", 3).cache("in1").place("in1.t0", "t0", 3) \
+        .bind("m.1.0", "thread.y", stage="in0.t0").bind("k.1", "thread.x", stage="in0.t0") \
+        .bind("n.1.1", "thread.x", stage="in1.t0").bind("k.1", "thread.y", stage="in1.t0")
+
+
 def register_tiled(tree: LoopTree, stage: str, x_threads: int, x_groups: int, vector: int, y_threads: int,
                    y_tile: int, k_tile: int = 8, unroll_k: bool = False, shared: tuple[str, ...] = ()) -> LoopTree:
     """Blocks and threads over a stage's last two pure dims (x: contiguous, y): each thread computes

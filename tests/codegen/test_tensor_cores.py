@@ -301,13 +301,7 @@ def test_dynamic_shared_memory_keeps_accumulators_in_registers(rng):
     sm, sk, sn = lt.symbols("m k n")
     a, b = (rng.standard_normal((64, 64)).astype(np.float32) for _ in range(2))
     c = (lt.Tensor(a).to(sm, sk) * lt.Tensor(b).to(sk, sn)).sum(sk)
-    t = c.loop_tree().split("m", 32).split("n", 32).split("k", 16).split("m.1", 4).split("n.1", 8) \
-        .reorder("m.0", "n.0", "k.0", "m.1.0", "n.1.1", "k.1", "m.1.1", "n.1.0") \
-        .bind("m.0", "block.y").bind("n.0", "block.x").bind("m.1.0", "thread.y").bind("n.1.1", "thread.x") \
-        .unroll("m.1.1").unroll("n.1.0") \
-        .cache("in0").place("in0.t0", "t0", 3).cache("in1").place("in1.t0", "t0", 3) \
-        .bind("m.1.0", "thread.y", stage="in0.t0").bind("k.1", "thread.x", stage="in0.t0") \
-        .bind("n.1.1", "thread.x", stage="in1.t0").bind("k.1", "thread.y", stage="in1.t0")
+    t = space.shared_tiled(c.loop_tree(), 32, 16, 4, 8)
     static, dynamic = (gpu.generate(t, "sm_90", dynamic_shared=d).ptx for d in (False, True))
     assert ".extern .shared" in dynamic and ".extern" not in static
     for ptx in (static, dynamic):
