@@ -294,7 +294,9 @@ def test_measurer_reports_a_wrong_schedule_as_an_error():
 # 5. Resume after SIGKILL -----------------------------------------------------------------------
 
 def _wait_for_complete(proc, url, study_name, count, log_path, limit=120.0):
-    storage = optuna.storages.RDBStorage(url)
+    # make_storage, not RDBStorage: this reader and the tuner may both create the fresh database's
+    # tables, and make_storage retries the loser ("table studies already exists", seen under load).
+    storage = tuner_study.make_storage(url)
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         if proc.poll() is not None:
