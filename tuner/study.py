@@ -204,12 +204,12 @@ def _run_trials(node, storage_url, study_name, trials, timeout, sampler, seed, t
     if sampler == "costmodel" and transfer:
         prior = costmodel.prior_from_storage(storage, study_name, target_name(device), program)
     with Measurer(node, repeats=repeats, threads=threads, seed=seed or 0, device=device) as measurer:
+        objective = Objective(tree, measurer, threads, inject_crash_at)
         study = optuna.load_study(study_name=study_name, storage=storage, sampler=make_sampler(
-            sampler, seed, lambda trial: draw_schedule(trial, tree, threads, device), threads, prior, measurer))
+            sampler, seed, objective.draw, threads, prior, measurer))
         remaining = trials - sum(t.state in FINISHED for t in study.trials)
         if remaining <= 0:
             return
-        objective = Objective(tree, measurer, threads, inject_crash_at)
         study.optimize(objective, n_trials=remaining, timeout=timeout, catch=(TrialFailed,),
                        callbacks=[optuna.study.MaxTrialsCallback(trials, states=FINISHED)],
                        show_progress_bar=progress)
