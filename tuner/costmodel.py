@@ -26,6 +26,7 @@ import optuna
 
 from looptool import ir
 from looptool.analysis import features
+from looptool.memo import BoundedMemo
 from looptool.schedule import LoopTree
 
 from . import space
@@ -39,19 +40,15 @@ NEAREST_SEEDS = 4           # best schedules of the nearest tuned shape tried fi
 COMPLETE = optuna.trial.TrialState.COMPLETE
 
 
-_DESCRIBED: dict = {}
 DESCRIBED_LIMIT = 4096      # feature vectors remembered per process
+_DESCRIBED = BoundedMemo(DESCRIBED_LIMIT)
 
 
 def describe(tree: LoopTree, threads: int) -> list[float]:
     """A schedule's feature vector for this host, as stored with each measured trial (remembered by
-    program and schedule, so the trial does not recompute what its sampler computed)."""
-    key = (tree.program, tree.schedule.to_json(), threads)
-    if key not in _DESCRIBED:
-        if len(_DESCRIBED) >= DESCRIBED_LIMIT:
-            _DESCRIBED.pop(next(iter(_DESCRIBED)))
-        _DESCRIBED[key] = features.schedule_features(tree, threads=threads).tolist()
-    return _DESCRIBED[key]
+    program and per-stage loops, so the trial does not recompute what its sampler computed)."""
+    return _DESCRIBED.get((tree.program, tree.schedule.stages, threads),
+                          lambda: features.schedule_features(tree, threads=threads).tolist())
 
 
 def structure_key(program: ir.Program) -> str:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 from .. import ir
 from ..errors import IllegalScheduleError
+from ..memo import BoundedMemo
 from ..schedule import GPU_AXES, LoopNode, LoopTree, StmtNode, accesses, pipeline_depth, thread_bound
 from ..schedule.printing import stmt_text
 from .tensorize import tensor_tiles
@@ -86,23 +87,22 @@ def check(tree: LoopTree) -> tuple[bool, str]:
 # chosen (by the automatic scheduler or the tuner's sampler) is not checked again when it is
 # measured or compiled; the oldest are forgotten past VERDICTS_KEPT.
 VERDICTS_KEPT = 4096
-_VERDICTS: dict = {}
+_VERDICTS = BoundedMemo(VERDICTS_KEPT)
 
 
 def assert_legal(tree: LoopTree) -> None:
     """Raise IllegalScheduleError naming the broken dependence, or return for a legal tree."""
-    key = (tree.program, tree.schedule.stages)
-    if key not in _VERDICTS:
-        try:
-            _prove(tree)
-            verdict = None
-        except IllegalScheduleError as err:
-            verdict = str(err)
-        if len(_VERDICTS) >= VERDICTS_KEPT:
-            _VERDICTS.pop(next(iter(_VERDICTS)))
-        _VERDICTS[key] = verdict
-    if _VERDICTS[key] is not None:
-        raise IllegalScheduleError(_VERDICTS[key])
+    verdict = _VERDICTS.get((tree.program, tree.schedule.stages), lambda: _verdict(tree))
+    if verdict is not None:
+        raise IllegalScheduleError(verdict)
+
+
+def _verdict(tree: LoopTree) -> str | None:
+    try:
+        _prove(tree)
+    except IllegalScheduleError as err:
+        return str(err)
+    return None
 
 
 def _prove(tree: LoopTree) -> None:

@@ -14,7 +14,7 @@ CHECKED_FOR_PRIVATE_NAMES = ("looptool", "tuner", "bench")
 
 # Bottom-up: a module may import modules of its own layer or of layers below it.
 LAYERS = (
-    ("looptool.errors", "looptool.hooks", "looptool.version"),
+    ("looptool.errors", "looptool.hooks", "looptool.memo", "looptool.version"),
     ("looptool.frontend",),
     ("looptool.ir",),
     ("looptool.schedule",),
