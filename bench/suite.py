@@ -63,10 +63,10 @@ class Row:
         return self.status == "ok" and self.target is not None and self.ratio is not None and self.ratio < self.target
 
 
-def best_schedule(tensor, arrays) -> tuple[object, str]:
-    """The faster of the automatic schedule and the tuning database's schedule for this workload and
-    CPU (the automatic one alone when nothing is tuned), and a note saying which it is."""
-    program = looptool.ir.lower(tensor.node)[0]
+def best_schedule(tensor, program, arrays) -> tuple[object, str]:
+    """The faster of the automatic schedule and the tuning database's schedule for this workload
+    (`program`, lowered from `tensor` with its `arrays`) and CPU (the automatic one alone when nothing
+    is tuned), and a note saying which it is."""
     automatic = lt.auto_schedule(tensor)
     tuned = tuning_db.lookup(program, HostTarget.get().name)
     if tuned is None:
@@ -98,9 +98,9 @@ def run_one(workload: Workload, inputs, ref, threads: int, variant: str, args) -
               target=workload.target if variant == "best" and threads in workload.target_threads else None)
     lt.set_num_threads(threads)
     tensor = workload.build(inputs)
-    _, arrays = looptool.ir.lower(tensor.node)
+    program, arrays = looptool.ir.lower(tensor.node)
     if variant == "best":
-        schedule, row.note = best_schedule(tensor, arrays)
+        schedule, row.note = best_schedule(tensor, program, arrays)
     elif variant == "auto":
         start = time.perf_counter()
         schedule = lt.auto_schedule(tensor)

@@ -186,8 +186,7 @@ def _prepare(spec: dict, array) -> np.ndarray:
     if array.dtype.name != spec["dtype"]:
         raise ArtifactError(f"input {name}: dtype {array.dtype} but the kernel was built for {spec['dtype']}")
     strides = [s // array.itemsize for s in array.strides]
-    whole = array.flags.aligned and not any(s % array.itemsize for s in array.strides)
-    if strides != spec["strides"] or not whole:
+    if strides != spec["strides"] or not ir.whole_aligned_elements(array):
         relaid = np.lib.stride_tricks.as_strided(
             np.empty(1 + sum((n - 1) * abs(s) for n, s in zip(shape, spec["strides"])), array.dtype),
             shape, [s * array.itemsize for s in spec["strides"]])

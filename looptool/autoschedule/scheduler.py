@@ -176,9 +176,9 @@ class Builder:
             order = pure + reductions
         else:
             extent, lanes = self.program.size(vector), self.target.lanes(stage.dtype)
-            width = self.decide(f"{stage.name}.{vector}.lanes", model.vector_width(self.target, stage.dtype, extent),
-                                choices.halves_and_doubles(model.vector_width(self.target, stage.dtype, extent),
-                                                           extent, min(lanes, extent)))
+            width = model.vector_width(self.target, stage.dtype, extent)
+            width = self.decide(f"{stage.name}.{vector}.lanes", width,
+                                choices.halves_and_doubles(width, extent, min(lanes, extent)))
             outer, inner = self.split(stage.name, vector, width)
             if vector in stage.reduce_dims:
                 order = pure + reductions + [outer, inner]

@@ -14,7 +14,7 @@ import llvmlite.binding as llvm
 from llvmlite import ir as llir
 
 from ..schedule import LoopNode, LoopTree
-from .llvm import I1, I64, ITEM_BYTES, PTR, ZERO, FunctionBuilder, kernel_params
+from .llvm import I1, I32, I64, ITEM_BYTES, PTR, ZERO, FunctionBuilder, kernel_params
 from .threadpool import declare_parallel_for
 
 
@@ -53,7 +53,7 @@ def _c_entry(module: llir.Module, kernel: llir.Function, tree: LoopTree, params:
     """`int name(inputs..., output)`: check the pointers, allocate the temporaries, run the kernel,
     free them. Returns 0, 1 (out of memory), 2 (a NULL pointer) or 3 (a pointer not aligned to its
     element size)."""
-    fn = llir.Function(module, llir.FunctionType(llir.IntType(32), [PTR] * len(entry_params)), name=name)
+    fn = llir.Function(module, llir.FunctionType(I32, [PTR] * len(entry_params)), name=name)
     b = llir.IRBuilder(fn.append_basic_block("entry"))
     given = dict(zip(entry_params, fn.args))
     _refuse_bad_pointers(b, tree, given)
@@ -73,13 +73,12 @@ def _c_entry(module: llir.Module, kernel: llir.Function, tree: LoopTree, params:
         b.call(kernel, [given[p] if p in given else temps[p] for p in params])
     for pointer in temps.values():
         b.call(free, [pointer])
-    b.ret(b.zext(failed, llir.IntType(32)))
+    b.ret(b.zext(failed, I32))
 
 
 def _refuse_bad_pointers(b: llir.IRBuilder, tree: LoopTree, given: dict):
     """Return 2 if a pointer is NULL, else 3 if one is not aligned to its element size."""
-    i32 = llir.IntType(32)
-    status = llir.Constant(i32, 0)
+    status = llir.Constant(I32, 0)
     for check, code in (("aligned", 3), ("null", 2)):
         for name, pointer in given.items():
             address = b.ptrtoint(pointer, I64)
@@ -88,8 +87,8 @@ def _refuse_bad_pointers(b: llir.IRBuilder, tree: LoopTree, given: dict):
             else:
                 element = llir.Constant(I64, ITEM_BYTES[tree.buffers[name].dtype])
                 bad = b.icmp_unsigned("!=", b.urem(address, element), ZERO)
-            status = b.select(bad, llir.Constant(i32, code), status)
-    with b.if_then(b.icmp_unsigned("!=", status, llir.Constant(i32, 0)), likely=False):
+            status = b.select(bad, llir.Constant(I32, code), status)
+    with b.if_then(b.icmp_unsigned("!=", status, llir.Constant(I32, 0)), likely=False):
         b.ret(status)
 
 

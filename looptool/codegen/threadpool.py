@@ -17,10 +17,9 @@ from __future__ import annotations
 
 from llvmlite import ir as llir
 
-from .llvm import I64, ONE, PTR, ZERO, TypedCallee
+from .llvm import I32, I64, ONE, PTR, ZERO, TypedCallee
 
 ENTRY = "looptool_parallel_for"
-I32 = llir.IntType(32)
 VOID = llir.VoidType()
 BODY_TYPE = llir.FunctionType(VOID, [PTR, I64, I64])
 ENTRY_TYPE = llir.FunctionType(VOID, [PTR, PTR, I64, I64])

@@ -27,7 +27,7 @@ class _Lowering:
         name = self.input_ids.get(id(node))
         if name is None:
             array = self.prepare_input(node.array)
-            if not _whole_aligned_elements(array):
+            if not whole_aligned_elements(array):
                 array = array.copy(order="C")  # kernels address whole, aligned elements
             name = f"in{len(self.inputs)}"
             self.input_ids[id(node)] = name
@@ -94,7 +94,7 @@ class _Lowering:
         return expr if expr.dtype == dtype else Cast(expr, dtype)
 
 
-def _whole_aligned_elements(array) -> bool:
+def whole_aligned_elements(array) -> bool:
     """Every element starts on a multiple of its size (device arrays, which have no `aligned` flag,
     are checked by their strides alone: device allocations are aligned)."""
     aligned = getattr(getattr(array, "flags", None), "aligned", True)
