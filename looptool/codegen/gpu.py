@@ -183,7 +183,9 @@ class _GpuBuilder(FunctionBuilder):
         self.shared_bytes = 0
         self.shared_buffers: set[str] = set()
         self.swizzles: dict[str, Swizzle] = {}           # shared mma operands read by ldmatrix
-        self.stage_tiles = {stmt.stage.name: tiles[id(stmt)] for stmt, _ in tree.statements() if id(stmt) in tiles}
+        # every tensorized statement of the tree with its tile
+        self.tile_statements = [(stmt, tiles[id(stmt)]) for stmt, _ in tree.statements() if id(stmt) in tiles]
+        self.stage_tiles = {stmt.stage.name: tile for stmt, tile in self.tile_statements}
         self.assume_aligned = aligned_params
         self.thread_loops: list[str] = []
         self.params = set(pointers)
@@ -446,7 +448,7 @@ class _GpuBuilder(FunctionBuilder):
         """Note a buffer placed in shared memory; an mma operand there that ldmatrix reads row by row
         is swizzled, so its reads and the copies into it are free of bank conflicts."""
         self.shared_buffers.add(plan.name)
-        operands = [(load, stmt, tile) for stmt, tile in self.statements_of_tiles()
+        operands = [(load, stmt, tile) for stmt, tile in self.tile_statements
                     for load in (tile.a, tile.b) if tile.b is not None and load.buffer == plan.name]
         swizzle = Swizzle.of(plan.strides, ITEM_BYTES[plan.dtype])
         by_ldmatrix = all(self.ldmatrix_layout(load, stmt, tile.loops["m" if load is tile.a else "n"].loop.name,
@@ -473,10 +475,6 @@ class _GpuBuilder(FunctionBuilder):
                     if width * ITEM_BYTES[plan.dtype] > 16 or rest % width:
                         return False
         return True
-
-    def statements_of_tiles(self) -> list[tuple[StmtNode, TensorTile]]:
-        """Every tensorized statement of the tree with its tile."""
-        return [(stmt, self.tiles[id(stmt)]) for stmt, _ in self.tree.statements() if id(stmt) in self.tiles]
 
     def access(self, buffer, index, clamp, stmt, env):
         """Accesses of a buffer kept per thread index this thread's slice: the thread-bound loops'
