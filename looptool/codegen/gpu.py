@@ -465,8 +465,8 @@ class _GpuBuilder(FunctionBuilder):
                     continue
                 if any(ld.buffer == plan.name and ld.clamped for ld in ir.loads(stmt.stage.expr)):
                     return False
-                coeffs = self.linear_offset(plan.name, access.index, stmt).coeffs()
-                const = self.linear_offset(plan.name, access.index, stmt).const
+                linear = self.linear_offset(plan.name, access.index, stmt)
+                coeffs, const = linear.coeffs(), linear.const
                 for node in path:
                     width = node.loop.extent
                     if node.loop.annotation != "vectorize" or coeffs.get(node.loop.name) != 1:
