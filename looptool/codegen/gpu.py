@@ -566,10 +566,14 @@ class _GpuBuilder(FunctionBuilder):
         if self.is_fragment(buffer):
             rows, cols = (ZERO, llir.Constant(I64, 8)), (ZERO, ONE)
         else:
-            group = b.lshr(lane, llir.Constant(I64, 2))
-            pair = b.shl(b.and_(lane, llir.Constant(I64, 3)), llir.Constant(I64, 1))
+            group, pair = self.lane_place(lane)
             rows, cols = (group, b.add(group, llir.Constant(I64, 8))), (pair, b.add(pair, ONE))
         return [self.access(buffer, index, False, stmt, {**env, m: row, n: col}) for row in rows for col in cols]
+
+    def lane_place(self, lane: llir.Value) -> tuple[llir.Value, llir.Value]:
+        """(lane / 4, 2 * (lane % 4)): a lane's row and first column in each 8x8 block of a fragment."""
+        b = self.builder
+        return b.lshr(lane, llir.Constant(I64, 2)), b.shl(b.and_(lane, llir.Constant(I64, 3)), llir.Constant(I64, 1))
 
     def mma(self, tile: TensorTile, stmt: StmtNode, nodes: list[LoopNode], env: dict):
         """One m16n8k16 tile on the warp: each lane gathers its fragments of A (four registers of two
@@ -625,8 +629,7 @@ class _GpuBuilder(FunctionBuilder):
         layout = self.ldmatrix_layout(load, stmt, row, k)
         if layout is not None:
             return self.ldmatrix(load, stmt, base, row, k, count, lane, layout)
-        group = b.lshr(lane, llir.Constant(I64, 2))
-        pair = b.shl(b.and_(lane, llir.Constant(I64, 3)), llir.Constant(I64, 1))
+        group, pair = self.lane_place(lane)
         registers = []
         for row_block, k_block in fragment_blocks(count):
             here = {**base, row: b.add(group, llir.Constant(I64, row_block)), k: b.add(pair, llir.Constant(I64, k_block))}
