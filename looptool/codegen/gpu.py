@@ -183,7 +183,9 @@ class _GpuBuilder(FunctionBuilder):
         self.shared_bytes = 0
         self.shared_buffers: set[str] = set()
         self.swizzles: dict[str, Swizzle] = {}           # shared mma operands read by ldmatrix
-        self.stage_tiles = {stmt.stage.name: tiles[id(stmt)] for stmt, _ in tree.statements() if id(stmt) in tiles}
+        # every tensorized statement of the tree with its tile
+        self.tile_statements = [(stmt, tiles[id(stmt)]) for stmt, _ in tree.statements() if id(stmt) in tiles]
+        self.stage_tiles = {stmt.stage.name: tile for stmt, tile in self.tile_statements}
         self.assume_aligned = aligned_params
         self.thread_loops: list[str] = []
         self.params = set(pointers)
@@ -446,7 +448,7 @@ class _GpuBuilder(FunctionBuilder):
         """Note a buffer placed in shared memory; an mma operand there that ldmatrix reads row by row
         is swizzled, so its reads and the copies into it are free of bank conflicts."""
         self.shared_buffers.add(plan.name)
-        operands = [(load, stmt, tile) for stmt, tile in self.statements_of_tiles()
+        operands = [(load, stmt, tile) for stmt, tile in self.tile_statements
                     for load in (tile.a, tile.b) if tile.b is not None and load.buffer == plan.name]
         swizzle = Swizzle.of(plan.strides, ITEM_BYTES[plan.dtype])
         by_ldmatrix = all(self.ldmatrix_layout(load, stmt, tile.loops["m" if load is tile.a else "n"].loop.name,
@@ -463,8 +465,8 @@ class _GpuBuilder(FunctionBuilder):
                     continue
                 if any(ld.buffer == plan.name and ld.clamped for ld in ir.loads(stmt.stage.expr)):
                     return False
-                coeffs = self.linear_offset(plan.name, access.index, stmt).coeffs()
-                const = self.linear_offset(plan.name, access.index, stmt).const
+                linear = self.linear_offset(plan.name, access.index, stmt)
+                coeffs, const = linear.coeffs(), linear.const
                 for node in path:
                     width = node.loop.extent
                     if node.loop.annotation != "vectorize" or coeffs.get(node.loop.name) != 1:
@@ -473,10 +475,6 @@ class _GpuBuilder(FunctionBuilder):
                     if width * ITEM_BYTES[plan.dtype] > 16 or rest % width:
                         return False
         return True
-
-    def statements_of_tiles(self) -> list[tuple[StmtNode, TensorTile]]:
-        """Every tensorized statement of the tree with its tile."""
-        return [(stmt, self.tiles[id(stmt)]) for stmt, _ in self.tree.statements() if id(stmt) in self.tiles]
 
     def access(self, buffer, index, clamp, stmt, env):
         """Accesses of a buffer kept per thread index this thread's slice: the thread-bound loops'
@@ -568,10 +566,14 @@ class _GpuBuilder(FunctionBuilder):
         if self.is_fragment(buffer):
             rows, cols = (ZERO, llir.Constant(I64, 8)), (ZERO, ONE)
         else:
-            group = b.lshr(lane, llir.Constant(I64, 2))
-            pair = b.shl(b.and_(lane, llir.Constant(I64, 3)), llir.Constant(I64, 1))
+            group, pair = self.lane_place(lane)
             rows, cols = (group, b.add(group, llir.Constant(I64, 8))), (pair, b.add(pair, ONE))
         return [self.access(buffer, index, False, stmt, {**env, m: row, n: col}) for row in rows for col in cols]
+
+    def lane_place(self, lane: llir.Value) -> tuple[llir.Value, llir.Value]:
+        """(lane / 4, 2 * (lane % 4)): a lane's row and first column in each 8x8 block of a fragment."""
+        b = self.builder
+        return b.lshr(lane, llir.Constant(I64, 2)), b.shl(b.and_(lane, llir.Constant(I64, 3)), llir.Constant(I64, 1))
 
     def mma(self, tile: TensorTile, stmt: StmtNode, nodes: list[LoopNode], env: dict):
         """One m16n8k16 tile on the warp: each lane gathers its fragments of A (four registers of two
@@ -627,8 +629,7 @@ class _GpuBuilder(FunctionBuilder):
         layout = self.ldmatrix_layout(load, stmt, row, k)
         if layout is not None:
             return self.ldmatrix(load, stmt, base, row, k, count, lane, layout)
-        group = b.lshr(lane, llir.Constant(I64, 2))
-        pair = b.shl(b.and_(lane, llir.Constant(I64, 3)), llir.Constant(I64, 1))
+        group, pair = self.lane_place(lane)
         registers = []
         for row_block, k_block in fragment_blocks(count):
             here = {**base, row: b.add(group, llir.Constant(I64, row_block)), k: b.add(pair, llir.Constant(I64, k_block))}
