@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -21,6 +22,7 @@ import numpy as np
 
 import looptool as lt
 from looptool import ir
+from looptool.codegen import gpu as codegen_gpu
 from looptool.runtime import gpu as runtime_gpu
 from looptool.runtime import resolve_schedule
 from looptool.schedule.looptree import LoopTree
@@ -56,15 +58,18 @@ def check_and_time(tensor, schedule, reference: np.ndarray, repeat: int):
 
 
 def resources(ptx: str) -> str:
-    """ptxas's report (registers, shared memory, spills) for sm_90, where ptxas is installed."""
+    """ptxas's report (registers, shared memory, spills, and any warning) for the PTX's own target, where
+    ptxas is installed."""
     ptxas = shutil.which("ptxas") or "/usr/local/cuda/bin/ptxas"
     if not os.path.exists(ptxas):
         return "ptxas not found"
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
         f.write(ptx)
         f.flush()
-        run = subprocess.run([ptxas, "-arch=sm_90", "-v", f.name, "-o", os.devnull], capture_output=True, text=True)
-    return " ".join(line.split("info    : ")[-1] for line in run.stderr.splitlines() if "Used" in line or "spill" in line)
+        arch = re.search(r"^\.target (\w+)", ptx, re.M).group(1)
+        run = subprocess.run([ptxas, f"-arch={arch}", "-v", f.name, "-o", os.devnull], capture_output=True, text=True)
+    return " ".join(line.split("info    : ")[-1] for line in run.stderr.splitlines()
+                    if "Used" in line or "spill" in line or "arning" in line)
 
 
 def workloads(scale: float):
@@ -154,17 +159,28 @@ def workloads(scale: float):
 MMA_VARIANTS = (((128, 256), (2, 4), 64, 2), ((128, 256), (2, 4), 32, 2), ((256, 128), (4, 2), 32, 2), ((128, 256), (4, 2), 32, 2),
                 ((128, 128), (2, 2), 32, 0),
                 ((128, 128), (2, 2), 32, 2), ((128, 128), (2, 2), 32, 3), ((64, 128), (2, 2), 32, 3))
+WGMMA_VARIANTS = (((128, 256), (2, 1), 64, 3), ((128, 256), (2, 1), 64, 4), ((128, 256), (2, 1), 64, 2),
+                  ((128, 256), (2, 1), 64, 0), ((128, 128), (2, 1), 64, 4), ((256, 128), (4, 1), 64, 3),
+                  ((128, 256), (1, 2), 64, 3))
 
 
-def tensor_core_variants(tree, shapes=MMA_VARIANTS) -> dict:
+def tensor_core_variants(tree, shapes=MMA_VARIANTS, wgmma_shapes=WGMMA_VARIANTS) -> dict:
     """Tensor-core schedules: warp tiles of 16 x 8 mma tiles with accumulators in registers and both
-    operands staged per k tile, pipelined (`space.mma_tiled`)."""
+    operands staged per k tile, pipelined (`space.mma_tiled`); on Hopper also warpgroup tiles of
+    64 x N wgmma tiles (`space.wgmma_tiled`)."""
     variants = {}
     for block, warps, k_tile, stages in shapes:
         warp = (block[0] // warps[0], block[1] // warps[1])
         name = (f"mma tiles: block {block[0]}x{block[1]}, {warps[0] * warps[1]} warps of {warp[0]}x{warp[1]}, "
                 f"k tile {k_tile}" + (f", cp.async {stages} stages" if stages else ""))
         variants[name] = space.mma_tiled(tree, "t0", block, warps, k_tile, stages)
+    if runtime_gpu.device_arch() not in codegen_gpu.WGMMA_ARCHS:
+        return variants
+    for block, groups, k_tile, stages in wgmma_shapes:
+        team = (block[0] // groups[0], block[1] // groups[1])
+        name = (f"wgmma: block {block[0]}x{block[1]}, {groups[0] * groups[1]} warpgroups of {team[0]}x{team[1]}, "
+                f"k tile {k_tile}" + (f", cp.async {stages} stages" if stages else ""))
+        variants[name] = space.wgmma_tiled(tree, "t0", block, groups, k_tile, stages)
     return variants
 
 
@@ -197,6 +213,7 @@ def main(argv=None):
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--out", default=os.environ.get("OUT"))
     parser.add_argument("--only", default="", help="run only workloads whose name contains this")
+    parser.add_argument("--variant", default="", help="run only schedules whose name contains this")
     args = parser.parse_args(argv)
     cp = runtime_gpu.cupy()
     name = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
@@ -207,6 +224,8 @@ def main(argv=None):
         if args.only and args.only not in label:
             continue
         for variant, schedule in schedules.items():
+            if args.variant not in variant:
+                continue
             base_ms = median_ms(baseline, args.repeat)   # again next to each variant: clocks drift
             try:
                 err, ms, ptx = check_and_time(tensor, schedule, ref, args.repeat)

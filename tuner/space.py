@@ -20,7 +20,7 @@ from looptool.analysis.target import Target, host
 from looptool.codegen import gpu as codegen_gpu
 from looptool.codegen.llvm import ITEM_BYTES
 from looptool.runtime import gpu as runtime_gpu
-from looptool.schedule import LoopTree
+from looptool.schedule import TENSOR_INSTRUCTIONS, LoopTree
 
 WARP_LANES = 32
 
@@ -331,6 +331,27 @@ def mma_tiled(tree: LoopTree, stage: str, block: tuple[int, int] = (128, 128), w
     of `k_tile`, both operands are staged in shared memory by all threads with 16-byte copies, and read
     by ldmatrix. With `stages` >= 2 the copies are pipelined (cp.async). A batch dim (one) goes on
     block.z."""
+    return _tensor_tiled(tree, stage, block, warps, k_tile, stages, "mma.m16n8k16")
+
+
+def wgmma_tiled(tree: LoopTree, stage: str, block: tuple[int, int] = (128, 256), groups: tuple[int, int] = (2, 1),
+                k_tile: int = 64, stages: int = 0) -> LoopTree:
+    """A contraction on Hopper's tensor cores (wgmma): as `mma_tiled`, but the block's tile is split
+    between groups[0] x groups[1] warpgroups (4 warps each, on thread.y), each computing its tile as 64 x N wgmma
+    tiles (N its columns, at most 256) straight from the shared-memory tiles (k_tile * 2 bytes must be
+    128 where A's k is contiguous)."""
+    columns = block[1] // groups[1]
+    wide = max(n for n in (64, 128, 192, 256) if columns % n == 0) if columns % 64 == 0 else None
+    if wide is None:
+        raise ValueError(f"a warpgroup's {columns} columns are not a multiple of 64 (wgmma tiles are 64 x N)")
+    return _tensor_tiled(tree, stage, block, groups, k_tile, stages, f"wgmma.m64n{wide}k16")
+
+
+def _tensor_tiled(tree: LoopTree, stage: str, block: tuple[int, int], teams: tuple[int, int], k_tile: int,
+                  stages: int, instruction: str) -> LoopTree:
+    """The schedule `mma_tiled` and `wgmma_tiled` describe: `teams` warps (or warpgroups) over the
+    block's tile, each computing its part as unrolled tiles of `instruction`."""
+    shape = TENSOR_INSTRUCTIONS[instruction]
     st = tree.program.stage(stage)
     m, n = [d for d in st.loop_dims if d not in st.reduce_dims][-2:]
     k, = st.reduce_dims
@@ -343,10 +364,10 @@ def mma_tiled(tree: LoopTree, stage: str, block: tuple[int, int] = (128, 128), w
     tree = tree.place(acc, stage, len(batch) + 2)
     tree = tree.split(k, k_tile, stage=acc).reorder(f"{k}.0", f"{m}.1", f"{n}.1", f"{k}.1", stage=acc)
     for load in _loads(st):     # placed before the warp splits: the copies keep whole rows of the tile
-        tree = _copy_by_warps(tree, acc, load.buffer, warps, len(batch) + 3)
+        tree = _copy_by_warps(tree, acc, load.buffer, (teams[0] * shape["warps"], teams[1]), len(batch) + 3)
     tiles = (f"{m}.1.1.1", f"{n}.1.1.1")
     for name in (stage, acc):
-        for dim, warp, tile in ((m, block[0] // warps[0], 16), (n, block[1] // warps[1], 8)):
+        for dim, warp, tile in ((m, block[0] // teams[0], shape["m"]), (n, block[1] // teams[1], shape["n"])):
             tree = tree.split(f"{dim}.1", warp, stage=name).split(f"{dim}.1.1", tile, stage=name)
         tree = tree.bind(f"{m}.1.0", "thread.y", stage=name).bind(f"{n}.1.0", "thread.z", stage=name)
         tree = tree.unroll(f"{m}.1.1.0", stage=name).unroll(f"{n}.1.1.0", stage=name)
@@ -354,9 +375,9 @@ def mma_tiled(tree: LoopTree, stage: str, block: tuple[int, int] = (128, 128), w
     for dim in batch:
         tree = tree.bind(dim, "block.z", stage=stage)
     tree = tree.reorder(f"{m}.1.0", f"{n}.1.0", f"{m}.1.1.0", f"{n}.1.1.0", *tiles, stage=stage)
-    tree = tree.split(f"{k}.1", 16, stage=acc).unroll(f"{k}.1.0", stage=acc)
+    tree = tree.split(f"{k}.1", shape["k"], stage=acc).unroll(f"{k}.1.0", stage=acc)
     tree = tree.reorder(f"{m}.1.0", f"{n}.1.0", f"{k}.1.0", f"{m}.1.1.0", f"{n}.1.1.0", *tiles, f"{k}.1.1", stage=acc)
-    tree = tree.tensorize(tiles, "mma.m16n8k16", stage=stage).tensorize((*tiles, f"{k}.1.1"), "mma.m16n8k16", stage=acc)
+    tree = tree.tensorize(tiles, instruction, stage=stage).tensorize((*tiles, f"{k}.1.1"), instruction, stage=acc)
     return tree.pipeline(f"{k}.0", stages, stage=acc) if stages >= 2 else tree
 
 

@@ -1,16 +1,23 @@
-"""What a warp-level matrix instruction (`LoopTree.tensorize`) needs of the loops it was given.
+"""What a matrix instruction (`LoopTree.tensorize`) needs of the loops it was given.
 
 A tensorized update is `C[m, n] += A[m, k] * B[k, n]` whose three innermost loops are the
 instruction's m, n and k tile, whole (a tail may only skip whole tiles), with half-precision operands of one dtype
-and a float32 accumulator; on the GPU the instruction runs on a warp, whose 32 lanes take
-`thread.x` (so loops around it that split work between warps are bound to thread.y or
-thread.z). `tensor_tiles` returns each tensorized update with its operands, or raises an
+and a float32 accumulator. On the GPU the instruction runs on a warp, whose 32 lanes take
+`thread.x` (so loops around it that split work between warps are bound to thread.y or thread.z);
+Hopper's wgmma runs on a warpgroup, 4 warps of consecutive thread.y: a loop around a wgmma tile
+bound to thread.y counts warpgroups, and the block gets 4 warps on thread.y for each.
+`tensor_tiles` returns each tensorized update with its operands, or raises an
 `IllegalScheduleError` saying in plain words what is missing.
 
 An accumulator the instruction computes into a buffer placed in the kernel (`cache_write`) is kept
-as the lanes' fragments: each lane holds its own elements of every 16 x 8 tile. So such a buffer is
+as the threads' fragments: each thread holds its own elements of every tile. So such a buffer is
 read only by a copy whose (m, n) loops are tensorized with the same instruction (a copy tile, `b`
-None), on the same 16 x 8 grid of the buffer.
+None), on the same grid of the buffer.
+
+wgmma reads both operands from shared memory through descriptors (`SharedOperand`): a tile whose
+k runs contiguously in rows of 128 bytes ("k-major", 128-byte swizzle), or whose m (for A) or n
+(for B) runs contiguously in rows of a multiple of 64 elements, stored as blocks of 64 columns
+("mn-major").
 """
 from __future__ import annotations
 
@@ -23,6 +30,8 @@ from ..schedule.printing import expr_text
 
 OPERAND_DTYPES = ("bfloat16", "float16")
 WARP = 32
+SWIZZLE_BYTES = 128          # a wgmma operand's rows are read in 128-byte swizzled rows, 8 rows an atom
+ATOM_ROWS = 8
 
 
 @dataclass(frozen=True)
@@ -74,6 +83,9 @@ def _tile(tree: LoopTree, root, stmt: StmtNode, path: list[LoopNode], roles: dic
     _check_dims(stage, instruction, loops)
     a, b = _operands(tree, stage, instruction, loops)
     _check_warp(root, path, stage, instruction)
+    if is_warpgroup(instruction):
+        for load, role in ((a, "m"), (b, "n")):
+            shared_operand(tree, stmt, load, loops[role], loops["k"], instruction)
     return TensorTile(instruction, loops, a, b, tree.buffers[a.buffer].dtype)
 
 
@@ -214,29 +226,88 @@ def _dims_of(load: ir.Load) -> set[str]:
     return {v for ix in load.index for v, _ in ix.terms}
 
 
+def is_warpgroup(instruction: str) -> bool:
+    """Whether the instruction is Hopper's wgmma, run by a warpgroup (4 warps along thread.y) from
+    shared-memory operands."""
+    return TENSOR_INSTRUCTIONS[instruction]["warps"] > 1
+
+
+@dataclass(frozen=True)
+class SharedOperand:
+    """How wgmma reads an operand tile from shared memory: `major` 'k' (k contiguous, rows of
+    128 bytes) or 'mn' (m or n contiguous, rows of `row` elements, a multiple of 64, kept as
+    blocks of 64 columns, `rows` rows each)."""
+
+    major: str
+    row: int
+    rows: int
+
+
+def shared_operand(tree: LoopTree, stmt: StmtNode, load: ir.Load, row: LoopNode, k: LoopNode,
+                   instruction: str) -> SharedOperand:
+    """The layout wgmma reads operand `load` of `stmt` in (its tile's rows run along loop `row`, m or
+    n), or a refusal saying what it needs."""
+    plan = tree.buffers[load.buffer]
+    if plan.kind != "local":
+        raise IllegalScheduleError(
+            f"{instruction} reads its operands from shared memory, but {load.buffer} is the {plan.kind} "
+            f"buffer itself: stage its tile in the block (t.cache('{load.buffer}', ...) placed at the k tile loop)")
+    linear = plan.linear_offset(tuple(ix.substitute(stmt.index) for ix in load.index))
+    coeffs = linear.coeffs()
+    step = {role: coeffs.get(node.loop.name) for role, node in (("row", row), ("k", k))}
+    per_row = SWIZZLE_BYTES // 2
+    if step["k"] == 1 and step["row"] == per_row:
+        layout = SharedOperand("k", per_row, plan.size // per_row)
+        whole = (ATOM_ROWS * per_row, 8, per_row)       # 8-row atoms, or 16-byte steps inside a row
+    elif step["row"] == 1 and step["k"] and step["k"] % per_row == 0 and plan.size % step["k"] == 0:
+        layout = SharedOperand("mn", step["k"], plan.size // step["k"])
+        whole = (ATOM_ROWS * step["k"], per_row, step["k"])
+    else:
+        raise IllegalScheduleError(
+            f"{instruction} reads {load.buffer} from shared memory in 128-byte rows: its tile must run along "
+            f"'{k.loop.dim}' contiguously in rows of {per_row} elements, or along '{row.loop.dim}' contiguously "
+            f"in rows of a multiple of {per_row}; loop '{k.loop.name}' steps it by {step['k']} and "
+            f"'{row.loop.name}' by {step['row']}")
+    if layout.rows % ATOM_ROWS:
+        raise IllegalScheduleError(f"{instruction} reads {load.buffer} in atoms of {ATOM_ROWS} rows; its tile "
+                                   f"has {layout.rows} rows")
+    extents = {lp.name: lp.extent for lp in tree.schedule.of(stmt.stage.name).loops}
+    others = [(c, extents.get(name, 1)) for name, c in coeffs.items() if name not in (row.loop.name, k.loop.name)]
+    atom, chunk, line = whole
+    for c, extent in [*others, (linear.const, 2)]:
+        if extent > 1 and c % atom and not (c % chunk == 0 and c * (extent - 1) < line):
+            raise IllegalScheduleError(
+                f"{instruction} tiles of {load.buffer} must start on its {ATOM_ROWS}-row atoms (and, along a "
+                f"row, on {chunk}-element steps): an offset of {c} elements does not")
+    return layout
+
+
 def _check_warp(root, path: list[LoopNode], stage: ir.Stage, instruction: str):
-    """The tile runs on a whole warp: thread.x is its 32 lanes, so no loop around the tile may be bound
-    to thread.x (warps go on thread.y and thread.z), other nests of the kernel get 32 lanes at most, and
-    where a block has several warps each tile belongs to one (a loop around it bound to thread.y or z)."""
+    """The tile runs on a whole warp (or warpgroup): thread.x is its 32 lanes, so no loop around the
+    tile may be bound to thread.x (warps go on thread.y and thread.z), other nests of the kernel get 32
+    lanes at most, and where a block has several warps each tile belongs to one (a loop around it
+    bound to thread.y or z)."""
+    lanes, group = WARP, "warpgroup" if is_warpgroup(instruction) else "warp"
     threads = [node for node in path if thread_bound(node)]
     for node in threads:
         if node.loop.annotation == "thread.x":
             raise IllegalScheduleError(
-                f"{instruction} runs on a warp, whose 32 lanes take thread.x, but its tile lies inside loop "
-                f"'{node.loop.name}', bound to thread.x: bind the loops over warps to thread.y or thread.z")
+                f"{instruction} runs on {'warpgroups of 4 warps' if group == 'warpgroup' else 'a warp'}, whose {lanes} "
+                f"lanes take thread.x, but its tile lies inside loop "
+                f"'{node.loop.name}', bound to thread.x: bind the loops over {group}s to thread.y or thread.z")
         if node.loop.dim in stage.reduce_dims:
             raise IllegalScheduleError(
                 f"loop '{node.loop.name}' around the {instruction} tile runs over the summed dimension "
                 f"'{node.loop.dim}' and is bound to {node.loop.annotation}: a warp sums its whole k range itself")
     kernel = [node for node, _ in walk([root]) if isinstance(node, LoopNode) and thread_bound(node)]
     for node in kernel:
-        if node.loop.annotation == "thread.x" and node.loop.extent > WARP:
+        if node.loop.annotation == "thread.x" and node.loop.extent > lanes:
             raise IllegalScheduleError(
-                f"in a kernel with {instruction} tiles thread.x is a warp's {WARP} lanes, but loop "
-                f"'{node.loop.name}' is bound to thread.x with {node.loop.extent} iterations: split it by {WARP}")
+                f"in a kernel with {instruction} tiles thread.x is a warp's {lanes} lanes, but loop "
+                f"'{node.loop.name}' is bound to thread.x with {node.loop.extent} iterations: split it by {lanes}")
     warps = [node for node in kernel if node.loop.annotation != "thread.x" and node.loop.extent > 1]
     if warps and not threads:
         raise IllegalScheduleError(
             f"the block has several warps ('{warps[0].loop.name}' is bound to {warps[0].loop.annotation}), and "
             f"every one of them would compute the same {instruction} tile of stage {stage.name}: bind a loop "
-            f"around the tile to thread.y or thread.z, one tile per warp")
+            f"around the tile to thread.y or thread.z, one tile per {group}")

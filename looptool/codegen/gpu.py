@@ -24,6 +24,19 @@ accumulators its fragments hold (the PTX ISA's layout for m16n8k16), and stores 
 four results back. An accumulator each thread keeps (placed by `cache_write`) is held as
 fragments at constant offsets (registers) and leaves through a tensorized copy tile; shared
 operands read by ldmatrix are swizzled (`Swizzle`).
+
+On Hopper (sm_90a) a `wgmma` tile is run by a warpgroup (thread.x is its 128 threads): each
+thread holds N/2 accumulators of the 64 x N tile (warp w of the group has rows 16w.., laid out
+as N/8 mma tiles), both operands are read from shared memory through descriptors, laid out as
+the instruction needs (`WgmmaLayout`: 128-byte swizzled rows in 1024-byte aligned atoms). The
+instructions run asynchronously: consecutive ones form a batch (one `wgmma.fence` before it), and
+a `wgmma.wait_group 0` ends the batch before anything else touches the accumulators or a barrier
+lets shared memory be overwritten, and at the end of every loop iteration. In a pipelined k loop
+of 3 or more stages the batch of one iteration runs on while the next is issued: each iteration waits for the copies
+of its tile, synchronizes, issues its batch, waits for the previous batch (`wgmma.wait_group 1`),
+synchronizes again and only then issues the copies into the buffer that batch read. Before each
+barrier of such a kernel, `fence.proxy.async` makes the thread's writes to shared memory visible
+to the tensor cores (which read through the async proxy).
 """
 from __future__ import annotations
 
@@ -35,10 +48,10 @@ import llvmlite.binding as llvm
 from llvmlite import ir as llir
 
 from .. import ir
-from ..analysis.tensorize import WARP, TensorTile, tensor_tiles
+from ..analysis.tensorize import WARP, SharedOperand, TensorTile, is_warpgroup, shared_operand, tensor_tiles
 from ..ir import Affine
-from ..schedule import (GPU_AXES, LoopNode, LoopTree, StmtNode, accesses, pipeline_depth, tensor_role,
-                        thread_bound, walk)
+from ..schedule import (GPU_AXES, TENSOR_INSTRUCTIONS, LoopNode, LoopTree, StmtNode, accesses, pipeline_depth,
+                        tensor_role, thread_bound, walk)
 from .llvm import (F32, F64, I16, I32, I64, IDENTITY, ONE, ITEM_BYTES, MEMORY_TYPE, REDUCE_BINARY, VALUE_TYPE, ZERO,
                    FunctionBuilder, element_type, kernel_params)
 
@@ -48,6 +61,8 @@ SREG = {"block": "ctaid", "thread": "tid"}
 LOCAL_LIMIT = 16 * 1024
 STATIC_SHARED = 48 * 1024       # shared memory a block may have without opting in (CUDA, every arch)
 MMA_TYPE = {"bfloat16": "bf16", "float16": "f16"}
+WGMMA_ALIGN = 1024              # bytes: a wgmma operand's swizzle atoms start on this boundary
+WGMMA_ARCHS = ("sm_90", "sm_90a")
 
 
 @dataclass
@@ -83,10 +98,21 @@ def generate(tree: LoopTree, arch: str = "sm_90", aligned_params: bool = True,
     text, launches, params, aligned = _module(tree, aligned_params, dynamic=dynamic_shared)
     if not dynamic_shared and any(launch.dynamic_shared for launch in launches):
         text, launches, params, aligned = _module(tree, aligned_params, dynamic=True)
-    ptx = _compile(text, arch)
+    ptx = _compile(text, _arch_for(tree, arch))
     if any(launch.dynamic_shared for launch in launches):
         ptx = _extern_shared(ptx, [launch.name for launch in launches])
     return GpuModule(ptx, text, launches, params, arch, aligned)
+
+
+def _arch_for(tree: LoopTree, arch: str) -> str:
+    """The target to compile for: sm_90a (Hopper's arch-specific instructions) where the tree has
+    wgmma tiles, which no other GPU runs; `arch` otherwise."""
+    wgmma = sorted({tile.instruction for tile in tensor_tiles(tree).values() if is_warpgroup(tile.instruction)})
+    if not wgmma:
+        return arch
+    if arch not in WGMMA_ARCHS:
+        raise ValueError(f"{wgmma[0]} runs only on Hopper GPUs (sm_90); this GPU is {arch}: use mma.m16n8k16")
+    return "sm_90a"
 
 
 def dynamic_shared_name(kernel: str) -> str:
@@ -103,9 +129,9 @@ def _extern_shared(ptx: str, kernels: list[str]) -> str:
     declarations = []
     for kernel in kernels:
         name = dynamic_shared_name(kernel)
-        ptx, found = re.subn(rf"^\s*\.shared \.align 16 \.b8 {name}\[\d+\];\n", "", ptx, flags=re.M)
+        ptx, found = re.subn(rf"^\s*\.shared \.align (\d+) \.b8 {name}\[\d+\];\n", "", ptx, flags=re.M)
         if found:
-            declarations.append(f".extern .shared .align 16 .b8 {name}[];\n")
+            declarations.append(f".extern .shared .align {WGMMA_ALIGN} .b8 {name}[];\n")
     head, address, rest = ptx.partition(".address_size 64\n")
     return head + address + "".join(declarations) + rest
 
@@ -147,17 +173,28 @@ def _declare_block_size(module: llir.Module, fn: llir.Function, block: tuple[int
 
 def launch_dims(node) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     extents = {axis: 1 for axis in GPU_AXES}
-    for loop in _loops([node]):
+    for current in _loop_nodes([node]):
+        loop = current.loop
         if loop.annotation in GPU_AXES:
-            extents[loop.annotation] = max(extents[loop.annotation], loop.extent)
+            warps = 4 if counts_warpgroups(current) else 1
+            extents[loop.annotation] = max(extents[loop.annotation], loop.extent * warps)
         if tensor_role(loop):
-            extents["thread.x"] = WARP         # the lanes of the warps that run its mma tiles
+            extents["thread.x"] = WARP         # the lanes of the warps that run its tiles
+            if is_warpgroup(tensor_role(loop)[0]):
+                extents["thread.y"] = max(extents["thread.y"], 4)
     grid = tuple(extents[f"block.{a}"] for a in "xyz")
     block = tuple(extents[f"thread.{a}"] for a in "xyz")
     if block[0] * block[1] * block[2] > 1024:
         raise ValueError(f"a GPU block of {block[0]}x{block[1]}x{block[2]} threads exceeds the 1024-thread limit; "
                          f"split the thread-bound loops")
     return grid, block
+
+
+def counts_warpgroups(node: LoopNode) -> bool:
+    """Whether a loop bound to thread.y runs over warpgroups (it holds wgmma tiles): its value is
+    then thread.y / 4, each warpgroup being 4 warps of consecutive thread.y."""
+    return node.loop.annotation == "thread.y" and any(
+        tensor_role(inner.loop) and is_warpgroup(tensor_role(inner.loop)[0]) for inner in _loop_nodes(node.body))
 
 
 def _compile(text: str, arch: str) -> str:
@@ -186,6 +223,13 @@ class _GpuBuilder(FunctionBuilder):
         # every tensorized statement of the tree with its tile
         self.tile_statements = [(stmt, tiles[id(stmt)]) for stmt, _ in tree.statements() if id(stmt) in tiles]
         self.stage_tiles = {stmt.stage.name: tile for stmt, tile in self.tile_statements}
+        self.wgmma_operands: dict[str, SharedOperand] = {
+            load.buffer: shared_operand(tree, stmt, load, tile.loops[role], tile.loops["k"], tile.instruction)
+            for stmt, tile in self.tile_statements if tile.b is not None and is_warpgroup(tile.instruction)
+            for load, role in ((tile.a, "m"), (tile.b, "n"))}
+        self.wgmma_batch = False                       # wgmma instructions issued and not yet committed
+        self.wgmma_pending = False                     # committed batches not yet waited for
+        self.wgmma_overlap = False                     # in a pipelined loop that keeps one batch in flight
         self.assume_aligned = aligned_params
         self.thread_loops: list[str] = []
         self.params = set(pointers)
@@ -224,8 +268,37 @@ class _GpuBuilder(FunctionBuilder):
         private = set(self.tree.thread_slices)
         return written - private, read - private
 
-    def barrier(self):
+    def barrier(self, settle: bool = True):
+        """Synchronize the block; first (`settle`) wait for this thread's wgmma batches, so nothing the
+        barrier releases can overwrite what they read. Where wgmma reads shared memory, this thread's
+        ordinary writes to it (stores, cp.async) are first made visible to the tensor cores' proxy."""
+        if settle:
+            self.settle_wgmma()
+        if self.wgmma_operands:
+            self.inline("fence.proxy.async.shared::cta;")
         self.builder.call(self.declare("llvm.nvvm.barrier0", llir.VoidType(), []), [])
+
+    def settle_wgmma(self, in_flight: int = 0):
+        """Close the open wgmma batch (one commit group) and wait until at most `in_flight` batches run
+        (their accumulators and shared reads)."""
+        if self.wgmma_batch:
+            self.inline("wgmma.commit_group.sync.aligned;")
+            self.wgmma_batch, self.wgmma_pending = False, True
+        if self.wgmma_pending:
+            self.inline(f"wgmma.wait_group.sync.aligned {in_flight};")
+            self.wgmma_pending = in_flight > 0
+
+    def inline(self, ptx: str):
+        """An instruction with no operands, kept in place (a side effect that touches memory)."""
+        self.builder.asm(llir.FunctionType(llir.VoidType(), []), ptx, "~{memory}", [], side_effect=True)
+
+    def counted_loop(self, start: llir.Value, end: llir.Value, emit_body, name: str):
+        """A loop whose every iteration ends with its wgmma instructions done."""
+        def body(i):
+            emit_body(i)
+            if not self.wgmma_overlap:
+                self.settle_wgmma()
+        super().counted_loop(start, end, body, name)
 
     def loop(self, node: LoopNode, env: dict):
         axis = node.loop.annotation
@@ -245,6 +318,8 @@ class _GpuBuilder(FunctionBuilder):
         kind, dim = axis.split(".")
         register = self.declare(f"llvm.nvvm.read.ptx.sreg.{SREG[kind]}.{dim}", llir.IntType(32), [])
         value = self.builder.zext(self.builder.call(register, []), I64)
+        if counts_warpgroups(node):
+            value = self.builder.lshr(value, llir.Constant(I64, 2))
         inside = {**env, node.loop.name: value}
         combined = self.combined_reductions(node) if kind == "thread" and not self.thread_loops else []
         for stmt in combined:
@@ -276,27 +351,39 @@ class _GpuBuilder(FunctionBuilder):
         count, name, b = self.trip_count(node, env), node.loop.name, self.builder
         for iteration in range(stages - 1):
             self.issue_copies(copies, sizes, stages, {**env, name: llir.Constant(I64, iteration)}, name, count)
+        overlap = stages > 2 and any(tensor_role(inner.loop) and is_warpgroup(tensor_role(inner.loop)[0])
+                                     for inner in _loop_nodes(rest))
 
         def iteration(i):
             self.wait_copies(in_flight)
-            self.barrier()
-            ahead = b.add(i, llir.Constant(I64, stages - 1))
-            self.issue_copies(copies, sizes, stages, {**env, name: ahead}, name, count)
+            self.barrier(settle=not overlap)
+            ahead = {**env, name: b.add(i, llir.Constant(I64, stages - 1))}
+            if not overlap:
+                self.issue_copies(copies, sizes, stages, ahead, name, count)
             self.rotate(sizes, stages, i)
             self.close_body = False
             self.body(rest, {**env, name: i})
+            if overlap:             # the previous batch has read its buffer: refill it
+                self.settle_wgmma(in_flight=1)
+                self.barrier(settle=False)
+                self.issue_copies(copies, sizes, stages, ahead, name, count)
+        self.wgmma_overlap = overlap
         self.counted_loop(ZERO, count, iteration, name)
+        self.wgmma_overlap = False
         self.wait_copies(0)
         self.barrier()
         for buffer in sizes:
             self.rotations.pop(buffer, None)
 
-    @staticmethod
-    def rotating_size(plan) -> int:
-        """Elements of one of a pipelined buffer's copies, rounded up to 16 bytes (so every copy
+    def rotating_size(self, plan) -> int:
+        """Elements of one of a pipelined buffer's copies, rounded up to its alignment (so every copy
         starts as aligned as the first)."""
-        element = ITEM_BYTES[plan.dtype]
-        return -(-plan.size * element // 16) * 16 // element
+        element, align = ITEM_BYTES[plan.dtype], self.shared_alignment(plan.name)
+        return -(-plan.size * element // align) * align // element
+
+    def shared_alignment(self, name: str) -> int:
+        """Bytes a shared buffer starts on: 16, or WGMMA_ALIGN for a wgmma operand."""
+        return WGMMA_ALIGN if name in self.wgmma_operands else 16
 
     def rotate(self, sizes: dict[str, int], stages: int, iteration: llir.Value):
         """Point the pipelined buffers at their copy for `iteration` (iteration mod stages)."""
@@ -404,26 +491,27 @@ class _GpuBuilder(FunctionBuilder):
         self.barrier()
 
     def shared(self, ty, count: int, name: str) -> llir.Value:
-        """A generic pointer to `count` elements of shared memory, 16-byte aligned: a static array of
-        its own, or (dynamic) the next 16-byte aligned offset in the kernel's dynamic shared memory."""
-        module = self.fn.module
-        offset = -(-self.shared_bytes // 16) * 16
+        """A generic pointer to `count` elements of shared memory, aligned as `shared_alignment` says: a
+        static array of its own, or (dynamic) the next aligned offset in the kernel's dynamic shared memory."""
+        module, align = self.fn.module, self.shared_alignment(name)
+        offset = -(-self.shared_bytes // align) * align
         self.shared_bytes = offset + count * ty.get_abi_size(llvm.create_target_data(DATA_LAYOUT))
         if self.dynamic:
             name = dynamic_shared_name(self.fn.name)
             if name not in module.globals:
                 array = llir.GlobalVariable(module, llir.ArrayType(llir.IntType(8), 0), name, addrspace=3)
-                array.linkage, array.align = "internal", 16
+                array.linkage, array.align = "internal", WGMMA_ALIGN
             start = self.allocas.gep(module.globals[name], [llir.Constant(I64, offset)], source_etype=llir.IntType(8))
             return self.allocas.addrspacecast(start, llir.PointerType())
         unique = f"{self.fn.name}.{name}.{len(module.globals)}"
         variable = llir.GlobalVariable(module, llir.ArrayType(ty, count), unique, addrspace=3)
         variable.linkage = "internal"
-        variable.align = 16
+        variable.align = align
         return self.allocas.addrspacecast(variable, llir.PointerType())
 
     def finish(self):
         """Return; the kernel's dynamic shared array (if any) gets its size."""
+        self.settle_wgmma()
         array = self.fn.module.globals.get(dynamic_shared_name(self.fn.name))
         if array is not None:
             array.value_type = llir.ArrayType(llir.IntType(8), self.shared_bytes)
@@ -448,6 +536,12 @@ class _GpuBuilder(FunctionBuilder):
         """Note a buffer placed in shared memory; an mma operand there that ldmatrix reads row by row
         is swizzled, so its reads and the copies into it are free of bank conflicts."""
         self.shared_buffers.add(plan.name)
+        if plan.name in self.wgmma_operands:
+            if not self.within_chunks(plan):
+                raise ValueError(f"wgmma reads {plan.name} in swizzled 16-byte chunks: copy it with vectors of at "
+                                 f"most 16 bytes that start at a multiple of their width")
+            self.swizzles[plan.name] = WgmmaLayout(self.wgmma_operands[plan.name])
+            return
         operands = [(load, stmt, tile) for stmt, tile in self.tile_statements
                     for load in (tile.a, tile.b) if tile.b is not None and load.buffer == plan.name]
         swizzle = Swizzle.of(plan.strides, ITEM_BYTES[plan.dtype])
@@ -557,23 +651,38 @@ class _GpuBuilder(FunctionBuilder):
 
     def tile_elements(self, buffer: str, index, tile: TensorTile, stmt: StmtNode, env: dict,
                       lane: llir.Value) -> list[llir.Value]:
-        """Pointers to a lane's four elements of a 16 x 8 tile of `buffer`: rows lane/4 and lane/4 + 8,
-        columns 2*(lane%4) and the next. A buffer each thread keeps (an accumulator placed in the
-        kernel) holds them as a fragment instead, at the places lane 0's elements have: constant
-        offsets, so they stay in registers."""
+        """Pointers to a thread's elements of a tile of `buffer`, in the instruction's register order
+        (`fragment_places`, moved to the thread's place, `lane_place`). A buffer each thread keeps
+        (an accumulator placed in the kernel) holds them as a fragment instead, at the places
+        thread 0's elements have: constant offsets, so they stay in registers."""
         b = self.builder
         m, n = tile.loops["m"].loop.name, tile.loops["n"].loop.name
+        places = fragment_places(tile.instruction)
         if self.is_fragment(buffer):
-            rows, cols = (ZERO, llir.Constant(I64, 8)), (ZERO, ONE)
-        else:
-            group, pair = self.lane_place(lane)
-            rows, cols = (group, b.add(group, llir.Constant(I64, 8))), (pair, b.add(pair, ONE))
-        return [self.access(buffer, index, False, stmt, {**env, m: row, n: col}) for row in rows for col in cols]
+            return [self.access(buffer, index, False, stmt, {**env, m: llir.Constant(I64, row), n: llir.Constant(I64, col)})
+                    for row, col in places]
+        first_row, first_col = self.lane_place(lane)
+        return [self.access(buffer, index, False, stmt, {**env, m: b.add(first_row, llir.Constant(I64, row)),
+                                                           n: b.add(first_col, llir.Constant(I64, col))})
+                for row, col in places]
+
+    def lane(self, instruction: str) -> llir.Value:
+        """The thread's index in the warp (0-31) or, for wgmma, in the warpgroup (0-127: the warp is
+        thread.y mod 4)."""
+        b = self.builder
+        lane = b.zext(b.call(self.declare("llvm.nvvm.read.ptx.sreg.tid.x", I32, []), []), I64)
+        if not is_warpgroup(instruction):
+            return lane
+        warp = b.zext(b.call(self.declare("llvm.nvvm.read.ptx.sreg.tid.y", I32, []), []), I64)
+        return b.add(lane, b.shl(b.and_(warp, llir.Constant(I64, 3)), llir.Constant(I64, 5)))
 
     def lane_place(self, lane: llir.Value) -> tuple[llir.Value, llir.Value]:
-        """(lane / 4, 2 * (lane % 4)): a lane's row and first column in each 8x8 block of a fragment."""
+        """(16 * warp + lane / 4, 2 * (lane % 4)) of thread `lane` of a warp (or warpgroup): its row and
+        first column in each 8x8 block of a fragment."""
         b = self.builder
-        return b.lshr(lane, llir.Constant(I64, 2)), b.shl(b.and_(lane, llir.Constant(I64, 3)), llir.Constant(I64, 1))
+        warp = b.shl(b.lshr(lane, llir.Constant(I64, 5)), llir.Constant(I64, 4))
+        row = b.add(warp, b.lshr(b.and_(lane, llir.Constant(I64, 31)), llir.Constant(I64, 2)))
+        return row, b.shl(b.and_(lane, llir.Constant(I64, 3)), llir.Constant(I64, 1))
 
     def mma(self, tile: TensorTile, stmt: StmtNode, nodes: list[LoopNode], env: dict):
         """One m16n8k16 tile on the warp: each lane gathers its fragments of A (four registers of two
@@ -593,7 +702,9 @@ class _GpuBuilder(FunctionBuilder):
     def tile(self, tile: TensorTile, stmt: StmtNode, base: dict):
         """The instructions of one tile, at loop values `base` (its own loops at 0)."""
         b, stage = self.builder, stmt.stage
-        lane = b.zext(b.call(self.declare("llvm.nvvm.read.ptx.sreg.tid.x", I32, []), []), I64)
+        lane = self.lane(tile.instruction)
+        if tile.b is None or not is_warpgroup(tile.instruction):
+            self.settle_wgmma()
         targets = self.tile_elements(stage.name, Affine.identity(stage.dims), tile, stmt, base, lane)
         if stmt.kind == "init":
             for target in targets:
@@ -607,6 +718,9 @@ class _GpuBuilder(FunctionBuilder):
                     value = self.convert(value, stage.expr.dtype)
                 self.store_value(value, target, stage.dtype)
             return
+        if is_warpgroup(tile.instruction):
+            self.wgmma(tile, stmt, base, targets)
+            return
         m, n = tile.loops["m"].loop.name, tile.loops["n"].loop.name
         a = self.fragment(tile.a, tile, stmt, base, m, 4, lane)
         bb = self.b_fragment(tile, stmt, base, n, lane)
@@ -619,6 +733,43 @@ class _GpuBuilder(FunctionBuilder):
                        side_effect=False)
         for index, target in enumerate(targets):
             self.store_value(b.extract_value(result, index), target, stage.dtype)
+
+    def wgmma(self, tile: TensorTile, stmt: StmtNode, base: dict, targets: list[llir.Value]):
+        """One wgmma on the warpgroup: both operands through shared-memory descriptors, the thread's
+        N/2 accumulators updated in place. It joins the batch in flight (a fence opens a new one)."""
+        b, stage = self.builder, stmt.stage
+        accumulators = [self.load_value(target, stage.dtype) for target in targets]
+        operands = [(tile.a, tile.loops["m"]), (tile.b, tile.loops["n"])]
+        descriptors = [self.descriptor(load, stmt, base) for load, _ in operands]
+        transposed = [int(self.wgmma_operands[load.buffer].major == "mn") for load, _ in operands]
+        count, kind = len(accumulators), MMA_TYPE[tile.dtype]
+        shape = tile.instruction.partition(".")[2]
+        outputs = ",".join(f"${i}" for i in range(count))
+        ptx = (f"{{ .reg .pred p; setp.ne.b32 p, 1, 0; wgmma.mma_async.sync.aligned.{shape}.f32.{kind}.{kind} "
+               f"{{{outputs}}}, ${count}, ${count + 1}, p, 1, 1, {transposed[0]}, {transposed[1]}; }}")
+        constraints = ",".join(["=f"] * count + ["l", "l"] + [str(i) for i in range(count)] + ["~{memory}"])
+        signature = llir.FunctionType(llir.LiteralStructType([F32] * count), [I64, I64] + [F32] * count)
+        if not self.wgmma_batch:
+            self.inline("wgmma.fence.sync.aligned;")
+        result = b.asm(signature, ptx, constraints, descriptors + accumulators, side_effect=True)
+        self.wgmma_batch = True
+        for index, target in enumerate(targets):
+            self.store_value(b.extract_value(result, index), target, stage.dtype)
+
+    def descriptor(self, load, stmt: StmtNode, base: dict) -> llir.Value:
+        """wgmma's 64-bit shared-memory matrix descriptor of an operand tile starting at `base`: its
+        address / 16, the byte offsets between 64-column blocks (leading, mn-major) and between 8-row
+        atoms (stride), and the 128-byte swizzle."""
+        b, layout = self.builder, self.wgmma_operands[load.buffer]
+        pointer = self.access(load.buffer, load.index, False, stmt, base)
+        address = b.ptrtoint(b.addrspacecast(pointer, llir.PointerType(addrspace=3)), I32)
+        row_bytes = layout.row * ITEM_BYTES[self.tree.buffers[load.buffer].dtype] if layout.major == "k" else 128
+        leading = layout.rows * 128 if layout.major == "mn" else 16
+        stride = 8 * row_bytes
+        low = b.or_(b.and_(b.lshr(address, llir.Constant(I32, 4)), llir.Constant(I32, 0x3FFF)),
+                    llir.Constant(I32, (leading >> 4) << 16))
+        high = (stride >> 4) | (1 << 30)
+        return b.or_(b.zext(low, I64), llir.Constant(I64, high << 32))
 
     def fragment(self, load, tile: TensorTile, stmt: StmtNode, base: dict, row: str, count: int,
                  lane: llir.Value) -> list[llir.Value]:
@@ -756,6 +907,40 @@ class Swizzle:
     def __call__(self, offset: int) -> int:
         """The swizzled offset of a whole number (what `apply` emits)."""
         return offset ^ (((offset >> self.shift) & self.mask) << self.chunk)
+
+
+@dataclass(frozen=True)
+class WgmmaLayout:
+    """Where wgmma finds each element of a shared operand tile (row-major offsets in, shared offsets
+    out): k-major rows of 128 bytes stay in place; mn-major rows of `row` elements are stored as
+    blocks of 64 columns, one after another (`rows` rows each). Then each 128-byte line's 16-byte
+    chunks are XORed with the line's index mod 8 (the 128-byte swizzle, on 1024-byte atoms)."""
+
+    operand: SharedOperand
+
+    def apply(self, b: llir.IRBuilder, offset: llir.Value) -> llir.Value:
+        """The shared offset (elements), as i64 arithmetic."""
+        if self.operand.major == "mn":
+            row, column = b.udiv(offset, llir.Constant(I64, self.operand.row)), b.urem(offset, llir.Constant(I64, self.operand.row))
+            block = b.mul(b.udiv(column, llir.Constant(I64, 64)), llir.Constant(I64, 64 * self.operand.rows))
+            offset = b.add(block, b.add(b.mul(row, llir.Constant(I64, 64)), b.urem(column, llir.Constant(I64, 64))))
+        line = b.and_(b.lshr(offset, llir.Constant(I64, 6)), llir.Constant(I64, 7))
+        return b.xor(offset, b.shl(line, llir.Constant(I64, 3)))
+
+    def __call__(self, offset: int) -> int:
+        """The shared offset of a whole number (what `apply` emits)."""
+        if self.operand.major == "mn":
+            row, column = divmod(offset, self.operand.row)
+            offset = column // 64 * 64 * self.operand.rows + row * 64 + column % 64
+        return offset ^ (((offset >> 6) & 7) << 3)
+
+
+def fragment_places(instruction: str) -> list[tuple[int, int]]:
+    """(row, column) of thread 0's accumulators of one tile, in the instruction's register order: in
+    each 8-column block j, (0, 8j), (0, 8j + 1), (8, 8j), (8, 8j + 1) (other threads are moved by
+    `lane_place`)."""
+    columns = TENSOR_INSTRUCTIONS[instruction]["n"]
+    return [(row, 8 * j + col) for j in range(columns // 8) for row in (0, 8) for col in (0, 1)]
 
 
 def fragment_blocks(count: int) -> list[tuple[int, int]]:

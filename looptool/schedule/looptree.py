@@ -242,8 +242,9 @@ class LoopTree:
                         self.schedule.annotate(self._stage(stage), loop, pipeline_annotation(stages, in_flight)))
 
     def tensorize(self, loops, instruction: str, stage: str | None = None) -> "LoopTree":
-        """Compute the tile of the loops `(m, n, k)` of a contraction with one warp-level matrix
-        instruction on the GPU, e.g. `t.tensorize(("m.1", "n.1", "k.1"), "mma.m16n8k16")`; two loops
+        """Compute the tile of the loops `(m, n, k)` of a contraction with one matrix instruction on
+        the GPU, e.g. `t.tensorize(("m.1", "n.1", "k.1"), "mma.m16n8k16")` (a warp) or
+        "wgmma.m64n256k16" (a warpgroup, Hopper, operands in shared memory); two loops
         `(m, n)` of a stage that copies such a contraction's accumulator (`cache_write`) copy it out of
         the lanes' fragments. The CPU and the interpreter run them as plain loops. `check()` says
         what the instruction needs."""

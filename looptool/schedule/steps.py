@@ -38,9 +38,12 @@ def pipeline_depth(annotation: str) -> tuple[int, int] | None:
     return int(parts[1]), int(parts[2])
 
 
-# The warp-level matrix instructions `tensorize` maps a contraction's innermost loops onto, and the
-# tile each computes. Its loops are annotated "<instruction>.m", ".n" and ".k".
-TENSOR_INSTRUCTIONS = {"mma.m16n8k16": {"m": 16, "n": 8, "k": 16}}
+# The matrix instructions `tensorize` maps a contraction's innermost loops onto, the tile each
+# computes and the warps that run it together: mma.sync on one warp, and Hopper's wgmma on a
+# warpgroup (4 warps) with both operands in shared memory. Its loops are annotated
+# "<instruction>.m", ".n" and ".k".
+TENSOR_INSTRUCTIONS = {"mma.m16n8k16": {"m": 16, "n": 8, "k": 16, "warps": 1},
+                       **{f"wgmma.m64n{n}k16": {"m": 64, "n": n, "k": 16, "warps": 4} for n in (64, 128, 192, 256)}}
 
 
 @dataclass(frozen=True)

@@ -283,7 +283,7 @@ def test_shared_memory_beyond_48_kb_is_dynamic(rng):
     c, ref = contraction(rng, m=128, k=256, n=128)
     module = gpu.generate(space.mma_tiled(c.loop_tree(), "t0", (128, 128), (2, 2), 64, 4), "sm_90")
     assert module.launches[0].dynamic_shared == (128 + 128) * 64 * 2 * 4
-    assert ".extern .shared .align 16 .b8 looptool_k0_dynamic_shared[];" in module.ptx
+    assert f".extern .shared .align {gpu.WGMMA_ALIGN} .b8 looptool_k0_dynamic_shared[];" in module.ptx
     assert not re.search(r"^\s*\.shared", module.ptx, re.M)           # no static shared arrays
     counts = instructions(module.ptx)
     assert counts["ldmatrix.sync.aligned.m8n8.x4.shared.b16"] > 0 and "cp.async.cg.shared.global" in module.ptx

@@ -1,0 +1,120 @@
+"""Hopper's wgmma: `tensorize(..., "wgmma.m64n256k16")` runs a 64 x N tile on a warpgroup (4 warps of
+consecutive thread.y) with both operands read from shared memory through descriptors. PTX structure,
+shared-memory layouts and refusals are checked on any machine; the same schedules run as plain loops
+on the CPU against NumPy float64, and on a Hopper GPU where there is one."""
+import re
+from collections import Counter
+
+import numpy as np
+import pytest
+
+import looptool as lt
+from looptool.analysis.tensorize import SharedOperand
+from looptool.codegen import gpu
+from tests.helpers import assert_close, mentions
+from tuner import space
+
+
+def contraction(rng, dtype=lt.bfloat16, m=256, k=256, n=256):
+    """(a * b).sum(k) over A (m x k) and B (k x n), and its float64 reference."""
+    sm, sk, sn = lt.symbols("m k n")
+    a = rng.standard_normal((m, k)).astype(dtype)
+    b = rng.standard_normal((k, n)).astype(dtype)
+    return (lt.Tensor(a).to(sm, sk) * lt.Tensor(b).to(sk, sn)).sum(sk), a.astype(np.float64) @ b.astype(np.float64)
+
+
+def wgmma_instructions(ptx: str) -> Counter:
+    return Counter(re.findall(r"(wgmma\.[\w.]+|fence\.proxy\.async[\w:.]*|bar\.sync|cp\.async\.wait_group)", ptx))
+
+
+def test_warpgroup_tiles_issue_one_batch_per_k_tile_and_overlap_it_with_the_next(rng):
+    """Blocks of 128 x 256, two warpgroups of 64 x 256, k tiles of 64 in 4 stages: 4 wgmma of
+    m64n256k16 per k tile in one committed batch; the loop keeps one batch in flight
+    (wait_group 1) and drains it after the loop (wait_group 0); every barrier is preceded by the
+    proxy fence that shows the copies to the tensor cores; no local memory."""
+    c, ref = contraction(rng, k=512)
+    t = space.wgmma_tiled(c.loop_tree(), "t0", (128, 256), (2, 1), 64, 4)
+    assert t.check() == (True, "legal")
+    module = gpu.generate(t, "sm_90")
+    assert ".target sm_90a" in module.ptx and ".local" not in module.ptx
+    assert module.launches[0].block == (32, 8, 1) and module.launches[0].grid == (1, 2, 1)
+    assert module.launches[0].dynamic_shared == (128 + 256) * 64 * 2 * 4
+    counts = wgmma_instructions(module.ptx)
+    assert counts["wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16"] == 4
+    assert counts["wgmma.fence.sync.aligned"] == 1 and counts["wgmma.commit_group.sync.aligned"] == 1
+    assert re.search(r"wgmma\.commit_group\.sync\.aligned;\s*// end inline asm\s*// begin inline asm\s*"
+                     r"wgmma\.wait_group\.sync\.aligned 1;", module.ptx)
+    assert "wgmma.wait_group.sync.aligned 0;" in module.ptx
+    assert counts["fence.proxy.async.shared::cta"] == counts["bar.sync"]
+    operands = re.findall(r"m64n256k16\.f32\.bf16\.bf16 \{[^}]*\}, %rd\d+, %rd\d+, p, 1, 1, (\d), (\d);", module.ptx)
+    assert operands == [("0", "1")] * 4        # A k-major, B mn-major (transposed)
+    for got in (c.numpy(t), lt.interpret(c, t)):
+        assert_close(got, ref, 1e-5)
+
+
+def test_descriptors_carry_the_layouts_strides_and_the_128_byte_swizzle(rng):
+    """A's rows of 128 bytes: atoms of 8 rows 1024 bytes apart; B's 64-column blocks of 64 rows are
+    64 * 128 bytes apart (the leading offset). Both descriptors say 128-byte swizzle (bit 62)."""
+    c, _ = contraction(rng)
+    ptx = gpu.generate(space.wgmma_tiled(c.loop_tree(), "t0", (128, 256), (2, 1), 64, 0), "sm_90").ptx
+    high = ((1024 >> 4) | 1 << 30) << 32
+    constants = {c for c in re.findall(r"or\.b64\s+%rd\d+, %rd\d+, (\d+);", ptx) if int(c) >> 62}
+    assert constants == {str(high | 1 << 16), str(high | (64 * 128 >> 4) << 16)}    # A (16: unused), B
+
+
+def test_shared_layouts_keep_16_byte_chunks_whole_and_are_permutations():
+    """The mn-major layout stores a 64 x 256 tile as four 64 x 64 blocks, then XORs each 128-byte
+    line's chunks with the line's index mod 8; the k-major one only swizzles. Both are permutations
+    of the tile that move 8-element chunks whole."""
+    mn = gpu.WgmmaLayout(SharedOperand("mn", 256, 64))
+    assert mn(1 * 256 + 65) == (64 * 64 + 1 * 64 + 1) ^ (1 << 3)
+    k_major = gpu.WgmmaLayout(SharedOperand("k", 64, 128))
+    assert k_major(3 * 64 + 8) == 3 * 64 + 8 ^ (3 << 3)
+    for layout, size in ((mn, 64 * 256), (k_major, 128 * 64)):
+        places = [layout(offset) for offset in range(size)]
+        assert sorted(places) == list(range(size))
+        assert all(places[offset + 1] == places[offset] + 1 for offset in range(size) if offset % 8 != 7)
+
+
+def test_warpgroup_rules_are_refused_in_plain_words(rng):
+    c, _ = contraction(rng)
+    t = space.mma_tiled(c.loop_tree(), "t0", (128, 128), (2, 2), 32, 0)
+    direct = c.loop_tree().split("m", 64).split("n", 64).split("k", 16).reorder("m.0", "n.0", "k.0", "m.1", "n.1", "k.1")
+    _refused(direct.tensorize(("m.1", "n.1", "k.1"), "wgmma.m64n64k16"), "wgmma.m64n64k16", "shared memory",
+             "in0", "t.cache")
+    narrow = space.wgmma_tiled(c.loop_tree(), "t0", (128, 256), (2, 1), 32, 0)
+    _refused(narrow, "128-byte rows", "in0.t0.acc", "64 elements")
+    assert t.check() == (True, "legal")
+    with pytest.raises(ValueError, match=mentions("wgmma.m64n256k16", "Hopper", "sm_80")):
+        gpu.generate(space.wgmma_tiled(c.loop_tree(), "t0", (128, 256), (2, 1), 64, 0), "sm_80")
+    with pytest.raises(ValueError, match=mentions("96", "multiple of 64")):
+        space.wgmma_tiled(c.loop_tree(), "t0", (128, 192), (2, 2), 64, 0)
+
+
+def test_half_precision_wgmma_schedules_run_on_the_cpu_with_tails_of_whole_tiles(rng):
+    c, ref = contraction(rng, lt.float16, m=192, k=128, n=384)
+    t = space.wgmma_tiled(c.loop_tree(), "t0", (128, 128), (2, 1), 64, 3)
+    assert t.check() == (True, "legal")
+    assert_close(c.numpy(t), ref, 1e-5)
+
+
+def _refused(t, *words):
+    legal, reason = t.check()
+    assert not legal
+    assert re.search(mentions(*words), reason), reason
+    with pytest.raises(lt.IllegalScheduleError, match=mentions(*words)):
+        gpu.generate(t, "sm_90")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [lt.bfloat16, lt.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("block, groups, stages", [((128, 128), (2, 1), 0), ((128, 256), (1, 2), 4)])
+def test_warpgroup_tiles_run_on_hopper(rng, dtype, block, groups, stages):
+    """Products of half-precision inputs are exact in float32: only float32 accumulation error is left."""
+    from looptool.runtime import gpu as runtime_gpu
+    from tests.gpu_helpers import cupy_or_skip
+    cp = cupy_or_skip()
+    if runtime_gpu.device_arch() not in gpu.WGMMA_ARCHS:
+        pytest.skip(f"wgmma needs a Hopper GPU (sm_90); this one is {runtime_gpu.device_arch()}")
+    c, ref = contraction(rng, dtype, m=192, k=192, n=512)
+    assert_close(cp.asnumpy(c.cuda(space.wgmma_tiled(c.loop_tree(), "t0", block, groups, 64, stages))), ref, 1e-5)
