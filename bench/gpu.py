@@ -159,9 +159,9 @@ def workloads(scale: float):
 MMA_VARIANTS = (((128, 256), (2, 4), 64, 2), ((128, 256), (2, 4), 32, 2), ((256, 128), (4, 2), 32, 2), ((128, 256), (4, 2), 32, 2),
                 ((128, 128), (2, 2), 32, 0),
                 ((128, 128), (2, 2), 32, 2), ((128, 128), (2, 2), 32, 3), ((64, 128), (2, 2), 32, 3))
-WGMMA_VARIANTS = (((128, 256), (2, 1), 64, 3), ((128, 256), (2, 1), 64, 4), ((128, 256), (2, 1), 64, 2),
+WGMMA_VARIANTS = (((128, 256), (2, 1), 64, 4), ((128, 256), (2, 1), 64, 3), ((128, 256), (2, 1), 64, 2),
                   ((128, 256), (2, 1), 64, 0), ((128, 128), (2, 1), 64, 4), ((256, 128), (4, 1), 64, 3),
-                  ((128, 256), (1, 2), 64, 3))
+                  ((128, 256), (1, 2), 64, 4))
 
 
 def tensor_core_variants(tree, shapes=MMA_VARIANTS, wgmma_shapes=WGMMA_VARIANTS) -> dict:
@@ -190,18 +190,18 @@ def half_matmuls(scale: float):
     float64 references come from torch.matmul in float64 on the GPU."""
     import torch
     size, big, rows = (int(s * scale ** (1 / 3)) for s in (4096, 8192, 1024))
-    cases = (("matmul bfloat16", torch.bfloat16, (), size, MMA_VARIANTS),
-             ("matmul float16", torch.float16, (), size, MMA_VARIANTS[:2]),
-             ("matmul bfloat16 8192^3", torch.bfloat16, (), big, MMA_VARIANTS[:2]),
-             ("batched matmul bfloat16 64x1024^3", torch.bfloat16, (64,), rows, MMA_VARIANTS[:2]))
-    for label, dtype, batch, n, shapes in cases:
+    cases = (("matmul bfloat16", torch.bfloat16, (), size, MMA_VARIANTS, WGMMA_VARIANTS),
+             ("matmul float16", torch.float16, (), size, MMA_VARIANTS[:1], WGMMA_VARIANTS[:2]),
+             ("matmul bfloat16 8192^3", torch.bfloat16, (), big, MMA_VARIANTS[:1], WGMMA_VARIANTS[:2]),
+             ("batched matmul bfloat16 64x1024^3", torch.bfloat16, (64,), rows, MMA_VARIANTS[:1], WGMMA_VARIANTS[:2]))
+    for label, dtype, batch, n, shapes, wgmma_shapes in cases:
         ta = torch.randn(*batch, n, n, device="cuda").to(dtype)
         tb = torch.randn(*batch, n, n, device="cuda").to(dtype)
         dims = lt.symbols("b m k n")
         outer, (mm, kk, nn) = dims[:len(batch)], dims[1:]
         mat = (lt.Tensor(ta).to(*outer, mm, kk) * lt.Tensor(tb).to(*outer, kk, nn)).sum(kk)
         ref = torch.matmul(ta.double(), tb.double()).cpu().numpy()
-        variants = tensor_core_variants(mat.loop_tree(), shapes)
+        variants = tensor_core_variants(mat.loop_tree(), shapes, wgmma_shapes)
         yield (label, mat, variants, ref, lambda ta=ta, tb=tb: torch.matmul(ta, tb),
                ("flops", 2 * n ** 3 * (batch[0] if batch else 1)))
 

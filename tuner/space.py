@@ -78,8 +78,10 @@ GPU_ROW_THREADS = (128, 256, 512, 1024)
 MMA_BLOCK = (64, 128, 256)
 MMA_WARPS = (1, 2, 4)
 MMA_K_TILE = (16, 32, 64)
-MMA_STAGES = (0, 2, 3)
+MMA_STAGES = (0, 2, 3, 4)
 MMA_ACCUMULATORS = 128          # float registers a lane gives its warp tile's accumulators
+WGMMA_GROUPS = (1, 2, 4)
+WGMMA_K_TILE = 64               # 128-byte rows of 16-bit elements: a k-major operand's only layout
 
 
 def sample_gpu(trial: optuna.Trial, tree: LoopTree) -> LoopTree:
@@ -89,13 +91,17 @@ def sample_gpu(trial: optuna.Trial, tree: LoopTree) -> LoopTree:
     dim; 'rows' (programs of several stages) gives each block a row of the output, computes the
     producers there, and binds the innermost dim to threads, combining reductions across them;
     'mma' (a contraction of two bfloat16 or float16 tensors) runs it on tensor cores (`mma_tiled`:
-    block tile, warps, k tile, pipeline stages)."""
+    block tile, warps, k tile, pipeline stages), and on Hopper so does 'wgmma' (`wgmma_tiled`: block
+    tile, warpgroups, pipeline stages)."""
     try:
         stages = [st.name for st in tree.program.stages]
         if len(stages) > 1 and trial.suggest_categorical("gpu.family", ["tiles", "rows"]) == "rows":
             return _gpu_rows(trial, tree)
-        if _half_contraction(tree) and trial.suggest_categorical("gpu.tensor.family", ["tiles", "mma"]) == "mma":
+        family = _half_contraction(tree) and trial.suggest_categorical("gpu.tensor.family", tensor_families())
+        if family == "mma":
             return _gpu_mma(trial, tree)
+        if family == "wgmma":
+            return _gpu_wgmma(trial, tree)
         for stage in stages:
             tree = _gpu_tiles(trial, tree, stage)
         _check_block_size(tree)
@@ -129,6 +135,34 @@ def _gpu_mma(trial: optuna.Trial, tree: LoopTree) -> LoopTree:
     if shared > mma_shared_limit():
         raise ValueError(f"{shared} bytes of shared memory a block (at most {mma_shared_limit()})")
     return mma_tiled(tree, st.name, block, warps, k_tile, stages)
+
+
+def _gpu_wgmma(trial: optuna.Trial, tree: LoopTree) -> LoopTree:
+    st = tree.program.output
+    m, n = [d for d in st.loop_dims if d not in st.reduce_dims][-2:]
+    block = tuple(_choose(trial, f"gpu.wgmma.block.{d}", list(MMA_BLOCK)) for d in (m, n))
+    groups = tuple(_choose(trial, f"gpu.wgmma.groups.{d}", list(WGMMA_GROUPS)) for d in (m, n))
+    stages = _choose(trial, "gpu.wgmma.stages", list(MMA_STAGES))
+    team = (block[0] // groups[0], block[1] // groups[1])
+    if team[0] % 64 or team[1] % 64:
+        raise ValueError(f"a warpgroup tile of {team[0]}x{team[1]} is not made of 64 x N wgmma tiles")
+    if team[0] * team[1] // 128 > MMA_ACCUMULATORS or groups[0] * groups[1] > 8:
+        raise ValueError(f"{groups[0] * groups[1]} warpgroups of {team[0]}x{team[1]}: too many registers or threads")
+    shared = (block[0] + block[1]) * WGMMA_K_TILE * 2 * max(stages, 1)
+    if shared > mma_shared_limit():
+        raise ValueError(f"{shared} bytes of shared memory a block (at most {mma_shared_limit()})")
+    return wgmma_tiled(tree, st.name, block, groups, WGMMA_K_TILE, stages)
+
+
+@functools.cache
+def tensor_families() -> list[str]:
+    """The GPU space's families for a half-precision contraction: CUDA-core tiles, mma.sync, and
+    wgmma where the GPU is a Hopper (none found: no wgmma)."""
+    try:
+        hopper = runtime_gpu.device_arch() in codegen_gpu.WGMMA_ARCHS
+    except RuntimeError:
+        hopper = False
+    return ["tiles", "mma", "wgmma"] if hopper else ["tiles", "mma"]
 
 
 @functools.cache

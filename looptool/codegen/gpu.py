@@ -25,18 +25,21 @@ four results back. An accumulator each thread keeps (placed by `cache_write`) is
 fragments at constant offsets (registers) and leaves through a tensorized copy tile; shared
 operands read by ldmatrix are swizzled (`Swizzle`).
 
-On Hopper (sm_90a) a `wgmma` tile is run by a warpgroup (thread.x is its 128 threads): each
+On Hopper (sm_90a) a `wgmma` tile is run by a warpgroup, 4 warps of consecutive thread.y (a
+loop around it bound to thread.y counts warpgroups: its value is thread.y / 4): each
 thread holds N/2 accumulators of the 64 x N tile (warp w of the group has rows 16w.., laid out
 as N/8 mma tiles), both operands are read from shared memory through descriptors, laid out as
 the instruction needs (`WgmmaLayout`: 128-byte swizzled rows in 1024-byte aligned atoms). The
 instructions run asynchronously: consecutive ones form a batch (one `wgmma.fence` before it), and
 a `wgmma.wait_group 0` ends the batch before anything else touches the accumulators or a barrier
 lets shared memory be overwritten, and at the end of every loop iteration. In a pipelined k loop
-of 3 or more stages the batch of one iteration runs on while the next is issued: each iteration waits for the copies
-of its tile, synchronizes, issues its batch, waits for the previous batch (`wgmma.wait_group 1`),
-synchronizes again and only then issues the copies into the buffer that batch read. Before each
-barrier of such a kernel, `fence.proxy.async` makes the thread's writes to shared memory visible
-to the tensor cores (which read through the async proxy).
+of S >= 3 stages the batch of one iteration runs on while the next is issued, so one buffer is
+kept for the tile it reads: copies run S - 2 iterations ahead (not S - 1) and each wait leaves one
+copy group fewer in flight. An iteration waits for the copies of its tile, synchronizes (every
+batch but the previous one is then done in every warpgroup), issues the copies into the buffer
+read two iterations back, issues its batch and waits for the previous one (`wgmma.wait_group 1`).
+Before each barrier of such a kernel, `fence.proxy.async` makes the thread's writes to shared
+memory visible to the tensor cores (which read through the async proxy).
 """
 from __future__ import annotations
 
@@ -340,7 +343,9 @@ class _GpuBuilder(FunctionBuilder):
     def pipelined(self, node: LoopNode, env: dict, stages: int, in_flight: int):
         """Issue the copies of the first `stages - 1` iterations; then in each iteration wait until at
         most `in_flight` copy groups run, synchronize the block, issue the copies `stages - 1`
-        iterations ahead (into the buffer the previous iteration read) and run the rest of the body."""
+        iterations ahead (into the buffer the previous iteration read) and run the rest of the body.
+        Where that body's wgmma batch stays in flight into the next iteration (3 stages or more), one
+        buffer is its: `stages - 2` ahead, `in_flight - 1` groups."""
         placed = self.tree.local_buffers.get(id(node), [])
         sizes = {plan.name: self.rotating_size(plan) for plan in placed}
         for plan in placed:
@@ -349,24 +354,21 @@ class _GpuBuilder(FunctionBuilder):
         copies = [child for child in node.body if _buffers_touched(child)[0] <= sizes.keys()]
         rest = [child for child in node.body if all(child is not copy for copy in copies)]
         count, name, b = self.trip_count(node, env), node.loop.name, self.builder
-        for iteration in range(stages - 1):
-            self.issue_copies(copies, sizes, stages, {**env, name: llir.Constant(I64, iteration)}, name, count)
         overlap = stages > 2 and any(tensor_role(inner.loop) and is_warpgroup(tensor_role(inner.loop)[0])
                                      for inner in _loop_nodes(rest))
+        for iteration in range(stages - 1 - overlap):
+            self.issue_copies(copies, sizes, stages, {**env, name: llir.Constant(I64, iteration)}, name, count)
 
         def iteration(i):
-            self.wait_copies(in_flight)
+            self.wait_copies(max(in_flight - overlap, 0))
             self.barrier(settle=not overlap)
-            ahead = {**env, name: b.add(i, llir.Constant(I64, stages - 1))}
-            if not overlap:
-                self.issue_copies(copies, sizes, stages, ahead, name, count)
+            ahead = {**env, name: b.add(i, llir.Constant(I64, stages - 1 - overlap))}
+            self.issue_copies(copies, sizes, stages, ahead, name, count)
             self.rotate(sizes, stages, i)
             self.close_body = False
             self.body(rest, {**env, name: i})
-            if overlap:             # the previous batch has read its buffer: refill it
+            if overlap:
                 self.settle_wgmma(in_flight=1)
-                self.barrier(settle=False)
-                self.issue_copies(copies, sizes, stages, ahead, name, count)
         self.wgmma_overlap = overlap
         self.counted_loop(ZERO, count, iteration, name)
         self.wgmma_overlap = False

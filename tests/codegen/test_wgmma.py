@@ -31,7 +31,8 @@ def test_warpgroup_tiles_issue_one_batch_per_k_tile_and_overlap_it_with_the_next
     """Blocks of 128 x 256, two warpgroups of 64 x 256, k tiles of 64 in 4 stages: 4 wgmma of
     m64n256k16 per k tile in one committed batch; the loop keeps one batch in flight
     (wait_group 1) and drains it after the loop (wait_group 0); every barrier is preceded by the
-    proxy fence that shows the copies to the tensor cores; no local memory."""
+    proxy fence that shows the copies to the tensor cores; no local memory. One of the 4 buffers is
+    the batch's in flight: copies run 2 k tiles ahead, waiting leaves 1 group in flight."""
     c, ref = contraction(rng, k=512)
     t = space.wgmma_tiled(c.loop_tree(), "t0", (128, 256), (2, 1), 64, 4)
     assert t.check() == (True, "legal")
@@ -45,6 +46,7 @@ def test_warpgroup_tiles_issue_one_batch_per_k_tile_and_overlap_it_with_the_next
     assert re.search(r"wgmma\.commit_group\.sync\.aligned;\s*// end inline asm\s*// begin inline asm\s*"
                      r"wgmma\.wait_group\.sync\.aligned 1;", module.ptx)
     assert "wgmma.wait_group.sync.aligned 0;" in module.ptx
+    assert counts["cp.async.wait_group"] == 2 and re.search(r"cp\.async\.wait_group\s+1;", module.ptx)
     assert counts["fence.proxy.async.shared::cta"] == counts["bar.sync"]
     operands = re.findall(r"m64n256k16\.f32\.bf16\.bf16 \{[^}]*\}, %rd\d+, %rd\d+, p, 1, 1, (\d), (\d);", module.ptx)
     assert operands == [("0", "1")] * 4        # A k-major, B mn-major (transposed)

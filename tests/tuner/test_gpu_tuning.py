@@ -1,5 +1,7 @@
 """Tuning for the GPU: every legal draw of the GPU search space computes the right result; a GPU
 study (marked `gpu`) records its best schedule for this GPU."""
+import re
+
 import pytest
 
 from looptool import ir
@@ -70,6 +72,35 @@ def test_gpu_draws_of_a_half_precision_contraction_include_tensor_core_schedules
             assert_close(lt.interpret(c, tree), ref, 1e-5)
             legal += 1
     assert legal >= 3
+
+
+def test_on_hopper_draws_include_warpgroup_schedules(rng, monkeypatch):
+    """The 'wgmma' family (wgmma_tiled's block tile, warpgroups and stages), offered where the GPU is a
+    Hopper: legal draws compute the right result in the interpreter."""
+    import numpy as np
+    import looptool as lt
+    monkeypatch.setattr(space, "tensor_families", lambda: ["tiles", "mma", "wgmma"])
+    monkeypatch.setattr(space, "mma_shared_limit", lambda: 227 * 1024)      # an H100's opt-in limit
+    m, k, n = lt.symbols("m k n")
+    a = rng.standard_normal((128, 128)).astype(lt.bfloat16)
+    b = rng.standard_normal((128, 256)).astype(lt.bfloat16)
+    c = (lt.Tensor(a).to(m, k) * lt.Tensor(b).to(k, n)).sum(k)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    legal = 0
+    for trial, tree in legal_gpu_draws(c, 6, 60):
+        if trial.params.get("gpu.tensor.family") == "wgmma":
+            assert re.search(r"wgmma\.m64n\d+k16\.k", str(tree))
+            assert_close(lt.interpret(c, tree), ref, 1e-5)
+            legal += 1
+    assert legal >= 2
+
+
+def test_tensor_families_offer_wgmma_only_on_hopper(monkeypatch):
+    for arch, families in (("sm_90", ["tiles", "mma", "wgmma"]), ("sm_80", ["tiles", "mma"])):
+        space.tensor_families.cache_clear()
+        monkeypatch.setattr(space.runtime_gpu, "device_arch", lambda arch=arch: arch)
+        assert space.tensor_families() == families
+    space.tensor_families.cache_clear()
 
 
 def test_mma_shared_limit_is_the_gpus_or_48_kb_without_one(monkeypatch):
