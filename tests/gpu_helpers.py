@@ -1,9 +1,14 @@
 """Shared pieces of the GPU tests (tests/*/test_gpu_*.py): a float32 matmul and row softmax with
-their float64 references, the tiled and register-tiled GPU schedules, and CuPy or a skip."""
+their float64 references, the tiled and register-tiled GPU schedules, CuPy or a skip, and the check
+that a schedule is refused in plain words."""
+import re
+
 import numpy as np
 import pytest
 
 import looptool as lt
+from looptool.codegen import gpu as codegen_gpu
+from tests.helpers import mentions
 from tuner import space
 
 
@@ -55,3 +60,12 @@ def cupy_or_skip():
     except cp.cuda.runtime.CUDARuntimeError as err:
         pytest.skip(f"no usable NVIDIA GPU: {err}")
     return cp
+
+
+def assert_refused(t, *words):
+    """The legality check and the GPU code generator both refuse `t`, with a reason naming `words`."""
+    legal, reason = t.check()
+    assert not legal
+    assert re.search(mentions(*words), reason), reason
+    with pytest.raises(lt.IllegalScheduleError, match=mentions(*words)):
+        codegen_gpu.generate(t, "sm_90")

@@ -12,6 +12,8 @@ automatic schedule is the draw that takes every centre value.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
+from typing import Callable
 
 import optuna
 
@@ -98,10 +100,8 @@ def sample_gpu(trial: optuna.Trial, tree: LoopTree) -> LoopTree:
         if len(stages) > 1 and trial.suggest_categorical("gpu.family", ["tiles", "rows"]) == "rows":
             return _gpu_rows(trial, tree)
         family = _half_contraction(tree) and trial.suggest_categorical("gpu.tensor.family", tensor_families())
-        if family == "mma":
-            return _gpu_mma(trial, tree)
-        if family == "wgmma":
-            return _gpu_wgmma(trial, tree)
+        if family in TENSOR_FAMILIES:
+            return _gpu_tensor(trial, tree, family)
         for stage in stages:
             tree = _gpu_tiles(trial, tree, stage)
         _check_block_size(tree)
@@ -119,39 +119,38 @@ def _half_contraction(tree: LoopTree) -> bool:
     return len(dtypes) == 2 and dtypes[0] == dtypes[1] and dtypes[0] in ("bfloat16", "float16")
 
 
-def _gpu_mma(trial: optuna.Trial, tree: LoopTree) -> LoopTree:
+@dataclass(frozen=True)
+class TensorFamily:
+    """A tensor-core family of the GPU space: the teams (warps or warpgroups) a block's tile is split
+    between, the tile a team's part is made of, the threads of a team and the k tiles to draw."""
+
+    team: str
+    teams: tuple[int, ...]
+    k_tiles: tuple[int, ...]
+    tile: tuple[int, int]
+    threads: int
+    build: Callable
+
+
+def _gpu_tensor(trial: optuna.Trial, tree: LoopTree, family: str) -> LoopTree:
+    """Draw block tile, teams, k tile and stages of a tensor-core family and build its schedule."""
+    spec = TENSOR_FAMILIES[family]
     st = tree.program.output
     m, n = [d for d in st.loop_dims if d not in st.reduce_dims][-2:]
-    block = tuple(_choose(trial, f"gpu.mma.block.{d}", list(MMA_BLOCK)) for d in (m, n))
-    warps = tuple(_choose(trial, f"gpu.mma.warps.{d}", list(MMA_WARPS)) for d in (m, n))
-    k_tile = _choose(trial, "gpu.mma.k.tile", list(MMA_K_TILE))
-    stages = _choose(trial, "gpu.mma.stages", list(MMA_STAGES))
-    warp = (block[0] // warps[0], block[1] // warps[1])
-    if warp[0] % 16 or warp[1] % 8:
-        raise ValueError(f"a warp tile of {warp[0]}x{warp[1]} is not made of 16x8 mma tiles")
-    if warp[0] * warp[1] // 32 > MMA_ACCUMULATORS:
-        raise ValueError(f"a warp tile of {warp[0]}x{warp[1]} needs more than {MMA_ACCUMULATORS} registers a lane")
+    block = tuple(_choose(trial, f"gpu.{family}.block.{d}", list(MMA_BLOCK)) for d in (m, n))
+    teams = tuple(_choose(trial, f"gpu.{family}.{spec.team}s.{d}", list(spec.teams)) for d in (m, n))
+    k_tile = _choose(trial, f"gpu.{family}.k.tile", list(spec.k_tiles)) if len(spec.k_tiles) > 1 else spec.k_tiles[0]
+    stages = _choose(trial, f"gpu.{family}.stages", list(MMA_STAGES))
+    part = (block[0] // teams[0], block[1] // teams[1])
+    if part[0] % spec.tile[0] or part[1] % spec.tile[1]:
+        raise ValueError(f"a {spec.team} tile of {part[0]}x{part[1]} is not made of {spec.tile[0]}x{spec.tile[1]} tiles")
+    if part[0] * part[1] // spec.threads > MMA_ACCUMULATORS or teams[0] * teams[1] * spec.threads > 1024:
+        raise ValueError(f"{teams[0] * teams[1]} {spec.team}s of {part[0]}x{part[1]} need more than "
+                         f"{MMA_ACCUMULATORS} registers a thread, or 1024 threads")
     shared = (block[0] + block[1]) * k_tile * 2 * max(stages, 1)
     if shared > mma_shared_limit():
         raise ValueError(f"{shared} bytes of shared memory a block (at most {mma_shared_limit()})")
-    return mma_tiled(tree, st.name, block, warps, k_tile, stages)
-
-
-def _gpu_wgmma(trial: optuna.Trial, tree: LoopTree) -> LoopTree:
-    st = tree.program.output
-    m, n = [d for d in st.loop_dims if d not in st.reduce_dims][-2:]
-    block = tuple(_choose(trial, f"gpu.wgmma.block.{d}", list(MMA_BLOCK)) for d in (m, n))
-    groups = tuple(_choose(trial, f"gpu.wgmma.groups.{d}", list(WGMMA_GROUPS)) for d in (m, n))
-    stages = _choose(trial, "gpu.wgmma.stages", list(MMA_STAGES))
-    team = (block[0] // groups[0], block[1] // groups[1])
-    if team[0] % 64 or team[1] % 64:
-        raise ValueError(f"a warpgroup tile of {team[0]}x{team[1]} is not made of 64 x N wgmma tiles")
-    if team[0] * team[1] // 128 > MMA_ACCUMULATORS or groups[0] * groups[1] > 8:
-        raise ValueError(f"{groups[0] * groups[1]} warpgroups of {team[0]}x{team[1]}: too many registers or threads")
-    shared = (block[0] + block[1]) * WGMMA_K_TILE * 2 * max(stages, 1)
-    if shared > mma_shared_limit():
-        raise ValueError(f"{shared} bytes of shared memory a block (at most {mma_shared_limit()})")
-    return wgmma_tiled(tree, st.name, block, groups, WGMMA_K_TILE, stages)
+    return spec.build(tree, st.name, block, teams, k_tile, stages)
 
 
 @functools.cache
@@ -379,6 +378,10 @@ def wgmma_tiled(tree: LoopTree, stage: str, block: tuple[int, int] = (128, 256),
     if wide is None:
         raise ValueError(f"a warpgroup's {columns} columns are not a multiple of 64 (wgmma tiles are 64 x N)")
     return _tensor_tiled(tree, stage, block, groups, k_tile, stages, f"wgmma.m64n{wide}k16")
+
+
+TENSOR_FAMILIES = {"mma": TensorFamily("warp", MMA_WARPS, MMA_K_TILE, (16, 8), 32, mma_tiled),
+                   "wgmma": TensorFamily("group", WGMMA_GROUPS, (WGMMA_K_TILE,), (64, 64), 128, wgmma_tiled)}
 
 
 def _tensor_tiled(tree: LoopTree, stage: str, block: tuple[int, int], teams: tuple[int, int], k_tile: int,

@@ -11,6 +11,7 @@ import pytest
 import looptool as lt
 from looptool.analysis.tensorize import SharedOperand
 from looptool.codegen import gpu
+from tests.gpu_helpers import assert_refused
 from tests.helpers import assert_close, mentions
 from tuner import space
 
@@ -82,10 +83,10 @@ def test_warpgroup_rules_are_refused_in_plain_words(rng):
     c, _ = contraction(rng)
     t = space.mma_tiled(c.loop_tree(), "t0", (128, 128), (2, 2), 32, 0)
     direct = c.loop_tree().split("m", 64).split("n", 64).split("k", 16).reorder("m.0", "n.0", "k.0", "m.1", "n.1", "k.1")
-    _refused(direct.tensorize(("m.1", "n.1", "k.1"), "wgmma.m64n64k16"), "wgmma.m64n64k16", "shared memory",
+    assert_refused(direct.tensorize(("m.1", "n.1", "k.1"), "wgmma.m64n64k16"), "wgmma.m64n64k16", "shared memory",
              "in0", "t.cache")
     narrow = space.wgmma_tiled(c.loop_tree(), "t0", (128, 256), (2, 1), 32, 0)
-    _refused(narrow, "128-byte rows", "in0.t0.acc", "64 elements")
+    assert_refused(narrow, "128-byte rows", "in0.t0.acc", "64 elements")
     assert t.check() == (True, "legal")
     with pytest.raises(ValueError, match=mentions("wgmma.m64n256k16", "Hopper", "sm_80")):
         gpu.generate(space.wgmma_tiled(c.loop_tree(), "t0", (128, 256), (2, 1), 64, 0), "sm_80")
@@ -98,14 +99,6 @@ def test_half_precision_wgmma_schedules_run_on_the_cpu_with_tails_of_whole_tiles
     t = space.wgmma_tiled(c.loop_tree(), "t0", (128, 128), (2, 1), 64, 3)
     assert t.check() == (True, "legal")
     assert_close(c.numpy(t), ref, 1e-5)
-
-
-def _refused(t, *words):
-    legal, reason = t.check()
-    assert not legal
-    assert re.search(mentions(*words), reason), reason
-    with pytest.raises(lt.IllegalScheduleError, match=mentions(*words)):
-        gpu.generate(t, "sm_90")
 
 
 @pytest.mark.gpu

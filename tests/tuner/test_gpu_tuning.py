@@ -55,44 +55,37 @@ def test_a_gpu_study_measures_draws_and_records_the_best_for_this_gpu(rng, tmp_p
     assert_close(cp.asnumpy(c.cuda()), ref, 1e-5)        # .cuda() now runs the tuned schedule
 
 
-def test_gpu_draws_of_a_half_precision_contraction_include_tensor_core_schedules(rng):
-    """The 'mma' family (mma_tiled's block tile, warps, k tile and stages) on a bfloat16 matmul: every
-    legal draw computes the right result (in the interpreter, which runs the tiles as loops)."""
+def legal_family_draws(rng, family: str, tile: str, shape: tuple[int, int, int], seed: int, draws: int) -> int:
+    """How many of `draws` random draws of a bfloat16 matmul's GPU space are legal draws of `family`,
+    each checked to hold `tile` tiles and to compute the right result (in the interpreter, which runs
+    the tiles as loops)."""
     import numpy as np
     import looptool as lt
     m, k, n = lt.symbols("m k n")
-    a = rng.standard_normal((64, 48)).astype(lt.bfloat16)
-    b = rng.standard_normal((48, 64)).astype(lt.bfloat16)
+    a = rng.standard_normal(shape[:2]).astype(lt.bfloat16)
+    b = rng.standard_normal(shape[1:]).astype(lt.bfloat16)
     c = (lt.Tensor(a).to(m, k) * lt.Tensor(b).to(k, n)).sum(k)
     ref = a.astype(np.float64) @ b.astype(np.float64)
     legal = 0
-    for trial, tree in legal_gpu_draws(c, 5, 40):
-        if trial.params.get("gpu.tensor.family") == "mma":
-            assert "mma.m16n8k16.k" in str(tree)
+    for trial, tree in legal_gpu_draws(c, seed, draws):
+        if trial.params.get("gpu.tensor.family") == family:
+            assert re.search(tile, str(tree))
             assert_close(lt.interpret(c, tree), ref, 1e-5)
             legal += 1
-    assert legal >= 3
+    return legal
+
+
+def test_gpu_draws_of_a_half_precision_contraction_include_tensor_core_schedules(rng):
+    """The 'mma' family: mma_tiled's block tile, warps, k tile and stages."""
+    assert legal_family_draws(rng, "mma", r"mma\.m16n8k16\.k", (64, 48, 64), 5, 40) >= 3
 
 
 def test_on_hopper_draws_include_warpgroup_schedules(rng, monkeypatch):
     """The 'wgmma' family (wgmma_tiled's block tile, warpgroups and stages), offered where the GPU is a
-    Hopper: legal draws compute the right result in the interpreter."""
-    import numpy as np
-    import looptool as lt
+    Hopper, whose opt-in shared-memory limit (227 KB on an H100) bounds it."""
     monkeypatch.setattr(space, "tensor_families", lambda: ["tiles", "mma", "wgmma"])
-    monkeypatch.setattr(space, "mma_shared_limit", lambda: 227 * 1024)      # an H100's opt-in limit
-    m, k, n = lt.symbols("m k n")
-    a = rng.standard_normal((128, 128)).astype(lt.bfloat16)
-    b = rng.standard_normal((128, 256)).astype(lt.bfloat16)
-    c = (lt.Tensor(a).to(m, k) * lt.Tensor(b).to(k, n)).sum(k)
-    ref = a.astype(np.float64) @ b.astype(np.float64)
-    legal = 0
-    for trial, tree in legal_gpu_draws(c, 6, 60):
-        if trial.params.get("gpu.tensor.family") == "wgmma":
-            assert re.search(r"wgmma\.m64n\d+k16\.k", str(tree))
-            assert_close(lt.interpret(c, tree), ref, 1e-5)
-            legal += 1
-    assert legal >= 2
+    monkeypatch.setattr(space, "mma_shared_limit", lambda: 227 * 1024)
+    assert legal_family_draws(rng, "wgmma", r"wgmma\.m64n\d+k16\.k", (128, 128, 256), 6, 60) >= 2
 
 
 def test_tensor_families_offer_wgmma_only_on_hopper(monkeypatch):
