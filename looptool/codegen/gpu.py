@@ -51,7 +51,8 @@ import llvmlite.binding as llvm
 from llvmlite import ir as llir
 
 from .. import ir
-from ..analysis.tensorize import WARP, SharedOperand, TensorTile, is_warpgroup, shared_operand, tensor_tiles
+from ..analysis.tensorize import (ATOM_ROWS, SWIZZLE_BYTES, WARP, SharedOperand, TensorTile, is_warpgroup,
+                                  shared_operand, tensor_tiles)
 from ..ir import Affine
 from ..schedule import (GPU_AXES, TENSOR_INSTRUCTIONS, LoopNode, LoopTree, StmtNode, accesses, pipeline_depth,
                         tensor_role, thread_bound, walk)
@@ -722,7 +723,12 @@ class _GpuBuilder(FunctionBuilder):
             return
         if is_warpgroup(tile.instruction):
             self.wgmma(tile, stmt, base, targets)
-            return
+        else:
+            self.mma_sync(tile, stmt, base, targets, lane)
+
+    def mma_sync(self, tile: TensorTile, stmt: StmtNode, base: dict, targets: list[llir.Value], lane: llir.Value):
+        """One mma.sync on the warp: the lane's fragments of A and B, its four accumulators in and out."""
+        b, stage = self.builder, stmt.stage
         m, n = tile.loops["m"].loop.name, tile.loops["n"].loop.name
         a = self.fragment(tile.a, tile, stmt, base, m, 4, lane)
         bb = self.b_fragment(tile, stmt, base, n, lane)
@@ -741,9 +747,8 @@ class _GpuBuilder(FunctionBuilder):
         N/2 accumulators updated in place. It joins the batch in flight (a fence opens a new one)."""
         b, stage = self.builder, stmt.stage
         accumulators = [self.load_value(target, stage.dtype) for target in targets]
-        operands = [(tile.a, tile.loops["m"]), (tile.b, tile.loops["n"])]
-        descriptors = [self.descriptor(load, stmt, base) for load, _ in operands]
-        transposed = [int(self.wgmma_operands[load.buffer].major == "mn") for load, _ in operands]
+        descriptors = [self.descriptor(load, stmt, base) for load in (tile.a, tile.b)]
+        transposed = [int(self.wgmma_operands[load.buffer].major == "mn") for load in (tile.a, tile.b)]
         count, kind = len(accumulators), MMA_TYPE[tile.dtype]
         shape = tile.instruction.partition(".")[2]
         outputs = ",".join(f"${i}" for i in range(count))
@@ -760,17 +765,15 @@ class _GpuBuilder(FunctionBuilder):
 
     def descriptor(self, load, stmt: StmtNode, base: dict) -> llir.Value:
         """wgmma's 64-bit shared-memory matrix descriptor of an operand tile starting at `base`: its
-        address / 16, the byte offsets between 64-column blocks (leading, mn-major) and between 8-row
-        atoms (stride), and the 128-byte swizzle."""
+        address / 16, the byte offsets between 64-column blocks (leading: mn-major only) and between
+        8-row atoms (stride: 1024), and the 128-byte swizzle (mode 1, bits 62-63)."""
         b, layout = self.builder, self.wgmma_operands[load.buffer]
         pointer = self.access(load.buffer, load.index, False, stmt, base)
         address = b.ptrtoint(b.addrspacecast(pointer, llir.PointerType(addrspace=3)), I32)
-        row_bytes = layout.row * ITEM_BYTES[self.tree.buffers[load.buffer].dtype] if layout.major == "k" else 128
-        leading = layout.rows * 128 if layout.major == "mn" else 16
-        stride = 8 * row_bytes
+        leading = layout.rows * SWIZZLE_BYTES if layout.major == "mn" else 16
         low = b.or_(b.and_(b.lshr(address, llir.Constant(I32, 4)), llir.Constant(I32, 0x3FFF)),
                     llir.Constant(I32, (leading >> 4) << 16))
-        high = (stride >> 4) | (1 << 30)
+        high = (ATOM_ROWS * SWIZZLE_BYTES >> 4) | (1 << 30)
         return b.or_(b.zext(low, I64), llir.Constant(I64, high << 32))
 
     def fragment(self, load, tile: TensorTile, stmt: StmtNode, base: dict, row: str, count: int,
