@@ -17,6 +17,8 @@ MMA_SHAPES = ((144, 48, 200), (32, 96, 24))      # m x k x n: blocks and k tiles
 WGMMA_CASES = (((192, 128, 384), ((128, 128), (2, 1), 64, 0)), ((192, 128, 384), ((128, 128), (2, 1), 64, 3)),
                ((64, 192, 256), ((128, 256), (2, 1), 64, 2)), ((256, 256, 512), ((128, 256), (1, 2), 64, 4)),
                ((128, 64, 64), ((64, 64), (1, 1), 64, 2)))    # m x k x n: block, warpgroups, k tile, stages
+WGMMA_TRANSPOSED = (("a", (192, 128, 256), ((128, 128), (2, 1), 64, 3)),      # A stored [k][m]: mn-major A
+                    ("b", (192, 128, 256), ((128, 128), (2, 1), 64, 3)))      # B stored [n][k]: k-major B
 
 
 def main() -> int:
@@ -27,23 +29,28 @@ def main() -> int:
     cases = [("mma", shape, schedule) for shape in MMA_SHAPES for schedule in MMA_SCHEDULES]
     if runtime_gpu.device_arch() in codegen_gpu.WGMMA_ARCHS:
         cases += [("wgmma", shape, schedule) for shape, schedule in WGMMA_CASES]
+        cases += [("wgmma", shape, schedule, stored) for stored, shape, schedule in WGMMA_TRANSPOSED]
     failures = sum(not check(rng, dtype, *case) for dtype in (lt.bfloat16, lt.float16) for case in cases)
     return 1 if failures else 0
 
 
-def check(rng, dtype, family: str, shape: tuple[int, int, int], schedule: tuple) -> bool:
+def check(rng, dtype, family: str, shape: tuple[int, int, int], schedule: tuple, transposed: str = "") -> bool:
     """Whether `family`'s schedule (block, teams, k tile, stages) of a `shape` (m x k x n) matmul in
-    `dtype` matches float64 within 1e-5 on a poisoned output; prints the case."""
+    `dtype` matches float64 within 1e-5 on a poisoned output; `transposed` names the input ('a' or
+    'b') stored the other way round. Prints the case."""
     m_size, k_size, n_size = shape
     m, k, n = lt.symbols("m k n")
     a = rng.standard_normal((m_size, k_size)).astype(dtype)
     b = rng.standard_normal((k_size, n_size)).astype(dtype)
-    c = (lt.Tensor(a).to(m, k) * lt.Tensor(b).to(k, n)).sum(k)
+    ta = lt.Tensor(np.ascontiguousarray(a.T)).to(k, m) if transposed == "a" else lt.Tensor(a).to(m, k)
+    tb = lt.Tensor(np.ascontiguousarray(b.T)).to(n, k) if transposed == "b" else lt.Tensor(b).to(k, n)
+    c = (ta * tb).sum(k)
     ref = a.astype(np.float64) @ b.astype(np.float64)
     build = space.mma_tiled if family == "mma" else space.wgmma_tiled
     err = check_and_time(c, build(c.loop_tree(), "t0", *schedule), ref, 1)[0]
     block, teams, k_tile, stages = schedule
-    print(f"{family} {np.dtype(dtype).name} {m_size}x{k_size}x{n_size}, block {block}, teams {teams}, "
+    print(f"{family} {np.dtype(dtype).name} {m_size}x{k_size}x{n_size}{' ' + transposed + ' stored transposed' if transposed else ''}, "
+          f"block {block}, teams {teams}, "
           f"k tile {k_tile}, {stages} stages: rel. error {err:.1e} {'ok' if err < 1e-5 else 'WRONG'}")
     return err < 1e-5
 

@@ -55,6 +55,22 @@ def test_warpgroup_tiles_issue_one_batch_per_k_tile_and_overlap_it_with_the_next
         assert_close(got, ref, 1e-5)
 
 
+@pytest.mark.parametrize("stored, flags", [("a", ("1", "1")), ("b", ("0", "0"))])
+def test_operands_stored_the_other_way_round_switch_the_transpose_flags(rng, stored, flags):
+    """A stored [k][m] is read m-major (its transpose flag 1); B stored [n][k] k-major (flag 0). Not yet
+    run on a GPU: bench/gpu_tensor_check.py has both cases for the next one."""
+    sm, sk, sn = lt.symbols("m k n")
+    a = rng.standard_normal((128, 64)).astype(lt.bfloat16)
+    b = rng.standard_normal((64, 128)).astype(lt.bfloat16)
+    ta = lt.Tensor(np.ascontiguousarray(a.T)).to(sk, sm) if stored == "a" else lt.Tensor(a).to(sm, sk)
+    tb = lt.Tensor(np.ascontiguousarray(b.T)).to(sn, sk) if stored == "b" else lt.Tensor(b).to(sk, sn)
+    c = (ta * tb).sum(sk)
+    t = space.wgmma_tiled(c.loop_tree(), "t0", (128, 128), (2, 1), 64, 3)
+    ptx = gpu.generate(t, "sm_90").ptx
+    assert set(re.findall(r"m64n128k16\.f32\.bf16\.bf16 \{[^}]*\}, %rd\d+, %rd\d+, p, 1, 1, (\d), (\d);", ptx)) == {flags}
+    assert_close(c.numpy(t), a.astype(np.float64) @ b.astype(np.float64), 1e-5)
+
+
 def test_descriptors_carry_the_layouts_strides_and_the_128_byte_swizzle(rng):
     """A's rows of 128 bytes: atoms of 8 rows 1024 bytes apart; B's 64-column blocks of 64 rows are
     64 * 128 bytes apart (the leading offset). Both descriptors say 128-byte swizzle (bit 62)."""
