@@ -216,10 +216,13 @@ class Builder:
             self.note(name, f"reduction block {first} by {block} ({kc} products per result per pass): "
                             f"a {tile.rows}x{kc} and a {kc}x{tile.columns} panel take "
                             f"{(tile.rows + tile.columns) * kc * itemsize // 1024} KiB, half of L1 at most")
-        col_outer, col_rest = self.l2_block(name, found.col, kc, itemsize, tile.columns, found.reused)
+        panel_cache, block_cache = model.panel_caches(self.target)
+        col_outer, col_rest = self.cache_block(name, found.col, kc, itemsize, tile.columns, found.reused,
+                                               (panel_cache, "its share of L3"))
         col_tiles, col_tile = self.split(name, col_rest, tile.columns)
         vectors, lanes = self.split(name, col_tile, tile.lanes)
-        row_blocks, row_rest = self.l2_block(name, found.row, kc, itemsize, tile.rows, found.broadcast)
+        row_blocks, row_rest = self.cache_block(name, found.row, kc, itemsize, tile.rows, found.broadcast,
+                                                (block_cache, "L2"))
         row_tiles, rows = self.split(name, row_rest, tile.rows)
         others = structure.by_stride(self.program, stage, [d for d in stage.dims if d not in (found.row, found.col)])
         reused_dims = structure.dims_read(self.program, stage, found.reused)
@@ -236,7 +239,7 @@ class Builder:
         work = math.prod(size(d) for d in stage.loop_dims)
         parallel = self.parallel(name, {role: roles[role] for role in order.split()
                                         if roles.get(role) and roles[role] != reduce_outer}, work)
-        if parallel and parallel not in (row_blocks, row_tiles):
+        if parallel and parallel not in (row_blocks, row_tiles) and self.sweep_fits(found, reduce_outer, itemsize):
             outer = [parallel] + [lp for lp in outer if lp != parallel]
             self.note(name, f"parallel {parallel} outermost: one parallel region per call (the packed "
                             f"panels it encloses are made by each thread)")
@@ -255,6 +258,13 @@ class Builder:
         if parallel:
             self.schedule = self.schedule.annotate(name, parallel, "parallel")
 
+    def sweep_fits(self, found: structure.Contraction, reduce_outer: str | None, itemsize: int) -> bool:
+        """Whether a parallel column loop may move outside the reduction blocks: there each thread
+        re-reads the whole broadcast operand once per column tile, which stays in cache only if it
+        fits in the share of L2 the model allows (else each reduction block gets its own region)."""
+        size = math.prod(self.program.buffer_shape(found.broadcast)) * itemsize
+        return reduce_outer is None or size <= self.target.l2 // model.CACHE_SHARE
+
     def register_tile(self, stage: ir.Stage, found: structure.Contraction) -> model.RegisterTile:
         """The model's register tile, or the rows and columns the pick takes instead."""
         size, lanes = self.program.size, self.target.lanes(stage.dtype)
@@ -268,17 +278,18 @@ class Builder:
                              f"columns a multiple of {lanes} lanes")
         return model.RegisterTile(rows, columns // lanes, lanes)
 
-    def l2_block(self, stage: str, dim: str, kc: int, itemsize: int, multiple: int, operand: str):
+    def cache_block(self, stage: str, dim: str, kc: int, itemsize: int, multiple: int, operand: str,
+                    cache: tuple[int, str]):
         """Block `dim` (by a multiple of the tile) so that the kc-long slices of `operand` along it
-        fill half of L2 at most; (outer, inner) loop names."""
+        fill half of `cache` (bytes, name) at most; (outer, inner) loop names."""
         extent = self.program.size(dim)
-        block = model.balanced(extent, model.l2_block(self.target, kc, itemsize), multiple)
+        block = model.balanced(extent, model.cache_block(cache[0], kc, itemsize), multiple)
         block = self.decide(f"{stage}.{dim}.block", block, choices.halves_and_doubles(block, extent, multiple))
         block = min(extent, -(-block // multiple) * multiple)
         outer, inner = self.split(stage, dim, block)
         if outer:
             self.note(stage, f"{dim} block {block}: the {kc}x{block} panel of {operand} takes "
-                             f"{kc * block * itemsize // 1024} KiB, half of L2 at most")
+                             f"{kc * block * itemsize // 1024} KiB, half of {cache[1]} at most")
         return outer, inner
 
     def packing_pays(self, stage: ir.Stage, found: structure.Contraction, itemsize: int) -> bool:
