@@ -338,7 +338,9 @@ class FunctionBuilder:
             base, step, align = self.linear_address(e.buffer, e.index, stmt, env, lanes)
             dtype = self.tree.buffers[e.buffer].dtype
             if step == 1:
-                return self.load_value(base, dtype, align, lanes.width, lanes.mask)
+                # A local buffer holds whole tiles: lanes past a tail read its own stale elements, no mask.
+                mask = None if self.tree.buffers[e.buffer].kind == "local" else lanes.mask
+                return self.load_value(base, dtype, align, lanes.width, mask)
             if step == 0:
                 return self.splat(self.load_value(base, dtype, align), lanes.width)
         if isinstance(e, ir.Load | ir.Select) and self.lane_invariant(e, stmt, lanes):
