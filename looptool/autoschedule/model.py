@@ -77,10 +77,17 @@ def reduction_block(target: Target, tile: RegisterTile, itemsize: int) -> int:
     return max(1, target.l1 // CACHE_SHARE // ((tile.rows + tile.columns) * itemsize))
 
 
-def l2_block(target: Target, kc: int, itemsize: int) -> int:
-    """nc or mc: how many kc-long slices of an operand (a kc x nc panel of the reused one, an
-    mc x kc block of the broadcast one) fit in the share of L2 the model allows."""
-    return max(1, target.l2 // CACHE_SHARE // (kc * itemsize))
+def cache_block(cache: int, kc: int, itemsize: int) -> int:
+    """nc or mc: how many kc-long slices of an operand fit in the share of a cache of `cache` bytes
+    the model allows."""
+    return max(1, cache // CACHE_SHARE // (kc * itemsize))
+
+
+def panel_caches(target: Target) -> tuple[int, int]:
+    """The caches the two blocks live in (BLIS): the kc x nc panel of the reused operand in this
+    thread's share of L3 (its micro-panels are re-read once per row block), the mc x kc block of
+    the broadcast operand in L2 (re-read once per column tile)."""
+    return target.l3 // target.cores, target.l2
 
 
 def vector_width(target: Target, dtype: str, extent: int) -> int:

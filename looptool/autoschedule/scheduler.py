@@ -216,10 +216,14 @@ class Builder:
             self.note(name, f"reduction block {first} by {block} ({kc} products per result per pass): "
                             f"a {tile.rows}x{kc} and a {kc}x{tile.columns} panel take "
                             f"{(tile.rows + tile.columns) * kc * itemsize // 1024} KiB, half of L1 at most")
-        col_outer, col_rest = self.l2_block(name, found.col, kc, itemsize, tile.columns, found.reused)
+        panel_cache, block_cache = model.panel_caches(self.target)
+        col_outer, col_rest = self.cache_block(name, found.col, kc, itemsize, tile.columns, found.reused,
+                                               (panel_cache, "its share of L3"))
         col_tiles, col_tile = self.split(name, col_rest, tile.columns)
         vectors, lanes = self.split(name, col_tile, tile.lanes)
-        row_blocks, row_rest = self.l2_block(name, found.row, kc, itemsize, tile.rows, found.broadcast)
+        row_blocks, row_rest = self.cache_block(name, found.row, kc, itemsize, tile.rows, found.broadcast,
+                                                (block_cache, "L2"))
+        block_rows = self.extent(name, row_rest)
         row_tiles, rows = self.split(name, row_rest, tile.rows)
         others = structure.by_stride(self.program, stage, [d for d in stage.dims if d not in (found.row, found.col)])
         reused_dims = structure.dims_read(self.program, stage, found.reused)
@@ -236,7 +240,7 @@ class Builder:
         work = math.prod(size(d) for d in stage.loop_dims)
         parallel = self.parallel(name, {role: roles[role] for role in order.split()
                                         if roles.get(role) and roles[role] != reduce_outer}, work)
-        if parallel and parallel not in (row_blocks, row_tiles):
+        if parallel and parallel not in (row_blocks, row_tiles) and self.sweep_fits(found, reduce_outer, itemsize):
             outer = [parallel] + [lp for lp in outer if lp != parallel]
             self.note(name, f"parallel {parallel} outermost: one parallel region per call (the packed "
                             f"panels it encloses are made by each thread)")
@@ -252,8 +256,49 @@ class Builder:
                 enclosing = set(before + [col_outer, reduce_outer, row_blocks, col_tiles])
                 depth = max((i + 1 for i, lp in enumerate(outer) if lp in enclosing), default=0)
                 self.pack(stage, found, outer[:depth], reductions)
+            self.pack_broadcast(stage, found, outer, set(before + [col_outer, reduce_outer, row_blocks]), col_tiles,
+                                block_rows)
         if parallel:
             self.schedule = self.schedule.annotate(name, parallel, "parallel")
+
+    def pack_broadcast(self, stage: ir.Stage, found: structure.Contraction, outer: list[str], enclosing: set,
+                       col_tiles: str | None, block_rows: int):
+        """Copy the broadcast operand's row block (rows outer, reductions inner) inside the loops
+        `enclosing` when its rows lie so far apart that the block spans more than half of L2 (its
+        kc-long pieces then miss each other's cache lines and, a power of two apart, share cache
+        sets) and every column tile re-reads the copy.  Not for an operand read under padding guards
+        (a guarded copy costs what it saves)."""
+        depth = max((i + 1 for i, lp in enumerate(outer) if lp in enclosing), default=0)
+        reads = broadcast_reads(stage.expr, found.broadcast)
+        plain = all(isinstance(e, ir.Load) and not e.clamped for e in reads)
+        stride = max(abs(structure.load_strides(self.program, e).get(found.row, 0)) for e in reads) if plain else 0
+        spread = block_rows * stride * np.dtype(stage.dtype).itemsize > self.target.l2 // model.CACHE_SHARE
+        reused = col_tiles is not None and col_tiles in outer[depth:]
+        pays = self.allowed.pack and plain and spread and reused
+        options = (pays, not pays) if self.allowed.pack and plain and reused else (False,)
+        if not self.decide(f"{stage.name}.pack.{found.broadcast}", pays, options):
+            return
+        dims = self.program.buffer_dims(found.broadcast)
+        order = tuple([d for d in dims if d not in stage.reduce_dims and d != found.row] + [found.row]
+                      + [d for d in dims if d in stage.reduce_dims])
+        copy = f"{found.broadcast}.{stage.name}"
+        self.schedule = self.schedule.cache(stage.name, found.broadcast, order)
+        if depth:
+            self.schedule = self.schedule.place(copy, stage.name, depth)
+        loops = sorted(self.schedule.of(copy).loops, key=lambda lp: order.index(lp.dim))
+        self.reorder(copy, [lp.name for lp in loops])
+        where = f"once per {', '.join(outer[:depth])}" if depth else "once"
+        span = block_rows * stride * np.dtype(stage.dtype).itemsize // 1024
+        self.note(stage.name, f"pack {found.broadcast} as ({', '.join(order)}) {where}: every {found.col} tile "
+                              f"re-reads the copy; its {block_rows}-row block spans {span} KiB, more than half "
+                              f"of L2, packed its rows are contiguous")
+
+    def sweep_fits(self, found: structure.Contraction, reduce_outer: str | None, itemsize: int) -> bool:
+        """Whether a parallel column loop may move outside the reduction blocks: there each thread
+        re-reads the whole broadcast operand once per column tile, which stays in cache only if it
+        fits in the share of L2 the model allows (else each reduction block gets its own region)."""
+        size = math.prod(self.program.buffer_shape(found.broadcast)) * itemsize
+        return reduce_outer is None or size <= self.target.l2 // model.CACHE_SHARE
 
     def register_tile(self, stage: ir.Stage, found: structure.Contraction) -> model.RegisterTile:
         """The model's register tile, or the rows and columns the pick takes instead."""
@@ -268,17 +313,18 @@ class Builder:
                              f"columns a multiple of {lanes} lanes")
         return model.RegisterTile(rows, columns // lanes, lanes)
 
-    def l2_block(self, stage: str, dim: str, kc: int, itemsize: int, multiple: int, operand: str):
+    def cache_block(self, stage: str, dim: str, kc: int, itemsize: int, multiple: int, operand: str,
+                    cache: tuple[int, str]):
         """Block `dim` (by a multiple of the tile) so that the kc-long slices of `operand` along it
-        fill half of L2 at most; (outer, inner) loop names."""
+        fill half of `cache` (bytes, name) at most; (outer, inner) loop names."""
         extent = self.program.size(dim)
-        block = model.balanced(extent, model.l2_block(self.target, kc, itemsize), multiple)
+        block = model.balanced(extent, model.cache_block(cache[0], kc, itemsize), multiple)
         block = self.decide(f"{stage}.{dim}.block", block, choices.halves_and_doubles(block, extent, multiple))
         block = min(extent, -(-block // multiple) * multiple)
         outer, inner = self.split(stage, dim, block)
         if outer:
             self.note(stage, f"{dim} block {block}: the {kc}x{block} panel of {operand} takes "
-                             f"{kc * block * itemsize // 1024} KiB, half of L2 at most")
+                             f"{kc * block * itemsize // 1024} KiB, half of {cache[1]} at most")
         return outer, inner
 
     def packing_pays(self, stage: ir.Stage, found: structure.Contraction, itemsize: int) -> bool:
@@ -311,11 +357,15 @@ class Builder:
         would not divide the loop."""
         if loop is None:
             return None, None
-        extent = next(lp.extent for lp in self.schedule.of(stage).loops if lp.name == loop)
+        extent = self.extent(stage, loop)
         if factor >= extent:
             return None, loop
         self.schedule = self.schedule.split(stage, loop, factor)
         return f"{loop}.0", f"{loop}.1"
+
+    def extent(self, stage: str, loop: str) -> int:
+        """The trip count of one of the stage's loops."""
+        return next(lp.extent for lp in self.schedule.of(stage).loops if lp.name == loop)
 
     def reorder(self, stage: str, order: list[str]):
         """Put the stage's loops in `order` (nothing to do for a single loop)."""
@@ -337,6 +387,20 @@ class Builder:
         loop = candidates[role]
         self.note(stage, f"parallel {loop}: {extents[loop]} iterations for {self.target.cores} cores")
         return loop
+
+
+def broadcast_reads(expr: ir.Expr, buffer: str) -> list[ir.Expr]:
+    """The sub-expressions through which `expr` reads `buffer`: its loads, or the guarded selects
+    around them (a padded read)."""
+    if isinstance(expr, ir.Load):
+        return [expr] if expr.buffer == buffer else []
+    if isinstance(expr, ir.Select):
+        return [expr] if buffer in ir.loaded_buffers(expr) else []
+    if isinstance(expr, ir.Binary):
+        return broadcast_reads(expr.a, buffer) + broadcast_reads(expr.b, buffer)
+    if isinstance(expr, ir.Unary | ir.Cast):
+        return broadcast_reads(expr.x, buffer)
+    return []
 
 
 def covering_depth(loop_dims: list[str], dims: tuple[str, ...]) -> int | None:

@@ -14,6 +14,7 @@ import llvmlite.binding as llvm
 from llvmlite import ir as llir
 
 from ..schedule import LoopNode, LoopTree
+from .accumulators import Accumulators
 from .llvm import I1, I32, I64, ITEM_BYTES, PTR, ZERO, FunctionBuilder, kernel_params
 from .threadpool import declare_parallel_for
 
@@ -93,7 +94,21 @@ def _refuse_bad_pointers(b: llir.IRBuilder, tree: LoopTree, given: dict):
 
 
 class CpuFunctionBuilder(FunctionBuilder):
-    """The shared builder plus parallel loops, outlined and run on threads."""
+    """The shared builder plus parallel loops, outlined and run on threads, and register tiles whose
+    accumulators stay in registers across their reduction loop, edges included (`Accumulators`)."""
+
+    def loop(self, node: LoopNode, env: dict):
+        accumulators = Accumulators.of(self, node)
+        if accumulators is None:
+            super().loop(node, env)
+            return
+        self.allocate_placed(node)
+        count = self.trip_count(node, env)
+        outside = {**env, node.loop.name: ZERO}
+        accumulators.visit(node.body, outside, accumulators.load)
+        self.counted_loop(ZERO, count, lambda i: accumulators.visit(node.body, {**env, node.loop.name: i},
+                                                                    accumulators.update), node.loop.name)
+        accumulators.visit(node.body, outside, accumulators.store)
 
     def parallel(self, node: LoopNode, env: dict, count: llir.Value):
         """Outline the loop into body(noalias buffers..., outer loop values..., start, end) and run

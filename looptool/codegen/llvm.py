@@ -285,17 +285,19 @@ class FunctionBuilder:
             if stmt.kind == "init":
                 value = llir.Constant(vty, [IDENTITY[stage.reduce_op]] * lanes.width)
             elif stmt.kind == "update":
-                old = self.load_value(base, stage.dtype, align, lanes.width)
+                old = self.load_value(base, stage.dtype, align, lanes.width, lanes.mask)
                 value = self.accumulate(stage.reduce_op, old, stage.expr, evaluate)
             else:
                 value = evaluate(stage.expr)
-            self.store_value(value, base, stage.dtype, align)
+            self.store_value(value, base, stage.dtype, align, lanes.mask)
             return
         if stmt.kind == "init":
             value = llir.Constant(vty, [IDENTITY[stage.reduce_op]] * lanes.width)
         else:
             value = evaluate(stage.expr)
         if step == 0 and stmt.kind == "update":
+            if lanes.mask is not None:
+                value = b.select(lanes.mask, value, llir.Constant(vty, [IDENTITY[stage.reduce_op]] * lanes.width))
             old = self.load_value(base, stage.dtype, align)
             total = self.binary(REDUCE_BINARY[stage.reduce_op], old, self.horizontal(stage.reduce_op, value))
             self.store_value(total, base, stage.dtype)
@@ -336,7 +338,9 @@ class FunctionBuilder:
             base, step, align = self.linear_address(e.buffer, e.index, stmt, env, lanes)
             dtype = self.tree.buffers[e.buffer].dtype
             if step == 1:
-                return self.load_value(base, dtype, align, lanes.width)
+                # A local buffer holds whole tiles: lanes past a tail read its own stale elements, no mask.
+                mask = None if self.tree.buffers[e.buffer].kind == "local" else lanes.mask
+                return self.load_value(base, dtype, align, lanes.width, mask)
             if step == 0:
                 return self.splat(self.load_value(base, dtype, align), lanes.width)
         if isinstance(e, ir.Load | ir.Select) and self.lane_invariant(e, stmt, lanes):
@@ -495,16 +499,30 @@ class FunctionBuilder:
 
     # Memory and dtypes ---------------------------------------------------------------
     def load_value(self, pointer: llir.Value, dtype: str, align: int | None = None,
-                   width: int | None = None) -> llir.Value:
-        """Load one element of a `dtype` buffer (or `width` packed ones) as computed values."""
+                   width: int | None = None, mask: llir.Value | None = None) -> llir.Value:
+        """Load one element of a `dtype` buffer (or `width` packed ones, only the lanes `mask` holds
+        true for, the others zero) as computed values."""
         ty = shaped(MEMORY_TYPE[dtype], width)
-        stored = self.builder.load(self.typed(pointer, ty), typ=ty, align=align or ITEM_BYTES[dtype])
+        align = align or ITEM_BYTES[dtype]
+        if mask is None:
+            stored = self.builder.load(self.typed(pointer, ty), typ=ty, align=align)
+        else:
+            masked = self.declare(f"llvm.masked.load.{masked_suffix(ty)}", ty, [PTR, I32, mask.type, ty])
+            stored = self.builder.call(masked, [pointer, llir.Constant(I32, align), mask, llir.Constant(ty, None)])
         return self.widen(stored, dtype)
 
-    def store_value(self, value: llir.Value, pointer: llir.Value, dtype: str, align: int | None = None):
-        """Store computed values (a scalar or a packed vector) into a `dtype` buffer."""
+    def store_value(self, value: llir.Value, pointer: llir.Value, dtype: str, align: int | None = None,
+                    mask: llir.Value | None = None):
+        """Store computed values (a scalar or a packed vector, only the lanes `mask` holds true for)
+        into a `dtype` buffer."""
         stored = self.narrow(value, dtype)
-        self.builder.store(stored, self.typed(pointer, stored.type), align=align or ITEM_BYTES[dtype])
+        align = align or ITEM_BYTES[dtype]
+        if mask is None:
+            self.builder.store(stored, self.typed(pointer, stored.type), align=align)
+            return
+        masked = self.declare(f"llvm.masked.store.{masked_suffix(stored.type)}", llir.VoidType(),
+                              [stored.type, PTR, I32, mask.type])
+        self.builder.call(masked, [stored, pointer, llir.Constant(I32, align), mask])
 
     def typed(self, pointer: llir.Value, ty: llir.Type) -> llir.Value:
         """`pointer` as a pointer to `ty` where llvmlite typed it otherwise (allocas point to elements)."""
@@ -587,16 +605,24 @@ def hoisted_tail_checks(tree: LoopTree) -> dict[int, list]:
 
 @dataclass(frozen=True)
 class Lanes:
-    """The vectorized loop: its name and width (its extent)."""
+    """The vectorized loop: its name and width (its extent); in a masked tail, the <width x i1> of
+    the lanes that run."""
 
     name: str
     width: int
+    mask: llir.Value | None = None
 
 
 def type_suffix(ty: llir.Type) -> str:
     if isinstance(ty, llir.VectorType):
         return f"v{ty.count}{type_suffix(ty.element)}"
     return "f32" if ty == F32 else "f64"
+
+
+def masked_suffix(ty: llir.VectorType) -> str:
+    """The overload suffix of llvm.masked.load/store for vectors of `ty` through an opaque pointer."""
+    element = {F32: "f32", F64: "f64", I16: "i16"}.get(ty.element) or "f16"
+    return f"v{ty.count}{element}.p0"
 
 
 def shaped(element: llir.Type, width: int | None) -> llir.Type:

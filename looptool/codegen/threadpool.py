@@ -1,12 +1,16 @@
 """A persistent pool of POSIX threads for parallel loops, written in LLVM IR.
 
 `looptool_parallel_for(body, ctx, count, threads)` runs `body(ctx, start, end)` over
-[0, count) cut into `threads` chunks: the caller runs the first chunk, pool workers
-the others.  Workers start on first use (more are added when more threads are asked
-for) and then sleep on a condition variable, so a parallel loop costs a wake-up,
-not a thread start.  One caller uses the pool at a time: a concurrent or nested
-caller runs its whole range itself, which gives the same result bit for bit
-(a parallel loop carries no dependence).  A forked child starts with an empty pool.
+[0, count) on the caller and `threads - 1` pool workers.  The range is cut into blocks of
+`grain` iterations (about CHUNKS_PER_THREAD blocks per thread) that each thread claims in turn
+from one atomic ticket, so a worker that wakes late, or a thread with slower blocks (a partial
+tile at an edge), leaves its share to the others instead of holding up the call.  The caller
+returns when every iteration is done, not when every worker has woken.  Workers start on first
+use (more are added when more threads are asked for), poll for the next loop for a while
+(WORKER_POLLS pauses) and then sleep on a condition variable, so a parallel loop costs at
+most a wake-up, not a thread start.  One caller uses the pool at a time: a concurrent or
+nested caller runs its whole range itself, which gives the same result bit for bit (a
+parallel loop carries no dependence).  A forked child starts with an empty pool.
 
 Kernels only declare the function.  The JIT runtime compiles `pool_module` once per
 process and publishes its address; an exported shared library links its own copy.
@@ -23,8 +27,19 @@ ENTRY = "looptool_parallel_for"
 VOID = llir.VoidType()
 BODY_TYPE = llir.FunctionType(VOID, [PTR, I64, I64])
 ENTRY_TYPE = llir.FunctionType(VOID, [PTR, PTR, I64, I64])
+CLAIM_TYPE = llir.FunctionType(VOID, [I64, PTR, PTR, I64, I64])
 SYNC_BYTES = 128            # room for a pthread mutex or condition variable on any Linux ABI
 INDEX_BITS = 16             # a worker's start argument packs (generation << 16) | index
+TICKET_BITS = 32            # the ticket packs (generation << 32) | next unclaimed iteration
+# Blocks per thread: enough that a late or slow thread costs the call at most about 1/8 of a
+# thread's share, few enough that claiming (one atomic compare-and-swap) stays negligible.
+CHUNKS_PER_THREAD = 8
+# Pauses a worker polls for the next parallel loop before it sleeps, and the caller polls for the
+# workers' last blocks before it sleeps: a sleeping thread takes tens of microseconds to wake (a
+# futex wake and, on a VM, an idle virtual CPU), the length of a small kernel.  2^12 pauses are
+# about 0.1-0.5 ms on current x86 and Arm cores: short enough not to hold a core from other work.
+WORKER_POLLS = 1 << 12
+CALLER_POLLS = 1 << 14
 
 
 def declare_parallel_for(module: llir.Module) -> llir.Function:
@@ -36,18 +51,18 @@ def pool_module(triple: str) -> llir.Module:
     """A module defining `looptool_parallel_for` and the pool's state."""
     module = llir.Module(name="looptool_pool")
     module.triple = triple
-    _PoolBuilder(module).define()
+    _PoolBuilder(module, triple).define()
     return module
 
 
 class _PoolBuilder:
     """Emits the pool's globals, its worker loop, the fork handler and the entry point."""
 
-    def __init__(self, module: llir.Module):
-        self.module = module
+    def __init__(self, module: llir.Module, triple: str):
+        self.module, self.triple = module, triple
         self.sync = {name: self.global_bytes(name) for name in ("mutex", "work", "done", "busy")}
         self.word = {name: self.global_word(name) for name in
-                     ("workers", "generation", "pending", "count", "chunk", "threads", "owner")}
+                     ("workers", "generation", "ticket", "remaining", "count", "grain", "threads", "owner")}
         self.pointer = {name: self.global_pointer(name) for name in ("body", "ctx")}
         self.libc = {
             "lock": self.extern("pthread_mutex_lock", I32, [PTR]),
@@ -71,6 +86,7 @@ class _PoolBuilder:
     def global_word(self, name: str) -> llir.GlobalVariable:
         var = llir.GlobalVariable(self.module, I64, f"looptool_pool.{name}")
         var.initializer, var.linkage = ZERO, "internal"
+        var.align = 64       # each word on its own cache line: polled words are not shared with written ones
         return var
 
     def global_pointer(self, name: str) -> llir.GlobalVariable:
@@ -83,16 +99,33 @@ class _PoolBuilder:
         var = self.word.get(name) or self.pointer[name]
         return b.load(var, typ=var.value_type)
 
+    def get_atomic(self, b: llir.IRBuilder, name: str) -> llir.Value:
+        """Load one of the pool's words that other threads change outside the mutex."""
+        return b.load_atomic(self.word[name], "acquire", 8, typ=I64)
+
+    def put_atomic(self, b: llir.IRBuilder, name: str, value: llir.Value):
+        b.store_atomic(value, self.word[name], "release", 8)
+
     def extern(self, name: str, ret: llir.Type, args: list[llir.Type]) -> llir.Function:
         return llir.Function(self.module, llir.FunctionType(ret, args), name=name)
 
     def define(self):
-        grow = self.grow(self.worker())
-        self.entry(grow, self.reset_after_fork())
+        claim = self.claim()
+        grow = self.grow(self.worker(claim))
+        self.entry(grow, self.reset_after_fork(), claim)
 
     # Pieces ----------------------------------------------------------------------------------
     def call(self, b: llir.IRBuilder, name: str, *args):
         return b.call(self.libc[name], list(args))
+
+    def pause(self, b: llir.IRBuilder):
+        """The CPU's spin-wait hint (x86 `pause`, Arm `yield`); nothing on other targets."""
+        if self.triple.startswith(("x86_64", "i386", "i686")):
+            b.call(self.module.globals.get("llvm.x86.sse2.pause") or
+                   self.extern("llvm.x86.sse2.pause", VOID, []), [])
+        elif self.triple.startswith(("aarch64", "arm64")):
+            hint = self.module.globals.get("llvm.aarch64.hint") or self.extern("llvm.aarch64.hint", VOID, [I32])
+            b.call(hint, [llir.Constant(I32, 1)])
 
     def wait_while(self, b: llir.IRBuilder, fn: llir.Function, condition, cond_var: str, name: str):
         """Sleep on `cond_var` (mutex held) while `condition(b)` is true; continue after it."""
@@ -107,16 +140,59 @@ class _PoolBuilder:
         b.branch(check)
         b.position_at_end(after)
 
-    def run_chunk(self, b: llir.IRBuilder, body, ctx, count, chunk, index):
-        """body(ctx, index*chunk, min(index*chunk + chunk, count)) when that range is not empty."""
-        start = b.mul(index, chunk)
-        end = b.add(start, chunk)
-        end = b.select(b.icmp_signed("<", end, count), end, count)
-        with b.if_then(b.icmp_signed("<", start, end)):
-            b.call(TypedCallee(body, BODY_TYPE), [ctx, start, end])
+    def poll_while(self, b: llir.IRBuilder, fn: llir.Function, condition, polls: int, name: str):
+        """Spin (mutex not held) while `condition(b)` is true, at most `polls` pauses."""
+        pre = b.block
+        check = fn.append_basic_block(f"{name}.poll")
+        spin = fn.append_basic_block(f"{name}.pause")
+        after = fn.append_basic_block(f"{name}.polled")
+        b.branch(check)
+        b.position_at_end(check)
+        left = b.phi(I64)
+        left.add_incoming(llir.Constant(I64, polls), pre)
+        b.cbranch(b.and_(b.icmp_signed(">", left, ZERO), condition(b)), spin, after)
+        b.position_at_end(spin)
+        self.pause(b)
+        left.add_incoming(b.sub(left, ONE), spin)
+        b.branch(check)
+        b.position_at_end(after)
 
-    def worker(self) -> llir.Function:
-        """Sleep until a new generation is posted; run this worker's chunk if it takes part; repeat."""
+    def claim(self) -> llir.Function:
+        """claim(generation, body, ctx, count, grain): run blocks of that loop (read under the mutex
+        with its generation) while its ticket has some left; the thread that finishes the last
+        iteration wakes the caller."""
+        fn = llir.Function(self.module, CLAIM_TYPE, name="looptool_pool.claim")
+        fn.linkage = "internal"
+        generation, body, ctx, count, grain = fn.args
+        b = llir.IRBuilder(fn.append_basic_block("entry"))
+        loop, take, run, done = (fn.append_basic_block(n) for n in ("loop", "take", "run", "done"))
+        b.branch(loop)
+        b.position_at_end(loop)
+        ticket = b.load_atomic(self.word["ticket"], "monotonic", 8, typ=I64)
+        start = b.and_(ticket, llir.Constant(I64, (1 << TICKET_BITS) - 1))
+        ours = b.icmp_unsigned("==", b.lshr(ticket, llir.Constant(I64, TICKET_BITS)), generation)
+        b.cbranch(b.and_(ours, b.icmp_signed("<", start, count)), take, done)
+        b.position_at_end(take)
+        swapped = b.cmpxchg(self.word["ticket"], ticket, b.add(ticket, grain), "acq_rel", "monotonic")
+        b.cbranch(b.extract_value(swapped, 1), run, loop)
+        b.position_at_end(run)
+        end = b.add(start, grain)
+        end = b.select(b.icmp_signed("<", end, count), end, count)
+        b.call(TypedCallee(body, BODY_TYPE), [ctx, start, end])
+        size = b.sub(end, start)
+        before = b.atomic_rmw("sub", self.word["remaining"], size, "acq_rel")
+        with b.if_then(b.icmp_signed("==", before, size)):
+            self.call(b, "lock", self.sync["mutex"])
+            self.call(b, "signal", self.sync["done"])
+            self.call(b, "unlock", self.sync["mutex"])
+        b.branch(loop)
+        b.position_at_end(done)
+        b.ret_void()
+        return fn
+
+    def worker(self, claim: llir.Function) -> llir.Function:
+        """Poll, then sleep, until a new generation is posted; claim blocks of it if this worker
+        takes part; repeat."""
         fn = llir.Function(self.module, llir.FunctionType(PTR, [PTR]), name="looptool_pool.worker")
         fn.linkage = "internal"
         b = llir.IRBuilder(fn.append_basic_block("entry"))
@@ -124,23 +200,20 @@ class _PoolBuilder:
         index = b.and_(packed, llir.Constant(I64, (1 << INDEX_BITS) - 1))
         seen = b.alloca(I64, name="seen")
         b.store(b.lshr(packed, llir.Constant(I64, INDEX_BITS)), seen)
-        self.call(b, "lock", self.sync["mutex"])
         loop = fn.append_basic_block("loop")
         b.branch(loop)
         b.position_at_end(loop)
+        self.poll_while(b, fn, lambda b: b.icmp_unsigned("==", self.get_atomic(b, "generation"),
+                                                          b.load(seen, typ=I64)), WORKER_POLLS, "job")
+        self.call(b, "lock", self.sync["mutex"])
         self.wait_while(b, fn, lambda b: b.icmp_unsigned("==", self.get(b, "generation"), b.load(seen, typ=I64)),
                         "work", "job")
-        b.store(self.get(b, "generation"), seen)
-        with b.if_then(b.icmp_unsigned("<", index, self.get(b, "threads"))):
-            body, ctx = self.get(b, "body"), self.get(b, "ctx")
-            count, chunk = self.get(b, "count"), self.get(b, "chunk")
-            self.call(b, "unlock", self.sync["mutex"])
-            self.run_chunk(b, body, ctx, count, chunk, index)
-            self.call(b, "lock", self.sync["mutex"])
-            pending = b.sub(self.get(b, "pending"), ONE)
-            b.store(pending, self.word["pending"])
-            with b.if_then(b.icmp_unsigned("==", pending, ZERO)):
-                self.call(b, "signal", self.sync["done"])
+        job = [self.get(b, name) for name in ("generation", "body", "ctx", "count", "grain")]
+        b.store(job[0], seen)
+        takes_part = b.icmp_unsigned("<", index, self.get(b, "threads"))
+        self.call(b, "unlock", self.sync["mutex"])
+        with b.if_then(takes_part):
+            b.call(claim, job)
         b.branch(loop)
         return fn
 
@@ -154,7 +227,7 @@ class _PoolBuilder:
         with b.if_then(b.icmp_unsigned("!=", pid, self.get(b, "owner"))):
             for var in self.sync.values():
                 b.store(llir.Constant(var.value_type, None), var)
-            for name in ("workers", "pending"):
+            for name in ("workers", "remaining"):
                 b.store(ZERO, self.word[name])
             b.store(pid, self.word["owner"])
         b.ret_void()
@@ -187,13 +260,14 @@ class _PoolBuilder:
         b.ret(self.get(b, "workers"))
         return fn
 
-    def entry(self, grow: llir.Function, reset_after_fork: llir.Function) -> llir.Function:
-        """`looptool_parallel_for`: post the job, run the first chunk, wait for the workers."""
+    def entry(self, grow: llir.Function, reset_after_fork: llir.Function, claim: llir.Function) -> llir.Function:
+        """`looptool_parallel_for`: post the loop, claim blocks of it, wait until every block is done."""
         fn = llir.Function(self.module, ENTRY_TYPE, name=ENTRY)
         body, ctx, count, threads = fn.args
         b = llir.IRBuilder(fn.append_basic_block("entry"))
         serial, pooled = fn.append_basic_block("serial"), fn.append_basic_block("pooled")
         alone = b.or_(b.icmp_signed("<=", threads, ONE), b.icmp_signed("<=", count, ONE))
+        alone = b.or_(alone, b.icmp_signed(">=", count, llir.Constant(I64, 1 << (TICKET_BITS - 1))))
         claimed = fn.append_basic_block("claim")
         b.cbranch(alone, serial, claimed)
         b.position_at_end(claimed)
@@ -210,17 +284,24 @@ class _PoolBuilder:
         workers = b.call(grow, [b.sub(threads, ONE)])
         available = b.add(workers, ONE)
         parts = b.select(b.icmp_signed("<", available, threads), available, threads)
-        chunk = b.sdiv(b.add(count, b.sub(parts, ONE)), parts)
-        for name, value in (("count", count), ("chunk", chunk), ("threads", parts), ("pending", b.sub(parts, ONE))):
+        grain = b.sdiv(count, b.mul(parts, llir.Constant(I64, CHUNKS_PER_THREAD)))
+        grain = b.select(b.icmp_signed("<", grain, ONE), ONE, grain)
+        for name, value in (("count", count), ("grain", grain), ("threads", parts)):
             b.store(value, self.word[name])
         b.store(body, self.pointer["body"])
         b.store(ctx, self.pointer["ctx"])
-        b.store(b.add(self.get(b, "generation"), ONE), self.word["generation"])
+        generation = b.and_(b.add(self.get(b, "generation"), ONE), llir.Constant(I64, (1 << TICKET_BITS) - 1))
+        self.put_atomic(b, "remaining", count)
+        self.put_atomic(b, "ticket", b.shl(generation, llir.Constant(I64, TICKET_BITS)))
+        self.put_atomic(b, "generation", generation)
         self.call(b, "broadcast", self.sync["work"])
         self.call(b, "unlock", self.sync["mutex"])
-        self.run_chunk(b, body, ctx, count, chunk, ZERO)
+        b.call(claim, [generation, body, ctx, count, grain])
+        self.poll_while(b, fn, lambda b: b.icmp_unsigned("!=", self.get_atomic(b, "remaining"), ZERO),
+                        CALLER_POLLS, "finish")
         self.call(b, "lock", self.sync["mutex"])
-        self.wait_while(b, fn, lambda b: b.icmp_unsigned("!=", self.get(b, "pending"), ZERO), "done", "finish")
+        self.wait_while(b, fn, lambda b: b.icmp_unsigned("!=", self.get_atomic(b, "remaining"), ZERO),
+                        "done", "finish")
         self.call(b, "unlock", self.sync["mutex"])
         self.call(b, "unlock", self.sync["busy"])
         b.ret_void()

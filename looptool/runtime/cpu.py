@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -78,6 +79,13 @@ class Kernel:
         self._engine.finalize_object()
         address = self._engine.get_function_address("kernel")
         self._fn = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * len(self.params))(address)
+        program = tree.program
+        # Per call only these are compared and allocated (a call of a small kernel is dominated by it).
+        self._inputs = [(buf, np.dtype(buf.dtype), tuple(s * np.dtype(buf.dtype).itemsize for s in buf.strides))
+                        for buf in program.inputs]
+        self._made = [(plan.name, plan.shape, plan.dtype) for plan in tree.buffers.values()
+                      if plan.kind in ("temp", "output")]
+        self._output = program.output.name
         self.compile_seconds = compiled.seconds + time.perf_counter() - start
 
     @property
@@ -95,21 +103,20 @@ class Kernel:
 
     def __call__(self, arrays: list[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
         """Run on the input arrays; write into `out` (C-contiguous, right shape and dtype) if given."""
-        program = self.tree.program
-        if len(arrays) != len(program.inputs):
-            raise ValueError(f"kernel takes {len(program.inputs)} input arrays, got {len(arrays)}")
+        if len(arrays) != len(self._inputs):
+            raise ValueError(f"kernel takes {len(self._inputs)} input arrays, got {len(arrays)}")
         memory = {}
-        for buf, array in zip(program.inputs, arrays):
-            _check_input(buf, array)
+        for (buf, dtype, strides), array in zip(self._inputs, arrays):
+            if array.shape != buf.shape or array.dtype != dtype or array.strides != strides or not array.flags.aligned:
+                _check_input(buf, array)
             memory[buf.name] = array
-        for plan in self.tree.buffers.values():
-            if plan.kind in ("temp", "output"):
-                memory[plan.name] = aligned_empty(plan.shape, plan.dtype)
+        for name, shape, dtype in self._made:
+            memory[name] = aligned_empty(shape, dtype)
         if out is not None:
-            _check_output(self.tree.buffers[program.output.name], out, dict(zip(program.inputs, arrays)))
-            memory[program.output.name] = out
+            _check_output(self.tree.buffers[self._output], out, dict(zip(self.tree.program.inputs, arrays)))
+            memory[self._output] = out
         self._fn(*[memory[name].ctypes.data for name in self.params])
-        return memory[program.output.name]
+        return memory[self._output]
 
 
 def _check_input(buf: ir.Buffer, array: np.ndarray):
@@ -139,7 +146,7 @@ def _check_output(plan, out: np.ndarray, inputs: dict):
 def aligned_empty(shape: tuple[int, ...], dtype: str) -> np.ndarray:
     """An uninitialized C-contiguous array whose data starts on a 64-byte boundary."""
     dtype = np.dtype(dtype)
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)
     raw = np.empty(count * dtype.itemsize + ALIGNMENT, dtype=np.uint8)
     start = -raw.ctypes.data % ALIGNMENT
     return raw[start:start + count * dtype.itemsize].view(dtype).reshape(shape)

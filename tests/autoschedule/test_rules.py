@@ -1,6 +1,7 @@
 """The rules, from the target's facts: register tiles fit the register file, blocks fit the caches,
 threads only where there is work for them, and every choice is explained; refused choices fall back."""
 import logging
+import re
 
 import numpy as np
 import pytest
@@ -13,8 +14,8 @@ from looptool.schedule import LoopTree
 from tests.helpers import assert_close
 
 
-def fake(registers=16, bits=256, cores=1, l1=32 * 1024, l2=512 * 1024):
-    return Target("x86_64", bits, registers, True, l1, l2, 32 << 20, cores)
+def fake(registers=16, bits=256, cores=1, l1=32 * 1024, l2=512 * 1024, l3=32 << 20):
+    return Target("x86_64", bits, registers, True, l1, l2, l3, cores)
 
 
 def matmul_program(m=200, k=300, n=500):
@@ -56,6 +57,33 @@ def test_blocks_follow_the_cache_sizes():
     large = auto_tree(program, fake(l1=64 * 1024, l2=2048 * 1024)).schedule.of("t0").loops
     k_block = {lp.name: lp.extent for lp in small}["k.1"], {lp.name: lp.extent for lp in large}["k.1"]
     assert k_block[0] < k_block[1]
+
+
+@pytest.mark.parametrize("registers, bits", [(16, 256), (32, 512)])
+def test_the_column_panel_lives_in_a_thread_s_share_of_l3(registers, bits):
+    """The kc x nc panel of the reused operand is sized to half of L3 / cores: a 32 MiB L3 leaves
+    1024 columns unblocked, a 256 KiB one blocks them, and more cores give each a smaller share."""
+    _, program, _ = matmul_program(256, 1024, 1024)
+
+    def column_block(target):
+        found = re.search(r"n block (\d+)", auto_tree(program, target).explain())
+        return int(found.group(1)) if found else 1024
+    assert column_block(fake(registers, bits)) == 1024
+    small = column_block(fake(registers, bits, l3=256 << 10))
+    assert small < 1024
+    assert column_block(fake(registers, bits, l3=512 << 10, cores=4)) < small
+
+
+@pytest.mark.parametrize("registers, bits", [(16, 256), (32, 512)])
+def test_the_broadcast_operand_is_packed_when_its_rows_spread_beyond_l2(registers, bits):
+    """1024 rows 1 KiB apart: a row block spans more than half of L2, so it is copied (rows
+    outer, reductions inner) once per reduction block; 200x300 rows (1200 bytes apart) are not."""
+    c, program, ref = matmul_program(1024, 256, 512)
+    tree = auto_tree(program, fake(registers, bits))
+    assert "pack in0 as (m, k)" in tree.explain()
+    assert_close(c.numpy(tree), ref, 1e-5)
+    _, small, _ = matmul_program(200, 300, 500)
+    assert "pack in0" not in auto_tree(small, fake(registers, bits)).explain()
 
 
 def test_threads_only_with_several_cores_and_enough_work():

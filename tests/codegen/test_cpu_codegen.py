@@ -80,6 +80,34 @@ def test_a_padded_value_broadcast_across_lanes_is_one_guarded_vector(rng):
     assert np.isfinite(got[2:]).all() and np.allclose(got[2:], ref[2:], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_an_edge_register_tile_keeps_its_accumulators_in_registers(rng, dtype):
+    """A 4x16 register tile over 10x37x21: the last row tile has 2 rows and the last column tile 5
+    columns (the unrolled vector loop stops after one copy, its vector after 5 lanes).  Its
+    accumulators are loaded once before the k loop and stored once after, the short vector through
+    masked loads and stores, and nothing outside the result is read or written."""
+    case = matmul(rng, 10, 37, 21, dtype)
+    t = case.make()
+    tree = (t.loop_tree().split("m", 4).split("n", 16).split("n.1", 8)
+            .reorder("m.0", "n.0", "k", "m.1", "n.1.0", "n.1.1")
+            .unroll("m.1").unroll("n.1.0").vectorize("n.1.1"))
+    kernel = t.compile(tree)
+    assert "llvm.masked.store" in kernel.optimized_ir and "llvm.masked.load" in kernel.optimized_ir
+    case.check(kernel(ir.lower(t.node)[1]))
+
+
+def test_register_tile_updates_of_one_result_share_its_register(rng):
+    """k split and its inner part unrolled inside the vectorized tile: two unrolled copies update the
+    same results in turn, so they share one accumulator (the loop tree's order of additions)."""
+    case = matmul(rng, 6, 12, 20)
+    t = case.make()
+    tree = (t.loop_tree().split("n", 8).split("k", 2).reorder("m", "n.0", "k.0", "k.1", "n.1")
+            .unroll("k.1").vectorize("n.1"))
+    kernel = t.compile(tree)
+    assert "llvm.masked.store" in kernel.optimized_ir   # the edge tile kept in registers
+    case.check(kernel(ir.lower(t.node)[1]))
+
+
 # ------------------------------------------------------------------ parallel loops
 
 def _functions(llvm_ir: str) -> dict[str, str]:

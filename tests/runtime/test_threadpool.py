@@ -33,7 +33,31 @@ def test_chunks_cover_the_range_once(count, threads):
     parallel_for()(body, None, count, threads)
     covered = sorted(i for start, end in ranges for i in range(start, end))
     assert covered == list(range(count))
-    assert len(ranges) <= max(1, threads)
+    if threads > 1 and count > 1:     # blocks claimed one by one, about CHUNKS_PER_THREAD per thread
+        grain = max(1, count // (threads * pool_code.CHUNKS_PER_THREAD))
+        assert sorted(ranges) == [(start, min(start + grain, count)) for start in range(0, count, grain)]
+    else:
+        assert ranges == [(0, count)]
+
+
+def test_a_stalled_thread_leaves_the_other_blocks_to_the_rest():
+    """A block that does not finish until every other block has run: with blocks handed out one by
+    one, the caller runs all the others (with chunks fixed per thread it would wait for ever)."""
+    count, ranges, lock, rest_done, stalls = 10, [], threading.Lock(), threading.Event(), []
+    caller = threading.get_ident()
+
+    @BODY
+    def body(ctx, start, end):
+        if threading.get_ident() != caller and not rest_done.is_set():
+            stalls.append(rest_done.wait(timeout=30))      # False: the others waited for this block
+        with lock:
+            ranges.append((start, end))
+            if sum(e - s for s, e in ranges) == count - 1:
+                rest_done.set()
+
+    parallel_for()(body, None, count, 2)
+    assert sorted(i for start, end in ranges for i in range(start, end)) == list(range(count))
+    assert all(stalls), "the caller did not take the stalled worker's share"
 
 
 @pytest.fixture

@@ -1,0 +1,204 @@
+"""Register tiles kept in registers across their reduction loop, edge tiles included.
+
+A plain loop whose body is only unrolled and vectorized loops around updates of results that do
+not move with it (a matmul's k loop around its mr x nr tile) loads each result once before the
+loop, updates it in a register (an alloca that LLVM promotes) and stores it once after.  LLVM
+does this itself for a full tile, but not for an edge tile, whose vectorized loops stop short:
+there the shared builder branches per vector between a full vector and a scalar tail loop, and
+the updates go through memory every iteration.  Here an edge tile's short vector is one masked
+vector (`llvm.masked.load`/`store`: no lane past the trip count is read or written) and an
+unrolled copy past its trip count is skipped by a branch, so the tile's loop runs at the speed of
+a full one.  Updates keep the loop tree's order, so results are the same bit for bit.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from llvmlite import ir as llir
+
+from .. import ir
+from ..schedule import LoopNode, StmtNode
+from .llvm import I32, MEMORY_TYPE, VALUE_TYPE, FunctionBuilder, Lanes, shaped
+
+Key = tuple  # (buffer, the offset's terms outside the tile, its constant)
+
+
+class Accumulators:
+    """The results one reduction loop's register tile updates, each in a register slot."""
+
+    def __init__(self, builder: FunctionBuilder, loop: str):
+        self.builder, self.loop = builder, loop
+        self.slots: dict[Key, llir.Value] = {}
+        self.stored: set[Key] = set()
+
+    @classmethod
+    def of(cls, builder: FunctionBuilder, node: LoopNode) -> "Accumulators | None":
+        """The accumulators of a plain loop around a register tile, or None for any other loop."""
+        if node.loop.annotation or id(node) in builder.hoisted or not node.body:
+            return None
+        found = cls(builder, node.loop.name)
+        keys: list[tuple[Key, int]] = []
+        if not found.fits(node.body, {}, None, keys):
+            return None
+        return found if disjoint(keys) and not found.reads_results(node.body, {k[0] for k, _ in keys}) else None
+
+    # The loops it accepts ---------------------------------------------------------------
+    def fits(self, nodes: list, copy: dict[str, int], lanes: Lanes | None, keys: list) -> bool:
+        """Whether `nodes` are only unrolled and vectorized loops (their trip counts not moving with
+        the reduction loop) around updates it can keep in registers; collects their (key, width)."""
+        for node in nodes:
+            if isinstance(node, StmtNode):
+                if not self.fits_statement(node, copy, lanes):
+                    return False
+                keys.append((self.key(node, copy, lanes), lanes.width if lanes else 1))
+                continue
+            kind = node.loop.annotation
+            if kind not in ("unroll", "vectorize") or lanes is not None or \
+                    any(self.loop in {v for v, _ in lim.rest.terms} for lim in node.limits):
+                return False
+            if kind == "vectorize":
+                inner = Lanes(node.loop.name, node.loop.extent)
+                if not all(isinstance(s, StmtNode) for s in node.body) or not self.fits(node.body, copy, inner, keys):
+                    return False
+                if self.tail(node) and not all(self.maskable(s, inner) for s in node.body):
+                    return False
+                continue
+            for k in range(node.loop.extent):
+                if not self.fits(node.body, {**copy, node.loop.name: k}, None, keys):
+                    return False
+        return True
+
+    def fits_statement(self, stmt: StmtNode, copy: dict[str, int], lanes: Lanes | None) -> bool:
+        """An update of a float32/float64 result that the reduction loop does not move (packed along
+        the vectorized loop, if any)."""
+        stage = stmt.stage
+        if stmt.kind != "update" or MEMORY_TYPE[stage.dtype] != VALUE_TYPE[stage.dtype]:
+            return False
+        coeffs = self.offset(stmt).coeffs()
+        return not coeffs.get(self.loop) and (lanes is None or coeffs.get(lanes.name) == 1)
+
+    def maskable(self, stmt: StmtNode, lanes: Lanes) -> bool:
+        """Whether a statement's lanes can run as a masked vector: it stores packed and every value it
+        reads is packed, broadcast or the same in every lane (no lane computed alone)."""
+        stage = stmt.stage
+        step = self.builder.linear_offset(stage.name, ir.Affine.identity(stage.dims), stmt).coeffs().get(lanes.name, 0)
+        return step == 1 and self.packed(stage.expr, stmt, lanes)
+
+    def packed(self, e: ir.Expr, stmt: StmtNode, lanes: Lanes) -> bool:
+        """Whether `vector_expr` computes `e` from whole vectors (no lane computed alone)."""
+        if isinstance(e, ir.Const):
+            return True
+        if isinstance(e, ir.Load) and not e.clamped and \
+                self.builder.linear_offset(e.buffer, e.index, stmt).coeffs().get(lanes.name, 0) in (0, 1):
+            return True
+        if isinstance(e, ir.Load | ir.Select):
+            return self.builder.lane_invariant(e, stmt, lanes)
+        if isinstance(e, ir.Binary):
+            return self.packed(e.a, stmt, lanes) and self.packed(e.b, stmt, lanes)
+        return self.packed(e.x, stmt, lanes)
+
+    def reads_results(self, nodes: list, buffers: set[str]) -> bool:
+        """Whether any statement below reads a result kept in registers (it would read a stale value)."""
+        for node in nodes:
+            if isinstance(node, StmtNode):
+                if ir.loaded_buffers(node.stage.expr) & buffers:
+                    return True
+            elif self.reads_results(node.body, buffers):
+                return True
+        return False
+
+    def tail(self, node: LoopNode) -> bool:
+        """Whether the loop may stop short here (a limit not known to hold in this copy of the code)."""
+        return bool(node.limits) and id(node) not in self.builder.full
+
+    def offset(self, stmt: StmtNode) -> ir.Affine:
+        stage = stmt.stage
+        return self.builder.linear_offset(stage.name, ir.Affine.identity(stage.dims), stmt)
+
+    def key(self, stmt: StmtNode, copy: dict[str, int], lanes: Lanes | None) -> Key:
+        """The result's place: its buffer, and its offset with the unrolled copy's values put in and
+        the vectorized loop left out (its lanes follow from the first)."""
+        offset = self.offset(stmt).substitute({name: ir.Affine.of({}, k) for name, k in copy.items()})
+        terms = tuple(sorted((v, c) for v, c in offset.terms if lanes is None or v != lanes.name))
+        return stmt.stage.name, terms, offset.const
+
+    # Emitting ---------------------------------------------------------------------------
+    def visit(self, nodes: list, env: dict, action, copy: dict[str, int] | None = None, lanes: Lanes | None = None):
+        """Run `action(stmt, env, lanes, key)` for every statement copy below `nodes`, in the loop
+        tree's order: unrolled copies past their trip count skipped, short vectors masked."""
+        b, copy = self.builder.builder, copy or {}
+        for node in nodes:
+            if isinstance(node, StmtNode):
+                action(node, env, lanes, self.key(node, copy, lanes))
+                continue
+            count = self.builder.trip_count(node, env)
+            name, extent = node.loop.name, node.loop.extent
+            if node.loop.annotation == "vectorize":
+                mask = self.lane_mask(count, extent) if self.tail(node) else None
+                self.visit(node.body, env, action, copy, Lanes(name, extent, mask))
+                continue
+            for k in range(extent):
+                here = {**env, name: llir.Constant(count.type, k)}
+                if self.tail(node):
+                    with b.if_then(b.icmp_signed("<", llir.Constant(count.type, k), count)):
+                        self.visit(node.body, here, action, {**copy, name: k}, lanes)
+                else:
+                    self.visit(node.body, here, action, {**copy, name: k}, lanes)
+
+    def lane_mask(self, count: llir.Value, width: int) -> llir.Value:
+        """<width x i1>: lane < count."""
+        b = self.builder.builder
+        lanes = llir.Constant(llir.VectorType(I32, width), list(range(width)))
+        return b.icmp_signed("<", lanes, self.builder.splat(b.trunc(count, I32), width))
+
+    def address(self, stmt: StmtNode, env: dict, lanes: Lanes | None):
+        stage = stmt.stage
+        first = env if lanes is None else {**env, lanes.name: llir.Constant(llir.IntType(64), 0)}
+        return self.builder.access(stage.name, ir.Affine.identity(stage.dims), False, stmt, first)
+
+    def load(self, stmt: StmtNode, env: dict, lanes: Lanes | None, key: Key):
+        """Before the loop: the result into its slot (inactive lanes zero)."""
+        if key in self.slots:
+            return
+        stage, fb = stmt.stage, self.builder
+        ty = shaped(VALUE_TYPE[stage.dtype], lanes.width if lanes else None)
+        self.slots[key] = slot = fb.allocas.alloca(ty)
+        value = fb.load_value(self.address(stmt, env, lanes), stage.dtype, None,
+                              lanes.width if lanes else None, lanes.mask if lanes else None)
+        fb.builder.store(value, slot)
+
+    def update(self, stmt: StmtNode, env: dict, lanes: Lanes | None, key: Key):
+        """In the loop: the slot updated by the statement's expression."""
+        fb, stage, slot = self.builder, stmt.stage, self.slots[key]
+        if lanes is None:
+            evaluate = lambda e: fb.expr(e, stmt, env)  # noqa: E731
+        else:
+            evaluate = lambda e: fb.vector_expr(e, stmt, env, lanes)  # noqa: E731
+        old = fb.builder.load(slot, typ=slot.allocated_type)
+        fb.builder.store(fb.accumulate(stage.reduce_op, old, stage.expr, evaluate), slot)
+
+    def store(self, stmt: StmtNode, env: dict, lanes: Lanes | None, key: Key):
+        """After the loop: the slot back into the result (active lanes only)."""
+        if key in self.stored:
+            return
+        self.stored.add(key)
+        fb, slot = self.builder, self.slots[key]
+        fb.store_value(fb.builder.load(slot, typ=slot.allocated_type), self.address(stmt, env, lanes),
+                       stmt.stage.dtype, None, lanes.mask if lanes else None)
+
+
+def disjoint(keys: list[tuple[Key, int]]) -> bool:
+    """Whether the results are one place each or do not overlap: per buffer, the same terms, and
+    constants equal (one result) or at least a vector apart."""
+    by_buffer: dict[str, dict[tuple, int]] = defaultdict(dict)
+    for (buffer, terms, const), width in keys:
+        places = by_buffer[buffer]
+        if places and next(iter(places))[0] != terms:
+            return False
+        if places.setdefault((terms, const), width) != width:
+            return False
+    for places in by_buffer.values():
+        spans = sorted((const, width) for (_, const), width in places.items())
+        if any(c1 + w1 > c2 for (c1, w1), (c2, _) in zip(spans, spans[1:])):
+            return False
+    return True
