@@ -143,7 +143,6 @@ class CpuFunctionBuilder(FunctionBuilder):
         start, end = body_fn.args[-2:]
         lp = node.loop
         inner.full = set(self.full)
-        inner.allocate_placed(node)
         inner.counted_loop(start, end, lambda i: inner.loop_body(node, {**inner_env, lp.name: i}), lp.name)
         inner.finish()
 
