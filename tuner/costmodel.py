@@ -189,14 +189,16 @@ class Prior:
 
     def trust(self, own: TrainingSet) -> float:
         """How well the transferred trials' model ranks the study's own measured trials: Spearman's
-        correlation of its predictions with their measured speed, at least 0; 1 while there are fewer
-        than MIN_TRAINING own trials or their times are all equal (no evidence against it yet)."""
+        correlation of its predictions with their measured speed, at least 0 (0 when it predicts them
+        all alike); 1 while there are fewer than MIN_TRAINING own trials or their times are all equal
+        (no evidence against it yet)."""
         from scipy.stats import spearmanr
         predicted = self.model().predict(own.rows)
         if predicted is None or len(own) < MIN_TRAINING or len(set(own.targets)) < 2:
             return 1.0
-        rho = spearmanr(predicted, own.targets).statistic
-        return max(0.0, float(rho)) if rho == rho else 0.0
+        if len(set(predicted)) < 2:
+            return 0.0                   # it cannot tell the study's schedules apart
+        return max(0.0, float(spearmanr(predicted, own.targets).statistic))
 
 
 _PRIORS: dict = {}
