@@ -8,12 +8,13 @@ seen).  No study starts with the automatic schedule (`--from-automatic` puts it 
 0), so every sampler starts cold from the same space and the figures measure its search.
 Every run measures in the same kind of isolated worker.
 
-At the end, the best schedule of every run and the automatic schedule are measured again side
-by side in this process, in interleaved rounds, so load on the machine moves them alike; the
-fastest of them is the workload's "best known" time.  Per run it reports the trials and wall
-seconds (from the first trial's start) until a trial measured within 0.9x and 0.95x of the best
-known time, the run's best schedule re-measured against it, and the median per-trial overhead
-(everything but the timed runs).  Per workload it reports the cost model's ranking quality:
+At the end, every schedule any run measured and the automatic schedule are measured again side
+by side in this process, in interleaved rounds, so load on the machine moves them alike; every
+figure comes from these times, not from the trials' own (taken at different times and loads).
+The fastest is the workload's "best known" time.  Per run it reports the trials and wall seconds
+(from the first trial's start) until a trial's schedule is within 0.9x and 0.95x of the best
+known time, the run's best schedule against it, and the median per-trial overhead (everything
+but the timed runs).  Per workload it reports the cost model's ranking quality:
 Spearman's correlation between predicted and measured speed on the random studies' trials (held
 out), with the model trained on every other study of the run ("within"), and trained on the
 other workloads' studies only ("transfer": what a warm start knows).
@@ -62,14 +63,26 @@ def measured(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     return sorted((t for t in study.trials if t.state == COMPLETE), key=lambda t: t.number)
 
 
-def first_reaching(study: optuna.Study, seconds: float) -> tuple[int | None, float | None]:
-    """(1-based trial number, wall seconds since the first trial began) of the first trial at most
-    `seconds` long; (None, None) when none is."""
+def first_reaching(study: optuna.Study, seconds_of: dict[str, float], target: float) -> tuple[int | None, float | None]:
+    """(1-based trial number, wall seconds since the first trial began) of the first trial whose
+    schedule's re-measured time (`seconds_of`, by schedule JSON) is at most `target`; (None, None)
+    when none is."""
     start = min(t.datetime_start for t in study.trials)
     for trial in measured(study):
-        if trial.value <= seconds:
+        if seconds_of[trial.user_attrs["schedule"]] <= target:
             return trial.number + 1, (trial.datetime_complete - start).total_seconds()
     return None, None
+
+
+def best_so_far(study: optuna.Study, seconds_of: dict[str, float]) -> list[float]:
+    """The best re-measured time after each finished trial, in trial order (inf before the first)."""
+    out, best = [], math.inf
+    for trial in sorted(study.trials, key=lambda t: t.number):
+        if trial.state == COMPLETE:
+            best = min(best, seconds_of[trial.user_attrs["schedule"]])
+        if trial.state in tuner_study.FINISHED:
+            out.append(best)
+    return out
 
 
 def tune_run(tensor, storage: str, name: str, sampler: str, seed: int, trials: int, repeats: int,
@@ -96,7 +109,7 @@ def ranking_quality(runs: dict, name: str, transfer: bool) -> float | None:
         elif workload != name or not transfer:
             train.add_study(study.trials)
     predicted = costmodel.CostModel().fit(train).predict([t.user_attrs["features"] for t in held_out])
-    if predicted is None or len(held_out) < 3:
+    if predicted is None or len(held_out) < 3 or len(set(predicted)) < 2:
         return None
     return float(spearmanr(predicted, [-math.log(t.value) for t in held_out]).statistic)
 
@@ -142,9 +155,10 @@ def load_runs(directory: str, names: list[str], seeds: list[int]) -> dict:
 
 
 def remeasure(name: str, schedules: dict[str, str | None], repeats: int) -> dict[str, float]:
-    """Median seconds of each schedule (JSON; None: the automatic schedule), compiled once and timed
-    side by side in this process: REMEASURE_ROUNDS rounds, each running every schedule `repeats`
-    times after a warm-up run."""
+    """Seconds of each schedule (JSON; None: the automatic schedule), compiled once and timed side by
+    side in this process: REMEASURE_ROUNDS rounds, each running every schedule `repeats` times after
+    a warm-up run; the fastest round's median (a round of a few hundred schedules takes long enough
+    for the load of a shared machine to change within it, and load only slows a kernel down)."""
     program, arrays = ir.lower(tensor_of(name).node)
     tree = LoopTree(program)
     kernels = {}
@@ -154,49 +168,53 @@ def remeasure(name: str, schedules: dict[str, str | None], repeats: int) -> dict
             kernels[label] = runtime.Kernel(space.sample(automatic, tree, 1), 1)
         else:
             kernels[label] = runtime.Kernel(LoopTree(program, Schedule.from_json(text, program)), 1)
-    times: dict[str, list[float]] = {label: [] for label in kernels}
+    rounds: dict[str, list[float]] = {label: [] for label in kernels}
     for _ in range(REMEASURE_ROUNDS):
         for label, kernel in kernels.items():
             kernel(arrays)
+            times = []
             for _ in range(repeats):
                 start = time.perf_counter()
                 kernel(arrays)
-                times[label].append(time.perf_counter() - start)
-    return {label: statistics.median(values) for label, values in times.items()}
+                times.append(time.perf_counter() - start)
+            rounds[label].append(statistics.median(times))
+    return {label: min(medians) for label, medians in rounds.items()}
 
 
-def best_known(name: str, runs: dict, repeats: int) -> tuple[dict[str, float], float]:
-    """Re-measured seconds of each run's best schedule ('workload/sampler/seed') and of the automatic
-    schedule ('automatic'); and the fastest of them: the best known time of the workload."""
-    schedules = {"automatic": None}
-    for (workload, sampler, seed), study in runs.items():
-        if workload == name and measured(study):
-            schedules[f"{name}/{sampler}/{seed}"] = study.best_trial.user_attrs["schedule"]
-    seconds = remeasure(name, schedules, repeats)
-    return seconds, min(seconds.values())
+def remeasured_times(name: str, runs: dict, repeats: int) -> dict[str, float]:
+    """Re-measured seconds of every schedule any run of workload `name` measured (by schedule JSON)
+    and of the automatic schedule ('automatic'), all side by side."""
+    schedules: dict[str, str | None] = {"automatic": None}
+    for (workload, _, _), study in runs.items():
+        if workload == name:
+            schedules.update((t.user_attrs["schedule"], t.user_attrs["schedule"]) for t in measured(study))
+    return remeasure(name, schedules, repeats)
 
 
 def summarize(names, runs, trials, seeds, repeats) -> dict:
-    """Rows per run, medians per workload and sampler, ranking quality per workload."""
+    """Rows per run, medians per workload and sampler, ranking quality per workload; every figure
+    from the re-measured times of the trials' schedules."""
     rows, curves, quality, known = [], {}, {}, {}
     for name in names:
-        remeasured, best = best_known(name, runs, repeats)
-        known[name] = {"best_seconds": best, "automatic_seconds": remeasured["automatic"],
-                       "automatic_fraction": best / remeasured["automatic"]}
+        seconds_of = remeasured_times(name, runs, repeats)
+        best = min(seconds_of.values())
+        known[name] = {"best_seconds": best, "automatic_seconds": seconds_of["automatic"],
+                       "automatic_fraction": best / seconds_of["automatic"], "schedules": len(seconds_of)}
         quality[name] = {"within": ranking_quality(runs, name, False),
                          "transfer": ranking_quality(runs, name, True) if len(names) > 1 else None}
         for (workload, sampler, seed), study in runs.items():
             if workload != name:
                 continue
             key = f"{name}/{sampler}/{seed}"
+            curves[key] = [best / b if b < math.inf else 0.0 for b in best_so_far(study, seconds_of)]
             row = {"workload": name, "sampler": sampler, "seed": seed, "best_trial_seconds": study.best_value,
-                   "fraction_of_best": best / remeasured[key] if key in remeasured else 0.0}
+                   "fraction_of_best": max(curves[key], default=0.0)}
             for target in TARGETS:
-                row[f"trials_to_{target}"], row[f"seconds_to_{target}"] = first_reaching(study, best / target)
+                row[f"trials_to_{target}"], row[f"seconds_to_{target}"] = first_reaching(study, seconds_of,
+                                                                                         best / target)
             overheads = [t.user_attrs["overhead_seconds"] for t in study.trials if "overhead_seconds" in t.user_attrs]
             row["median_overhead_seconds"] = statistics.median(overheads) if overheads else None
             rows.append(row)
-            curves[key] = [best / b if b < math.inf else 0.0 for b in tuner_study.best_so_far(study)]
     return {"trials": trials, "seeds": seeds, "runs": rows, "curves": curves, "spearman": quality,
             "best_known": known}
 
@@ -215,16 +233,19 @@ def to_markdown(data: dict) -> str:
         return "-" if value is None else format(value, fmt)
     start = "the automatic schedule as trial 0" if data.get("from_automatic") else "no automatic trial 0"
     lines = [f"float32, 1 thread; {data['trials']} trials per run, seeds {data['seeds']}, {start}; "
-             f"{data.get('wall_seconds', 0) / 60:.0f} min; load average {data.get('load', '?')}; targets are "
-             "fractions of the best known time (the fastest of the runs' best schedules and the automatic one, "
-             f"re-measured side by side, median of {REMEASURE_ROUNDS} rounds)", "",
-             "| workload | best known ms | automatic ms | automatic / best known |", "| --- | ---: | ---: | ---: |"]
+             f"{data.get('wall_seconds', 0) / 60:.0f} min; load average {data.get('load', '?')}; every schedule "
+             f"a run measured, and the automatic one, re-measured side by side (fastest of {REMEASURE_ROUNDS} rounds' "
+             "medians); targets "
+             "are fractions of the fastest (the best known time)", "",
+             "| workload | schedules re-measured | best known ms | automatic ms | automatic / best known |",
+             "| --- | ---: | ---: | ---: | ---: |"]
     workloads = sorted({r["workload"] for r in data["runs"]}, key=WORKLOADS.index)
     for name in workloads:
         known = data["best_known"][name]
-        lines.append(f"| {name} | {known['best_seconds'] * 1e3:.3f} | {known['automatic_seconds'] * 1e3:.3f} "
+        lines.append(f"| {name} | {known['schedules']} | {known['best_seconds'] * 1e3:.3f} "
+                     f"| {known['automatic_seconds'] * 1e3:.3f} "
                      f"| {known['automatic_fraction']:.2f} |")
-    lines += ["", "| workload | sampler | seed | best re-measured / best known | trials to 0.9x | s to 0.9x "
+    lines += ["", "| workload | sampler | seed | best / best known | trials to 0.9x | s to 0.9x "
               "| trials to 0.95x | s to 0.95x | median overhead s |",
               "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in data["runs"]:
