@@ -3,16 +3,24 @@
 Tunes matmul 512³, conv2d 1×64×56² 3×3, softmax 4096×1024 and layernorm 4096×1024 (float32,
 one thread) with four samplers over the same space: random, Optuna's TPE, the cost-model
 sampler cold (no transfer), and the cost-model sampler warm-started from the studies of the
-other three workloads (copied into a fresh storage first, so nothing of the workload itself
-is seen).  Every run measures in the same kind of isolated worker.  Per run it reports the
-trials and wall seconds (from the first trial's start) needed to reach 0.9x and 0.95x of the
-best time any run found for that workload, and the median per-trial overhead (everything but
-the timed runs).  Per workload it reports the cost model's ranking quality: Spearman's
-correlation between predicted and measured speed on the random studies' trials (held out),
-with the model trained on every other study of the run.
-Writes bench/results/tune_quality.json, .md and .png (best-so-far against trials); `--keep DIR`
+other workloads (copied into a fresh storage first, so nothing of the workload itself is
+seen).  No study starts with the automatic schedule (`--from-automatic` puts it back as trial
+0), so every sampler starts cold from the same space and the figures measure its search.
+Every run measures in the same kind of isolated worker.
+
+At the end, every schedule any run measured and the automatic schedule are measured again side
+by side in this process, in interleaved rounds, so load on the machine moves them alike; every
+figure comes from these times, not from the trials' own (taken at different times and loads).
+The fastest is the workload's "best known" time.  Per run it reports the trials and wall seconds
+(from the first trial's start) until a trial's schedule is within 0.9x and 0.95x of the best
+known time, the run's best schedule against it, and the median per-trial overhead (everything
+but the timed runs).  Per workload it reports the cost model's ranking quality:
+Spearman's correlation between predicted and measured speed on the random studies' trials (held
+out), with the model trained on every other study of the run ("within"), and trained on the
+other workloads' studies only ("transfer": what a warm start knows).
+Writes bench/results/tune_quality.json, .md and .png (best-so-far against trials; `--output` names them); `--keep DIR`
 keeps the study storages there, and `--summarize DIR` (with the same --trials, --seeds and
---workloads) writes the results of such a run again without tuning.
+--workloads) re-measures and writes the results of such a run again without tuning.
 """
 from __future__ import annotations
 
@@ -20,8 +28,10 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +39,9 @@ import optuna
 
 import looptool as lt
 from bench import workloads as bench_workloads
-from tuner import costmodel
+from looptool import ir, runtime
+from looptool.schedule import LoopTree, Schedule
+from tuner import costmodel, space
 from tuner import study as tuner_study
 
 HERE = Path(__file__).parent
@@ -37,6 +49,7 @@ WORKLOADS = ("matmul_512", "conv2d", "softmax", "layernorm")
 SAMPLERS = ("random", "tpe", "costmodel-cold", "costmodel-warm")
 TARGETS = (0.9, 0.95)
 COMPLETE = optuna.trial.TrialState.COMPLETE
+REMEASURE_ROUNDS = 5        # interleaved rounds of the final side-by-side measurement
 
 
 def tensor_of(name: str) -> lt.Tensor:
@@ -50,44 +63,59 @@ def measured(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     return sorted((t for t in study.trials if t.state == COMPLETE), key=lambda t: t.number)
 
 
-def first_reaching(study: optuna.Study, seconds: float) -> tuple[int | None, float | None]:
-    """(1-based trial number, wall seconds since the first trial began) of the first trial at most
-    `seconds` long; (None, None) when none is."""
+def first_reaching(study: optuna.Study, seconds_of: dict[str, float], target: float) -> tuple[int | None, float | None]:
+    """(1-based trial number, wall seconds since the first trial began) of the first trial whose
+    schedule's re-measured time (`seconds_of`, by schedule JSON) is at most `target`; (None, None)
+    when none is."""
     start = min(t.datetime_start for t in study.trials)
     for trial in measured(study):
-        if trial.value <= seconds:
+        if seconds_of[trial.user_attrs["schedule"]] <= target:
             return trial.number + 1, (trial.datetime_complete - start).total_seconds()
     return None, None
 
 
-def tune_run(tensor, storage: str, name: str, sampler: str, seed: int, trials: int, repeats: int) -> optuna.Study:
+def best_so_far(study: optuna.Study, seconds_of: dict[str, float]) -> list[float]:
+    """The best re-measured time after each finished trial, in trial order (inf before the first)."""
+    out, best = [], math.inf
+    for trial in sorted(study.trials, key=lambda t: t.number):
+        if trial.state == COMPLETE:
+            best = min(best, seconds_of[trial.user_attrs["schedule"]])
+        if trial.state in tuner_study.FINISHED:
+            out.append(best)
+    return out
+
+
+def tune_run(tensor, storage: str, name: str, sampler: str, seed: int, trials: int, repeats: int,
+             from_automatic: bool) -> optuna.Study:
     """One tuning run; 'costmodel-cold' and 'costmodel-warm' are the cost-model sampler without and
     with transfer."""
     kind = sampler.split("-")[0]
     result = tuner_study.tune(tensor, trials=trials, storage=storage, study_name=name, sampler=kind, seed=seed,
-                              repeats=repeats, progress=False, record=False, transfer=sampler == "costmodel-warm")
+                              repeats=repeats, progress=False, record=False, transfer=sampler == "costmodel-warm",
+                              from_automatic=from_automatic)
     return result.study
 
 
-def ranking_quality(runs: dict, name: str) -> float | None:
+def ranking_quality(runs: dict, name: str, transfer: bool) -> float | None:
     """Spearman correlation of predicted and measured speed on the trials of workload `name`'s random
-    studies (every seed), with the model trained on every other study of the run (this workload's
-    TPE and cost-model studies, and all studies of the other workloads)."""
+    studies (every seed), with the model trained on every other study of the run (`transfer`: on
+    the other workloads' studies only)."""
     from scipy.stats import spearmanr
     train = costmodel.TrainingSet()
     held_out = []
     for (workload, sampler, _), study in runs.items():
         if workload == name and sampler == "random":
             held_out += [t for t in measured(study) if t.user_attrs.get("features")]
-        else:
+        elif workload != name or not transfer:
             train.add_study(study.trials)
     predicted = costmodel.CostModel().fit(train).predict([t.user_attrs["features"] for t in held_out])
-    if predicted is None or len(held_out) < 3:
+    if predicted is None or len(held_out) < 3 or len(set(predicted)) < 2:
         return None
     return float(spearmanr(predicted, [-math.log(t.value) for t in held_out]).statistic)
 
 
-def run(names: list[str], trials: int, seeds: list[int], repeats: int, keep: str | None = None) -> dict:
+def run(names: list[str], trials: int, seeds: list[int], repeats: int, keep: str | None = None,
+        from_automatic: bool = False) -> dict:
     """Every workload with every sampler and seed; the warm runs last, from the others' studies."""
     lt.set_num_threads(1)
     runs: dict[tuple[str, str, int], optuna.Study] = {}
@@ -97,7 +125,7 @@ def run(names: list[str], trials: int, seeds: list[int], repeats: int, keep: str
             for sampler in SAMPLERS[:3]:
                 for seed in seeds:
                     runs[name, sampler, seed] = tune_run(tensor_of(name), storage, f"{sampler}-{seed}", sampler,
-                                                         seed, trials, repeats)
+                                                         seed, trials, repeats, from_automatic)
                     print(name, sampler, seed, runs[name, sampler, seed].best_value, flush=True)
         for name in names:
             warm = f"sqlite:///{tmp}/warm-{name}.sqlite"
@@ -110,9 +138,9 @@ def run(names: list[str], trials: int, seeds: list[int], repeats: int, keep: str
                                               to_study_name=f"{other}-{sampler}-{seed}")
             for seed in seeds:
                 runs[name, "costmodel-warm", seed] = tune_run(tensor_of(name), warm, f"costmodel-warm-{seed}",
-                                                              "costmodel-warm", seed, trials, repeats)
+                                                              "costmodel-warm", seed, trials, repeats, from_automatic)
                 print(name, "costmodel-warm", seed, runs[name, "costmodel-warm", seed].best_value, flush=True)
-        return summarize(names, runs, trials, seeds)
+        return summarize(names, runs, trials, seeds, repeats)
 
 
 def load_runs(directory: str, names: list[str], seeds: list[int]) -> dict:
@@ -126,24 +154,69 @@ def load_runs(directory: str, names: list[str], seeds: list[int]) -> dict:
     return runs
 
 
-def summarize(names, runs, trials, seeds) -> dict:
-    """Rows per run, medians per workload and sampler, ranking quality per workload."""
-    rows, curves, quality = [], {}, {}
+def remeasure(name: str, schedules: dict[str, str | None], repeats: int) -> dict[str, float]:
+    """Seconds of each schedule (JSON; None: the automatic schedule), compiled once and timed side by
+    side in this process: REMEASURE_ROUNDS rounds, each running every schedule `repeats` times after
+    a warm-up run; the fastest round's median (a round of a few hundred schedules takes long enough
+    for the load of a shared machine to change within it, and load only slows a kernel down)."""
+    program, arrays = ir.lower(tensor_of(name).node)
+    tree = LoopTree(program)
+    kernels = {}
+    for label, text in schedules.items():
+        if text is None:
+            automatic = costmodel.ParamDraw(np.random.default_rng(0), space.automatic_params(program, 1))
+            kernels[label] = runtime.Kernel(space.sample(automatic, tree, 1), 1)
+        else:
+            kernels[label] = runtime.Kernel(LoopTree(program, Schedule.from_json(text, program)), 1)
+    rounds: dict[str, list[float]] = {label: [] for label in kernels}
+    for _ in range(REMEASURE_ROUNDS):
+        for label, kernel in kernels.items():
+            kernel(arrays)
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                kernel(arrays)
+                times.append(time.perf_counter() - start)
+            rounds[label].append(statistics.median(times))
+    return {label: min(medians) for label, medians in rounds.items()}
+
+
+def remeasured_times(name: str, runs: dict, repeats: int) -> dict[str, float]:
+    """Re-measured seconds of every schedule any run of workload `name` measured (by schedule JSON)
+    and of the automatic schedule ('automatic'), all side by side."""
+    schedules: dict[str, str | None] = {"automatic": None}
+    for (workload, _, _), study in runs.items():
+        if workload == name:
+            schedules.update((t.user_attrs["schedule"], t.user_attrs["schedule"]) for t in measured(study))
+    return remeasure(name, schedules, repeats)
+
+
+def summarize(names, runs, trials, seeds, repeats) -> dict:
+    """Rows per run, medians per workload and sampler, ranking quality per workload; every figure
+    from the re-measured times of the trials' schedules."""
+    rows, curves, quality, known = [], {}, {}, {}
     for name in names:
-        best = min(runs[key].best_value for key in runs if key[0] == name)
-        quality[name] = ranking_quality(runs, name)
+        seconds_of = remeasured_times(name, runs, repeats)
+        best = min(seconds_of.values())
+        known[name] = {"best_seconds": best, "automatic_seconds": seconds_of["automatic"],
+                       "automatic_fraction": best / seconds_of["automatic"], "schedules": len(seconds_of)}
+        quality[name] = {"within": ranking_quality(runs, name, False),
+                         "transfer": ranking_quality(runs, name, True) if len(names) > 1 else None}
         for (workload, sampler, seed), study in runs.items():
             if workload != name:
                 continue
-            row = {"workload": name, "sampler": sampler, "seed": seed, "best_seconds": study.best_value,
-                   "fraction_of_best": best / study.best_value}
+            key = f"{name}/{sampler}/{seed}"
+            curves[key] = [best / b if b < math.inf else 0.0 for b in best_so_far(study, seconds_of)]
+            row = {"workload": name, "sampler": sampler, "seed": seed, "best_trial_seconds": study.best_value,
+                   "fraction_of_best": max(curves[key], default=0.0)}
             for target in TARGETS:
-                row[f"trials_to_{target}"], row[f"seconds_to_{target}"] = first_reaching(study, best / target)
+                row[f"trials_to_{target}"], row[f"seconds_to_{target}"] = first_reaching(study, seconds_of,
+                                                                                         best / target)
             overheads = [t.user_attrs["overhead_seconds"] for t in study.trials if "overhead_seconds" in t.user_attrs]
             row["median_overhead_seconds"] = statistics.median(overheads) if overheads else None
             rows.append(row)
-            curves[f"{name}/{sampler}/{seed}"] = [best / b if b < math.inf else 0.0 for b in tuner_study.best_so_far(study)]
-    return {"trials": trials, "seeds": seeds, "runs": rows, "curves": curves, "spearman": quality}
+    return {"trials": trials, "seeds": seeds, "runs": rows, "curves": curves, "spearman": quality,
+            "best_known": known}
 
 
 def median_trials(data: dict, workload: str, sampler: str, target: float) -> float:
@@ -154,26 +227,41 @@ def median_trials(data: dict, workload: str, sampler: str, target: float) -> flo
 
 
 def to_markdown(data: dict) -> str:
-    """Per-run table, then median trials to each target per workload and sampler, and Spearman."""
-    lines = [f"float32, 1 thread; {data['trials']} trials per run, seeds {data['seeds']}; targets are fractions "
-             f"of the best time any run found for the workload", "",
-             "| workload | sampler | seed | best / best found | trials to 0.9x | s to 0.9x | trials to 0.95x "
-             "| s to 0.95x | median overhead s |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-
+    """The run's setting, the best known times, the per-run table, then median trials to each target
+    per workload and sampler with the Spearman correlations, and the median overheads."""
     def cell(value, fmt):
         return "-" if value is None else format(value, fmt)
+    start = "the automatic schedule as trial 0" if data.get("from_automatic") else "no automatic trial 0"
+    lines = [f"float32, 1 thread; {data['trials']} trials per run, seeds {data['seeds']}, {start}; "
+             f"{data.get('wall_seconds', 0) / 60:.0f} min; load average {data.get('load', '?')}; every schedule "
+             f"a run measured, and the automatic one, re-measured side by side (fastest of {REMEASURE_ROUNDS} rounds' "
+             "medians); targets "
+             "are fractions of the fastest (the best known time)", "",
+             "| workload | schedules re-measured | best known ms | automatic ms | automatic / best known |",
+             "| --- | ---: | ---: | ---: | ---: |"]
+    workloads = sorted({r["workload"] for r in data["runs"]}, key=WORKLOADS.index)
+    for name in workloads:
+        known = data["best_known"][name]
+        lines.append(f"| {name} | {known['schedules']} | {known['best_seconds'] * 1e3:.3f} "
+                     f"| {known['automatic_seconds'] * 1e3:.3f} "
+                     f"| {known['automatic_fraction']:.2f} |")
+    lines += ["", "| workload | sampler | seed | best / best known | trials to 0.9x | s to 0.9x "
+              "| trials to 0.95x | s to 0.95x | median overhead s |",
+              "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in data["runs"]:
         lines.append(f"| {r['workload']} | {r['sampler']} | {r['seed']} | {r['fraction_of_best']:.2f} "
                      f"| {cell(r['trials_to_0.9'], 'd')} | {cell(r['seconds_to_0.9'], '.0f')} "
                      f"| {cell(r['trials_to_0.95'], 'd')} | {cell(r['seconds_to_0.95'], '.0f')} "
                      f"| {cell(r['median_overhead_seconds'], '.2f')} |")
-    workloads = sorted({r["workload"] for r in data["runs"]}, key=WORKLOADS.index)
-    lines += ["", f"median trials to reach the target (never reached counts as {data['trials'] + 1}):", "",
-              "| workload | " + " | ".join(f"{s} 0.9x / 0.95x" for s in SAMPLERS) + " | Spearman |",
+    lines += ["", f"median trials to reach the target (never reached counts as {data['trials'] + 1}); Spearman on "
+              "held-out random trials, model trained within the run / on the other workloads only:", "",
+              "| workload | " + " | ".join(f"{s} 0.9x / 0.95x" for s in SAMPLERS) + " | Spearman within / transfer |",
               "| --- | " + " | ".join("---" for _ in SAMPLERS) + " | --- |"]
     for name in workloads:
         cells = [f"{median_trials(data, name, s, 0.9):g} / {median_trials(data, name, s, 0.95):g}" for s in SAMPLERS]
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {cell(data['spearman'][name], '.2f')} |")
+        rho = data["spearman"][name]
+        lines.append(f"| {name} | " + " | ".join(cells) +
+                     f" | {cell(rho['within'], '.2f')} / {cell(rho['transfer'], '.2f')} |")
     lines += ["", "median per-trial overhead in seconds (median over the runs' medians):", "",
               "| workload | " + " | ".join(SAMPLERS) + " |", "| --- | " + " | ".join("---" for _ in SAMPLERS) + " |"]
     for name in workloads:
@@ -190,7 +278,8 @@ def median_overhead(data: dict, workload: str, sampler: str) -> float | None:
 
 
 def plot(data: dict, path: Path) -> Path:
-    """Best-so-far (as a fraction of the best found) against trials, one panel per workload."""
+    """Best-so-far (as a fraction of the best known time) against trials, one panel per workload; the
+    dashed line is the automatic schedule."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -202,10 +291,11 @@ def plot(data: dict, path: Path) -> Path:
             workload, sampler, _ = key.split("/")
             if workload == name:
                 ax.plot(range(1, len(curve) + 1), curve, color=colors[sampler], label=sampler, alpha=0.8)
+        ax.axhline(data["best_known"][name]["automatic_fraction"], color="black", linestyle="--", linewidth=1)
         ax.set_title(name)
         ax.set_xlabel("trials")
         ax.set_ylim(0, 1.05)
-    axes[0][0].set_ylabel("best so far / best found")
+    axes[0][0].set_ylabel("best so far / best known")
     handles, labels = axes[0][0].get_legend_handles_labels()
     unique = dict(zip(labels, handles))
     fig.legend(unique.values(), unique.keys(), loc="lower center", ncol=len(unique))
@@ -222,23 +312,30 @@ def main(argv=None):
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
+    parser.add_argument("--from-automatic", action="store_true",
+                        help="start every study with the automatic schedule (trial 0), as `tune` does")
     parser.add_argument("--keep", metavar="DIR", help="keep the study storages in DIR (default: a temporary one)")
+    parser.add_argument("--output", default="tune_quality", help="file name stem of the results in bench/results")
     parser.add_argument("--summarize", metavar="DIR", help="tune nothing: summarize the storages a --keep run left")
     args = parser.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    started, load = time.perf_counter(), os.getloadavg()[0]
     if args.summarize:
-        data = summarize(args.workloads, load_runs(args.summarize, args.workloads, args.seeds), args.trials, args.seeds)
+        runs = load_runs(args.summarize, args.workloads, args.seeds)
+        data = summarize(args.workloads, runs, args.trials, args.seeds, args.repeats)
     else:
         if args.keep:
             Path(args.keep).mkdir(parents=True, exist_ok=True)
-        data = run(args.workloads, args.trials, args.seeds, args.repeats, args.keep)
+        data = run(args.workloads, args.trials, args.seeds, args.repeats, args.keep, args.from_automatic)
+    data.update(from_automatic=args.from_automatic, wall_seconds=time.perf_counter() - started,
+                load=f"{load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")
     out = HERE / "results"
     out.mkdir(exist_ok=True)
-    (out / "tune_quality.json").write_text(json.dumps(data, indent=2))
+    (out / f"{args.output}.json").write_text(json.dumps(data, indent=2))
     text = to_markdown(data)
-    (out / "tune_quality.md").write_text(text + "\n")
+    (out / f"{args.output}.md").write_text(text + "\n")
     print(text)
-    print(f"plot: {plot(data, out / 'tune_quality.png')}")
+    print(f"plot: {plot(data, out / f'{args.output}.png')}")
 
 
 if __name__ == "__main__":

@@ -12,11 +12,14 @@ before a new study measures anything (transfer), and a new shape of a tuned work
 from the best schedules of its nearest tuned shape.
 
 The model's target is a trial's log throughput relative to the best trial of its own study,
-log(best seconds / seconds), so studies of different workloads share one scale.
+log(best seconds / seconds), so studies of different workloads share one scale.  Transferred
+trials count only as far as their own model ranks the new study's measured trials right
+(`Prior.trust`), and never for more than PRIOR_WEIGHT of the study's own trials.
 """
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 from dataclasses import dataclass, field, replace
 from typing import Callable
@@ -36,8 +39,10 @@ RANDOM_CANDIDATES = 96      # fresh random draws per round
 MUTANTS_PER_PARENT = 16     # mutations of each of the best measured schedules per round
 PARENTS = 4
 MIN_TRAINING = 4            # measured trials (own or transferred) before the model ranks anything
+PRIOR_WEIGHT = 2 * BATCH    # own trials' worth of weight that all transferred trials together carry
 NEAREST_SEEDS = 4           # best schedules of the nearest tuned shape tried first
 COMPLETE = optuna.trial.TrialState.COMPLETE
+log = logging.getLogger("looptool.tuner")
 
 
 DESCRIBED_LIMIT = 4096      # feature vectors remembered per process
@@ -108,13 +113,17 @@ def param_key(params: dict) -> tuple:
 
 @dataclass
 class TrainingSet:
-    """Feature vectors and their targets (log throughput relative to their study's best)."""
+    """Feature vectors, their targets (log throughput relative to their study's best) and weights."""
 
     rows: list = field(default_factory=list)
     targets: list = field(default_factory=list)
+    weights: list = field(default_factory=list)
+
+    def __post_init__(self):
+        self.weights = self.weights or [1.0] * len(self.rows)
 
     def add_study(self, trials: list[optuna.trial.FrozenTrial]):
-        """Add the measured trials of one study that carry features of this layout."""
+        """Add the measured trials of one study that carry features of this layout (weight 1 each)."""
         usable = [t for t in trials if t.state == COMPLETE and t.value and
                   len(t.user_attrs.get("features") or ()) == features.feature_length()]
         if not usable:
@@ -123,9 +132,13 @@ class TrainingSet:
         for t in usable:
             self.rows.append(t.user_attrs["features"])
             self.targets.append(math.log(best / t.value))
+            self.weights.append(1.0)
 
-    def copy(self) -> "TrainingSet":
-        return TrainingSet(list(self.rows), list(self.targets))
+    def joined(self, other: "TrainingSet", total_weight: float) -> "TrainingSet":
+        """These rows and `other`'s, whose weights are scaled to sum to `total_weight`."""
+        scale = total_weight / max(sum(other.weights), 1e-12)
+        return TrainingSet(self.rows + other.rows, self.targets + other.targets,
+                           self.weights + [w * scale for w in other.weights])
 
     def __len__(self):
         return len(self.rows)
@@ -147,7 +160,8 @@ class CostModel:
         params = {"objective": "regression", "learning_rate": 0.08, "num_leaves": 15, "min_data_in_leaf": 2,
                   "min_data_in_bin": 1, "bagging_fraction": 0.9, "bagging_freq": 1, "feature_fraction": 0.8,
                   "seed": self.seed, "num_threads": 1, "verbose": -1}
-        dataset = lightgbm.Dataset(np.asarray(data.rows), np.asarray(data.targets), params={"verbose": -1})
+        dataset = lightgbm.Dataset(np.asarray(data.rows), np.asarray(data.targets), weight=np.asarray(data.weights),
+                                   params={"verbose": -1})
         self.booster = lightgbm.train(params, dataset, num_boost_round=120)
         return self
 
@@ -165,6 +179,26 @@ class Prior:
 
     data: TrainingSet = field(default_factory=TrainingSet)
     seeds: list = field(default_factory=list)
+    _model: CostModel | None = None
+
+    def model(self) -> CostModel:
+        """The model of the transferred trials alone (trained once)."""
+        if self._model is None:
+            self._model = CostModel().fit(self.data)
+        return self._model
+
+    def trust(self, own: TrainingSet) -> float:
+        """How well the transferred trials' model ranks the study's own measured trials: Spearman's
+        correlation of its predictions with their measured speed, at least 0 (0 when it predicts them
+        all alike); 1 while there are fewer than MIN_TRAINING own trials or their times are all equal
+        (no evidence against it yet)."""
+        from scipy.stats import spearmanr
+        predicted = self.model().predict(own.rows)
+        if predicted is None or len(own) < MIN_TRAINING or len(set(own.targets)) < 2:
+            return 1.0
+        if len(set(predicted)) < 2:
+            return 0.0                   # it cannot tell the study's schedules apart
+        return max(0.0, float(spearmanr(predicted, own.targets).statistic))
 
 
 _PRIORS: dict = {}
@@ -254,12 +288,13 @@ class CostModelSampler(optuna.samplers.BaseSampler):
 
     def next_round(self, study: optuna.Study) -> list[tuple[dict, list]]:
         """Retrain on every measured trial, draw candidates, return the parameters and steps of the
-        next BATCH (MIN_TRAINING while there is no model): the best legal ones by the model, and one
-        legal random one to keep exploring."""
+        next BATCH (MIN_TRAINING while there is no model or the study has fewer own measured trials,
+        so that the model soon learns from them): the best legal ones by the model, and one legal
+        random one to keep exploring."""
         trials = study.get_trials(deepcopy=False)
-        data = self.prior.data.copy()
-        data.add_study(trials)
-        self.model.fit(data)
+        own = TrainingSet()
+        own.add_study(trials)
+        self.model.fit(self.training_set(own))
         taken = {param_key(t.params) for t in trials}
         candidates = self.candidates(trials, taken)
         scores = self.model.predict([c.features for c in candidates])
@@ -268,7 +303,7 @@ class CostModelSampler(optuna.samplers.BaseSampler):
             order.sort(key=lambda i: -scores[i])
         seeded = [i for i, c in enumerate(candidates) if c.seeded]
         ranked = seeded + [i for i in order if i not in seeded]
-        size = BATCH if scores is not None else MIN_TRAINING     # without a model, retrain sooner
+        size = BATCH if scores is not None and len(own) >= MIN_TRAINING else MIN_TRAINING   # retrain sooner
         picked = _first_legal(candidates, ranked, size - 1)
         explore = [i for i in self.rng.permutation(len(candidates)) if i not in picked]
         picked += _first_legal(candidates, explore, 1)
@@ -276,6 +311,16 @@ class CostModelSampler(optuna.samplers.BaseSampler):
         if self.builder is not None:
             self.builder.prefetch([steps for _, steps in chosen])
         return chosen
+
+    def training_set(self, own: TrainingSet) -> TrainingSet:
+        """The study's own measured trials, and the transferred ones weighted by how well their model
+        ranks the own ones (`Prior.trust`): together as much as PRIOR_WEIGHT own trials when trusted
+        fully, left out when their model ranks the study no better than chance."""
+        if not len(self.prior.data):
+            return own
+        trust = self.prior.trust(own)
+        log.debug("transferred trials trusted %.2f after %d own trials", trust, len(own))
+        return own.joined(self.prior.data, trust * PRIOR_WEIGHT) if trust > 0 else own
 
     def candidates(self, trials, taken: set) -> list[Candidate]:
         """Random draws, mutations of the best measured schedules and (first) the prior's seeds,

@@ -10,6 +10,7 @@ size the study should reach, so re-running a stopped study finishes it.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import multiprocessing as mp
@@ -194,58 +195,125 @@ def draw_schedule(trial, tree: LoopTree, threads: int, device: str) -> LoopTree:
     return space.sample(trial, tree, threads)
 
 
-def _run_trials(node, storage_url, study_name, trials, timeout, sampler, seed, threads, repeats, device, transfer,
-                progress, inject_crash_at=frozenset()):
-    """Optimize one study in this process until it holds `trials` finished trials or time runs out."""
-    program, _ = ir.lower(node)
-    tree = LoopTree(program)
-    storage = make_storage(storage_url)
-    prior = None
-    if sampler == "costmodel" and transfer:
-        prior = costmodel.prior_from_storage(storage, study_name, target_name(device), program)
-    with Measurer(node, repeats=repeats, threads=threads, seed=seed or 0, device=device) as measurer:
-        objective = Objective(tree, measurer, threads, inject_crash_at)
-        study = optuna.load_study(study_name=study_name, storage=storage, sampler=make_sampler(
-            sampler, seed, objective.draw, threads, prior, measurer))
-        remaining = trials - sum(t.state in FINISHED for t in study.trials)
-        if remaining <= 0:
-            return
-        study.optimize(objective, n_trials=remaining, timeout=timeout, catch=(TrialFailed,),
-                       callbacks=[optuna.study.MaxTrialsCallback(trials, states=FINISHED)],
-                       show_progress_bar=progress)
+class Tuning:
+    """One study optimized in this process: its sampler, its measuring worker and its compile process
+    stay warm between calls to `run` (`tune_program` keeps one per kernel over its rounds)."""
+
+    def __init__(self, node, storage_url: str, study_name: str, sampler: str = "costmodel", seed: int | None = None,
+                 threads: int = 1, repeats: int = 10, device: str = "cpu", transfer: bool = True,
+                 progress: bool = False, inject_crash_at: set[int] = frozenset()):
+        self.node, self.storage_url, self.study_name = node, storage_url, study_name
+        self.settings = {"sampler": sampler, "seed": seed, "threads": threads, "repeats": repeats, "device": device,
+                         "transfer": transfer}
+        self.program = ir.lower(node)[0]
+        self.storage, self.device, self.progress = make_storage(storage_url), device, progress
+        self.transfer = sampler == "costmodel" and transfer
+        self.measurer = Measurer(node, repeats=repeats, threads=threads, seed=seed or 0, device=device)
+        self.objective = Objective(LoopTree(self.program), self.measurer, threads, inject_crash_at)
+        self.sampler = make_sampler(sampler, seed, self.objective.draw, threads, self._prior(), self.measurer)
+        self.study = optuna.load_study(study_name=study_name, storage=self.storage, sampler=self.sampler)
+
+    def _prior(self) -> costmodel.Prior | None:
+        if not self.transfer:
+            return None
+        return costmodel.prior_from_storage(self.storage, self.study_name, target_name(self.device), self.program)
+
+    def helper(self, index: int) -> tuple[tuple, dict]:
+        """Arguments of a `Tuning` of the same study for the index-th further process (its own seed)."""
+        seed = self.settings["seed"]
+        return (self.node, self.storage_url, self.study_name), \
+            dict(self.settings, seed=None if seed is None else seed + index + 1)
+
+    def finished(self) -> int:
+        """Finished trials of the study (from every process sharing it)."""
+        return sum(t.state in FINISHED for t in self.study.get_trials(deepcopy=False))
+
+    def run(self, trials: int, timeout: float | None = None):
+        """Optimize until the study holds `trials` finished trials or `timeout` seconds pass; with
+        transfer, the prior is read again first (only where other studies gained trials)."""
+        if self.transfer:
+            self.sampler.prior = self._prior()
+        remaining = trials - self.finished()
+        if remaining > 0:
+            self.study.optimize(self.objective, n_trials=remaining, timeout=timeout, catch=(TrialFailed,),
+                                callbacks=[optuna.study.MaxTrialsCallback(trials, states=FINISHED)],
+                                show_progress_bar=self.progress)
+
+    def default_seconds(self) -> float:
+        """The default schedule's time (on a GPU: one output per thread), measured once per study by
+        this worker and kept as a study attribute."""
+        if "default_seconds" not in self.study.user_attrs:
+            steps = runtime_gpu.default_tree(self.program).schedule.steps if self.device == "gpu" else []
+            self.study.set_user_attr("default_seconds", self.measurer.measure(steps).seconds)
+        return self.study.user_attrs["default_seconds"]
+
+    def result(self, record: bool = True) -> TuneResult:
+        """The best measured schedule (stored in the tuning database when `record`)."""
+        study = optuna.load_study(study_name=self.study_name, storage=self.storage)
+        complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+        if not complete:
+            return TuneResult(study, None, float("inf"), self.default_seconds())
+        best = min(complete, key=lambda t: t.value)
+        schedule = Schedule.from_json(best.user_attrs["schedule"], self.program)
+        if record:
+            stored = tuning_db.store(self.program, target_name(self.device), schedule.to_json(), best.value,
+                                     f"study {study.study_name}, trial {best.number}")
+            log.info("best schedule %s in the tuning database", "stored" if stored else "not better than the one")
+        return TuneResult(study, LoopTree(self.program, schedule), best.value, self.default_seconds())
+
+    def close(self):
+        """Stop the worker and the compile process."""
+        self.measurer.__exit__()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
-def tune(tensor, trials: int = 100, timeout: float | None = None, storage: str | None = None,
-         study_name: str | None = None, sampler: str = "costmodel", seed: int | None = None, jobs: int = 1,
-         threads: int = 1, repeats: int = 10, progress: bool = True, record: bool = True,
-         inject_crash_at: set[int] = frozenset(), device: str = "cpu", transfer: bool = True) -> TuneResult:
-    """Search schedules for `tensor` with Optuna and return the best (and store it for `.numpy()`).
+def _helper_job(args: tuple, settings: dict, trials: int, timeout: float | None):
+    with Tuning(*args, **settings) as tuning:
+        tuning.run(trials, timeout)
 
-    `trials` is how many finished trials the study should hold; `jobs` worker processes share
-    it through the storage; `threads` is how many cores each kernel may use.  With `device="gpu"`
-    the GPU search space is drawn and kernels run on the current GPU (CuPy).  The 'costmodel'
-    sampler learns from the study's trials and, with `transfer`, from the storage's other studies
-    for the same target."""
-    node = tensor.node
-    program, _ = ir.lower(node)
+
+def open_tuning(tensor, storage: str | None = None, study_name: str | None = None, threads: int = 1,
+                device: str = "cpu", from_automatic: bool = True, **settings) -> Tuning:
+    """Create (or resume) the tensor's study and open its `Tuning` (`settings` are its arguments), with
+    the default schedule measured.  A new CPU study's first trial is the automatic schedule unless not
+    `from_automatic` (bench.tune_quality leaves it out so that every sampler starts cold)."""
+    program = ir.lower(tensor.node)[0]
     storage_url = storage or default_storage()
     name = study_name or study_name_for(program, threads, device)
     study = optuna.create_study(study_name=name, storage=make_storage(storage_url), direction="minimize",
                                 load_if_exists=True)
     _describe_workload(study, program, target_name(device))
-    if device == "cpu" and not study.trials:
+    if device == "cpu" and from_automatic and not study.trials:
         start_from_automatic(study, program, threads)
-    default_seconds = _default_seconds(study, node, threads, repeats, device)
-    args = (node, storage_url, name, trials, timeout, sampler, seed, threads, repeats, device, transfer)
-    helpers = [mp.get_context("spawn").Process(target=_run_trials, args=args[:6] + (
-        None if seed is None else seed + k + 1,) + args[7:] + (False,)) for k in range(jobs - 1)]
-    for proc in helpers:
-        proc.start()
-    _run_trials(*args, progress, inject_crash_at)
-    for proc in helpers:
-        proc.join()
-    return _result(optuna.load_study(study_name=name, storage=make_storage(storage_url)), program,
-                   default_seconds, record, target_name(device))
+    tuning = Tuning(tensor.node, storage_url, name, threads=threads, device=device, **settings)
+    tuning.default_seconds()
+    return tuning
+
+
+def tune(tensor, trials: int = 100, timeout: float | None = None, jobs: int = 1, record: bool = True,
+         progress: bool = True, **settings) -> TuneResult:
+    """Search schedules for `tensor` with Optuna and return the best (and store it for `.numpy()`).
+
+    `trials` is how many finished trials the study should hold; `jobs` worker processes share
+    it through the storage.  `settings` are `open_tuning`'s and `Tuning`'s: storage, study_name,
+    sampler ('costmodel', 'tpe' or 'random'), seed, threads (cores per kernel), repeats, device
+    ('gpu': the GPU search space, kernels run on the current GPU through CuPy), transfer (the
+    'costmodel' sampler learns from the storage's other studies for the same target too),
+    from_automatic, inject_crash_at (tests)."""
+    with open_tuning(tensor, progress=progress, **settings) as tuning:
+        helpers = [mp.get_context("spawn").Process(target=_helper_job, args=tuning.helper(k) + (trials, timeout))
+                   for k in range(jobs - 1)]
+        for proc in helpers:
+            proc.start()
+        tuning.run(trials, timeout)
+        for proc in helpers:
+            proc.join()
+        return tuning.result(record)
 
 
 def _describe_workload(study: optuna.Study, program: ir.Program, target: str):
@@ -261,47 +329,24 @@ def start_from_automatic(study: optuna.Study, program: ir.Program, threads: int)
     study.enqueue_trial(space.automatic_params(program, threads))
 
 
-def _default_seconds(study: optuna.Study, node, threads: int, repeats: int, device: str) -> float:
-    """The default schedule's time (on a GPU: one output per thread), measured once per study and
-    kept as a study attribute."""
-    if "default_seconds" not in study.user_attrs:
-        steps = []
-        if device == "gpu":
-            steps = runtime_gpu.default_tree(ir.lower(node)[0]).schedule.steps
-        with Measurer(node, repeats=repeats, threads=threads, device=device) as measurer:
-            study.set_user_attr("default_seconds", measurer.measure(steps).seconds)
-    return study.user_attrs["default_seconds"]
-
-
-def _result(study: optuna.Study, program: ir.Program, default_seconds: float, record: bool,
-            target: str) -> TuneResult:
-    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    if not complete:
-        return TuneResult(study, None, float("inf"), default_seconds)
-    best = min(complete, key=lambda t: t.value)
-    schedule = Schedule.from_json(best.user_attrs["schedule"], program)
-    tree = LoopTree(program, schedule)
-    if record:
-        stored = tuning_db.store(program, target, schedule.to_json(), best.value,
-                                 f"study {study.study_name}, trial {best.number}")
-        log.info("best schedule %s in the tuning database", "stored" if stored else "not better than the one")
-    return TuneResult(study, tree, best.value, default_seconds)
-
-
-def tune_program(tensors: list, trials: int = 200, weights: list[float] | None = None, **options) -> list[TuneResult]:
-    """Tune the kernels of a program (one tensor each) within one budget of `trials`: after a round
-    each, more rounds go to the kernels whose improvement saves the most program time
-    (`tuner/scheduler.py`).  `weights[i]` is how often kernel i runs per program run (default 1);
-    `options` are tune()'s."""
+def tune_program(tensors: list, trials: int = 200, weights: list[float] | None = None, record: bool = True,
+                 **settings) -> list[TuneResult]:
+    """Tune the kernels of a program (one tensor and study each) within one budget of `trials`: after
+    a round each, more rounds go to the kernels whose improvement saves the most program time
+    (`tuner/scheduler.py`).  Each kernel's study, sampler and worker stay open over its rounds.
+    `weights[i]` is how often kernel i runs per program run (default 1); `settings` are `tune`'s
+    but jobs, timeout and study_name."""
     tasks = [scheduler.Task(str(i), w) for i, w in enumerate(weights or [1.0] * len(tensors))]
-    results: list[TuneResult | None] = [None] * len(tensors)
+    settings.setdefault("progress", False)
+    with contextlib.ExitStack() as stack:
+        tunings = [stack.enter_context(open_tuning(t, **settings)) for t in tensors]
 
-    def run_round(index: int, count: int) -> list[float]:
-        before = len(tasks[index].history)
-        results[index] = tune(tensors[index], trials=before + count, **options)
-        return best_so_far(results[index].study)[before:]
-    scheduler.allocate(tasks, trials, run_round)
-    return results
+        def run_round(index: int, count: int) -> list[float]:
+            before = tunings[index].finished()
+            tunings[index].run(before + count)
+            return best_so_far(tunings[index].study)[before:]
+        scheduler.allocate(tasks, trials, run_round)
+        return [tuning.result(record) for tuning in tunings]
 
 
 def best_so_far(study: optuna.Study) -> list[float]:

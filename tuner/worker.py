@@ -11,6 +11,7 @@ starts a new one.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -187,6 +188,21 @@ class Compiler:
             pass
         return None
 
+    @contextlib.contextmanager
+    def paused(self):
+        """Stop the compile process while the block runs (a kernel being timed), so that the two do not
+        share a core, the caches or the memory bandwidth; it goes on afterwards."""
+        ready = self._pid is not None and self._pid.done() and not self._pid.exception()
+        pid = self._pid.result() if ready else None
+        if pid is not None:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+
     @property
     def closed(self) -> bool:
         """Whether the process was stopped (killed at a time limit, or it died): a new one is needed."""
@@ -279,20 +295,26 @@ class Measurer:
         if self._process is None or not self._process.is_alive():
             self._start()
         compiled = self._compiler.take(steps, self.timeout) if self._compiler else None
-        self._conn.send({"steps": [list(s) for s in steps], "inject_crash": inject_crash, "compiled": compiled})
+        with self._compiler.paused() if self._compiler else contextlib.nullcontext():
+            reply = self._exchange({"steps": [list(s) for s in steps], "inject_crash": inject_crash,
+                                    "compiled": compiled})
+        if "error" in reply:
+            raise MeasureError(reply["error"])
+        return Measurement(reply["seconds"], reply["compile"], reply["relative_error"], reply["running"])
+
+    def _exchange(self, request: dict) -> dict:
+        """Send one request to the worker and wait for its reply (killing it past the time limit)."""
+        self._conn.send(request)
         if not self._conn.poll(self.timeout):
             self.close(kill=True)
             raise MeasureError(f"timed out after {self.timeout:g} s (worker killed)")
         try:
-            reply = self._conn.recv()
+            return self._conn.recv()
         except (EOFError, ConnectionResetError):
             self._process.join(5)
             code = self._process.exitcode
             self.close(kill=True)
             raise MeasureError(f"worker crashed (exit code {code})") from None
-        if "error" in reply:
-            raise MeasureError(reply["error"])
-        return Measurement(reply["seconds"], reply["compile"], reply["relative_error"], reply["running"])
 
     def close(self, kill: bool = False):
         """Stop the worker (politely unless `kill`)."""

@@ -70,8 +70,8 @@ def test_no_model_before_enough_measurements():
     assert model.predict([[1.0]]) is None
 
 
-def _synthetic_study(storage, name, case, trials, sampler, target="cpu:test"):
-    """A study of `case` whose trials cost `synthetic_seconds`, with the attributes tune() sets."""
+def _synthetic_study(storage, name, case, trials, sampler, target="cpu:test", cost=synthetic_seconds):
+    """A study of `case` whose trials cost `cost` (`synthetic_seconds`), with the attributes tune() sets."""
     tree = case.tensor.loop_tree()
     program = tree.program
     study = optuna.create_study(study_name=name, storage=storage, sampler=sampler)
@@ -85,7 +85,7 @@ def _synthetic_study(storage, name, case, trials, sampler, target="cpu:test"):
         except space.InvalidDraw as err:
             raise optuna.TrialPruned(str(err)) from None
         trial.set_user_attr("features", costmodel.describe(drawn, 1))
-        return synthetic_seconds(drawn)
+        return cost(drawn)
     study.optimize(objective, n_trials=trials)
     return study
 
@@ -138,6 +138,44 @@ def test_the_prior_is_read_again_only_when_the_storage_changed():
     optuna.load_study(study_name="near", storage=storage).optimize(lambda trial: 1.0, n_trials=1)
     again = costmodel.prior_from_storage(storage, "new", "cpu:test", program)
     assert again is not first and len(again.data) == len(first.data)   # the new trial has no features
+
+
+def _ranking(model, drawn) -> float:
+    """Spearman's correlation of a model's scores with the synthetic speed of drawn schedules."""
+    predicted = model.predict([costmodel.describe(t, 1) for _, t in drawn])
+    return spearmanr(predicted, [-synthetic_seconds(t) for _, t in drawn]).statistic
+
+
+def _own_trials(drawn) -> costmodel.TrainingSet:
+    seconds = [synthetic_seconds(t) for _, t in drawn]
+    return costmodel.TrainingSet([costmodel.describe(t, 1) for _, t in drawn],
+                                 [math.log(min(seconds) / s) for s in seconds])
+
+
+def test_a_model_warm_started_from_another_shape_ranks_the_new_one():
+    storage = optuna.storages.InMemoryStorage()
+    _synthetic_study(storage, "old", matmul_case(64, 48, 96), 60, optuna.samplers.RandomSampler(seed=0))
+    new = matmul_case(48, 64, 80)
+    prior = costmodel.prior_from_storage(storage, "new", "cpu:test", new.tensor.loop_tree().program)
+    assert _ranking(prior.model(), _candidates(new.tensor.loop_tree(), 40, seed=1)) >= 0.7
+
+
+def test_transferred_trials_that_rank_the_study_wrongly_are_left_out():
+    """An earlier study of the same workload whose cost is the inverse of the new one's (no feature
+    tells them apart): once the new study has its own trials, its model ranks by them."""
+    storage = optuna.storages.InMemoryStorage()
+    new = matmul_case(64, 48, 96)
+    _synthetic_study(storage, "inverse", new, 60, optuna.samplers.RandomSampler(seed=0),
+                     cost=lambda tree: 1e-12 / synthetic_seconds(tree))
+    tree = new.tensor.loop_tree()
+    prior = costmodel.prior_from_storage(storage, "new", "cpu:test", tree.program)
+    sampler = _costmodel_sampler(new, 0, prior)
+    drawn = _candidates(tree, 56, seed=1)
+    own, held_out = _own_trials(drawn[:16]), drawn[16:]
+    assert prior.trust(costmodel.TrainingSet()) == 1.0 and prior.trust(own) == 0.0
+    assert _ranking(costmodel.CostModel().fit(sampler.training_set(own)), held_out) >= 0.7
+    blind = own.joined(prior.data, len(prior.data))      # every transferred trial as much as an own one
+    assert _ranking(costmodel.CostModel().fit(blind), held_out) < 0.5
 
 
 class RecordingBuilder:

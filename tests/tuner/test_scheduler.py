@@ -47,11 +47,20 @@ def test_a_kernel_that_stopped_improving_yields_to_one_that_still_improves():
 
 
 @pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")
-def test_tune_program_spends_one_budget_over_its_kernels(tmp_path):
+def test_tune_program_spends_one_budget_over_its_kernels_with_one_warm_worker_each(tmp_path, monkeypatch):
+    """Three rounds of 8 trials: one for each kernel, the third for the matmul (its time is far
+    larger than the small softmax's, so it has more to save).  Each kernel's worker starts once."""
+    starts = []
+    original = tuner.Measurer._start
+
+    def counting_start(measurer):
+        starts.append(measurer.node)
+        original(measurer)
+    monkeypatch.setattr(tuner.Measurer, "_start", counting_start)
     url = sqlite_url(tmp_path / "program.sqlite")
-    cases = [matmul_case(24, 20, 28), softmax_case(8, 16)]
-    results = tuner.tune_program([c.tensor for c in cases], trials=12, storage=url, seed=0, progress=False,
-                                 record=False)
+    cases = [matmul_case(256, 256, 256), softmax_case(8, 16)]
+    results = tuner.tune_program([c.tensor for c in cases], trials=24, storage=url, seed=0, record=False)
     counts = [count_finished(optuna.load_study(study_name=r.study.study_name, storage=url)) for r in results]
-    assert sum(counts) == 12 and min(counts) >= 1
+    assert counts == [16, 8]
     assert all(r.best_tree is not None for r in results)
+    assert len(starts) == 2 and starts[0] is not starts[1]

@@ -9,6 +9,7 @@ measuring worker is a spawned process, so every tune() costs a second or two of 
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import signal
@@ -27,7 +28,7 @@ from looptool import ir
 from looptool.codegen import cpu
 from looptool.runtime import tuning_db
 import tuner
-from tuner import report, space, workloads
+from tuner import report, space, worker, workloads
 from tuner import study as tuner_study
 from tuner.study import study_name_for
 
@@ -238,6 +239,34 @@ def test_a_compile_past_the_time_limit_fails_the_trial_and_a_new_compile_process
         measurer.timeout = 120
         measurer.prefetch([tiled.schedule.steps])
         assert measurer.measure(tiled.schedule.steps).relative_error < TOL
+
+
+def _child_states() -> list[str]:
+    """The states (R, S, T, ...) of this process's children, from /proc."""
+    states = []
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            fields = open(stat).read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid():
+            states.append(fields[0])
+    return states
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc to read process states")
+def test_the_compile_process_is_stopped_while_a_kernel_is_timed():
+    case = matmul_case(24, 20, 28)
+    tiled = case.tensor.loop_tree().split("n", 4).vectorize("n.1")
+    compiler = worker.Compiler(case.tensor.node, 1)
+    try:
+        compiler.submit(tiled.schedule.steps)
+        assert compiler.take(tiled.schedule.steps, 120) is not None       # the process is up
+        with compiler.paused():
+            assert "T" in _child_states()
+        assert "T" not in _child_states()
+    finally:
+        compiler.close(kill=True)
 
 
 def test_sqlite_storages_use_a_write_ahead_log(tmp_path):
