@@ -18,9 +18,6 @@ import os
 import signal
 import time
 import traceback
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 import numpy as np
@@ -150,50 +147,72 @@ def _gpu_trials(node, repeats: int, seed: int):
 
 class Compiler:
     """One process that compiles CPU schedules to object code, in the order they were submitted,
-    while the measuring worker times others."""
+    while the measuring worker times others. Results come back over a pipe read only here, when a
+    result is asked for: no thread waits on it, so a compile process killed in the middle of sending
+    leaves nothing blocked (a process pool's reading thread waited forever then, and the program
+    could not exit)."""
 
     def __init__(self, node, threads: int | None):
-        self._pool = ProcessPoolExecutor(1, mp_context=mp.get_context("spawn"), initializer=_compiler_main,
-                                         initargs=(node, threads))
-        self._pid = self._pool.submit(os.getpid)
-        self._pending: dict = {}
+        self._conn, child = mp.get_context("spawn").Pipe()
+        self._process = mp.get_context("spawn").Process(target=_compiler_main, args=(child, node, threads),
+                                                         daemon=True)
+        self._process.start()
+        child.close()
+        self._pending: list[str] = []          # keys submitted and not yet answered, in order
+        self._done: dict = {}                  # key -> object code, or None where it did not compile
 
     def submit(self, steps):
         """Start compiling a schedule (its steps) unless it is already under way."""
         key = _steps_key(steps)
-        if key not in self._pending:
-            self._pending[key] = self._pool.submit(_compile_object, [list(s) for s in steps])
+        while self._receive(0):     # answers already sent: the process never waits on a full pipe
+            pass
+        if self._process is None or key in self._pending or key in self._done:
+            return
+        self._conn.send((key, [list(s) for s in steps]))
+        self._pending.append(key)
 
     def ready(self, steps) -> bool:
         """Whether a submitted schedule has finished compiling."""
-        future = self._pending.get(_steps_key(steps))
-        return future is not None and future.done()
+        while self._receive(0):
+            pass
+        return _steps_key(steps) in self._done
 
     def take(self, steps, timeout: float):
         """The object code of a submitted schedule (a `runtime.KernelObject`), waiting for it at most
         `timeout` seconds (past it, the compile process is killed and MeasureError raised); None when
         it was not submitted or did not compile here (the measuring worker then compiles it, and
         reports its error)."""
-        future = self._pending.pop(_steps_key(steps), None)
-        if future is None:
-            return None
+        key = _steps_key(steps)
+        deadline = time.monotonic() + timeout
+        while key in self._pending:
+            if not self._receive(deadline - time.monotonic()) and time.monotonic() >= deadline:
+                self.close(kill=True)
+                raise MeasureError(f"compiling timed out after {timeout:g} s (compile process killed)")
+        return self._done.pop(key, None)
+
+    def _receive(self, wait: float) -> bool:
+        """Take the next answer if one comes within `wait` seconds (0: only one already sent); False
+        when none came. A compile process that died is closed, its schedules left to the worker."""
+        if self._process is None or not self._pending:
+            return False
         try:
-            return future.result(timeout)
-        except FutureTimeout:
+            if not self._conn.poll(max(wait, 0)):
+                if self._process.is_alive():
+                    return False
+                raise EOFError
+            key, code = self._conn.recv()
+        except (EOFError, OSError):
             self.close(kill=True)
-            raise MeasureError(f"compiling timed out after {timeout:g} s (compile process killed)") from None
-        except BrokenProcessPool:
-            self.close()
-        except Exception:           # a compile error: the worker compiles it again and reports it
-            pass
-        return None
+            return True
+        self._pending.remove(key)
+        self._done[key] = code
+        return True
 
     @contextlib.contextmanager
     def paused(self):
         """Stop the compile process while the block runs (a kernel being timed), so that the two do not
         share a core, the caches or the memory bandwidth; it goes on afterwards."""
-        ready = self._pid is not None and self._pid.done() and not self._pid.exception()
-        pid = self._pid.result() if ready else None
+        pid = self._process.pid if self._process is not None else None
         if pid is not None:
             os.kill(pid, signal.SIGSTOP)
         try:
@@ -206,20 +225,23 @@ class Compiler:
     @property
     def closed(self) -> bool:
         """Whether the process was stopped (killed at a time limit, or it died): a new one is needed."""
-        return self._pid is None
+        return self._process is None
 
     def close(self, kill: bool = False):
-        """Stop the compile process, at once when `kill`."""
-        if self._pid is None:
+        """Stop the compile process: at once when `kill`, else after the schedule it is compiling."""
+        if self._process is None:
             return
-        if kill and self._pid.done() and not self._pid.exception():
-            try:
-                os.kill(self._pid.result(), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self._pool.shutdown(wait=not kill, cancel_futures=True)
-        self._pid = None
+        if not kill and self._process.is_alive():
+            with contextlib.suppress(OSError):
+                self._conn.send(None)
+            self._process.join(5)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join(5)
+        self._conn.close()
+        self._process = None
         self._pending.clear()
+        self._done.clear()
 
 
 def _steps_key(steps) -> str:
@@ -229,12 +251,27 @@ def _steps_key(steps) -> str:
 _COMPILING: dict = {}
 
 
-def _compiler_main(node, threads):
+def _compiler_main(conn, node, threads):
+    """The compile process: compile each (key, steps) received, in order, and answer (key, object
+    code), or (key, None) where it does not compile; stop at None or when the parent is gone."""
     import looptool
     from looptool import ir
     if threads:
         looptool.set_num_threads(threads)
     _COMPILING["program"] = ir.lower(node)[0]
+    while True:
+        try:
+            request = conn.recv()
+        except EOFError:
+            return
+        if request is None:
+            return
+        key, steps = request
+        try:
+            code = _compile_object(steps)
+        except Exception:           # a compile error: the worker compiles it again and reports it
+            code = None
+        conn.send((key, code))
 
 
 def _compile_object(steps):

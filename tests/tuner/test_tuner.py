@@ -269,6 +269,32 @@ def test_the_compile_process_is_stopped_while_a_kernel_is_timed():
         compiler.close(kill=True)
 
 
+KILLED_WHILE_SENDING = """
+import threading, numpy as np, looptool as lt
+from tuner import worker
+s = lt.symbols("m k n")
+c = (lt.Tensor(np.ones((64, 48))).to(s.m, s.k) * lt.Tensor(np.ones((48, 80))).to(s.k, s.n)).sum(s.k)
+schedules = [c.loop_tree().split("n", w).vectorize("n.1").schedule.steps for w in (2, 4, 8, 16)]
+compiler = worker.Compiler(c.node, 1)
+compiler.submit(schedules[0])
+assert compiler.take(schedules[0], 120) is not None
+for steps in schedules[1:]:
+    compiler.submit(steps)
+while not compiler.ready(schedules[1]):
+    pass
+compiler.close(kill=True)              # the next answers may be on their way
+print("threads", threading.active_count())
+"""
+
+
+def test_a_compile_process_killed_while_it_answers_leaves_nothing_waiting():
+    """Killing the compile process while answers are under way must not leave a thread reading a
+    half-sent answer: the program exits (a process pool's reader thread kept one alive forever)."""
+    run = subprocess.run([sys.executable, "-c", KILLED_WHILE_SENDING], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["threads", "1"]
+
+
 def test_sqlite_storages_use_a_write_ahead_log(tmp_path):
     storage = tuner.study.make_storage(sqlite_url(tmp_path / "wal.sqlite"))
     optuna.create_study(storage=storage, study_name="wal")
