@@ -38,13 +38,15 @@ ATOM_ROWS = 8
 class TensorTile:
     """A tensorized update: the instruction, its loops by role ('m', 'n', 'k'), and its operands
     `a` (an m x k matrix) and `b` (k x n), both of `dtype`; or a copy tile: loops 'm' and 'n', the
-    accumulator it copies as `a`, `b` None."""
+    accumulator it copies as `a`, `b` None. A wgmma update's `shared` holds how it reads A and B
+    from shared memory."""
 
     instruction: str
     loops: dict[str, LoopNode]
     a: ir.Load
     b: ir.Load | None
     dtype: str
+    shared: tuple["SharedOperand", "SharedOperand"] | None = None
 
 
 def tensor_tiles(tree: LoopTree) -> dict[int, TensorTile]:
@@ -83,10 +85,9 @@ def _tile(tree: LoopTree, root, stmt: StmtNode, path: list[LoopNode], roles: dic
     _check_dims(stage, instruction, loops)
     a, b = _operands(tree, stage, instruction, loops)
     _check_warp(root, path, stage, instruction)
-    if is_warpgroup(instruction):
-        for load, role in ((a, "m"), (b, "n")):
-            shared_operand(tree, stmt, load, loops[role], loops["k"], instruction)
-    return TensorTile(instruction, loops, a, b, tree.buffers[a.buffer].dtype)
+    shared = tuple(shared_operand(tree, stmt, load, loops[role], loops["k"], instruction)
+                   for load, role in ((a, "m"), (b, "n"))) if is_warpgroup(instruction) else None
+    return TensorTile(instruction, loops, a, b, tree.buffers[a.buffer].dtype, shared)
 
 
 def _copy_tile(tree: LoopTree, root, stmt: StmtNode, path: list[LoopNode], instruction: str,
@@ -287,12 +288,12 @@ def _check_warp(root, path: list[LoopNode], stage: ir.Stage, instruction: str):
     tile may be bound to thread.x (warps go on thread.y and thread.z), other nests of the kernel get 32
     lanes at most, and where a block has several warps each tile belongs to one (a loop around it
     bound to thread.y or z)."""
-    lanes, group = WARP, "warpgroup" if is_warpgroup(instruction) else "warp"
+    group = "warpgroup" if is_warpgroup(instruction) else "warp"
     threads = [node for node in path if thread_bound(node)]
     for node in threads:
         if node.loop.annotation == "thread.x":
             raise IllegalScheduleError(
-                f"{instruction} runs on {'warpgroups of 4 warps' if group == 'warpgroup' else 'a warp'}, whose {lanes} "
+                f"{instruction} runs on {'warpgroups of 4 warps' if group == 'warpgroup' else 'a warp'}, whose {WARP} "
                 f"lanes take thread.x, but its tile lies inside loop "
                 f"'{node.loop.name}', bound to thread.x: bind the loops over {group}s to thread.y or thread.z")
         if node.loop.dim in stage.reduce_dims:
@@ -301,10 +302,10 @@ def _check_warp(root, path: list[LoopNode], stage: ir.Stage, instruction: str):
                 f"'{node.loop.dim}' and is bound to {node.loop.annotation}: a warp sums its whole k range itself")
     kernel = [node for node, _ in walk([root]) if isinstance(node, LoopNode) and thread_bound(node)]
     for node in kernel:
-        if node.loop.annotation == "thread.x" and node.loop.extent > lanes:
+        if node.loop.annotation == "thread.x" and node.loop.extent > WARP:
             raise IllegalScheduleError(
-                f"in a kernel with {instruction} tiles thread.x is a warp's {lanes} lanes, but loop "
-                f"'{node.loop.name}' is bound to thread.x with {node.loop.extent} iterations: split it by {lanes}")
+                f"in a kernel with {instruction} tiles thread.x is a warp's {WARP} lanes, but loop "
+                f"'{node.loop.name}' is bound to thread.x with {node.loop.extent} iterations: split it by {WARP}")
     warps = [node for node in kernel if node.loop.annotation != "thread.x" and node.loop.extent > 1]
     if warps and not threads:
         raise IllegalScheduleError(

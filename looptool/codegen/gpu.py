@@ -51,8 +51,7 @@ import llvmlite.binding as llvm
 from llvmlite import ir as llir
 
 from .. import ir
-from ..analysis.tensorize import (ATOM_ROWS, SWIZZLE_BYTES, WARP, SharedOperand, TensorTile, is_warpgroup,
-                                  shared_operand, tensor_tiles)
+from ..analysis.tensorize import ATOM_ROWS, SWIZZLE_BYTES, WARP, SharedOperand, TensorTile, is_warpgroup, tensor_tiles
 from ..ir import Affine
 from ..schedule import (GPU_AXES, TENSOR_INSTRUCTIONS, LoopNode, LoopTree, StmtNode, accesses, pipeline_depth,
                         tensor_role, thread_bound, walk)
@@ -99,19 +98,20 @@ def generate(tree: LoopTree, arch: str = "sm_90", aligned_params: bool = True,
     Shared buffers are static arrays while every kernel needs at most 48 KiB (unless `dynamic_shared`);
     otherwise the module is built again with each kernel's shared buffers at offsets in dynamic shared
     memory, whose size its Launch carries (the runtime opts the kernel in to that much)."""
-    text, launches, params, aligned = _module(tree, aligned_params, dynamic=dynamic_shared)
+    tiles = tensor_tiles(tree)
+    text, launches, params, aligned = _module(tree, tiles, aligned_params, dynamic=dynamic_shared)
     if not dynamic_shared and any(launch.dynamic_shared for launch in launches):
-        text, launches, params, aligned = _module(tree, aligned_params, dynamic=True)
-    ptx = _compile(text, _arch_for(tree, arch))
+        text, launches, params, aligned = _module(tree, tiles, aligned_params, dynamic=True)
+    ptx = _compile(text, _arch_for(tiles, arch))
     if any(launch.dynamic_shared for launch in launches):
         ptx = _extern_shared(ptx, [launch.name for launch in launches])
     return GpuModule(ptx, text, launches, params, arch, aligned)
 
 
-def _arch_for(tree: LoopTree, arch: str) -> str:
-    """The target to compile for: sm_90a (Hopper's arch-specific instructions) where the tree has
+def _arch_for(tiles: dict[int, TensorTile], arch: str) -> str:
+    """The target to compile for: sm_90a (Hopper's arch-specific instructions) where there are
     wgmma tiles, which no other GPU runs; `arch` otherwise."""
-    wgmma = sorted({tile.instruction for tile in tensor_tiles(tree).values() if is_warpgroup(tile.instruction)})
+    wgmma = sorted({tile.instruction for tile in tiles.values() if is_warpgroup(tile.instruction)})
     if not wgmma:
         return arch
     if arch not in WGMMA_ARCHS:
@@ -140,14 +140,13 @@ def _extern_shared(ptx: str, kernels: list[str]) -> str:
     return head + address + "".join(declarations) + rest
 
 
-def _module(tree: LoopTree, aligned_params: bool, dynamic: bool):
+def _module(tree: LoopTree, tiles: dict[int, TensorTile], aligned_params: bool, dynamic: bool):
     """(LLVM IR text, launches, params, aligned params); a launch's dynamic_shared is the shared
     memory its kernel needs where that exceeds STATIC_SHARED (or, `dynamic`, all it needs)."""
     module = llir.Module(name="looptool_gpu")
     module.triple = TRIPLE
     module.data_layout = DATA_LAYOUT
     params = kernel_params(tree)
-    tiles = tensor_tiles(tree)
     launches, aligned = [], set()
     for index, node in enumerate(tree.root):
         name = f"looptool_k{index}"
@@ -197,8 +196,12 @@ def launch_dims(node) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
 def counts_warpgroups(node: LoopNode) -> bool:
     """Whether a loop bound to thread.y runs over warpgroups (it holds wgmma tiles): its value is
     then thread.y / 4, each warpgroup being 4 warps of consecutive thread.y."""
-    return node.loop.annotation == "thread.y" and any(
-        tensor_role(inner.loop) and is_warpgroup(tensor_role(inner.loop)[0]) for inner in _loop_nodes(node.body))
+    return node.loop.annotation == "thread.y" and _holds_wgmma(node.body)
+
+
+def _holds_wgmma(body: list) -> bool:
+    """Whether a wgmma tile lies in `body`."""
+    return any(tensor_role(inner.loop) and is_warpgroup(tensor_role(inner.loop)[0]) for inner in _loop_nodes(body))
 
 
 def _compile(text: str, arch: str) -> str:
@@ -228,9 +231,8 @@ class _GpuBuilder(FunctionBuilder):
         self.tile_statements = [(stmt, tiles[id(stmt)]) for stmt, _ in tree.statements() if id(stmt) in tiles]
         self.stage_tiles = {stmt.stage.name: tile for stmt, tile in self.tile_statements}
         self.wgmma_operands: dict[str, SharedOperand] = {
-            load.buffer: shared_operand(tree, stmt, load, tile.loops[role], tile.loops["k"], tile.instruction)
-            for stmt, tile in self.tile_statements if tile.b is not None and is_warpgroup(tile.instruction)
-            for load, role in ((tile.a, "m"), (tile.b, "n"))}
+            load.buffer: layout for _, tile in self.tile_statements if tile.shared
+            for load, layout in zip((tile.a, tile.b), tile.shared)}
         self.wgmma_batch = False                       # wgmma instructions issued and not yet committed
         self.wgmma_pending = False                     # committed batches not yet waited for
         self.wgmma_overlap = False                     # in a pipelined loop that keeps one batch in flight
@@ -355,8 +357,7 @@ class _GpuBuilder(FunctionBuilder):
         copies = [child for child in node.body if _buffers_touched(child)[0] <= sizes.keys()]
         rest = [child for child in node.body if all(child is not copy for copy in copies)]
         count, name, b = self.trip_count(node, env), node.loop.name, self.builder
-        overlap = stages > 2 and any(tensor_role(inner.loop) and is_warpgroup(tensor_role(inner.loop)[0])
-                                     for inner in _loop_nodes(rest))
+        overlap = stages > 2 and _holds_wgmma(rest)
         for iteration in range(stages - 1 - overlap):
             self.issue_copies(copies, sizes, stages, {**env, name: llir.Constant(I64, iteration)}, name, count)
 
@@ -929,15 +930,17 @@ class WgmmaLayout:
             row, column = b.udiv(offset, llir.Constant(I64, self.operand.row)), b.urem(offset, llir.Constant(I64, self.operand.row))
             block = b.mul(b.udiv(column, llir.Constant(I64, 64)), llir.Constant(I64, 64 * self.operand.rows))
             offset = b.add(block, b.add(b.mul(row, llir.Constant(I64, 64)), b.urem(column, llir.Constant(I64, 64))))
-        line = b.and_(b.lshr(offset, llir.Constant(I64, 6)), llir.Constant(I64, 7))
-        return b.xor(offset, b.shl(line, llir.Constant(I64, 3)))
+        return SWIZZLE_128.apply(b, offset)
 
     def __call__(self, offset: int) -> int:
         """The shared offset of a whole number (what `apply` emits)."""
         if self.operand.major == "mn":
             row, column = divmod(offset, self.operand.row)
             offset = column // 64 * 64 * self.operand.rows + row * 64 + column % 64
-        return offset ^ (((offset >> 6) & 7) << 3)
+        return SWIZZLE_128(offset)
+
+
+SWIZZLE_128 = Swizzle.of((64, 1), 2)        # rows of 64 16-bit elements: 16-byte chunk ^ (128-byte line mod 8)
 
 
 def fragment_places(instruction: str) -> list[tuple[int, int]]:
