@@ -12,13 +12,14 @@ a full one.  Updates keep the loop tree's order, so results are the same bit for
 """
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
 
 from llvmlite import ir as llir
 
 from .. import ir
 from ..schedule import LoopNode, StmtNode
-from .llvm import I32, MEMORY_TYPE, VALUE_TYPE, FunctionBuilder, Lanes, shaped
+from .llvm import I32, MEMORY_TYPE, VALUE_TYPE, ZERO, FunctionBuilder, Lanes, shaped
 
 Key = tuple  # (buffer, the offset's terms outside the tile, its constant)
 
@@ -29,7 +30,6 @@ class Accumulators:
     def __init__(self, builder: FunctionBuilder, loop: str):
         self.builder, self.loop = builder, loop
         self.slots: dict[Key, llir.Value] = {}
-        self.stored: set[Key] = set()
 
     @classmethod
     def of(cls, builder: FunctionBuilder, node: LoopNode) -> "Accumulators | None":
@@ -53,14 +53,14 @@ class Accumulators:
                 keys.append((self.key(node, copy, lanes), lanes.width if lanes else 1))
                 continue
             kind = node.loop.annotation
-            if kind not in ("unroll", "vectorize") or lanes is not None or \
+            if kind not in ("unroll", "vectorize") or \
                     any(self.loop in {v for v, _ in lim.rest.terms} for lim in node.limits):
                 return False
             if kind == "vectorize":
                 inner = Lanes(node.loop.name, node.loop.extent)
                 if not all(isinstance(s, StmtNode) for s in node.body) or not self.fits(node.body, copy, inner, keys):
                     return False
-                if self.tail(node) and not all(self.maskable(s, inner) for s in node.body):
+                if self.tail(node) and not all(self.packed(s.stage.expr, s, inner) for s in node.body):
                     return False
                 continue
             for k in range(node.loop.extent):
@@ -76,13 +76,6 @@ class Accumulators:
             return False
         coeffs = self.offset(stmt).coeffs()
         return not coeffs.get(self.loop) and (lanes is None or coeffs.get(lanes.name) == 1)
-
-    def maskable(self, stmt: StmtNode, lanes: Lanes) -> bool:
-        """Whether a statement's lanes can run as a masked vector: it stores packed and every value it
-        reads is packed, broadcast or the same in every lane (no lane computed alone)."""
-        stage = stmt.stage
-        step = self.builder.linear_offset(stage.name, ir.Affine.identity(stage.dims), stmt).coeffs().get(lanes.name, 0)
-        return step == 1 and self.packed(stage.expr, stmt, lanes)
 
     def packed(self, e: ir.Expr, stmt: StmtNode, lanes: Lanes) -> bool:
         """Whether `vector_expr` computes `e` from whole vectors (no lane computed alone)."""
@@ -138,12 +131,10 @@ class Accumulators:
                 self.visit(node.body, env, action, copy, Lanes(name, extent, mask))
                 continue
             for k in range(extent):
-                here = {**env, name: llir.Constant(count.type, k)}
-                if self.tail(node):
-                    with b.if_then(b.icmp_signed("<", llir.Constant(count.type, k), count)):
-                        self.visit(node.body, here, action, {**copy, name: k}, lanes)
-                else:
-                    self.visit(node.body, here, action, {**copy, name: k}, lanes)
+                value = llir.Constant(count.type, k)
+                guard = b.if_then(b.icmp_signed("<", value, count)) if self.tail(node) else contextlib.nullcontext()
+                with guard:
+                    self.visit(node.body, {**env, name: value}, action, {**copy, name: k}, lanes)
 
     def lane_mask(self, count: llir.Value, width: int) -> llir.Value:
         """<width x i1>: lane < count."""
@@ -153,7 +144,7 @@ class Accumulators:
 
     def address(self, stmt: StmtNode, env: dict, lanes: Lanes | None):
         stage = stmt.stage
-        first = env if lanes is None else {**env, lanes.name: llir.Constant(llir.IntType(64), 0)}
+        first = env if lanes is None else {**env, lanes.name: ZERO}
         return self.builder.access(stage.name, ir.Affine.identity(stage.dims), False, stmt, first)
 
     def load(self, stmt: StmtNode, env: dict, lanes: Lanes | None, key: Key):
@@ -178,11 +169,11 @@ class Accumulators:
         fb.builder.store(fb.accumulate(stage.reduce_op, old, stage.expr, evaluate), slot)
 
     def store(self, stmt: StmtNode, env: dict, lanes: Lanes | None, key: Key):
-        """After the loop: the slot back into the result (active lanes only)."""
-        if key in self.stored:
+        """After the loop: the slot back into the result (active lanes only), once."""
+        slot = self.slots.pop(key, None)
+        if slot is None:
             return
-        self.stored.add(key)
-        fb, slot = self.builder, self.slots[key]
+        fb = self.builder
         fb.store_value(fb.builder.load(slot, typ=slot.allocated_type), self.address(stmt, env, lanes),
                        stmt.stage.dtype, None, lanes.mask if lanes else None)
 

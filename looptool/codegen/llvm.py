@@ -285,19 +285,17 @@ class FunctionBuilder:
             if stmt.kind == "init":
                 value = llir.Constant(vty, [IDENTITY[stage.reduce_op]] * lanes.width)
             elif stmt.kind == "update":
-                old = self.load_value(base, stage.dtype, align, lanes.width, lanes.mask)
+                old = self.load_value(base, stage.dtype, align, lanes.width)
                 value = self.accumulate(stage.reduce_op, old, stage.expr, evaluate)
             else:
                 value = evaluate(stage.expr)
-            self.store_value(value, base, stage.dtype, align, lanes.mask)
+            self.store_value(value, base, stage.dtype, align)
             return
         if stmt.kind == "init":
             value = llir.Constant(vty, [IDENTITY[stage.reduce_op]] * lanes.width)
         else:
             value = evaluate(stage.expr)
         if step == 0 and stmt.kind == "update":
-            if lanes.mask is not None:
-                value = b.select(lanes.mask, value, llir.Constant(vty, [IDENTITY[stage.reduce_op]] * lanes.width))
             old = self.load_value(base, stage.dtype, align)
             total = self.binary(REDUCE_BINARY[stage.reduce_op], old, self.horizontal(stage.reduce_op, value))
             self.store_value(total, base, stage.dtype)
@@ -614,15 +612,15 @@ class Lanes:
 
 
 def type_suffix(ty: llir.Type) -> str:
+    """An intrinsic's overload suffix for values of `ty` (f32, f64, i16, f16, or vectors of them)."""
     if isinstance(ty, llir.VectorType):
         return f"v{ty.count}{type_suffix(ty.element)}"
-    return "f32" if ty == F32 else "f64"
+    return {F32: "f32", I16: "i16", llir.HalfType(): "f16"}.get(ty, "f64")
 
 
 def masked_suffix(ty: llir.VectorType) -> str:
     """The overload suffix of llvm.masked.load/store for vectors of `ty` through an opaque pointer."""
-    element = {F32: "f32", F64: "f64", I16: "i16"}.get(ty.element) or "f16"
-    return f"v{ty.count}{element}.p0"
+    return f"{type_suffix(ty)}.p0"
 
 
 def shaped(element: llir.Type, width: int | None) -> llir.Type:
