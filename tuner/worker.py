@@ -12,6 +12,7 @@ starts a new one.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import multiprocessing as mp
 import os
@@ -85,13 +86,12 @@ def _cpu_trials(node, repeats: int, seed: int):
     rng = np.random.default_rng(seed)
     input_sets = [[fresh_like(a, rng) for a in arrays] for _ in range(INPUT_SETS)]
     references = [reference_kernel(inputs).astype(np.float64) for inputs in input_sets]
-    turn = iter(range(1 << 62))
+    sets = itertools.cycle(list(zip(input_sets, references)))
 
     def run_trial(request):
         tree = LoopTree(program, Schedule.default(program).apply(request["steps"]))
         kernel = runtime.Kernel(tree, runtime.get_num_threads(), request.get("compiled"))
-        which = next(turn) % INPUT_SETS
-        inputs, expected = input_sets[which], references[which]
+        inputs, expected = next(sets)
         start = time.perf_counter()
         got = kernel(inputs)
         running = time.perf_counter() - start
@@ -153,9 +153,9 @@ class Compiler:
     could not exit)."""
 
     def __init__(self, node, threads: int | None):
-        self._conn, child = mp.get_context("spawn").Pipe()
-        self._process = mp.get_context("spawn").Process(target=_compiler_main, args=(child, node, threads),
-                                                         daemon=True)
+        spawn = mp.get_context("spawn")
+        self._conn, child = spawn.Pipe()
+        self._process = spawn.Process(target=_compiler_main, args=(child, node, threads), daemon=True)
         self._process.start()
         child.close()
         self._pending: list[str] = []          # keys submitted and not yet answered, in order
@@ -164,8 +164,7 @@ class Compiler:
     def submit(self, steps):
         """Start compiling a schedule (its steps) unless it is already under way."""
         key = _steps_key(steps)
-        while self._receive(0):     # answers already sent: the process never waits on a full pipe
-            pass
+        self._drain()               # the process never waits on a full pipe
         if self._process is None or key in self._pending or key in self._done:
             return
         self._conn.send((key, [list(s) for s in steps]))
@@ -173,8 +172,7 @@ class Compiler:
 
     def ready(self, steps) -> bool:
         """Whether a submitted schedule has finished compiling."""
-        while self._receive(0):
-            pass
+        self._drain()
         return _steps_key(steps) in self._done
 
     def take(self, steps, timeout: float):
@@ -189,6 +187,11 @@ class Compiler:
                 self.close(kill=True)
                 raise MeasureError(f"compiling timed out after {timeout:g} s (compile process killed)")
         return self._done.pop(key, None)
+
+    def _drain(self):
+        """Take every answer already sent."""
+        while self._receive(0):
+            pass
 
     def _receive(self, wait: float) -> bool:
         """Take the next answer if one comes within `wait` seconds (0: only one already sent); False
@@ -231,34 +234,37 @@ class Compiler:
         """Stop the compile process: at once when `kill`, else after the schedule it is compiling."""
         if self._process is None:
             return
-        if not kill and self._process.is_alive():
-            with contextlib.suppress(OSError):
-                self._conn.send(None)
-            self._process.join(5)
-        if self._process.is_alive():
-            self._process.kill()
-            self._process.join(5)
+        _stop(self._process, self._conn, kill)
         self._conn.close()
         self._process = None
         self._pending.clear()
         self._done.clear()
 
 
+def _stop(process, conn, kill: bool):
+    """Stop a child process: asked to (None on its pipe) and given 5 s unless `kill`, then killed."""
+    if not kill and process.is_alive():
+        with contextlib.suppress(OSError):
+            conn.send(None)
+            process.join(5)
+    if process.is_alive():
+        process.kill()
+        process.join(5)
+
+
 def _steps_key(steps) -> str:
     return json.dumps([list(s) for s in steps])
-
-
-_COMPILING: dict = {}
 
 
 def _compiler_main(conn, node, threads):
     """The compile process: compile each (key, steps) received, in order, and answer (key, object
     code), or (key, None) where it does not compile; stop at None or when the parent is gone."""
     import looptool
-    from looptool import ir
+    from looptool import ir, runtime
+    from looptool.schedule import LoopTree, Schedule
     if threads:
         looptool.set_num_threads(threads)
-    _COMPILING["program"] = ir.lower(node)[0]
+    program = ir.lower(node)[0]
     while True:
         try:
             request = conn.recv()
@@ -268,17 +274,11 @@ def _compiler_main(conn, node, threads):
             return
         key, steps = request
         try:
-            code = _compile_object(steps)
+            tree = LoopTree(program, Schedule.default(program).apply(steps))
+            code = runtime.compile_object(tree, runtime.get_num_threads())
         except Exception:           # a compile error: the worker compiles it again and reports it
             code = None
         conn.send((key, code))
-
-
-def _compile_object(steps):
-    from looptool import runtime
-    from looptool.schedule import LoopTree, Schedule
-    program = _COMPILING["program"]
-    return runtime.compile_object(LoopTree(program, Schedule.default(program).apply(steps)), runtime.get_num_threads())
 
 
 class Measurer:
@@ -357,15 +357,7 @@ class Measurer:
         """Stop the worker (politely unless `kill`)."""
         if self._process is None:
             return
-        if not kill and self._process.is_alive():
-            try:
-                self._conn.send(None)
-                self._process.join(5)
-            except (BrokenPipeError, OSError):
-                pass
-        if self._process.is_alive():
-            self._process.kill()
-            self._process.join(5)
+        _stop(self._process, self._conn, kill)
         self._process = None
         self._conn = None
 
