@@ -74,17 +74,6 @@ def first_reaching(study: optuna.Study, seconds_of: dict[str, float], target: fl
     return None, None
 
 
-def best_so_far(study: optuna.Study, seconds_of: dict[str, float]) -> list[float]:
-    """The best re-measured time after each finished trial, in trial order (inf before the first)."""
-    out, best = [], math.inf
-    for trial in sorted(study.trials, key=lambda t: t.number):
-        if trial.state == COMPLETE:
-            best = min(best, seconds_of[trial.user_attrs["schedule"]])
-        if trial.state in tuner_study.FINISHED:
-            out.append(best)
-    return out
-
-
 def tune_run(tensor, storage: str, name: str, sampler: str, seed: int, trials: int, repeats: int,
              from_automatic: bool) -> optuna.Study:
     """One tuning run; 'costmodel-cold' and 'costmodel-warm' are the cost-model sampler without and
@@ -206,7 +195,7 @@ def summarize(names, runs, trials, seeds, repeats) -> dict:
             if workload != name:
                 continue
             key = f"{name}/{sampler}/{seed}"
-            curves[key] = [best / b if b < math.inf else 0.0 for b in best_so_far(study, seconds_of)]
+            curves[key] = [best / b if b < math.inf else 0.0 for b in tuner_study.best_so_far(study, lambda t: seconds_of[t.user_attrs["schedule"]])]
             row = {"workload": name, "sampler": sampler, "seed": seed, "best_trial_seconds": study.best_value,
                    "fraction_of_best": max(curves[key], default=0.0)}
             for target in TARGETS:

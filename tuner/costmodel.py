@@ -171,6 +171,7 @@ class CostModel:
             return None
         return self.booster.predict(np.asarray(rows))
 
+
 # Transfer ----------------------------------------------------------------------------------------
 
 @dataclass
@@ -201,21 +202,20 @@ class Prior:
         return max(0.0, float(spearmanr(predicted, own.targets).statistic))
 
 
-_PRIORS: dict = {}
+PRIORS_KEPT = 16
+_PRIORS = BoundedMemo(PRIORS_KEPT)
 
 
 def prior_from_storage(storage, study_name: str, target: str, program: ir.Program) -> Prior:
     """Measured trials of the other studies for `target` in `storage`, and the best parameters of
     the study of the same structure whose sizes are nearest to `program`'s.  Remembered per process
-    until those studies change (each round of `tune_program` asks again)."""
+    until those studies change (each round of `tune_program` asks again); the oldest are forgotten
+    past PRIORS_KEPT."""
     summaries = [s for s in optuna.get_all_study_summaries(storage, include_best_trial=False)
                  if s.study_name != study_name and s.user_attrs.get("target") == target]
-    key = (getattr(storage, "url", id(storage)), study_name, target, structure_key(program), program.sizes)
-    signature = tuple((s.study_name, s.n_trials) for s in summaries)
-    remembered = _PRIORS.get(key)
-    if remembered is None or remembered[0] != signature:
-        _PRIORS[key] = signature, _read_prior(storage, summaries, program)
-    return _PRIORS[key][1]
+    key = (getattr(storage, "url", id(storage)), study_name, target, program,
+           tuple((s.study_name, s.n_trials) for s in summaries))
+    return _PRIORS.get(key, lambda: _read_prior(storage, summaries, program))
 
 
 def _read_prior(storage, summaries, program: ir.Program) -> Prior:

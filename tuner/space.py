@@ -374,10 +374,12 @@ def wgmma_tiled(tree: LoopTree, stage: str, block: tuple[int, int] = (128, 256),
     tiles (N its columns, at most 256) straight from the shared-memory tiles (k_tile * 2 bytes must be
     128 where A's k is contiguous)."""
     columns = block[1] // groups[1]
-    wide = max(n for n in (64, 128, 192, 256) if columns % n == 0) if columns % 64 == 0 else None
-    if wide is None:
+    fitting = [name for name, shape in TENSOR_INSTRUCTIONS.items()
+               if shape["warps"] > 1 and columns % shape["n"] == 0]
+    if not fitting:
         raise ValueError(f"a warpgroup's {columns} columns are not a multiple of 64 (wgmma tiles are 64 x N)")
-    return _tensor_tiled(tree, stage, block, groups, k_tile, stages, f"wgmma.m64n{wide}k16")
+    return _tensor_tiled(tree, stage, block, groups, k_tile, stages,
+                         max(fitting, key=lambda name: TENSOR_INSTRUCTIONS[name]["n"]))
 
 
 TENSOR_FAMILIES = {"mma": TensorFamily("warp", MMA_WARPS, MMA_K_TILE, (16, 8), 32, mma_tiled),

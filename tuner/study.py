@@ -20,6 +20,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import optuna
 
@@ -210,7 +211,7 @@ class Tuning:
         self.transfer = sampler == "costmodel" and transfer
         self.measurer = Measurer(node, repeats=repeats, threads=threads, seed=seed or 0, device=device)
         self.objective = Objective(LoopTree(self.program), self.measurer, threads, inject_crash_at)
-        self.sampler = make_sampler(sampler, seed, self.objective.draw, threads, self._prior(), self.measurer)
+        self.sampler = make_sampler(sampler, seed, self.objective.draw, threads, None, self.measurer)   # prior: run()
         self.study = optuna.load_study(study_name=study_name, storage=self.storage, sampler=self.sampler)
 
     def _prior(self) -> costmodel.Prior | None:
@@ -249,7 +250,7 @@ class Tuning:
 
     def result(self, record: bool = True) -> TuneResult:
         """The best measured schedule (stored in the tuning database when `record`)."""
-        study = optuna.load_study(study_name=self.study_name, storage=self.storage)
+        study = self.study
         complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
         if not complete:
             return TuneResult(study, None, float("inf"), self.default_seconds())
@@ -349,12 +350,13 @@ def tune_program(tensors: list, trials: int = 200, weights: list[float] | None =
         return [tuning.result(record) for tuning in tunings]
 
 
-def best_so_far(study: optuna.Study) -> list[float]:
-    """The best time after each finished trial, in trial order (inf before the first measured one)."""
+def best_so_far(study: optuna.Study, seconds: Callable = lambda trial: trial.value) -> list[float]:
+    """The best time after each finished trial, in trial order (inf before the first measured one);
+    `seconds(trial)` is a completed trial's time (default: its measured value)."""
     out, best = [], float("inf")
     for trial in sorted(study.trials, key=lambda t: t.number):
         if trial.state == optuna.trial.TrialState.COMPLETE:
-            best = min(best, trial.value)
+            best = min(best, seconds(trial))
         if trial.state in FINISHED:
             out.append(best)
     return out

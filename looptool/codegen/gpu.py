@@ -55,7 +55,7 @@ from ..analysis.tensorize import ATOM_ROWS, SWIZZLE_BYTES, WARP, SharedOperand, 
 from ..ir import Affine
 from ..schedule import (GPU_AXES, TENSOR_INSTRUCTIONS, LoopNode, LoopTree, StmtNode, accesses, pipeline_depth,
                         tensor_role, thread_bound, walk)
-from .llvm import (F32, F64, I16, I32, I64, IDENTITY, ONE, ITEM_BYTES, MEMORY_TYPE, REDUCE_BINARY, VALUE_TYPE, ZERO,
+from .llvm import (F32, F64, I16, I32, I64, IDENTITY, ITEM_BYTES, MEMORY_TYPE, REDUCE_BINARY, VALUE_TYPE, ZERO,
                    FunctionBuilder, element_type, kernel_params)
 
 TRIPLE = "nvptx64-nvidia-cuda"
@@ -705,7 +705,7 @@ class _GpuBuilder(FunctionBuilder):
 
     def tile(self, tile: TensorTile, stmt: StmtNode, base: dict):
         """The instructions of one tile, at loop values `base` (its own loops at 0)."""
-        b, stage = self.builder, stmt.stage
+        stage = stmt.stage
         lane = self.lane(tile.instruction)
         if tile.b is None or not is_warpgroup(tile.instruction):
             self.settle_wgmma()
