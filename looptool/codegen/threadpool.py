@@ -31,6 +31,7 @@ CLAIM_TYPE = llir.FunctionType(VOID, [I64, PTR, PTR, I64, I64])
 SYNC_BYTES = 128            # room for a pthread mutex or condition variable on any Linux ABI
 INDEX_BITS = 16             # a worker's start argument packs (generation << 16) | index
 TICKET_BITS = 32            # the ticket packs (generation << 32) | next unclaimed iteration
+TICKET_MASK = (1 << TICKET_BITS) - 1
 # Blocks per thread: enough that a late or slow thread costs the call at most about 1/8 of a
 # thread's share, few enough that claiming (one atomic compare-and-swap) stays negligible.
 CHUNKS_PER_THREAD = 8
@@ -107,7 +108,8 @@ class _PoolBuilder:
         b.store_atomic(value, self.word[name], "release", 8)
 
     def extern(self, name: str, ret: llir.Type, args: list[llir.Type]) -> llir.Function:
-        return llir.Function(self.module, llir.FunctionType(ret, args), name=name)
+        """The module's declaration of function `name`, made on first use."""
+        return self.module.globals.get(name) or llir.Function(self.module, llir.FunctionType(ret, args), name=name)
 
     def define(self):
         claim = self.claim()
@@ -121,11 +123,9 @@ class _PoolBuilder:
     def pause(self, b: llir.IRBuilder):
         """The CPU's spin-wait hint (x86 `pause`, Arm `yield`); nothing on other targets."""
         if self.triple.startswith(("x86_64", "i386", "i686")):
-            b.call(self.module.globals.get("llvm.x86.sse2.pause") or
-                   self.extern("llvm.x86.sse2.pause", VOID, []), [])
+            b.call(self.extern("llvm.x86.sse2.pause", VOID, []), [])
         elif self.triple.startswith(("aarch64", "arm64")):
-            hint = self.module.globals.get("llvm.aarch64.hint") or self.extern("llvm.aarch64.hint", VOID, [I32])
-            b.call(hint, [llir.Constant(I32, 1)])
+            b.call(self.extern("llvm.aarch64.hint", VOID, [I32]), [llir.Constant(I32, 1)])
 
     def wait_while(self, b: llir.IRBuilder, fn: llir.Function, condition, cond_var: str, name: str):
         """Sleep on `cond_var` (mutex held) while `condition(b)` is true; continue after it."""
@@ -169,7 +169,7 @@ class _PoolBuilder:
         b.branch(loop)
         b.position_at_end(loop)
         ticket = b.load_atomic(self.word["ticket"], "monotonic", 8, typ=I64)
-        start = b.and_(ticket, llir.Constant(I64, (1 << TICKET_BITS) - 1))
+        start = b.and_(ticket, llir.Constant(I64, TICKET_MASK))
         ours = b.icmp_unsigned("==", b.lshr(ticket, llir.Constant(I64, TICKET_BITS)), generation)
         b.cbranch(b.and_(ours, b.icmp_signed("<", start, count)), take, done)
         b.position_at_end(take)
@@ -290,7 +290,7 @@ class _PoolBuilder:
             b.store(value, self.word[name])
         b.store(body, self.pointer["body"])
         b.store(ctx, self.pointer["ctx"])
-        generation = b.and_(b.add(self.get(b, "generation"), ONE), llir.Constant(I64, (1 << TICKET_BITS) - 1))
+        generation = b.and_(b.add(self.get(b, "generation"), ONE), llir.Constant(I64, TICKET_MASK))
         self.put_atomic(b, "remaining", count)
         self.put_atomic(b, "ticket", b.shl(generation, llir.Constant(I64, TICKET_BITS)))
         self.put_atomic(b, "generation", generation)

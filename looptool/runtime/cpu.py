@@ -108,7 +108,7 @@ class Kernel:
         memory = {}
         for (buf, dtype, strides), array in zip(self._inputs, arrays):
             if array.shape != buf.shape or array.dtype != dtype or array.strides != strides or not array.flags.aligned:
-                _check_input(buf, array)
+                raise _input_mismatch(buf, array)
             memory[buf.name] = array
         for name, shape, dtype in self._made:
             memory[name] = aligned_empty(shape, dtype)
@@ -119,12 +119,11 @@ class Kernel:
         return memory[self._output]
 
 
-def _check_input(buf: ir.Buffer, array: np.ndarray):
-    if array.shape != buf.shape or array.dtype.name != buf.dtype or not array.flags.aligned or \
-            tuple(s // array.itemsize for s in array.strides) != buf.strides:
-        raise ValueError(f"kernel input {buf.name} expects shape {buf.shape}, dtype {buf.dtype}, strides "
-                         f"{buf.strides}, aligned; got shape {array.shape}, dtype {array.dtype}, strides "
-                         f"{array.strides}, aligned: {array.flags.aligned}")
+def _input_mismatch(buf: ir.Buffer, array: np.ndarray) -> ValueError:
+    """The error for an input array that is not the buffer the kernel was compiled for."""
+    return ValueError(f"kernel input {buf.name} expects shape {buf.shape}, dtype {buf.dtype}, strides "
+                      f"{buf.strides}, aligned; got shape {array.shape}, dtype {array.dtype}, strides "
+                      f"{array.strides}, aligned: {array.flags.aligned}")
 
 
 def _check_output(plan, out: np.ndarray, inputs: dict):
