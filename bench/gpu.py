@@ -159,7 +159,9 @@ def workloads(scale: float):
 MMA_VARIANTS = (((128, 256), (2, 4), 64, 2), ((128, 256), (2, 4), 32, 2), ((256, 128), (4, 2), 32, 2), ((128, 256), (4, 2), 32, 2),
                 ((128, 128), (2, 2), 32, 0),
                 ((128, 128), (2, 2), 32, 2), ((128, 128), (2, 2), 32, 3), ((64, 128), (2, 2), 32, 3))
-WGMMA_VARIANTS = (((128, 256), (2, 1), 64, 4), ((128, 256), (2, 1), 64, 3), ((128, 256), (2, 1), 64, 2),
+WGMMA_VARIANTS = (((128, 256), (2, 1), 64, 4, "tma"), ((128, 256), (2, 1), 64, 3, "tma"),
+                  ((256, 128), (4, 1), 64, 4, "tma"), ((128, 128), (2, 1), 64, 3, "tma"),
+                  ((128, 256), (2, 1), 64, 4), ((128, 256), (2, 1), 64, 3), ((128, 256), (2, 1), 64, 2),
                   ((128, 256), (2, 1), 64, 0), ((128, 128), (2, 1), 64, 4), ((256, 128), (4, 1), 64, 3),
                   ((128, 256), (1, 2), 64, 4))
 
@@ -176,11 +178,12 @@ def tensor_core_variants(tree, shapes=MMA_VARIANTS, wgmma_shapes=WGMMA_VARIANTS)
         variants[name] = space.mma_tiled(tree, "t0", block, warps, k_tile, stages)
     if runtime_gpu.device_arch() not in codegen_gpu.WGMMA_ARCHS:
         return variants
-    for block, groups, k_tile, stages in wgmma_shapes:
+    for block, groups, k_tile, stages, *copier in wgmma_shapes:
         team = (block[0] // groups[0], block[1] // groups[1])
+        copier = copier[0] if copier else "cp.async"
         name = (f"wgmma: block {block[0]}x{block[1]}, {groups[0] * groups[1]} warpgroups of {team[0]}x{team[1]}, "
-                f"k tile {k_tile}" + (f", cp.async {stages} stages" if stages else ""))
-        variants[name] = space.wgmma_tiled(tree, "t0", block, groups, k_tile, stages)
+                f"k tile {k_tile}" + (f", {copier} {stages} stages" if stages else ""))
+        variants[name] = space.wgmma_tiled(tree, "t0", block, groups, k_tile, stages, copier)
     return variants
 
 
@@ -191,9 +194,9 @@ def half_matmuls(scale: float):
     import torch
     size, big, rows = (int(s * scale ** (1 / 3)) for s in (4096, 8192, 1024))
     cases = (("matmul bfloat16", torch.bfloat16, (), size, MMA_VARIANTS, WGMMA_VARIANTS),
-             ("matmul float16", torch.float16, (), size, MMA_VARIANTS[:1], WGMMA_VARIANTS[:2]),
-             ("matmul bfloat16 8192^3", torch.bfloat16, (), big, MMA_VARIANTS[:1], WGMMA_VARIANTS[:2]),
-             ("batched matmul bfloat16 64x1024^3", torch.bfloat16, (64,), rows, MMA_VARIANTS[:1], WGMMA_VARIANTS[:2]))
+             ("matmul float16", torch.float16, (), size, MMA_VARIANTS[:1], WGMMA_VARIANTS[:4]),
+             ("matmul bfloat16 8192^3", torch.bfloat16, (), big, MMA_VARIANTS[:1], WGMMA_VARIANTS[:4]),
+             ("batched matmul bfloat16 64x1024^3", torch.bfloat16, (64,), rows, MMA_VARIANTS[:1], WGMMA_VARIANTS[:4]))
     for label, dtype, batch, n, shapes, wgmma_shapes in cases:
         ta = torch.randn(*batch, n, n, device="cuda").to(dtype)
         tb = torch.randn(*batch, n, n, device="cuda").to(dtype)

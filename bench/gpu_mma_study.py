@@ -1,7 +1,8 @@
 """A GPU study of bfloat16 matmul (4096^3 by default) over `tuner.space.sample_gpu`, whose draws for a
-half-precision contraction include the tensor-core family 'mma': `python -m bench.gpu_mma_study
---trials 40 --timeout 150` on the GPU machine. Then the study's best schedule, the hand-written
-`bench.gpu` one (its first variant) and torch.matmul in bfloat16 are
+half-precision contraction include the tensor-core families 'mma' and (Hopper) 'wgmma':
+`python -m bench.gpu_mma_study --trials 40 --timeout 150` on the GPU machine. Then the study's best
+schedule, the best hand-written `bench.gpu` one (its first wgmma variant on Hopper, else its first mma
+variant) and torch.matmul in bfloat16 are
 checked (NaN-poisoned outputs, float64 reference) and timed side by side; writes mma_study.json."""
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import optuna
 
 import looptool as lt
-from bench.gpu import MMA_VARIANTS, check_and_time, median_ms, resources, tensor_core_variants
+from bench.gpu import MMA_VARIANTS, WGMMA_VARIANTS, check_and_time, median_ms, resources, tensor_core_variants
 from tuner.study import tune
 
 
@@ -47,9 +48,9 @@ def main(argv=None):
     Path(args.out, "mma_study.json").write_text(json.dumps(summary, indent=1))
     ref = torch.matmul(ta.double(), tb.double()).cpu().numpy()
     gpu_mat = (lt.Tensor(ta).to(m, k) * lt.Tensor(tb).to(k, nn)).sum(k)
-    hand = next(iter(tensor_core_variants(gpu_mat.loop_tree(), MMA_VARIANTS[:1]).values()))
+    hand = list(tensor_core_variants(gpu_mat.loop_tree(), MMA_VARIANTS[:1], WGMMA_VARIANTS[:1]).values())[-1]
     rows = {}
-    for name, tree in (("study best", result.best_tree), ("hand-written (bench.gpu's first)", hand)):
+    for name, tree in (("study best", result.best_tree), ("hand-written (bench.gpu's best)", hand)):
         torch_ms = median_ms(lambda: torch.matmul(ta, tb))
         err, ms, ptx = check_and_time(gpu_mat, tree.schedule, ref, 20)
         rows[name] = {"rel_error": err, "ms": ms, "torch_ms": torch_ms, "ratio": torch_ms / ms,

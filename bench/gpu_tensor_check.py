@@ -19,17 +19,20 @@ WGMMA_CASES = (((192, 128, 384), ((128, 128), (2, 1), 64, 0)), ((192, 128, 384),
                ((128, 64, 64), ((64, 64), (1, 1), 64, 2)))    # m x k x n: block, warpgroups, k tile, stages
 WGMMA_TRANSPOSED = (("a", (192, 128, 256), ((128, 128), (2, 1), 64, 3)),      # A stored [k][m]: mn-major A
                     ("b", (192, 128, 256), ((128, 128), (2, 1), 64, 3)))      # B stored [n][k]: k-major B
+TMA_CASES = tuple((shape, (*schedule, "tma")) for shape, schedule in WGMMA_CASES if schedule[3] >= 2)
+TMA_TRANSPOSED = tuple((stored, shape, (*schedule, "tma")) for stored, shape, schedule in WGMMA_TRANSPOSED)
 
 
 def main() -> int:
     """Check mma_tiled with 0, 2, 3 and 4 pipeline stages (4 stages of 64-wide k tiles: 128 KB of dynamic
     shared memory) and two block shapes, and on Hopper wgmma_tiled (tails of whole 64-row tiles,
-    mn-major B, 0 to 4 stages, warpgroups along m or n), in both dtypes."""
+    mn-major B, 0 to 4 stages, warpgroups along m or n, tiles copied by cp.async or TMA), in both dtypes."""
     rng = np.random.default_rng(0)
     cases = [("mma", shape, schedule) for shape in MMA_SHAPES for schedule in MMA_SCHEDULES]
     if runtime_gpu.device_arch() in codegen_gpu.WGMMA_ARCHS:
         cases += [("wgmma", shape, schedule) for shape, schedule in WGMMA_CASES]
-        cases += [("wgmma", shape, schedule, stored) for stored, shape, schedule in WGMMA_TRANSPOSED]
+        cases += [("wgmma", shape, schedule, stored) for stored, shape, schedule in WGMMA_TRANSPOSED + TMA_TRANSPOSED]
+        cases += [("wgmma", shape, schedule) for shape, schedule in TMA_CASES]
     failures = sum(not check(rng, dtype, *case) for dtype in (lt.bfloat16, lt.float16) for case in cases)
     return 1 if failures else 0
 
@@ -48,10 +51,10 @@ def check(rng, dtype, family: str, shape: tuple[int, int, int], schedule: tuple,
     ref = a.astype(np.float64) @ b.astype(np.float64)
     build = space.mma_tiled if family == "mma" else space.wgmma_tiled
     err = check_and_time(c, build(c.loop_tree(), "t0", *schedule), ref, 1)[0]
-    block, teams, k_tile, stages = schedule
+    block, teams, k_tile, stages, *copier = schedule
     print(f"{family} {np.dtype(dtype).name} {m_size}x{k_size}x{n_size}{' ' + transposed + ' stored transposed' if transposed else ''}, "
-          f"block {block}, teams {teams}, "
-          f"k tile {k_tile}, {stages} stages: rel. error {err:.1e} {'ok' if err < 1e-5 else 'WRONG'}")
+          f"block {block}, teams {teams}, k tile {k_tile}, {stages} stages{' by ' + copier[0] if copier else ''}: "
+          f"rel. error {err:.1e} {'ok' if err < 1e-5 else 'WRONG'}")
     return err < 1e-5
 
 

@@ -122,7 +122,8 @@ def _half_contraction(tree: LoopTree) -> bool:
 @dataclass(frozen=True)
 class TensorFamily:
     """A tensor-core family of the GPU space: the teams (warps or warpgroups) a block's tile is split
-    between, the tile a team's part is made of, the threads of a team and the k tiles to draw."""
+    between, the tile a team's part is made of, the threads of a team, the k tiles to draw and how a
+    pipeline may copy its tiles."""
 
     team: str
     teams: tuple[int, ...]
@@ -130,6 +131,7 @@ class TensorFamily:
     tile: tuple[int, int]
     threads: int
     build: Callable
+    copiers: tuple[str, ...] = ("cp.async",)
 
 
 def _gpu_tensor(trial: optuna.Trial, tree: LoopTree, family: str) -> LoopTree:
@@ -141,6 +143,8 @@ def _gpu_tensor(trial: optuna.Trial, tree: LoopTree, family: str) -> LoopTree:
     teams = tuple(_choose(trial, f"gpu.{family}.{spec.team}s.{d}", list(spec.teams)) for d in (m, n))
     k_tile = _choose(trial, f"gpu.{family}.k.tile", list(spec.k_tiles)) if len(spec.k_tiles) > 1 else spec.k_tiles[0]
     stages = _choose(trial, f"gpu.{family}.stages", list(MMA_STAGES))
+    copier = _choose(trial, f"gpu.{family}.copier", list(spec.copiers)) if stages and len(spec.copiers) > 1 \
+        else spec.copiers[0]
     part = (block[0] // teams[0], block[1] // teams[1])
     if part[0] % spec.tile[0] or part[1] % spec.tile[1]:
         raise ValueError(f"a {spec.team} tile of {part[0]}x{part[1]} is not made of {spec.tile[0]}x{spec.tile[1]} tiles")
@@ -150,7 +154,7 @@ def _gpu_tensor(trial: optuna.Trial, tree: LoopTree, family: str) -> LoopTree:
     shared = (block[0] + block[1]) * k_tile * 2 * max(stages, 1)
     if shared > mma_shared_limit():
         raise ValueError(f"{shared} bytes of shared memory a block (at most {mma_shared_limit()})")
-    return spec.build(tree, st.name, block, teams, k_tile, stages)
+    return spec.build(tree, st.name, block, teams, k_tile, stages, copier)
 
 
 @functools.cache
@@ -357,37 +361,38 @@ def _threads_over(tree: LoopTree, stage: str, dim: str, threads: int) -> LoopTre
 
 
 def mma_tiled(tree: LoopTree, stage: str, block: tuple[int, int] = (128, 128), warps: tuple[int, int] = (2, 2),
-              k_tile: int = 32, stages: int = 0) -> LoopTree:
+              k_tile: int = 32, stages: int = 0, copier: str = "cp.async") -> LoopTree:
     """A contraction on tensor cores (mma.m16n8k16): blocks of block[0] x block[1] outputs (m x n), split
     between warps[0] x warps[1] warps (thread.y, thread.z), each computing its warp tile as unrolled
     16 x 8 mma tiles whose accumulators stay in registers (`cache_write`) across the k loop; per k tile
     of `k_tile`, both operands are staged in shared memory by all threads with 16-byte copies, and read
-    by ldmatrix. With `stages` >= 2 the copies are pipelined (cp.async). A batch dim (one) goes on
-    block.z."""
-    return _tensor_tiled(tree, stage, block, warps, k_tile, stages, "mma.m16n8k16")
+    by ldmatrix. With `stages` >= 2 the copies are pipelined (by `copier`: only cp.async reaches
+    ldmatrix's layout). A batch dim (one) goes on block.z."""
+    return _tensor_tiled(tree, stage, block, warps, k_tile, stages, "mma.m16n8k16", copier)
 
 
 def wgmma_tiled(tree: LoopTree, stage: str, block: tuple[int, int] = (128, 256), groups: tuple[int, int] = (2, 1),
-                k_tile: int = 64, stages: int = 0) -> LoopTree:
+                k_tile: int = 64, stages: int = 0, copier: str = "cp.async") -> LoopTree:
     """A contraction on Hopper's tensor cores (wgmma): as `mma_tiled`, but the block's tile is split
     between groups[0] x groups[1] warpgroups (4 warps each, on thread.y), each computing its tile as 64 x N wgmma
     tiles (N its columns, at most 256) straight from the shared-memory tiles (k_tile * 2 bytes must be
-    128 where A's k is contiguous)."""
+    128 where A's k is contiguous); a pipeline's tiles are copied by `copier` ('cp.async' or 'tma')."""
     columns = block[1] // groups[1]
     fitting = [name for name, shape in TENSOR_INSTRUCTIONS.items()
                if shape["warps"] > 1 and columns % shape["n"] == 0]
     if not fitting:
         raise ValueError(f"a warpgroup's {columns} columns are not a multiple of 64 (wgmma tiles are 64 x N)")
     return _tensor_tiled(tree, stage, block, groups, k_tile, stages,
-                         max(fitting, key=lambda name: TENSOR_INSTRUCTIONS[name]["n"]))
+                         max(fitting, key=lambda name: TENSOR_INSTRUCTIONS[name]["n"]), copier)
 
 
 TENSOR_FAMILIES = {"mma": TensorFamily("warp", MMA_WARPS, MMA_K_TILE, (16, 8), 32, mma_tiled),
-                   "wgmma": TensorFamily("group", WGMMA_GROUPS, (WGMMA_K_TILE,), (64, 64), 128, wgmma_tiled)}
+                   "wgmma": TensorFamily("group", WGMMA_GROUPS, (WGMMA_K_TILE,), (64, 64), 128, wgmma_tiled,
+                                         ("tma", "cp.async"))}
 
 
 def _tensor_tiled(tree: LoopTree, stage: str, block: tuple[int, int], teams: tuple[int, int], k_tile: int,
-                  stages: int, instruction: str) -> LoopTree:
+                  stages: int, instruction: str, copier: str) -> LoopTree:
     """The schedule `mma_tiled` and `wgmma_tiled` describe: `teams` warps (or warpgroups) over the
     block's tile, each computing its part as unrolled tiles of `instruction`."""
     shape = TENSOR_INSTRUCTIONS[instruction]
@@ -417,7 +422,7 @@ def _tensor_tiled(tree: LoopTree, stage: str, block: tuple[int, int], teams: tup
     tree = tree.split(f"{k}.1", shape["k"], stage=acc).unroll(f"{k}.1.0", stage=acc)
     tree = tree.reorder(f"{m}.1.0", f"{n}.1.0", f"{k}.1.0", f"{m}.1.1.0", f"{n}.1.1.0", *tiles, f"{k}.1.1", stage=acc)
     tree = tree.tensorize(tiles, instruction, stage=stage).tensorize((*tiles, f"{k}.1.1"), instruction, stage=acc)
-    return tree.pipeline(f"{k}.0", stages, stage=acc) if stages >= 2 else tree
+    return tree.pipeline(f"{k}.0", stages, stage=acc, copier=copier) if stages >= 2 else tree
 
 
 def _copy_by_warps(tree: LoopTree, acc: str, buffer: str, warps: tuple[int, int], depth: int) -> LoopTree:

@@ -11,7 +11,8 @@ themselves (sum, max and min are reassociated), except across threads.  Two
 more rules follow from the tree: a parallel loop may carry no dependence at all,
 and a buffer shrunk to one tile of its consumer's loops must be read in the
 same iteration of those loops in which it was written. Tensorized loops
-(tensorize.py) must fit their instruction; their tile's sum may be reassociated.
+(tensorize.py) must fit their instruction; their tile's sum may be reassociated. Copies that a
+pipeline makes with TMA (tma.py) must be boxes of an input in wgmma's layout.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from ..memo import BoundedMemo
 from ..schedule import GPU_AXES, LoopNode, LoopTree, StmtNode, accesses, pipeline_depth, thread_bound
 from ..schedule.printing import stmt_text
 from .tensorize import tensor_tiles
+from .tma import bulk_copies
 
 
 
@@ -107,7 +109,7 @@ def _verdict(tree: LoopTree) -> str | None:
 
 def _prove(tree: LoopTree) -> None:
     _check_structure(tree)
-    tensor_tiles(tree)
+    bulk_copies(tree, tensor_tiles(tree))
     original = {(s.node.stage.name, s.node.kind): s for s in _statements(LoopTree(tree.program))}
     stmts = _statements(tree)
     width = max(len(s.time) for s in stmts + list(original.values()))

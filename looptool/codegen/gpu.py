@@ -52,11 +52,12 @@ from llvmlite import ir as llir
 
 from .. import ir
 from ..analysis.tensorize import ATOM_ROWS, SWIZZLE_BYTES, WARP, SharedOperand, TensorTile, is_warpgroup, tensor_tiles
+from ..analysis.tma import BulkCopy, bulk_copies
 from ..ir import Affine
-from ..schedule import (GPU_AXES, TENSOR_INSTRUCTIONS, LoopNode, LoopTree, StmtNode, accesses, pipeline_depth,
-                        tensor_role, thread_bound, walk)
+from ..schedule import (GPU_AXES, TENSOR_INSTRUCTIONS, LoopNode, LoopTree, StmtNode, accesses, pipeline_copier,
+                        pipeline_depth, tensor_role, thread_bound, walk)
 from .llvm import (F32, F64, I16, I32, I64, IDENTITY, ITEM_BYTES, MEMORY_TYPE, REDUCE_BINARY, VALUE_TYPE, ZERO,
-                   FunctionBuilder, element_type, kernel_params)
+                   FunctionBuilder, Lanes, element_type, kernel_params)
 
 TRIPLE = "nvptx64-nvidia-cuda"
 DATA_LAYOUT = "e-p:64:64:64-i64:64-i128:128-v16:16-v32:32-n16:32:64"
@@ -66,6 +67,9 @@ STATIC_SHARED = 48 * 1024       # shared memory a block may have without opting 
 MMA_TYPE = {"bfloat16": "bf16", "float16": "f16"}
 WGMMA_ALIGN = 1024              # bytes: a wgmma operand's swizzle atoms start on this boundary
 WGMMA_ARCHS = ("sm_90", "sm_90a")
+TENSOR_MAPS = "tensor_maps"     # the kernel parameter pointing at the TMA copies' tensor maps, in global memory
+TENSOR_MAP_BYTES = 128
+MBARRIER = llir.IntType(64)
 
 
 @dataclass
@@ -89,6 +93,7 @@ class GpuModule:
     params: list[str]
     arch: str
     aligned: tuple[str, ...] = ()
+    tensor_maps: tuple[BulkCopy, ...] = ()    # the TMA copies, in the order of their maps at TENSOR_MAPS
 
 
 def generate(tree: LoopTree, arch: str = "sm_90", aligned_params: bool = True,
@@ -99,18 +104,19 @@ def generate(tree: LoopTree, arch: str = "sm_90", aligned_params: bool = True,
     otherwise the module is built again with each kernel's shared buffers at offsets in dynamic shared
     memory, whose size its Launch carries (the runtime opts the kernel in to that much)."""
     tiles = tensor_tiles(tree)
-    text, launches, params, aligned = _module(tree, tiles, aligned_params, dynamic=dynamic_shared)
+    copies = bulk_copies(tree, tiles)
+    text, launches, params, aligned = _module(tree, tiles, copies, aligned_params, dynamic=dynamic_shared)
     if not dynamic_shared and any(launch.dynamic_shared for launch in launches):
-        text, launches, params, aligned = _module(tree, tiles, aligned_params, dynamic=True)
+        text, launches, params, aligned = _module(tree, tiles, copies, aligned_params, dynamic=True)
     ptx = _compile(text, _arch_for(tiles, arch))
     if any(launch.dynamic_shared for launch in launches):
         ptx = _extern_shared(ptx, [launch.name for launch in launches])
-    return GpuModule(ptx, text, launches, params, arch, aligned)
+    return GpuModule(ptx, text, launches, params, arch, aligned, tuple(sorted(copies.values(), key=lambda c: c.index)))
 
 
 def _arch_for(tiles: dict[int, TensorTile], arch: str) -> str:
     """The target to compile for: sm_90a (Hopper's arch-specific instructions) where there are
-    wgmma tiles, which no other GPU runs; `arch` otherwise."""
+    wgmma tiles (which TMA copies need too), which no other GPU runs; `arch` otherwise."""
     wgmma = sorted({tile.instruction for tile in tiles.values() if is_warpgroup(tile.instruction)})
     if not wgmma:
         return arch
@@ -140,13 +146,14 @@ def _extern_shared(ptx: str, kernels: list[str]) -> str:
     return head + address + "".join(declarations) + rest
 
 
-def _module(tree: LoopTree, tiles: dict[int, TensorTile], aligned_params: bool, dynamic: bool):
+def _module(tree: LoopTree, tiles: dict[int, TensorTile], copies: dict[int, BulkCopy], aligned_params: bool,
+            dynamic: bool):
     """(LLVM IR text, launches, params, aligned params); a launch's dynamic_shared is the shared
     memory its kernel needs where that exceeds STATIC_SHARED (or, `dynamic`, all it needs)."""
     module = llir.Module(name="looptool_gpu")
     module.triple = TRIPLE
     module.data_layout = DATA_LAYOUT
-    params = kernel_params(tree)
+    params = kernel_params(tree) + ([TENSOR_MAPS] if copies else [])
     launches, aligned = [], set()
     for index, node in enumerate(tree.root):
         name = f"looptool_k{index}"
@@ -154,14 +161,15 @@ def _module(tree: LoopTree, tiles: dict[int, TensorTile], aligned_params: bool, 
         fn.calling_convention = "ptx_kernel"
         for arg, buffer in zip(fn.args, params):
             arg.name = buffer
-            if tree.buffers[buffer].kind == "input":
+            if buffer in tree.buffers and tree.buffers[buffer].kind == "input":
                 arg.add_attribute("noalias")   # written buffers are shared between threads: not noalias
-        builder = _GpuBuilder(tree, fn, dict(zip(params, fn.args)), aligned_params, tiles, dynamic)
+        grid, block = launch_dims(node)
+        builder = _GpuBuilder(tree, fn, dict(zip(params, fn.args)), aligned_params, tiles, copies, block, dynamic)
         builder.body([node], {})
         builder.finish()
         aligned |= builder.aligned_params
         needed = builder.shared_bytes if dynamic or builder.shared_bytes > STATIC_SHARED else 0
-        launches.append(Launch(name, *launch_dims(node), needed))
+        launches.append(Launch(name, grid, block, needed))
         _declare_block_size(module, fn, launches[-1].block)
     return str(module), launches, params, tuple(sorted(aligned))
 
@@ -220,9 +228,13 @@ class _GpuBuilder(FunctionBuilder):
     """The CPU loop-tree walker with GPU-bound loops read from special registers."""
 
     def __init__(self, tree: LoopTree, fn: llir.Function, pointers: dict, aligned_params: bool,
-                 tiles: dict[int, TensorTile], dynamic: bool = False):
+                 tiles: dict[int, TensorTile], copies: dict[int, BulkCopy], block: tuple[int, int, int],
+                 dynamic: bool = False):
         super().__init__(tree, fn, pointers, threads=1)
+        self.block = block
+        self.warps = block[1] * block[2] if block[0] == WARP else None   # wgmma kernels: thread.x is a warp's lanes
         self.tiles = tiles
+        self.bulk_copies = copies
         self.dynamic = dynamic
         self.shared_bytes = 0
         self.shared_buffers: set[str] = set()
@@ -294,9 +306,12 @@ class _GpuBuilder(FunctionBuilder):
             self.inline(f"wgmma.wait_group.sync.aligned {in_flight};")
             self.wgmma_pending = in_flight > 0
 
-    def inline(self, ptx: str):
-        """An instruction with no operands, kept in place (a side effect that touches memory)."""
-        self.builder.asm(llir.FunctionType(llir.VoidType(), []), ptx, "~{memory}", [], side_effect=True)
+    def inline(self, ptx: str, operands: list = ()):
+        """An inline PTX instruction with 32-bit ('r') and 64-bit ('l') operands and no result, kept in
+        place (a side effect that touches memory)."""
+        constraints = ",".join(["l" if value.type == I64 else "r" for value in operands] + ["~{memory}"])
+        self.builder.asm(llir.FunctionType(llir.VoidType(), [value.type for value in operands]), ptx, constraints,
+                         list(operands), side_effect=True)
 
     def counted_loop(self, start: llir.Value, end: llir.Value, emit_body, name: str):
         """A loop whose every iteration ends with its wgmma instructions done."""
@@ -334,7 +349,11 @@ class _GpuBuilder(FunctionBuilder):
             self.builder.store(llir.Constant(ty, IDENTITY[stmt.stage.reduce_op]), self.partials[id(stmt)])
         if kind == "thread":
             self.thread_loops.append(node.loop.name)
-        with self.builder.if_then(self.builder.icmp_signed("<", value, self.trip_count(node, env))):
+        count = self.trip_count(node, env)
+        inside_block = self.builder.icmp_signed("<", value, count)
+        if self.fills_block(node, count):
+            inside_block = llir.Constant(llir.IntType(1), 1)
+        with self.builder.if_then(inside_block):
             self.close_body = kind != "block"     # a block-bound loop's body runs once: no closing barrier
             self.loop_body(node, inside)
         if kind == "thread":
@@ -342,13 +361,23 @@ class _GpuBuilder(FunctionBuilder):
         for stmt in combined:
             self.combine_across_threads(stmt, node, value, env)
 
-    # Pipelines: cp.async copies into rotating shared buffers ------------------------------------
+    def fills_block(self, node: LoopNode, count: llir.Value) -> bool:
+        """Whether a thread-bound loop around wgmma tiles has an iteration for every thread along its
+        axis, so needs no guard (a branch on the thread index between wgmma instructions makes ptxas
+        serialize them). Other loops keep theirs: without it, LLVM moved a float32 register tile to
+        local memory."""
+        kind, _, axis = node.loop.annotation.partition(".")
+        warps = 4 if counts_warpgroups(node) else 1
+        return kind == "thread" and _holds_wgmma(node.body) and isinstance(count, llir.Constant) \
+            and count.constant * warps == self.block["xyz".index(axis)]
+
+    # Pipelines: cp.async or TMA copies into rotating shared buffers ------------------------------
     def pipelined(self, node: LoopNode, env: dict, stages: int, in_flight: int):
-        """Issue the copies of the first `stages - 1` iterations; then in each iteration wait until at
-        most `in_flight` copy groups run, synchronize the block, issue the copies `stages - 1`
-        iterations ahead (into the buffer the previous iteration read) and run the rest of the body.
-        Where that body's wgmma batch stays in flight into the next iteration (3 stages or more), one
-        buffer is its: `stages - 2` ahead, `in_flight - 1` groups."""
+        """Issue the copies of the first iterations into `stages` rotating buffers, then run the loop
+        with each iteration's copies issued ahead: by cp.async (`cp_async_pipeline`) or TMA
+        (`tma_pipeline`), `stages - 1` iterations ahead. Where the body's wgmma batch stays in flight
+        into the next iteration (3 stages or more) and the copies are issued before it, one buffer is
+        its: cp.async copies run `stages - 2` iterations ahead."""
         placed = self.tree.local_buffers.get(id(node), [])
         sizes = {plan.name: self.rotating_size(plan) for plan in placed}
         for plan in placed:
@@ -356,28 +385,74 @@ class _GpuBuilder(FunctionBuilder):
             self.share(plan)
         copies = [child for child in node.body if _buffers_touched(child)[0] <= sizes.keys()]
         rest = [child for child in node.body if all(child is not copy for copy in copies)]
-        count, name, b = self.trip_count(node, env), node.loop.name, self.builder
         overlap = stages > 2 and _holds_wgmma(rest)
-        for iteration in range(stages - 1 - overlap):
-            self.issue_copies(copies, sizes, stages, {**env, name: llir.Constant(I64, iteration)}, name, count)
-
-        def iteration(i):
-            self.wait_copies(max(in_flight - overlap, 0))
-            self.barrier(settle=not overlap)
-            ahead = {**env, name: b.add(i, llir.Constant(I64, stages - 1 - overlap))}
-            self.issue_copies(copies, sizes, stages, ahead, name, count)
-            self.rotate(sizes, stages, i)
-            self.close_body = False
-            self.body(rest, {**env, name: i})
-            if overlap:
-                self.settle_wgmma(in_flight=1)
-        self.wgmma_overlap = overlap
-        self.counted_loop(ZERO, count, iteration, name)
-        self.wgmma_overlap = False
-        self.wait_copies(0)
-        self.barrier()
+        tma = pipeline_copier(node.loop.annotation) == "tma"
+        plan = _Pipeline(node.loop.name, self.trip_count(node, env), stages, stages - 1 - (overlap and not tma),
+                         overlap, sizes, copies, rest)
+        if tma:
+            self.tma_pipeline(plan, env)
+        else:
+            self.cp_async_pipeline(plan, env, max(in_flight - overlap, 0))
         for buffer in sizes:
             self.rotations.pop(buffer, None)
+
+    def cp_async_pipeline(self, plan: "_Pipeline", env: dict, in_flight: int):
+        """Each iteration waits until at most `in_flight` copy groups run, synchronizes the block (so
+        every thread's copies are visible and the buffer the copies go to next is read by no one),
+        issues the copies `plan.ahead` iterations ahead and runs the rest of the body."""
+        for iteration in range(plan.ahead):
+            self.issue_copies(plan, {**env, plan.loop: llir.Constant(I64, iteration)})
+
+        def iteration(i):
+            self.wait_copies(in_flight)
+            self.barrier(settle=not plan.overlap)
+            self.issue_copies(plan, {**env, plan.loop: self.builder.add(i, llir.Constant(I64, plan.ahead))})
+            self.run_body(plan, env, i)
+            if plan.overlap:
+                self.settle_wgmma(in_flight=1)
+        self.counted_loop_of(plan, iteration)
+        self.wait_copies(0)
+        self.barrier()
+
+    def tma_pipeline(self, plan: "_Pipeline", env: dict):
+        """No barrier per iteration: each buffer has a `full` mbarrier (its copies' bytes arrived) and
+        an `empty` one (each warp's wgmma batches that read it are done). An iteration waits until its
+        buffer is full and runs its batch (committed before any other waiting loop: ptxas serializes
+        wgmma across branches); once a batch is done (the one before, where it stays in flight), each
+        warp's first lane marks its buffer empty; once the buffer of the copies `plan.ahead` iterations
+        ahead is empty (that batch's, where it stayed in flight), the first thread issues them."""
+        full = self.mbarriers(plan.stages, f"{plan.loop}.full", 1)
+        empty = self.mbarriers(plan.stages, f"{plan.loop}.empty", self.warps)
+        for iteration in range(plan.ahead):
+            self.issue_copies(plan, {**env, plan.loop: llir.Constant(I64, iteration)}, full)
+
+        def iteration(i):
+            b = self.builder
+            self.wait_mbarrier(full, plan.stages, i)
+            self.run_body(plan, env, i)
+            self.settle_wgmma(in_flight=int(plan.overlap))
+            done = b.sub(i, llir.Constant(I64, int(plan.overlap)))
+            with b.if_then(b.icmp_signed(">=", done, ZERO)):
+                self.inline_by("mbarrier.arrive.shared::cta.b64 state, [$0];",
+                               [self.mbarrier_at(empty, b.urem(done, llir.Constant(I64, plan.stages)))], "x")
+            self.issue_copies(plan, {**env, plan.loop: b.add(i, llir.Constant(I64, plan.ahead))}, full, empty)
+        self.counted_loop_of(plan, iteration)
+        self.barrier()
+        for barriers in (full, empty):
+            for slot in range(plan.stages):
+                self.inline_by("mbarrier.inval.shared::cta.b64 [$0];", [self.mbarrier_at(barriers, slot)])
+
+    def run_body(self, plan: "_Pipeline", env: dict, i: llir.Value):
+        """The pipelined loop's body but its copies, in iteration `i` (reading that iteration's buffers)."""
+        self.rotate(plan.sizes, plan.stages, i)
+        self.close_body = False
+        self.body(plan.rest, {**env, plan.loop: i})
+
+    def counted_loop_of(self, plan: "_Pipeline", iteration):
+        """The pipelined loop itself, its wgmma batches kept in flight across iterations where it overlaps."""
+        self.wgmma_overlap = plan.overlap
+        self.counted_loop(ZERO, plan.count, iteration, plan.loop)
+        self.wgmma_overlap = False
 
     def rotating_size(self, plan) -> int:
         """Elements of one of a pipelined buffer's copies, rounded up to its alignment (so every copy
@@ -395,22 +470,110 @@ class _GpuBuilder(FunctionBuilder):
         for buffer, size in sizes.items():
             self.rotations[buffer] = self.builder.mul(slot, llir.Constant(I64, size))
 
-    def issue_copies(self, copies: list, sizes: dict[str, int], stages: int, env: dict, loop: str,
-                     count: llir.Value):
-        """The copies of iteration env[loop] (if it exists) as cp.async, then one commit: every thread
-        commits a group per iteration, empty or not, so the group count follows the iterations."""
-        b = self.builder
-        with b.if_then(b.icmp_signed("<", env[loop], count)):
-            self.rotate(sizes, stages, env[loop])
-            self.asynchronous |= sizes.keys()
-            FunctionBuilder.body(self, copies, env)
-            self.asynchronous -= sizes.keys()
-        b.call(self.declare("llvm.nvvm.cp.async.commit.group", llir.VoidType(), []), [])
+    def issue_copies(self, plan: "_Pipeline", env: dict, full: llir.Value | None = None,
+                     empty: llir.Value | None = None):
+        """The copies of iteration env[plan.loop] (if it exists): as cp.async, then one commit (every
+        thread commits a group per iteration, empty or not, so the group count follows the
+        iterations); or, with the `full` mbarriers, as TMA copies issued by the block's first thread
+        once the buffer's last readers are done (its `empty` mbarrier)."""
+        b, iteration = self.builder, env[plan.loop]
+        with b.if_then(b.icmp_signed("<", iteration, plan.count)):
+            self.rotate(plan.sizes, plan.stages, iteration)
+            if full is not None:
+                self.tma_copies(plan, env, full, empty)
+            else:
+                self.asynchronous |= plan.sizes.keys()
+                FunctionBuilder.body(self, plan.copies, env)
+                self.asynchronous -= plan.sizes.keys()
+        if full is None:
+            b.call(self.declare("llvm.nvvm.cp.async.commit.group", llir.VoidType(), []), [])
 
     def wait_copies(self, in_flight: int):
         """Wait until at most `in_flight` of this thread's copy groups are still running."""
         wait = self.declare("llvm.nvvm.cp.async.wait.group", llir.VoidType(), [llir.IntType(32)])
         self.builder.call(wait, [llir.Constant(llir.IntType(32), in_flight)])
+
+    # TMA: bulk tensor copies completing on mbarriers ---------------------------------------------
+    def mbarriers(self, count: int, name: str, arrivals: int) -> llir.Value:
+        """`count` mbarriers in shared memory, each expecting `arrivals` arrivals per phase, initialized
+        by the first thread before the block synchronizes."""
+        barriers = self.shared(MBARRIER, count, name)
+        for slot in range(count):
+            self.inline_by(f"mbarrier.init.shared::cta.b64 [$0], {arrivals};", [self.mbarrier_at(barriers, slot)])
+        self.inline("fence.mbarrier_init.release.cluster;")
+        self.barrier()
+        return barriers
+
+    def mbarrier_at(self, barriers: llir.Value, slot) -> llir.Value:
+        """The shared-memory address (32 bits) of mbarrier `slot` (an int or an i64 value)."""
+        slot = llir.Constant(I64, slot) if isinstance(slot, int) else slot
+        return self.shared_address(self.builder.gep(barriers, [slot], source_etype=MBARRIER, inbounds=True))
+
+    def wait_mbarrier(self, barriers: llir.Value, stages: int, iteration: llir.Value, phase_offset: int = 0):
+        """Wait until the phase of `iteration`'s buffer's mbarrier for that iteration (or for an earlier
+        use of the buffer, `phase_offset` uses back) completes: the one with parity
+        (iteration / stages - phase_offset) mod 2."""
+        b = self.builder
+        slot = b.urem(iteration, llir.Constant(I64, stages))
+        use = b.add(b.udiv(iteration, llir.Constant(I64, stages)), llir.Constant(I64, phase_offset))
+        parity = b.trunc(b.and_(use, llir.Constant(I64, 1)), I32)
+        self.inline("{ .reg .pred done; WAIT${:uid}: mbarrier.try_wait.parity.shared::cta.b64 done, [$0], $1; "
+                 "@!done bra WAIT${:uid}; }", [self.mbarrier_at(barriers, slot), parity])
+
+    def tma_copies(self, plan: "_Pipeline", env: dict, full: llir.Value, empty: llir.Value | None):
+        """Iteration env[plan.loop]'s TMA copies, into a buffer used before only once its readers of
+        `stages` iterations back are done (every thread waits for that, so no branch on the thread
+        separates a warpgroup's wgmma instructions: ptxas would serialize them)."""
+        b, iteration = self.builder, env[plan.loop]
+        if empty is not None:
+            with b.if_then(b.icmp_signed(">=", iteration, llir.Constant(I64, plan.stages))):
+                self.wait_mbarrier(empty, plan.stages, iteration, phase_offset=1)
+        slot = b.urem(iteration, llir.Constant(I64, plan.stages))
+        self.bulk_copy(plan.copies, env, self.mbarrier_at(full, slot))
+
+    def bulk_copy(self, copies: list, env: dict, barrier: llir.Value):
+        """One iteration's TMA copies: the mbarrier told how many bytes will arrive, then each tile's
+        boxes, from the box at its origin (its own loops at 0) in the input."""
+        statements = [(stmt, path) for stmt, path in walk(copies) if isinstance(stmt, StmtNode)]
+        total = sum(self.bulk_copies[id(stmt)].bytes for stmt, _ in statements)
+        self.inline_by("mbarrier.arrive.expect_tx.shared::cta.b64 state, [$0], $1;", [barrier, llir.Constant(I32, total)])
+        for stmt, path in statements:
+            copy = self.bulk_copies[id(stmt)]
+            base = {**env, **{node.loop.name: ZERO for node in path}}
+            load = stmt.stage.expr
+            origin = [self.builder.trunc(self.affine(ix.substitute(stmt.index), base), I32) for ix in load.index]
+            target = self.shared_address(self.rotated(copy.target, self.pointers[copy.target]))
+            tensor_map = self.builder.gep(self.pointers[TENSOR_MAPS], [llir.Constant(I64, copy.index * TENSOR_MAP_BYTES)],
+                                          source_etype=llir.IntType(8), inbounds=True)
+            for block in range(copy.blocks):
+                self.tma_load(target, tensor_map, origin, barrier, block * copy.columns, block * copy.rows * SWIZZLE_BYTES)
+
+    def tma_load(self, target: llir.Value, tensor_map: llir.Value, origin: list, barrier: llir.Value,
+                 column: int, offset: int):
+        """cp.async.bulk.tensor of the box at `origin` (moved `column` elements along the innermost
+        dim) to `offset` bytes past `target`, completing on `barrier`."""
+        b, rank = self.builder, len(origin)
+        coordinates = [*origin[:-1], b.add(origin[-1], llir.Constant(I32, column))][::-1]
+        places = ", ".join(f"${i + 2}" for i in range(rank))
+        self.inline_by(f"cp.async.bulk.tensor.{rank}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+                       f"[$0], [$1, {{{places}}}], [${rank + 2}];",
+                       [b.add(target, llir.Constant(I32, offset)), b.ptrtoint(tensor_map, I64), *coordinates, barrier])
+
+    def inline_by(self, ptx: str, operands: list, axes: str = "xyz"):
+        """An inline PTX instruction (operands $0...; it may write the scratch register `state`)
+        predicated on the block's first thread (or, axes 'x', each warp's first lane: thread.x is a
+        warp's lanes where wgmma runs). A predicate, not a branch: ptxas serializes wgmma
+        instructions that a branch on the thread index separates."""
+        b = self.builder
+        index = llir.Constant(I32, 0)
+        for axis in axes:
+            index = b.or_(index, b.call(self.declare(f"llvm.nvvm.read.ptx.sreg.tid.{axis}", I32, []), []))
+        self.inline(f"{{ .reg .pred leader; .reg .b64 state; setp.eq.u32 leader, ${len(operands)}, 0; @leader {ptx} }}",
+                    [*operands, index])
+
+    def shared_address(self, pointer: llir.Value) -> llir.Value:
+        """A generic pointer into shared memory as a 32-bit shared-space address."""
+        return self.builder.ptrtoint(self.builder.addrspacecast(pointer, llir.PointerType(addrspace=3)), I32)
 
     def copy_asynchronously(self, stmt: StmtNode, env: dict, lanes=None) -> bool:
         """Emit a vectorized copy statement of a pipelined stage as one cp.async of 8 or 16 bytes where
@@ -716,16 +879,35 @@ class _GpuBuilder(FunctionBuilder):
             return
         if tile.b is None:
             sources = self.tile_elements(tile.a.buffer, tile.a.index, tile, stmt, base, lane)
-            for source, target in zip(sources, targets):
-                value = self.load_value(source, tile.dtype)
-                if isinstance(stage.expr, ir.Cast):
-                    value = self.convert(value, stage.expr.dtype)
-                self.store_value(value, target, stage.dtype)
+            values = [self.load_value(source, tile.dtype) for source in sources]
+            if isinstance(stage.expr, ir.Cast):
+                values = [self.convert(value, stage.expr.dtype) for value in values]
+            self.store_tile(values, targets, tile, stmt, base)
             return
         if is_warpgroup(tile.instruction):
             self.wgmma(tile, stmt, base, targets)
         else:
             self.mma_sync(tile, stmt, base, targets, lane)
+
+    def store_tile(self, values: list, targets: list[llir.Value], tile: TensorTile, stmt: StmtNode, base: dict):
+        """Store a copy tile's elements: each thread's pairs of neighbouring columns (fragment_places)
+        as one 2-element vector where the columns are adjacent in memory and the pair aligned."""
+        stage, n = stmt.stage, tile.loops["n"].loop
+        index = Affine.identity(stage.dims)
+        moving = {tile.loops["m"].loop.name, n.name}      # set per element from the thread's place
+        paired = not self.is_fragment(stage.name) \
+            and self.linear_offset(stage.name, index, stmt).coeffs().get(n.name) == 1 \
+            and self.alignment(stage.name, index, stmt, {k: v for k, v in base.items() if k not in moving},
+                               Lanes(n.name, 2)) == 2 * ITEM_BYTES[stage.dtype]
+        if not paired:
+            for value, target in zip(values, targets):
+                self.store_value(value, target, stage.dtype)
+            return
+        for first in range(0, len(values), 2):
+            pair = llir.Constant(llir.VectorType(values[first].type, 2), None)
+            for lane_index in (0, 1):
+                pair = self.builder.insert_element(pair, values[first + lane_index], llir.Constant(I32, lane_index))
+            self.store_value(pair, targets[first], stage.dtype, align=2 * ITEM_BYTES[stage.dtype])
 
     def mma_sync(self, tile: TensorTile, stmt: StmtNode, base: dict, targets: list[llir.Value], lane: llir.Value):
         """One mma.sync on the warp: the lane's fragments of A and B, its four accumulators in and out."""
@@ -769,8 +951,7 @@ class _GpuBuilder(FunctionBuilder):
         address / 16, the byte offsets between 64-column blocks (leading: mn-major only) and between
         8-row atoms (stride: 1024), and the 128-byte swizzle (mode 1, bits 62-63)."""
         b, layout = self.builder, self.wgmma_operands[load.buffer]
-        pointer = self.access(load.buffer, load.index, False, stmt, base)
-        address = b.ptrtoint(b.addrspacecast(pointer, llir.PointerType(addrspace=3)), I32)
+        address = self.shared_address(self.access(load.buffer, load.index, False, stmt, base))
         leading = layout.rows * SWIZZLE_BYTES if layout.major == "mn" else 16
         low = b.or_(b.and_(b.lshr(address, llir.Constant(I32, 4)), llir.Constant(I32, 0x3FFF)),
                     llir.Constant(I32, (leading >> 4) << 16))
@@ -878,6 +1059,23 @@ class _GpuBuilder(FunctionBuilder):
         if op in ("log",) or (op == "exp" and element_type(x.type) == F64):
             raise ValueError(f"{op} of {element_type(x.type)} is not supported on the GPU backend yet")
         return super().unary(op, x)
+
+
+@dataclass(frozen=True)
+class _Pipeline:
+    """A pipelined loop as the code generator runs it: its name and trip count, `stages` buffers, the
+    copies issued `ahead` iterations ahead, whether a wgmma batch stays in flight into the next
+    iteration (`overlap`), each pipelined buffer's size (elements of one copy), its copy nests and
+    the rest of its body."""
+
+    loop: str
+    count: llir.Value
+    stages: int
+    ahead: int
+    overlap: bool
+    sizes: dict[str, int]
+    copies: list
+    rest: list
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,13 @@ uint16 arrays of the elements' bits that carry the bfloat16 dtype.
 """
 from __future__ import annotations
 
+import ctypes
+import functools
+
 import numpy as np
 
 from .. import ir
+from ..analysis.tma import BulkCopy
 from ..codegen import gpu as codegen_gpu
 from ..frontend import dtypes
 from ..schedule import LoopTree
@@ -20,6 +24,9 @@ from .schedules import resolve_schedule, schedule_steps
 
 OPT_IN_SHARED_ATTRIBUTE = 97           # cudaDevAttrMaxSharedMemoryPerBlockOptin
 MAX_DYNAMIC_SHARED_ATTRIBUTE = 8       # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+TENSOR_MAP_ELEMENT = {1: 0, 2: 1, 4: 2}   # CU_TENSOR_MAP_DATA_TYPE_UINT8/16/32: TMA copies bits
+SWIZZLE_128B, L2_PROMOTION_256B, NO_INTERLEAVE, OOB_ZERO = 3, 3, 0, 0
+TENSOR_MAP_CACHE = 16                  # tensor map sets a kernel keeps, by input addresses
 
 
 def cupy():
@@ -141,6 +148,29 @@ def opt_in_shared(launch, function):
     cupy().cuda.driver.funcSetAttribute(function.ptr, MAX_DYNAMIC_SHARED_ATTRIBUTE, launch.dynamic_shared)
 
 
+@functools.cache
+def _libcuda():
+    return ctypes.CDLL("libcuda.so.1")
+
+
+def tensor_map(copy: BulkCopy, pointer: int, shape: tuple[int, ...], strides: tuple[int, ...],
+               itemsize: int) -> bytes:
+    """The 128-byte CUtensorMap (cuTensorMapEncodeTiled) a TMA copy reads its input through: the
+    input at `pointer` (`shape`, `strides` in elements), boxes of `copy.box`, 128-byte swizzle, zeros
+    outside the input. CuPy has no binding for it, so it is called in libcuda through ctypes."""
+    rank = len(shape)
+    u64, u32 = ctypes.c_uint64, ctypes.c_uint32
+    encoded = (ctypes.c_uint8 * codegen_gpu.TENSOR_MAP_BYTES)()
+    error = _libcuda().cuTensorMapEncodeTiled(
+        encoded, TENSOR_MAP_ELEMENT[itemsize], rank, ctypes.c_void_p(pointer), (u64 * rank)(*shape[::-1]),
+        (u64 * rank)(*[s * itemsize for s in strides[:-1][::-1]]), (u32 * rank)(*copy.box(rank)[::-1]),
+        (u32 * rank)(*[1] * rank), NO_INTERLEAVE, SWIZZLE_128B, L2_PROMOTION_256B, OOB_ZERO)
+    if error:
+        raise RuntimeError(f"cuTensorMapEncodeTiled refused the tensor map of {copy.source} (shape {shape}, strides "
+                           f"{strides}, box {copy.box(rank)}): CUDA error {error}")
+    return bytes(encoded)
+
+
 class GpuKernel:
     """A loop tree compiled to PTX and loaded on the current GPU."""
 
@@ -149,6 +179,7 @@ class GpuKernel:
         self.module = codegen_gpu.generate(tree, self.arch)
         self.ptx, self.llvm_ir = self.module.ptx, self.module.llvm_ir
         self._loaded = {True: self._load(self.module)}
+        self._tensor_maps: dict[tuple[int, ...], object] = {}
 
     @staticmethod
     def _load(module: codegen_gpu.GpuModule):
@@ -190,10 +221,29 @@ class GpuKernel:
         if out is not None:
             memory[program.output.name] = out
         module, _, functions = self._for_alignment(memory)
+        if module.tensor_maps:
+            memory[codegen_gpu.TENSOR_MAPS] = self.tensor_maps(module.tensor_maps, memory)
         args = tuple(kernel_argument(memory[name]) for name in module.params)
         for launch, function in zip(module.launches, functions):
             function(launch.grid, launch.block, args, shared_mem=launch.dynamic_shared)
         return memory[program.output.name]
+
+
+    def tensor_maps(self, copies: tuple[BulkCopy, ...], memory: dict):
+        """The device array of the TMA copies' tensor maps for these inputs (kept by their addresses)."""
+        pointers = tuple(memory[copy.source].data.ptr for copy in copies)
+        if pointers not in self._tensor_maps:
+            for copy, pointer in zip(copies, pointers):
+                if pointer % 16:
+                    raise ValueError(f"input {copy.source} starts at address {pointer:#x}, not 16-byte aligned: this "
+                                     f"kernel copies it with TMA, which needs aligned tensors (pass a fresh array)")
+            plans = [self.tree.buffers[copy.source] for copy in copies]
+            encoded = b"".join(tensor_map(copy, pointer, plan.shape, plan.strides, memory[copy.source].itemsize)
+                               for copy, pointer, plan in zip(copies, pointers, plans))
+            if len(self._tensor_maps) >= TENSOR_MAP_CACHE:
+                self._tensor_maps.clear()
+            self._tensor_maps[pointers] = cupy().asarray(np.frombuffer(encoded, dtype=np.uint8))
+        return self._tensor_maps[pointers]
 
 
 CACHE = KernelCache(GpuKernel, device_arch)

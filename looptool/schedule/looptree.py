@@ -15,7 +15,7 @@ from .. import ir
 from ..hooks import Hook
 from ..ir import Affine, Program
 from .printing import buffer_text, loop_text, stmt_text
-from .steps import GPU_AXES, Loop, Schedule, Tail, pipeline_annotation
+from .steps import COPIERS, GPU_AXES, Loop, Schedule, Tail, pipeline_annotation
 
 LEGALITY = Hook("the legality check (LoopTree.check, assert_legal)", "looptool.analysis")
 AUTOSCHEDULE = Hook("the automatic scheduler (LoopTree.auto)", "looptool.autoschedule")
@@ -228,18 +228,23 @@ class LoopTree:
         return LoopTree(self.program, self.schedule.annotate(self._stage(stage), loop, axis))
 
     def pipeline(self, loop: str, stages: int = 2, in_flight: int | None = None,
-                 stage: str | None = None) -> "LoopTree":
+                 stage: str | None = None, copier: str = "cp.async") -> "LoopTree":
         """On a GPU, copy the input tiles placed inside block-level `loop` into shared memory
         asynchronously (cp.async), `stages - 1` iterations ahead, in `stages` rotating buffers.
         Each iteration waits until at most `in_flight` groups of copies are still running
-        (default and most that is legal: stages - 2), then the block synchronizes."""
+        (default and most that is legal: stages - 2), then the block synchronizes. With
+        copier='tma' (Hopper, wgmma operand tiles) one thread copies each tile with the tensor
+        memory accelerator, and each iteration waits on its buffer's mbarrier instead."""
+        if copier not in COPIERS:
+            raise ValueError(f"pipeline: copier must be one of {COPIERS}, got {copier!r}")
         if not isinstance(stages, int) or stages < 2:
             raise ValueError(f"pipeline: stages must be an integer >= 2, got {stages!r}")
         in_flight = stages - 2 if in_flight is None else in_flight
         if not isinstance(in_flight, int) or in_flight < 0:
             raise ValueError(f"pipeline: in_flight must be a non-negative integer, got {in_flight!r}")
         return LoopTree(self.program,
-                        self.schedule.annotate(self._stage(stage), loop, pipeline_annotation(stages, in_flight)))
+                        self.schedule.annotate(self._stage(stage), loop,
+                                               pipeline_annotation(stages, in_flight, copier)))
 
     def tensorize(self, loops, instruction: str, stage: str | None = None) -> "LoopTree":
         """Compute the tile of the loops `(m, n, k)` of a contraction with one matrix instruction on

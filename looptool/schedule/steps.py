@@ -21,21 +21,31 @@ from ..ir import Program
 
 GPU_AXES = ("block.x", "block.y", "block.z", "thread.x", "thread.y", "thread.z")
 ANNOTATIONS = ("", "unroll", "vectorize", "parallel") + GPU_AXES
-PIPELINE = "pipeline"      # annotation 'pipeline.<stages>.<in flight>': see `pipeline_depth`
+PIPELINE = "pipeline"      # annotation 'pipeline.<stages>.<in flight>[.tma]': see `pipeline_depth`
+COPIERS = ("cp.async", "tma")
 
 
-def pipeline_annotation(stages: int, in_flight: int) -> str:
+def pipeline_annotation(stages: int, in_flight: int, copier: str = "cp.async") -> str:
     """The annotation of a loop whose copies into shared memory run `stages - 1` iterations ahead,
-    waiting each iteration until at most `in_flight` groups of copies are still running."""
-    return f"{PIPELINE}.{stages}.{in_flight}"
+    waiting each iteration until at most `in_flight` groups of copies are still running; with
+    copier 'tma', each tile is one bulk tensor copy that completes on its buffer's mbarrier."""
+    return f"{PIPELINE}.{stages}.{in_flight}" + (".tma" if copier == "tma" else "")
 
 
 def pipeline_depth(annotation: str) -> tuple[int, int] | None:
     """(stages, copy groups left in flight at each wait) of a pipelined loop, or None for other loops."""
     parts = annotation.split(".")
-    if len(parts) != 3 or parts[0] != PIPELINE or not (parts[1].isdigit() and parts[2].isdigit()):
+    if parts[3:] not in ([], ["tma"]) or len(parts) < 3 or parts[0] != PIPELINE \
+            or not (parts[1].isdigit() and parts[2].isdigit()):
         return None
     return int(parts[1]), int(parts[2])
+
+
+def pipeline_copier(annotation: str) -> str | None:
+    """How a pipelined loop copies its tiles ('cp.async' or 'tma'); None for other loops."""
+    if pipeline_depth(annotation) is None:
+        return None
+    return "tma" if annotation.endswith(".tma") else "cp.async"
 
 
 # The matrix instructions `tensorize` maps a contraction's innermost loops onto, the tile each

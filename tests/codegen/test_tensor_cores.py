@@ -168,7 +168,8 @@ def test_warp_tiles_keep_their_accumulators_in_registers(rng):
     assert counts["ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"] == 8           # B: one per two n tiles and k step
     assert counts["ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16"] == 0
     assert "local" not in module.ptx                     # the 128 accumulators of a lane are registers
-    assert counts["st.global.b32"] == 128                # and are copied out once, through the fragment layout
+    assert counts["st.global.v2.b32"] == 64              # and are copied out once, through the fragment layout,
+    assert counts["st.global.b32"] == 0                  # each pair of neighbouring columns as one vector
     assert re.search(r"xor\.b\d+", module.ptx)          # shared operands swizzled
     for got in (c.numpy(t), lt.interpret(c, t)):
         assert_close(got, ref, 1e-5)
