@@ -157,6 +157,31 @@ def _gpu_tensor(trial: optuna.Trial, tree: LoopTree, family: str) -> LoopTree:
     return spec.build(tree, st.name, block, teams, k_tile, stages, copier)
 
 
+TENSOR_START = {"wgmma": ((128, 256), (2, 1), 64, 4, "tma"), "mma": ((128, 256), (2, 4), 64, 2, "cp.async")}
+
+
+def gpu_start_params(program: ir.Program) -> dict:
+    """The GPU space's first draw for a half-precision contraction (a study starts there, as a CPU
+    study starts from the automatic schedule): the best tensor-core family of this GPU (wgmma on
+    Hopper, else mma) with the block, teams, k tile, stages and copier of bench.gpu's fastest
+    schedule of that family; {} for other programs."""
+    tree = LoopTree(program)
+    if not _half_contraction(tree):
+        return {}
+    family = tensor_families()[-1]
+    spec, (block, teams, k_tile, stages, copier) = TENSOR_FAMILIES[family], TENSOR_START[family]
+    st = program.output
+    m, n = [d for d in st.loop_dims if d not in st.reduce_dims][-2:]
+    params = {"gpu.tensor.family": family, f"gpu.{family}.block.{m}": block[0], f"gpu.{family}.block.{n}": block[1],
+              f"gpu.{family}.{spec.team}s.{m}": teams[0], f"gpu.{family}.{spec.team}s.{n}": teams[1],
+              f"gpu.{family}.stages": stages}
+    if len(spec.k_tiles) > 1:
+        params[f"gpu.{family}.k.tile"] = k_tile
+    if len(spec.copiers) > 1:
+        params[f"gpu.{family}.copier"] = copier
+    return params
+
+
 @functools.cache
 def tensor_families() -> list[str]:
     """The GPU space's families for a half-precision contraction: CUDA-core tiles, mma.sync, and

@@ -281,16 +281,16 @@ def _helper_job(args: tuple, settings: dict, trials: int, timeout: float | None)
 def open_tuning(tensor, storage: str | None = None, study_name: str | None = None, threads: int = 1,
                 device: str = "cpu", from_automatic: bool = True, **settings) -> Tuning:
     """Create (or resume) the tensor's study and open its `Tuning` (`settings` are its arguments), with
-    the default schedule measured.  A new CPU study's first trial is the automatic schedule unless not
-    `from_automatic` (bench.tune_quality leaves it out so that every sampler starts cold)."""
+    the default schedule measured.  A new study's first trial is the space's centre (`start_from_automatic`)
+    unless not `from_automatic` (bench.tune_quality leaves it out so that every sampler starts cold)."""
     program = ir.lower(tensor.node)[0]
     storage_url = storage or default_storage()
     name = study_name or study_name_for(program, threads, device)
     study = optuna.create_study(study_name=name, storage=make_storage(storage_url), direction="minimize",
                                 load_if_exists=True)
     _describe_workload(study, program, target_name(device))
-    if device == "cpu" and from_automatic and not study.trials:
-        start_from_automatic(study, program, threads)
+    if from_automatic and not study.trials:
+        start_from_automatic(study, program, threads, device)
     tuning = Tuning(tensor.node, storage_url, name, threads=threads, device=device, **settings)
     tuning.default_seconds()
     return tuning
@@ -325,9 +325,12 @@ def _describe_workload(study: optuna.Study, program: ir.Program, target: str):
             study.set_user_attr(key, value)
 
 
-def start_from_automatic(study: optuna.Study, program: ir.Program, threads: int) -> None:
-    """Queue the automatic schedule for this CPU as the study's first trial: the centre of the space."""
-    study.enqueue_trial(space.automatic_params(program, threads))
+def start_from_automatic(study: optuna.Study, program: ir.Program, threads: int, device: str = "cpu") -> None:
+    """Queue the space's centre as the study's first trial: the automatic schedule for this CPU, or on
+    a GPU the default tensor-core schedule of a half-precision contraction (none for other programs)."""
+    params = space.automatic_params(program, threads) if device == "cpu" else space.gpu_start_params(program)
+    if params:
+        study.enqueue_trial(params)
 
 
 def tune_program(tensors: list, trials: int = 200, weights: list[float] | None = None, record: bool = True,

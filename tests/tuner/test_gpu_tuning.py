@@ -4,6 +4,7 @@ import re
 
 import pytest
 
+import looptool as lt
 from looptool import ir
 from looptool.runtime import gpu
 from tests.gpu_helpers import cupy_or_skip, matmul, softmax_rows
@@ -86,6 +87,25 @@ def test_on_hopper_draws_include_warpgroup_schedules(rng, monkeypatch):
     monkeypatch.setattr(space, "tensor_families", lambda: ["tiles", "mma", "wgmma"])
     monkeypatch.setattr(space, "mma_shared_limit", lambda: 227 * 1024)
     assert legal_family_draws(rng, "wgmma", r"wgmma\.m64n\d+k16\.k", (128, 128, 256), 6, 60) >= 2
+
+
+@pytest.mark.parametrize("families, instruction, pipeline", [
+    (["tiles", "mma", "wgmma"], "wgmma.m64n256k16", "pipeline.4.2.tma"),
+    (["tiles", "mma"], "mma.m16n8k16", "pipeline.2.0]")])
+def test_a_gpu_study_of_a_half_contraction_starts_from_the_gpus_best_tensor_core_family(
+        rng, monkeypatch, families, instruction, pipeline):
+    """As a CPU study starts from the automatic schedule: wgmma copied by TMA on Hopper, else mma; the
+    draw is legal and computes the right result; other programs get no first draw."""
+    optuna = pytest.importorskip("optuna")
+    monkeypatch.setattr(space, "tensor_families", lambda: families)
+    monkeypatch.setattr(space, "mma_shared_limit", lambda: 227 * 1024)
+    c, ref = matmul(rng, 256, 128, 512, dtype=lt.bfloat16)
+    params = space.gpu_start_params(ir.lower(c.node)[0])
+    assert params["gpu.tensor.family"] == families[-1]
+    tree = space.sample_gpu(optuna.trial.FixedTrial(params), c.loop_tree())
+    assert f"[{instruction}.k]" in str(tree) and pipeline in str(tree) and tree.check() == (True, "legal")
+    assert_close(c.numpy(tree), ref, 1e-5)
+    assert space.gpu_start_params(ir.lower(matmul(rng)[0].node)[0]) == {}
 
 
 def test_tensor_families_offer_wgmma_only_on_hopper(monkeypatch):
