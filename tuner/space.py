@@ -82,6 +82,8 @@ MMA_WARPS = (1, 2, 4)
 MMA_K_TILE = (16, 32, 64)
 MMA_STAGES = (0, 2, 3, 4)
 MMA_ACCUMULATORS = 128          # float registers a lane gives its warp tile's accumulators
+BLOCK_REGISTERS = 65536         # 32-bit registers a block's threads share (every CUDA GPU since Kepler)
+OTHER_REGISTERS = 32            # what a tensor-core thread needs beside its accumulators (addresses, operands)
 WGMMA_GROUPS = (1, 2, 4)
 WGMMA_K_TILE = 64               # 128-byte rows of 16-bit elements: a k-major operand's only layout
 
@@ -148,9 +150,11 @@ def _gpu_tensor(trial: optuna.Trial, tree: LoopTree, family: str) -> LoopTree:
     part = (block[0] // teams[0], block[1] // teams[1])
     if part[0] % spec.tile[0] or part[1] % spec.tile[1]:
         raise ValueError(f"a {spec.team} tile of {part[0]}x{part[1]} is not made of {spec.tile[0]}x{spec.tile[1]} tiles")
-    if part[0] * part[1] // spec.threads > MMA_ACCUMULATORS or teams[0] * teams[1] * spec.threads > 1024:
-        raise ValueError(f"{teams[0] * teams[1]} {spec.team}s of {part[0]}x{part[1]} need more than "
-                         f"{MMA_ACCUMULATORS} registers a thread, or 1024 threads")
+    threads, accumulators = teams[0] * teams[1] * spec.threads, part[0] * part[1] // spec.threads
+    if threads > 1024 or accumulators > min(MMA_ACCUMULATORS, BLOCK_REGISTERS // threads - OTHER_REGISTERS):
+        raise ValueError(f"{teams[0] * teams[1]} {spec.team}s of {part[0]}x{part[1]} need {threads} threads (at "
+                         f"most 1024) of {accumulators} accumulators (at most {MMA_ACCUMULATORS}, and "
+                         f"{BLOCK_REGISTERS} registers a block)")
     shared = (block[0] + block[1]) * k_tile * 2 * max(stages, 1)
     if shared > mma_shared_limit():
         raise ValueError(f"{shared} bytes of shared memory a block (at most {mma_shared_limit()})")
