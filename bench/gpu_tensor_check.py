@@ -1,6 +1,7 @@
 """Run the tensor-core matmul schedules once at a small size with tails of whole tiles in every dim
 (for compute-sanitizer): bfloat16 and float16, each checked against a float64 reference on a
-NaN-poisoned output. Exit status 1 on a wrong result."""
+NaN-poisoned output. Exit status 1 on a wrong result. `python -m bench.gpu_tensor_check tma` runs only the
+cases whose schedule names 'tma'."""
 import sys
 
 import numpy as np
@@ -33,6 +34,8 @@ def main() -> int:
         cases += [("wgmma", shape, schedule) for shape, schedule in WGMMA_CASES]
         cases += [("wgmma", shape, schedule, stored) for stored, shape, schedule in WGMMA_TRANSPOSED + TMA_TRANSPOSED]
         cases += [("wgmma", shape, schedule) for shape, schedule in TMA_CASES]
+    only = sys.argv[1] if len(sys.argv) > 1 else ""       # e.g. 'tma': only the cases whose schedule names it
+    cases = [case for case in cases if only in str(case)]
     failures = sum(not check(rng, dtype, *case) for dtype in (lt.bfloat16, lt.float16) for case in cases)
     return 1 if failures else 0
 
