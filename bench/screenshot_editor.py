@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -214,10 +215,9 @@ def main(argv=None) -> int:
         with started(voila, tmp / "voila.log", env=env, cwd=tmp) as server:
             try:
                 wait_port(port, 120, server)   # Voilà runs the notebook when the page is visited
-                try:
-                    import websocket  # noqa: F401
+                if importlib.util.find_spec("websocket"):      # websocket-client drives Chromium's DevTools
                     screenshot_devtools(chromium, url, out, args.width, tmp / "chromium-profile", tmp, args.timeout)
-                except ImportError:
+                else:
                     screenshot_cli(chromium, url, out, args.width, tmp / "chromium-profile", tmp)
             except Exception:
                 for log in ("voila.log", "chromium.log"):
