@@ -43,6 +43,7 @@ memory visible to the tensor cores (which read through the async proxy).
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -210,6 +211,12 @@ def counts_warpgroups(node: LoopNode) -> bool:
 def _holds_wgmma(body: list) -> bool:
     """Whether a wgmma tile lies in `body`."""
     return any(tensor_role(inner.loop) and is_warpgroup(tensor_role(inner.loop)[0]) for inner in _loop_nodes(body))
+
+
+@functools.cache
+def _target_data() -> llvm.TargetData:
+    """NVPTX's data layout, which sizes shared buffers' elements."""
+    return llvm.create_target_data(DATA_LAYOUT)
 
 
 def _compile(text: str, arch: str) -> str:
@@ -662,7 +669,7 @@ class _GpuBuilder(FunctionBuilder):
         static array of its own, or (dynamic) the next aligned offset in the kernel's dynamic shared memory."""
         module, align = self.fn.module, self.shared_alignment(name)
         offset = -(-self.shared_bytes // align) * align
-        self.shared_bytes = offset + count * ty.get_abi_size(llvm.create_target_data(DATA_LAYOUT))
+        self.shared_bytes = offset + count * ty.get_abi_size(_target_data())
         if self.dynamic:
             name = dynamic_shared_name(self.fn.name)
             if name not in module.globals:
