@@ -118,10 +118,11 @@ def workloads(scale: float):
     mat_ref = cp.asnumpy(A).astype(np.float64) @ cp.asnumpy(B).astype(np.float64)
     ta, tb = torch.from_dlpack(A), torch.from_dlpack(B)
 
-    def tiles(x_threads=16, x_groups=2, y_threads=16, y_tile=8, k_tile=8, unroll_k=False, shared=("in0", "in1")):
+    def tiles(x_threads=16, x_groups=2, y_threads=16, y_tile=8, k_tile=8, unroll_k=False, shared=("in0", "in1"),
+              as_stored=()):
         """The tuner's register-tile template (tuner.space.register_tiled), 128-bit vectors along n."""
         return space.register_tiled(mat.loop_tree(), "t0", x_threads, x_groups, 4, y_threads, y_tile, k_tile,
-                                    unroll_k, shared)
+                                    unroll_k, shared, as_stored)
     def pipelined(stages, **kw):
         """The register-tile template with its shared-memory copies issued by cp.async `stages - 1` k
         tiles ahead (LoopTree.pipeline)."""
@@ -148,6 +149,14 @@ def workloads(scale: float):
                                    "128x128x8, k unrolled, cp.async 3 stages": pipelined(3),
                                    "128x128x8, k unrolled, cp.async 4 stages": pipelined(4),
                                    "128x128x16, k unrolled, cp.async 2 stages": pipelined(2, k_tile=16),
+                                   "128x128x16, A as stored, k unrolled": tiles(k_tile=16, unroll_k=True,
+                                                                                as_stored=("in0",)),
+                                   "128x128x16, A as stored, cp.async 2 stages": pipelined(2, k_tile=16,
+                                                                                          as_stored=("in0",)),
+                                   "128x128x16, A as stored, cp.async 3 stages": pipelined(3, k_tile=16,
+                                                                                          as_stored=("in0",)),
+                                   "128x128x32, A as stored, cp.async 3 stages": pipelined(3, k_tile=32,
+                                                                                          as_stored=("in0",)),
                                    "128x128x16, k unrolled, cp.async 3 stages": pipelined(3, k_tile=16),
                                    "tuned: 8x512 block tile, A in shared memory, k tile 32 (GPU study, seed 1)":
                                        tiles(x_threads=128, x_groups=1, y_threads=1, y_tile=8, k_tile=32,

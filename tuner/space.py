@@ -222,11 +222,12 @@ def shared_tiled(tree: LoopTree, block: int, k_tile: int, y_tile: int, x_threads
 
 
 def register_tiled(tree: LoopTree, stage: str, x_threads: int, x_groups: int, vector: int, y_threads: int,
-                   y_tile: int, k_tile: int = 8, unroll_k: bool = False, shared: tuple[str, ...] = ()) -> LoopTree:
+                   y_tile: int, k_tile: int = 8, unroll_k: bool = False, shared: tuple[str, ...] = (),
+                   as_stored: tuple[str, ...] = ()) -> LoopTree:
     """Blocks and threads over a stage's last two pure dims (x: contiguous, y): each thread computes
     y_tile x (x_groups * vector) outputs, its x outputs `vector`-wide and x_threads * vector apart.
     A reduction runs in registers over k tiles of `k_tile`; inputs in `shared` are staged in shared
-    memory per k tile."""
+    memory per k tile, those also in `as_stored` in their own layout (see `_stage_in_shared`)."""
     st = tree.program.stage(stage)
     x, y, others = _tile_dims(st)
     span = x_threads * vector
@@ -258,7 +259,7 @@ def register_tiled(tree: LoopTree, stage: str, x_threads: int, x_groups: int, ve
         for loop in reduce_inner:
             tree = tree.unroll(loop, stage=acc)
     for buffer in shared:
-        tree = _stage_in_shared(tree, acc, buffer, depth + len(reduce_outer))
+        tree = _stage_in_shared(tree, acc, buffer, depth + len(reduce_outer), buffer in as_stored)
     return tree
 
 
@@ -283,14 +284,18 @@ def _bind_tile(tree, stage, blocks, threads, registers, vector):
     return tree
 
 
-def _stage_in_shared(tree: LoopTree, acc: str, buffer: str, depth: int) -> LoopTree:
-    """Copy the tile of `buffer` one k step uses into shared memory (its reduction dims first, so the
-    register tile reads consecutive words), read 128 bits at a time along the source's contiguous
-    dim, with the copy's largest loops bound to threads."""
+def _stage_in_shared(tree: LoopTree, acc: str, buffer: str, depth: int, as_stored: bool = False) -> LoopTree:
+    """Copy the tile of `buffer` one k step uses into shared memory, read 128 bits at a time along the
+    source's contiguous dim, with the copy's largest loops bound to threads. The tile is laid out
+    reduction dims first (the register tile reads consecutive words along its pure dim; for A of a
+    matmul a transpose, stored word by word), or `as_stored` in the source's own layout (written
+    in whole 16-byte vectors, which cp.async can pipeline; the register tile's unrolled k steps are
+    then read as vectors along k)."""
     program = tree.program
     dims = next(b.dims for b in program.inputs if b.name == buffer)
     reduce_dims = program.stage(acc).reduce_dims
-    order = tuple(d for d in dims if d in reduce_dims) + tuple(d for d in dims if d not in reduce_dims)
+    order = dims if as_stored else \
+        tuple(d for d in dims if d in reduce_dims) + tuple(d for d in dims if d not in reduce_dims)
     copy = f"{buffer}.{acc}"
     tree = tree.cache(buffer, stage=acc, order=order).place(copy, acc, depth)
     loops = list(tree.schedule.of(copy).loops)
@@ -353,14 +358,16 @@ def _gpu_tiles(trial: optuna.Trial, tree: LoopTree, stage: str) -> LoopTree:
         raise ValueError(f"a block tile of {x_threads * vector * x_groups} columns exceeds the {x_size} there are")
     if not 32 <= x_threads * y_threads <= 1024:
         raise ValueError(f"{x_threads * y_threads} threads per block (use 32 to 1024)")
-    k_tile, unroll_k, shared = 8, False, ()
+    k_tile, unroll_k, shared, as_stored = 8, False, (), ()
     if st.reduce_dims:
         k_size = min(tree.program.size(d) for d in st.reduce_dims)
         k_tile = _choose(trial, f"{stage}.gpu.k.tile", [k for k in GPU_K_TILE if k <= k_size])
         unroll_k = trial.suggest_categorical(f"{stage}.gpu.k.unroll", [True, False])
         inputs = sorted({ld.buffer for ld in _loads(st) if ld.buffer.startswith("in")})
         shared = tuple(b for b in inputs if trial.suggest_categorical(f"{stage}.gpu.shared.{b}", [True, False]))
-    return register_tiled(tree, stage, x_threads, x_groups, vector, y_threads, y_tile, k_tile, unroll_k, shared)
+        as_stored = tuple(b for b in shared if trial.suggest_categorical(f"{stage}.gpu.as_stored.{b}", [False, True]))
+    return register_tiled(tree, stage, x_threads, x_groups, vector, y_threads, y_tile, k_tile, unroll_k, shared,
+                          as_stored)
 
 
 def _gpu_rows(trial: optuna.Trial, tree: LoopTree) -> LoopTree:
