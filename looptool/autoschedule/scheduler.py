@@ -272,26 +272,20 @@ class Builder:
         reads = broadcast_reads(stage.expr, found.broadcast)
         plain = all(isinstance(e, ir.Load) and not e.clamped for e in reads)
         stride = max(abs(structure.load_strides(self.program, e).get(found.row, 0)) for e in reads) if plain else 0
-        spread = block_rows * stride * np.dtype(stage.dtype).itemsize > self.target.l2 // model.CACHE_SHARE
-        reused = col_tiles is not None and col_tiles in outer[depth:]
-        pays = self.allowed.pack and plain and spread and reused
-        options = (pays, not pays) if self.allowed.pack and plain and reused else (False,)
-        if not self.decide(f"{stage.name}.pack.{found.broadcast}", pays, options):
+        span = block_rows * stride * np.dtype(stage.dtype).itemsize
+        candidate = self.allowed.pack and plain and col_tiles is not None and col_tiles in outer[depth:]
+        pays = candidate and span > self.target.l2 // model.CACHE_SHARE
+        if not self.decide(f"{stage.name}.pack.{found.broadcast}", pays, (pays, not pays) if candidate else (False,)):
             return
         dims = self.program.buffer_dims(found.broadcast)
         order = tuple([d for d in dims if d not in stage.reduce_dims and d != found.row] + [found.row]
                       + [d for d in dims if d in stage.reduce_dims])
-        copy = f"{found.broadcast}.{stage.name}"
-        self.schedule = self.schedule.cache(stage.name, found.broadcast, order)
-        if depth:
-            self.schedule = self.schedule.place(copy, stage.name, depth)
+        copy = self.copy_operand(stage.name, found.broadcast, order, depth)
         loops = sorted(self.schedule.of(copy).loops, key=lambda lp: order.index(lp.dim))
         self.reorder(copy, [lp.name for lp in loops])
-        where = f"once per {', '.join(outer[:depth])}" if depth else "once"
-        span = block_rows * stride * np.dtype(stage.dtype).itemsize // 1024
-        self.note(stage.name, f"pack {found.broadcast} as ({', '.join(order)}) {where}: every {found.col} tile "
-                              f"re-reads the copy; its {block_rows}-row block spans {span} KiB, more than half "
-                              f"of L2, packed its rows are contiguous")
+        self.note(stage.name, f"pack {found.broadcast} as ({', '.join(order)}) {_once_per(outer[:depth])}: every "
+                              f"{found.col} tile re-reads the copy; its {block_rows}-row block spans {span // 1024} KiB, "
+                              f"more than half of L2, packed its rows are contiguous")
 
     def sweep_fits(self, found: structure.Contraction, reduce_outer: str | None, itemsize: int) -> bool:
         """Whether a parallel column loop may move outside the reduction blocks: there each thread
@@ -343,13 +337,18 @@ class Builder:
                       + [found.col])
         if sorted(order) != sorted(dims):
             return
-        copy = f"{found.reused}.{stage.name}"
-        self.schedule = self.schedule.cache(stage.name, found.reused, order)
-        if blocks:
-            self.schedule = self.schedule.place(copy, stage.name, len(blocks))
-        where = f"once per {', '.join(blocks)}" if blocks else "once"
-        self.note(stage.name, f"pack {found.reused} as ({', '.join(order)}) {where}: it is re-read by every row "
-                              f"tile, and packed its micro-panel is one contiguous block")
+        self.copy_operand(stage.name, found.reused, order, len(blocks))
+        self.note(stage.name, f"pack {found.reused} as ({', '.join(order)}) {_once_per(blocks)}: it is re-read by "
+                              f"every row tile, and packed its micro-panel is one contiguous block")
+
+    def copy_operand(self, stage: str, buffer: str, order: tuple[str, ...], depth: int) -> str:
+        """Read `buffer` in `stage` through a copy laid out in `order`, made inside the stage's first
+        `depth` loops (0: once); the copy's name."""
+        copy = f"{buffer}.{stage}"
+        self.schedule = self.schedule.cache(stage, buffer, order)
+        if depth:
+            self.schedule = self.schedule.place(copy, stage, depth)
+        return copy
 
     # Shared steps ------------------------------------------------------------------------
     def split(self, stage: str, loop: str | None, factor: int) -> tuple[str | None, str | None]:
@@ -411,3 +410,8 @@ def covering_depth(loop_dims: list[str], dims: tuple[str, ...]) -> int | None:
     if depth == 0 or set(loop_dims[:depth]) != set(dims) or any(d in dims for d in loop_dims[depth:]):
         return None
     return depth
+
+
+def _once_per(loops: list[str]) -> str:
+    """How often a copy made inside `loops` is made, in words."""
+    return f"once per {', '.join(loops)}" if loops else "once"
