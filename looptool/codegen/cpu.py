@@ -97,13 +97,13 @@ class CpuFunctionBuilder(FunctionBuilder):
     """The shared builder plus parallel loops, outlined and run on threads, and register tiles whose
     accumulators stay in registers across their reduction loop, edges included (`Accumulators`)."""
 
-    def loop(self, node: LoopNode, env: dict):
+    def plain_loop(self, node: LoopNode, env: dict, count: llir.Value):
+        """A reduction loop around a register tile keeps the tile's accumulators in registers across it
+        (`Accumulators`); other loops run as on every target."""
         accumulators = Accumulators.of(self, node)
         if accumulators is None:
-            super().loop(node, env)
+            super().plain_loop(node, env, count)
             return
-        self.allocate_placed(node)
-        count = self.trip_count(node, env)
         outside = {**env, node.loop.name: ZERO}
         accumulators.visit(node.body, outside, accumulators.load)
         self.counted_loop(ZERO, count, lambda i: accumulators.visit(node.body, {**env, node.loop.name: i},

@@ -100,13 +100,16 @@ class FunctionBuilder:
         if lp.annotation != "parallel":  # a parallel loop allocates its buffers in each thread
             self.allocate_placed(node)
         count = self.trip_count(node, env)
-        emit = {"unroll": self.unrolled, "vectorize": self.vectorized, "parallel": self.parallel}.get(lp.annotation)
-        if emit:
-            emit(node, env, count)
-        elif self.is_vector_reduction(node):
+        emit = {"unroll": self.unrolled, "vectorize": self.vectorized, "parallel": self.parallel}.get(lp.annotation,
+                                                                                                     self.plain_loop)
+        emit(node, env, count)
+
+    def plain_loop(self, node: LoopNode, env: dict, count: llir.Value):
+        """A loop with no annotation: a vector reduction's partial results kept across it, or a counted loop."""
+        if self.is_vector_reduction(node):
             self.vector_reduction(node, env, count)
         else:
-            self.counted_loop(ZERO, count, lambda i: self.loop_body(node, {**env, lp.name: i}), lp.name)
+            self.counted_loop(ZERO, count, lambda i: self.loop_body(node, {**env, node.loop.name: i}), node.loop.name)
 
     def is_vector_reduction(self, node: LoopNode) -> bool:
         """A loop whose whole body is a vectorized loop of reduction updates into one element each."""
