@@ -100,13 +100,34 @@ def _cpu_trials(node, repeats: int, seed: int):
         if wrong:
             return wrong
         times = []
-        for _ in range(1 + (request.get("repeats") or repeats)):
-            start = time.perf_counter()
-            kernel(inputs)
-            times.append(time.perf_counter() - start)
+        with stopped(request.get("stop", ())):
+            for _ in range(1 + (request.get("repeats") or repeats)):
+                start = time.perf_counter()
+                kernel(inputs)
+                times.append(time.perf_counter() - start)
         return {"seconds": float(np.median(times[1:])), "compile": kernel.compile_seconds, "relative_error": error,
                 "running": running + sum(times)}
     return run_trial
+
+
+@contextlib.contextmanager
+def stopped(pids):
+    """Stop these processes (the compile processes) while the block runs, so that they do not share a
+    core, the caches or the memory bandwidth with a kernel being timed; they go on afterwards."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        resume(pids)
+
+
+def resume(pids):
+    """Let stopped processes go on (those that are gone are skipped)."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
 
 
 def _gpu_trials(node, repeats: int, seed: int):
@@ -224,19 +245,10 @@ class Compiler:
         self._done[key] = code
         return True
 
-    @contextlib.contextmanager
-    def paused(self):
-        """Stop the compile processes while the block runs (a kernel being timed), so that they do not
-        share a core, the caches or the memory bandwidth with it; they go on afterwards."""
-        pids = [process.pid for process, _ in self._lanes]
-        for pid in pids:
-            os.kill(pid, signal.SIGSTOP)
-        try:
-            yield
-        finally:
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGCONT)
+    @property
+    def pids(self) -> list[int]:
+        """The compile processes: the measuring worker stops them while it times a kernel (`stopped`)."""
+        return [process.pid for process, _ in self._lanes]
 
     @property
     def closed(self) -> bool:
@@ -344,9 +356,12 @@ class Measurer:
         if self._process is None or not self._process.is_alive():
             self._start()
         compiled = self._compiler.take(steps, self.timeout) if self._compiler else None
-        with self._compiler.paused() if self._compiler else contextlib.nullcontext():
+        pids = self._compiler.pids if self._compiler else []
+        try:
             reply = self._exchange({"steps": [list(s) for s in steps], "inject_crash": inject_crash,
-                                    "compiled": compiled})
+                                    "compiled": compiled, "stop": pids})
+        finally:
+            resume(pids)            # also when the worker died while they were stopped
         if "error" in reply:
             raise MeasureError(reply["error"])
         return Measurement(reply["seconds"], reply["compile"], reply["relative_error"], reply["running"])

@@ -262,7 +262,7 @@ def test_the_compile_process_is_stopped_while_a_kernel_is_timed():
     try:
         compiler.submit(tiled.schedule.steps)
         assert compiler.take(tiled.schedule.steps, 120) is not None       # the process is up
-        with compiler.paused():
+        with worker.stopped(compiler.pids):
             assert "T" in _child_states()
         assert "T" not in _child_states()
     finally:
