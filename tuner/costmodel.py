@@ -360,7 +360,6 @@ class CostModelSampler(optuna.samplers.BaseSampler):
             out.append(Candidate(draft.params, tree, describe(tree, self.threads), seeded))
         return out
 
-
     def closeness(self, params: dict) -> float:
         """The share of the centre's parameters that `params` has the same value of (0 without one)."""
         if not self.centre:
