@@ -180,10 +180,10 @@ class Compiler:
     process killed in the middle of sending leaves nothing blocked (a process pool's reading thread
     waited forever then, and the program could not exit)."""
 
-    def __init__(self, node, threads: int | None, processes: int | None = None):
+    def __init__(self, node, threads: int | None):
         spawn = mp.get_context("spawn")
         self._lanes = []                       # (process, connection) of each compile process
-        for _ in range(processes or compile_processes()):
+        for _ in range(compile_processes()):
             conn, child = spawn.Pipe()
             process = spawn.Process(target=_compiler_main, args=(child, node, threads), daemon=True)
             process.start()

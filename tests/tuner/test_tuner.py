@@ -269,6 +269,21 @@ def test_the_compile_process_is_stopped_while_a_kernel_is_timed():
         compiler.close(kill=True)
 
 
+def test_schedules_are_dealt_to_one_compile_process_per_core():
+    case = matmul_case(24, 20, 28)
+    schedules = [case.tensor.loop_tree().split("n", w).vectorize("n.1").schedule.steps for w in (2, 4, 8)]
+    compiler = worker.Compiler(case.tensor.node, 1)
+    try:
+        assert len(set(compiler.pids)) == worker.compile_processes()
+        for steps in schedules:
+            compiler.submit(steps)
+        assert all(compiler.take(steps, 120) is not None for steps in schedules)
+        assert not compiler.ready(schedules[0])         # taken: no longer held
+    finally:
+        compiler.close(kill=True)
+    assert compiler.closed
+
+
 KILLED_WHILE_SENDING = """
 import threading, numpy as np, looptool as lt
 from tuner import worker
