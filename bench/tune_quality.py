@@ -104,22 +104,24 @@ def ranking_quality(runs: dict, name: str, transfer: bool) -> float | None:
 
 
 def run(names: list[str], trials: int, seeds: list[int], repeats: int, keep: str | None = None,
-        from_automatic: bool = False) -> dict:
-    """Every workload with every sampler and seed; the warm runs last, from the others' studies."""
+        from_automatic: bool = False, samplers: tuple[str, ...] = SAMPLERS) -> dict:
+    """Every workload with every sampler of `samplers` and seed; the warm runs last, from the others'
+    studies."""
+    cold = [s for s in SAMPLERS[:3] if s in samplers]
     lt.set_num_threads(1)
     runs: dict[tuple[str, str, int], optuna.Study] = {}
     with contextlib.nullcontext(keep) if keep else tempfile.TemporaryDirectory() as tmp:
         for name in names:
             storage = f"sqlite:///{tmp}/{name}.sqlite"
-            for sampler in SAMPLERS[:3]:
+            for sampler in cold:
                 for seed in seeds:
                     runs[name, sampler, seed] = tune_run(tensor_of(name), storage, f"{sampler}-{seed}", sampler,
                                                          seed, trials, repeats, from_automatic)
                     print(name, sampler, seed, runs[name, sampler, seed].best_value, flush=True)
-        for name in names:
+        for name in names if "costmodel-warm" in samplers else ():
             warm = f"sqlite:///{tmp}/warm-{name}.sqlite"
             for other in names:
-                for sampler in SAMPLERS[:3]:
+                for sampler in cold:
                     for seed in seeds:
                         if other != name:
                             optuna.copy_study(from_study_name=f"{sampler}-{seed}",
@@ -132,11 +134,11 @@ def run(names: list[str], trials: int, seeds: list[int], repeats: int, keep: str
         return summarize(names, runs, trials, seeds, repeats)
 
 
-def load_runs(directory: str, names: list[str], seeds: list[int]) -> dict:
+def load_runs(directory: str, names: list[str], seeds: list[int], samplers: tuple[str, ...] = SAMPLERS) -> dict:
     """The studies of a run kept with --keep, as `run` holds them."""
     runs = {}
     for name in names:
-        for sampler in SAMPLERS:
+        for sampler in samplers:
             for seed in seeds:
                 storage = f"sqlite:///{directory}/{'warm-' if sampler == 'costmodel-warm' else ''}{name}.sqlite"
                 runs[name, sampler, seed] = optuna.load_study(study_name=f"{sampler}-{seed}", storage=storage)
@@ -229,6 +231,7 @@ def to_markdown(data: dict) -> str:
              "| workload | schedules re-measured | best known ms | automatic ms | automatic / best known |",
              "| --- | ---: | ---: | ---: | ---: |"]
     workloads = sorted({r["workload"] for r in data["runs"]}, key=WORKLOADS.index)
+    samplers = [s for s in SAMPLERS if any(r["sampler"] == s for r in data["runs"])]
     for name in workloads:
         known = data["best_known"][name]
         lines.append(f"| {name} | {known['schedules']} | {known['best_seconds'] * 1e3:.3f} "
@@ -244,17 +247,17 @@ def to_markdown(data: dict) -> str:
                      f"| {cell(r['median_overhead_seconds'], '.2f')} |")
     lines += ["", f"median trials to reach the target (never reached counts as {data['trials'] + 1}); Spearman on "
               "held-out random trials, model trained within the run / on the other workloads only:", "",
-              "| workload | " + " | ".join(f"{s} 0.9x / 0.95x" for s in SAMPLERS) + " | Spearman within / transfer |",
-              "| --- | " + " | ".join("---" for _ in SAMPLERS) + " | --- |"]
+              "| workload | " + " | ".join(f"{s} 0.9x / 0.95x" for s in samplers) + " | Spearman within / transfer |",
+              "| --- | " + " | ".join("---" for _ in samplers) + " | --- |"]
     for name in workloads:
-        cells = [f"{median_trials(data, name, s, 0.9):g} / {median_trials(data, name, s, 0.95):g}" for s in SAMPLERS]
+        cells = [f"{median_trials(data, name, s, 0.9):g} / {median_trials(data, name, s, 0.95):g}" for s in samplers]
         rho = data["spearman"][name]
         lines.append(f"| {name} | " + " | ".join(cells) +
                      f" | {cell(rho['within'], '.2f')} / {cell(rho['transfer'], '.2f')} |")
     lines += ["", "median per-trial overhead in seconds (median over the runs' medians):", "",
-              "| workload | " + " | ".join(SAMPLERS) + " |", "| --- | " + " | ".join("---" for _ in SAMPLERS) + " |"]
+              "| workload | " + " | ".join(samplers) + " |", "| --- | " + " | ".join("---" for _ in samplers) + " |"]
     for name in workloads:
-        cells = [cell(median_overhead(data, name, s), ".3f") for s in SAMPLERS]
+        cells = [cell(median_overhead(data, name, s), ".3f") for s in samplers]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -301,6 +304,8 @@ def main(argv=None):
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
+    parser.add_argument("--samplers", nargs="+", default=list(SAMPLERS), choices=SAMPLERS,
+                        help="costmodel-warm needs the others' studies: it learns from those that ran")
     parser.add_argument("--from-automatic", action="store_true",
                         help="start every study with the automatic schedule (trial 0), as `tune` does")
     parser.add_argument("--keep", metavar="DIR", help="keep the study storages in DIR (default: a temporary one)")
@@ -310,12 +315,13 @@ def main(argv=None):
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     started, load = time.perf_counter(), os.getloadavg()[0]
     if args.summarize:
-        runs = load_runs(args.summarize, args.workloads, args.seeds)
+        runs = load_runs(args.summarize, args.workloads, args.seeds, tuple(args.samplers))
         data = summarize(args.workloads, runs, args.trials, args.seeds, args.repeats)
     else:
         if args.keep:
             Path(args.keep).mkdir(parents=True, exist_ok=True)
-        data = run(args.workloads, args.trials, args.seeds, args.repeats, args.keep, args.from_automatic)
+        data = run(args.workloads, args.trials, args.seeds, args.repeats, args.keep, args.from_automatic,
+                   tuple(args.samplers))
     data.update(from_automatic=args.from_automatic, wall_seconds=time.perf_counter() - started,
                 load=f"{load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")
     out = HERE / "results"

@@ -15,6 +15,12 @@ The model's target is a trial's log throughput relative to the best trial of its
 log(best seconds / seconds), so studies of different workloads share one scale.  Transferred
 trials count only as far as their own model ranks the new study's measured trials right
 (`Prior.trust`), and never for more than PRIOR_WEIGHT of the study's own trials.
+
+A cold sampler is not blind: given the parameters of the automatic schedule (`centre`: the
+analytical model's choices, `looptool.autoschedule`, from the target's facts), it draws mutations
+of it as it does of measured schedules, and ranks candidates the model cannot tell apart (no
+model yet, or predictions within TIE of each other) by how many parameters they share with it.
+As measured trials arrive the model's predictions separate and decide more of the ranking.
 """
 from __future__ import annotations
 
@@ -41,6 +47,7 @@ PARENTS = 4
 MIN_TRAINING = 4            # measured trials (own or transferred) before the model ranks anything
 PRIOR_WEIGHT = 2 * BATCH    # own trials' worth of weight that all transferred trials together carry
 NEAREST_SEEDS = 4           # best schedules of the nearest tuned shape tried first
+TIE = 0.01                  # predicted log speeds closer than this (1 %) count as equal
 COMPLETE = optuna.trial.TrialState.COMPLETE
 log = logging.getLogger("looptool.tuner")
 
@@ -249,11 +256,12 @@ class CostModelSampler(optuna.samplers.BaseSampler):
     loop tree through the trial's suggestions; kernels run on `threads` cores.  `builder`, when given
     (a `tuner.worker.Measurer`), gets each round's schedules (lists of steps) as soon as they are chosen,
     to compile them ahead (`builder.prefetch`), and each trial takes the first schedule of the round
-    whose kernel is ready (`builder.ready`)."""
+    whose kernel is ready (`builder.ready`). `centre`, when given, is the automatic schedule's
+    parameters: the prior that ranks what the model cannot (module docstring)."""
 
     def __init__(self, draw: Callable[[object], LoopTree], threads: int = 1, seed: int | None = None,
-                 prior: Prior | None = None, builder=None):
-        self.draw, self.threads, self.builder = draw, threads, builder
+                 prior: Prior | None = None, builder=None, centre: dict | None = None):
+        self.draw, self.threads, self.builder, self.centre = draw, threads, builder, centre or {}
         self.rng = np.random.default_rng(seed)
         self.prior = prior or Prior()
         self.model = CostModel(seed or 0)
@@ -290,7 +298,8 @@ class CostModelSampler(optuna.samplers.BaseSampler):
         """Retrain on every measured trial, draw candidates, return the parameters and steps of the
         next BATCH (MIN_TRAINING while there is no model or the study has fewer own measured trials,
         so that the model soon learns from them): the best legal ones by the model, and one legal
-        random one to keep exploring."""
+        random one to keep exploring. Candidates the model scores alike (or all, without a model)
+        are ranked by their closeness to the centre."""
         trials = study.get_trials(deepcopy=False)
         own = TrainingSet()
         own.add_study(trials)
@@ -298,9 +307,8 @@ class CostModelSampler(optuna.samplers.BaseSampler):
         taken = {param_key(t.params) for t in trials}
         candidates = self.candidates(trials, taken)
         scores = self.model.predict([c.features for c in candidates])
-        order = list(range(len(candidates)))
-        if scores is not None:
-            order.sort(key=lambda i: -scores[i])
+        tied = np.zeros(len(candidates)) if scores is None else np.round(scores / TIE)
+        order = sorted(range(len(candidates)), key=lambda i: (-tied[i], -self.closeness(candidates[i].params)))
         seeded = [i for i, c in enumerate(candidates) if c.seeded]
         ranked = seeded + [i for i in order if i not in seeded]
         size = BATCH if scores is not None and len(own) >= MIN_TRAINING else MIN_TRAINING   # retrain sooner
@@ -323,15 +331,20 @@ class CostModelSampler(optuna.samplers.BaseSampler):
         return own.joined(self.prior.data, trust * PRIOR_WEIGHT) if trust > 0 else own
 
     def candidates(self, trials, taken: set) -> list[Candidate]:
-        """Random draws, mutations of the best measured schedules and (first) the prior's seeds,
-        each once and none already tried."""
+        """Random draws, the centre and mutations of it and of the best measured schedules (the centre
+        counts as a parent while fewer than PARENTS are measured) and (first) the prior's seeds, each
+        once and none already tried."""
         measured = sorted((t for t in trials if t.state == COMPLETE and t.value), key=lambda t: t.value)
         drafts = []
         if not measured:
             drafts += [(ParamDraw(self.rng, seed), True) for seed in self.prior.seeds]
-        for parent in measured[:PARENTS]:
-            mutation = 1.0 / max(1, len(parent.params))
-            drafts += [(ParamDraw(self.rng, parent.params, max(mutation, 0.1)), False)
+        parents = [t.params for t in measured[:PARENTS]]
+        if self.centre:
+            drafts.append((ParamDraw(self.rng, self.centre), False))
+            parents += [self.centre] if len(parents) < PARENTS else []
+        for parent in parents:
+            mutation = 1.0 / max(1, len(parent))
+            drafts += [(ParamDraw(self.rng, parent, max(mutation, 0.1)), False)
                        for _ in range(MUTANTS_PER_PARENT)]
         drafts += [(ParamDraw(self.rng), False) for _ in range(RANDOM_CANDIDATES)]
         out = []
@@ -346,6 +359,12 @@ class CostModelSampler(optuna.samplers.BaseSampler):
             taken.add(key)
             out.append(Candidate(draft.params, tree, describe(tree, self.threads), seeded))
         return out
+
+    def closeness(self, params: dict) -> float:
+        """The share of the centre's parameters that `params` has the same value of (0 without one)."""
+        if not self.centre:
+            return 0.0
+        return sum(params.get(name) == value for name, value in self.centre.items()) / len(self.centre)
 
 
 def _first_legal(candidates: list[Candidate], order, count: int) -> list[int]:

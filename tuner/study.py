@@ -95,12 +95,13 @@ SAMPLERS = ("costmodel", "tpe", "random")
 
 
 def make_sampler(name: str, seed: int | None, draw=None, threads: int = 1,
-                 prior: costmodel.Prior | None = None, builder=None):
-    """'costmodel' (the learned cost model ranks candidates from `draw`, trained first on `prior`, and
-    has `builder` compile each round's schedules ahead), 'tpe' (multivariate, safe for parallel
-    workers) or 'random'."""
+                 prior: costmodel.Prior | None = None, builder=None, centre: dict | None = None):
+    """'costmodel' (the learned cost model ranks candidates from `draw`, trained first on `prior`, has
+    `builder` compile each round's schedules ahead and ranks what the model cannot by closeness to
+    `centre`, the automatic schedule's parameters), 'tpe' (multivariate, safe for parallel workers)
+    or 'random'."""
     if name == "costmodel":
-        return costmodel.CostModelSampler(draw, threads, seed, prior, builder)
+        return costmodel.CostModelSampler(draw, threads, seed, prior, builder, centre)
     if name == "tpe":
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, constant_liar=True,
                                           n_startup_trials=10)
@@ -197,7 +198,7 @@ def draw_schedule(trial, tree: LoopTree, threads: int, device: str) -> LoopTree:
 
 
 class Tuning:
-    """One study optimized in this process: its sampler, its measuring worker and its compile process
+    """One study optimized in this process: its sampler, its measuring worker and its compile processes
     stay warm between calls to `run` (`tune_program` keeps one per kernel over its rounds)."""
 
     def __init__(self, node, storage_url: str, study_name: str, sampler: str = "costmodel", seed: int | None = None,
@@ -211,8 +212,11 @@ class Tuning:
         self.transfer = sampler == "costmodel" and transfer
         self.measurer = Measurer(node, repeats=repeats, threads=threads, seed=seed or 0, device=device)
         self.objective = Objective(LoopTree(self.program), self.measurer, threads, inject_crash_at)
-        self.sampler = make_sampler(sampler, seed, self.objective.draw, threads, None, self.measurer)   # prior: run()
-        self.study = optuna.load_study(study_name=study_name, storage=self.storage, sampler=self.sampler)
+        centre = space.automatic_params(self.program, threads) if device == "cpu" else None
+        self.sampler = make_sampler(sampler, seed, self.objective.draw, threads, None, self.measurer,   # prior: run()
+                                    centre)
+        self.study = optuna.create_study(study_name=study_name, storage=self.storage, sampler=self.sampler,
+                                         direction="minimize", load_if_exists=True)
 
     def _prior(self) -> costmodel.Prior | None:
         if not self.transfer:
@@ -284,14 +288,11 @@ def open_tuning(tensor, storage: str | None = None, study_name: str | None = Non
     the default schedule measured.  A new study's first trial is the space's centre (`start_from_automatic`)
     unless not `from_automatic` (bench.tune_quality leaves it out so that every sampler starts cold)."""
     program = ir.lower(tensor.node)[0]
-    storage_url = storage or default_storage()
     name = study_name or study_name_for(program, threads, device)
-    study = optuna.create_study(study_name=name, storage=make_storage(storage_url), direction="minimize",
-                                load_if_exists=True)
-    _describe_workload(study, program, target_name(device))
-    if from_automatic and not study.trials:
-        start_from_automatic(study, program, threads, device)
-    tuning = Tuning(tensor.node, storage_url, name, threads=threads, device=device, **settings)
+    tuning = Tuning(tensor.node, storage or default_storage(), name, threads=threads, device=device, **settings)
+    _describe_workload(tuning.study, program, target_name(device))
+    if from_automatic and not tuning.study.trials:
+        start_from_automatic(tuning.study, program, threads, device)
     tuning.default_seconds()
     return tuning
 

@@ -15,6 +15,7 @@ import contextlib
 import itertools
 import json
 import multiprocessing as mp
+import multiprocessing.connection as mp_connection
 import os
 import signal
 import time
@@ -99,13 +100,34 @@ def _cpu_trials(node, repeats: int, seed: int):
         if wrong:
             return wrong
         times = []
-        for _ in range(1 + (request.get("repeats") or repeats)):
-            start = time.perf_counter()
-            kernel(inputs)
-            times.append(time.perf_counter() - start)
+        with stopped(request.get("stop", ())):
+            for _ in range(1 + (request.get("repeats") or repeats)):
+                start = time.perf_counter()
+                kernel(inputs)
+                times.append(time.perf_counter() - start)
         return {"seconds": float(np.median(times[1:])), "compile": kernel.compile_seconds, "relative_error": error,
                 "running": running + sum(times)}
     return run_trial
+
+
+@contextlib.contextmanager
+def stopped(pids):
+    """Stop these processes (the compile processes) while the block runs, so that they do not share a
+    core, the caches or the memory bandwidth with a kernel being timed; they go on afterwards."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        resume(pids)
+
+
+def resume(pids):
+    """Let stopped processes go on (those that are gone are skipped)."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
 
 
 def _gpu_trials(node, repeats: int, seed: int):
@@ -145,29 +167,40 @@ def _gpu_trials(node, repeats: int, seed: int):
     return run_trial
 
 
+def compile_processes() -> int:
+    """Compile processes per measurer: one per core this process may run on. They run only while the
+    measuring worker waits (they are stopped while it times a kernel), so they take no core from it."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 class Compiler:
-    """One process that compiles CPU schedules to object code, in the order they were submitted,
-    while the measuring worker times others. Results come back over a pipe read only here, when a
-    result is asked for: no thread waits on it, so a compile process killed in the middle of sending
-    leaves nothing blocked (a process pool's reading thread waited forever then, and the program
-    could not exit)."""
+    """Processes that compile CPU schedules to object code while the measuring worker times others;
+    schedules go to them in turn, each compiles its share in the order submitted. Results come back
+    over pipes read only here, when a result is asked for: no thread waits on them, so a compile
+    process killed in the middle of sending leaves nothing blocked (a process pool's reading thread
+    waited forever then, and the program could not exit)."""
 
     def __init__(self, node, threads: int | None):
         spawn = mp.get_context("spawn")
-        self._conn, child = spawn.Pipe()
-        self._process = spawn.Process(target=_compiler_main, args=(child, node, threads), daemon=True)
-        self._process.start()
-        child.close()
+        self._lanes = []                       # (process, connection) of each compile process
+        for _ in range(compile_processes()):
+            conn, child = spawn.Pipe()
+            process = spawn.Process(target=_compiler_main, args=(child, node, threads), daemon=True)
+            process.start()
+            child.close()
+            self._lanes.append((process, conn))
+        self._turn = 0
         self._pending: list[str] = []          # keys submitted and not yet answered, in order
         self._done: dict = {}                  # key -> object code, or None where it did not compile
 
     def submit(self, steps):
         """Start compiling a schedule (its steps) unless it is already under way."""
         key = _steps_key(steps)
-        self._drain()               # the process never waits on a full pipe
-        if self._process is None or key in self._pending or key in self._done:
+        self._drain()               # the processes never wait on a full pipe
+        if not self._lanes or key in self._pending or key in self._done:
             return
-        self._conn.send((key, [list(s) for s in steps]))
+        self._lanes[self._turn % len(self._lanes)][1].send((key, [list(s) for s in steps]))
+        self._turn += 1
         self._pending.append(key)
 
     def ready(self, steps) -> bool:
@@ -177,8 +210,8 @@ class Compiler:
 
     def take(self, steps, timeout: float):
         """The object code of a submitted schedule (a `runtime.KernelObject`), waiting for it at most
-        `timeout` seconds (past it, the compile process is killed and MeasureError raised); None when
-        it was not submitted or did not compile here (the measuring worker then compiles it, and
+        `timeout` seconds (past it, the compile processes are killed and MeasureError raised); None
+        when it was not submitted or did not compile here (the measuring worker then compiles it, and
         reports its error)."""
         key = _steps_key(steps)
         deadline = time.monotonic() + timeout
@@ -194,16 +227,17 @@ class Compiler:
             pass
 
     def _receive(self, wait: float) -> bool:
-        """Take the next answer if one comes within `wait` seconds (0: only one already sent); False
-        when none came. A compile process that died is closed, its schedules left to the worker."""
-        if self._process is None or not self._pending:
+        """Take the next answer if one comes within `wait` seconds (0: only those already sent); False
+        when none came. A compile process that died closes them all, their schedules left to the worker."""
+        if not self._lanes or not self._pending:
             return False
         try:
-            if not self._conn.poll(max(wait, 0)):
-                if self._process.is_alive():
+            sent = mp_connection.wait([conn for _, conn in self._lanes], max(wait, 0))
+            if not sent:
+                if all(process.is_alive() for process, _ in self._lanes):
                     return False
                 raise EOFError
-            key, code = self._conn.recv()
+            key, code = sent[0].recv()
         except (EOFError, OSError):
             self.close(kill=True)
             return True
@@ -211,32 +245,22 @@ class Compiler:
         self._done[key] = code
         return True
 
-    @contextlib.contextmanager
-    def paused(self):
-        """Stop the compile process while the block runs (a kernel being timed), so that the two do not
-        share a core, the caches or the memory bandwidth; it goes on afterwards."""
-        pid = self._process.pid if self._process is not None else None
-        if pid is not None:
-            os.kill(pid, signal.SIGSTOP)
-        try:
-            yield
-        finally:
-            if pid is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGCONT)
+    @property
+    def pids(self) -> list[int]:
+        """The compile processes: the measuring worker stops them while it times a kernel (`stopped`)."""
+        return [process.pid for process, _ in self._lanes]
 
     @property
     def closed(self) -> bool:
-        """Whether the process was stopped (killed at a time limit, or it died): a new one is needed."""
-        return self._process is None
+        """Whether the processes were stopped (killed at a time limit, or one died): new ones are needed."""
+        return not self._lanes
 
     def close(self, kill: bool = False):
-        """Stop the compile process: at once when `kill`, else after the schedule it is compiling."""
-        if self._process is None:
-            return
-        _stop(self._process, self._conn, kill)
-        self._conn.close()
-        self._process = None
+        """Stop the compile processes: at once when `kill`, else after the schedule each is compiling."""
+        for process, conn in self._lanes:
+            _stop(process, conn, kill)
+            conn.close()
+        self._lanes = []
         self._pending.clear()
         self._done.clear()
 
@@ -283,7 +307,7 @@ def _compiler_main(conn, node, threads):
 
 class Measurer:
     """Owns one worker process for a computation; restarts it after a crash or a time-out.  On the
-    CPU, schedules given to `prefetch` compile in a second process while others are measured."""
+    CPU, schedules given to `prefetch` compile in other processes (`Compiler`) while others are measured."""
 
     def __init__(self, node, repeats: int = 10, timeout: float = 60.0, seed: int = 0, threads: int | None = None,
                  device: str = "cpu"):
@@ -332,9 +356,12 @@ class Measurer:
         if self._process is None or not self._process.is_alive():
             self._start()
         compiled = self._compiler.take(steps, self.timeout) if self._compiler else None
-        with self._compiler.paused() if self._compiler else contextlib.nullcontext():
+        pids = self._compiler.pids if self._compiler else []
+        try:
             reply = self._exchange({"steps": [list(s) for s in steps], "inject_crash": inject_crash,
-                                    "compiled": compiled})
+                                    "compiled": compiled, "stop": pids})
+        finally:
+            resume(pids)            # also when the worker died while they were stopped
         if "error" in reply:
             raise MeasureError(reply["error"])
         return Measurement(reply["seconds"], reply["compile"], reply["relative_error"], reply["running"])

@@ -63,6 +63,7 @@ class FunctionBuilder:
         self.heap: list[llir.Value] = []
         self.hoisted = hoisted_tail_checks(tree)
         self.full: set[int] = set()
+        self.offsets: dict = {}
 
     def finish(self):
         """Free heap buffers and return."""
@@ -329,8 +330,14 @@ class FunctionBuilder:
         return ITEM_BYTES[self.tree.buffers[buffer].dtype]
 
     def linear_offset(self, buffer: str, index: tuple[ir.Affine, ...], stmt: StmtNode) -> ir.Affine:
-        """The element offset of an access, as an affine function of loop variables."""
-        return self.tree.buffers[buffer].linear_offset(tuple(ix.substitute(stmt.index) for ix in index))
+        """The element offset of an access, as an affine function of loop variables (worked out once per
+        access and statement: unrolled copies ask again for each copy)."""
+        key = (buffer, index, id(stmt))
+        offset = self.offsets.get(key)
+        if offset is None:
+            offset = self.tree.buffers[buffer].linear_offset(tuple(ix.substitute(stmt.index) for ix in index))
+            self.offsets[key] = offset
+        return offset
 
     def vector_expr(self, e: ir.Expr, stmt: StmtNode, env: dict, lanes: "Lanes") -> llir.Value:
         if isinstance(e, ir.Const):

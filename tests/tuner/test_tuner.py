@@ -262,11 +262,26 @@ def test_the_compile_process_is_stopped_while_a_kernel_is_timed():
     try:
         compiler.submit(tiled.schedule.steps)
         assert compiler.take(tiled.schedule.steps, 120) is not None       # the process is up
-        with compiler.paused():
+        with worker.stopped(compiler.pids):
             assert "T" in _child_states()
         assert "T" not in _child_states()
     finally:
         compiler.close(kill=True)
+
+
+def test_schedules_are_dealt_to_one_compile_process_per_core():
+    case = matmul_case(24, 20, 28)
+    schedules = [case.tensor.loop_tree().split("n", w).vectorize("n.1").schedule.steps for w in (2, 4, 8)]
+    compiler = worker.Compiler(case.tensor.node, 1)
+    try:
+        assert len(set(compiler.pids)) == worker.compile_processes()
+        for steps in schedules:
+            compiler.submit(steps)
+        assert all(compiler.take(steps, 120) is not None for steps in schedules)
+        assert not compiler.ready(schedules[0])         # taken: no longer held
+    finally:
+        compiler.close(kill=True)
+    assert compiler.closed
 
 
 KILLED_WHILE_SENDING = """
