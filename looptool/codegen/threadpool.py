@@ -7,8 +7,11 @@ from one atomic ticket, so a worker that wakes late, or a thread with slower blo
 tile at an edge), leaves its share to the others instead of holding up the call.  The caller
 returns when every iteration is done, not when every worker has woken.  Workers start on first
 use (more are added when more threads are asked for), poll for the next loop for a while
-(WORKER_POLLS pauses) and then sleep on a condition variable, so a parallel loop costs at
-most a wake-up, not a thread start.  One caller uses the pool at a time: a concurrent or
+(WORKER_POLL_NS) and then sleep on a condition variable, so a parallel loop costs at most a
+wake-up, not a thread start.  Polls are timed by the clock, not counted in pauses (a `pause`
+takes from about 10 to 140 cycles, depending on the core).  A worker woken onto the CPU its
+caller runs on (the kernel puts it there when it finds no idle CPU at once, e.g. while another
+library's threads spin) moves to another CPU before it claims a block.  One caller uses the pool at a time: a concurrent or
 nested caller runs its whole range itself, which gives the same result bit for bit (a
 parallel loop carries no dependence).  A forked child starts with an empty pool.
 
@@ -35,12 +38,16 @@ TICKET_MASK = (1 << TICKET_BITS) - 1
 # Blocks per thread: enough that a late or slow thread costs the call at most about 1/8 of a
 # thread's share, few enough that claiming (one atomic compare-and-swap) stays negligible.
 CHUNKS_PER_THREAD = 8
-# Pauses a worker polls for the next parallel loop before it sleeps, and the caller polls for the
-# workers' last blocks before it sleeps: a sleeping thread takes tens of microseconds to wake (a
-# futex wake and, on a VM, an idle virtual CPU), the length of a small kernel.  2^12 pauses are
-# about 0.1-0.5 ms on current x86 and Arm cores: short enough not to hold a core from other work.
-WORKER_POLLS = 1 << 12
-CALLER_POLLS = 1 << 14
+# How long a worker polls for the next parallel loop, and the caller for the workers' last blocks,
+# before it sleeps.  A sleeping thread takes tens of microseconds to wake (a futex wake and, on a
+# VM, an idle virtual CPU; 20-60 us on a 2-vCPU KVM guest), so each polls a few wake-ups long: a
+# worker 0.1 ms, the caller, whose wait is at most the rest of one block, 0.5 ms.  Longer worker
+# polls keep a core busy after every call, which slows other threads' work on a small machine.
+WORKER_POLL_NS = 100_000
+CALLER_POLL_NS = 500_000
+PAUSES_PER_CLOCK = 1 << 5    # pauses between two looks at the clock (about 1-4 us)
+CPU_SET_BYTES = 128          # glibc's cpu_set_t: 1024 CPUs
+CLOCK_MONOTONIC = 1          # its number on Linux (all architectures)
 
 
 def declare_parallel_for(module: llir.Module) -> llir.Function:
@@ -63,7 +70,8 @@ class _PoolBuilder:
         self.module, self.triple = module, triple
         self.sync = {name: self.global_bytes(name) for name in ("mutex", "work", "done", "busy")}
         self.word = {name: self.global_word(name) for name in
-                     ("workers", "generation", "ticket", "remaining", "count", "grain", "threads", "owner")}
+                     ("workers", "generation", "ticket", "remaining", "count", "grain", "threads", "owner",
+                      "caller_cpu")}
         self.pointer = {name: self.global_pointer(name) for name in ("body", "ctx")}
         self.libc = {
             "lock": self.extern("pthread_mutex_lock", I32, [PTR]),
@@ -75,6 +83,10 @@ class _PoolBuilder:
             "create": self.extern("pthread_create", I32, [PTR, PTR, PTR, PTR]),
             "detach": self.extern("pthread_detach", I32, [I64]),
             "getpid": self.extern("getpid", I32, []),
+            "clock": self.extern("clock_gettime", I32, [I32, PTR]),
+            "getcpu": self.extern("sched_getcpu", I32, []),
+            "getaffinity": self.extern("sched_getaffinity", I32, [I32, I64, PTR]),
+            "setaffinity": self.extern("sched_setaffinity", I32, [I32, I64, PTR]),
         }
 
     # Declarations ---------------------------------------------------------------------------
@@ -113,7 +125,7 @@ class _PoolBuilder:
 
     def define(self):
         claim = self.claim()
-        grow = self.grow(self.worker(claim))
+        grow = self.grow(self.worker(claim, self.leave_cpu()))
         self.entry(grow, self.reset_after_fork(), claim)
 
     # Pieces ----------------------------------------------------------------------------------
@@ -140,21 +152,36 @@ class _PoolBuilder:
         b.branch(check)
         b.position_at_end(after)
 
-    def poll_while(self, b: llir.IRBuilder, fn: llir.Function, condition, polls: int, name: str):
-        """Spin (mutex not held) while `condition(b)` is true, at most `polls` pauses."""
+    def now(self, b: llir.IRBuilder) -> llir.Value:
+        """Nanoseconds on the monotonic clock (clock_gettime: a vDSO call, no system call)."""
+        with b.goto_entry_block():          # an alloca in a loop would grow the stack every turn
+            timespec = b.alloca(llir.ArrayType(I64, 2), name="timespec")
+        self.call(b, "clock", llir.Constant(I32, CLOCK_MONOTONIC), timespec)
+        seconds, nanoseconds = (b.load(b.gep(timespec, [ZERO, llir.Constant(I32, i)]), typ=I64) for i in (0, 1))
+        return b.add(b.mul(seconds, llir.Constant(I64, 1_000_000_000)), nanoseconds)
+
+    def poll_while(self, b: llir.IRBuilder, fn: llir.Function, condition, nanoseconds: int, name: str):
+        """Spin (mutex not held) while `condition(b)` is true, for at most `nanoseconds` (looking at
+        the clock every PAUSES_PER_CLOCK pauses)."""
+        deadline = b.add(self.now(b), llir.Constant(I64, nanoseconds))
         pre = b.block
         check = fn.append_basic_block(f"{name}.poll")
         spin = fn.append_basic_block(f"{name}.pause")
+        tick = fn.append_basic_block(f"{name}.tick")
         after = fn.append_basic_block(f"{name}.polled")
         b.branch(check)
         b.position_at_end(check)
-        left = b.phi(I64)
-        left.add_incoming(llir.Constant(I64, polls), pre)
-        b.cbranch(b.and_(b.icmp_signed(">", left, ZERO), condition(b)), spin, after)
+        pauses = b.phi(I64)
+        pauses.add_incoming(ZERO, pre)
+        b.cbranch(condition(b), spin, after)
         b.position_at_end(spin)
         self.pause(b)
-        left.add_incoming(b.sub(left, ONE), spin)
-        b.branch(check)
+        more = b.add(pauses, ONE)
+        pauses.add_incoming(more, spin)
+        pauses.add_incoming(more, tick)
+        b.cbranch(b.icmp_unsigned("==", b.and_(more, llir.Constant(I64, PAUSES_PER_CLOCK - 1)), ZERO), tick, check)
+        b.position_at_end(tick)
+        b.cbranch(b.icmp_signed("<", self.now(b), deadline), check, after)
         b.position_at_end(after)
 
     def claim(self) -> llir.Function:
@@ -190,7 +217,34 @@ class _PoolBuilder:
         b.ret_void()
         return fn
 
-    def worker(self, claim: llir.Function) -> llir.Function:
+    def leave_cpu(self) -> llir.Function:
+        """leave_cpu(cpu): if this thread runs on `cpu`, move to another CPU it may run on (its
+        affinity mask without `cpu`, then the mask restored: the kernel places it, on an idle CPU
+        if there is one).  A worker woken onto its caller's CPU (the kernel does that when it finds
+        no idle CPU at once) would otherwise share it with the caller for the whole call."""
+        fn = llir.Function(self.module, llir.FunctionType(VOID, [I64]), name="looptool_pool.leave_cpu")
+        fn.linkage = "internal"
+        cpu = fn.args[0]
+        b = llir.IRBuilder(fn.append_basic_block("entry"))
+        mask_type = llir.ArrayType(I64, CPU_SET_BYTES // 8)
+        mask, others = b.alloca(mask_type, name="mask"), b.alloca(mask_type, name="others")
+        size = llir.Constant(I64, CPU_SET_BYTES)
+        here = b.sext(self.call(b, "getcpu"), I64)
+        shared = b.and_(b.icmp_unsigned("==", here, cpu), b.icmp_unsigned("<", cpu, llir.Constant(I64, 8 * CPU_SET_BYTES)))
+        with b.if_then(shared):
+            read = self.call(b, "getaffinity", llir.Constant(I32, 0), size, mask)
+            with b.if_then(b.icmp_signed("==", read, llir.Constant(I32, 0))):
+                b.store(b.load(mask, typ=mask_type), others)
+                word = b.gep(others, [ZERO, b.lshr(cpu, llir.Constant(I64, 6))])
+                bit = b.shl(ONE, b.and_(cpu, llir.Constant(I64, 63)))
+                b.store(b.and_(b.load(word, typ=I64), b.not_(bit)), word)
+                moved = self.call(b, "setaffinity", llir.Constant(I32, 0), size, others)
+                with b.if_then(b.icmp_signed("==", moved, llir.Constant(I32, 0))):
+                    self.call(b, "setaffinity", llir.Constant(I32, 0), size, mask)
+        b.ret_void()
+        return fn
+
+    def worker(self, claim: llir.Function, leave_cpu: llir.Function) -> llir.Function:
         """Poll, then sleep, until a new generation is posted; claim blocks of it if this worker
         takes part; repeat."""
         fn = llir.Function(self.module, llir.FunctionType(PTR, [PTR]), name="looptool_pool.worker")
@@ -204,15 +258,17 @@ class _PoolBuilder:
         b.branch(loop)
         b.position_at_end(loop)
         self.poll_while(b, fn, lambda b: b.icmp_unsigned("==", self.get_atomic(b, "generation"),
-                                                          b.load(seen, typ=I64)), WORKER_POLLS, "job")
+                                                          b.load(seen, typ=I64)), WORKER_POLL_NS, "job")
         self.call(b, "lock", self.sync["mutex"])
         self.wait_while(b, fn, lambda b: b.icmp_unsigned("==", self.get(b, "generation"), b.load(seen, typ=I64)),
                         "work", "job")
         job = [self.get(b, name) for name in ("generation", "body", "ctx", "count", "grain")]
         b.store(job[0], seen)
         takes_part = b.icmp_unsigned("<", index, self.get(b, "threads"))
+        caller_cpu = self.get(b, "caller_cpu")
         self.call(b, "unlock", self.sync["mutex"])
         with b.if_then(takes_part):
+            b.call(leave_cpu, [caller_cpu])
             b.call(claim, job)
         b.branch(loop)
         return fn
@@ -286,7 +342,8 @@ class _PoolBuilder:
         parts = b.select(b.icmp_signed("<", available, threads), available, threads)
         grain = b.sdiv(count, b.mul(parts, llir.Constant(I64, CHUNKS_PER_THREAD)))
         grain = b.select(b.icmp_signed("<", grain, ONE), ONE, grain)
-        for name, value in (("count", count), ("grain", grain), ("threads", parts)):
+        caller_cpu = b.sext(self.call(b, "getcpu"), I64)
+        for name, value in (("count", count), ("grain", grain), ("threads", parts), ("caller_cpu", caller_cpu)):
             b.store(value, self.word[name])
         b.store(body, self.pointer["body"])
         b.store(ctx, self.pointer["ctx"])
@@ -298,7 +355,7 @@ class _PoolBuilder:
         self.call(b, "unlock", self.sync["mutex"])
         b.call(claim, [generation, body, ctx, count, grain])
         self.poll_while(b, fn, lambda b: b.icmp_unsigned("!=", self.get_atomic(b, "remaining"), ZERO),
-                        CALLER_POLLS, "finish")
+                        CALLER_POLL_NS, "finish")
         self.call(b, "lock", self.sync["mutex"])
         self.wait_while(b, fn, lambda b: b.icmp_unsigned("!=", self.get_atomic(b, "remaining"), ZERO),
                         "done", "finish")
