@@ -7,13 +7,14 @@ from one atomic ticket, so a worker that wakes late, or a thread with slower blo
 tile at an edge), leaves its share to the others instead of holding up the call.  The caller
 returns when every iteration is done, not when every worker has woken.  Workers start on first
 use (more are added when more threads are asked for), poll for the next loop for a while
-(WORKER_POLL_NS) and then sleep on a condition variable, so a parallel loop costs at most a
-wake-up, not a thread start.  Polls are timed by the clock, not counted in pauses (a `pause`
-takes from about 10 to 140 cycles, depending on the core).  A worker woken onto the CPU its
-caller runs on (the kernel puts it there when it finds no idle CPU at once, e.g. while another
-library's threads spin) moves to another CPU before it claims a block.  One caller uses the pool at a time: a concurrent or
-nested caller runs its whole range itself, which gives the same result bit for bit (a
-parallel loop carries no dependence).  A forked child starts with an empty pool.
+(WORKER_POLL_NS, longer where the process has CPUs to spare) and then sleep on a condition
+variable, so a parallel loop costs at most a wake-up, not a thread start.  Polls are timed by
+the clock, not counted in pauses (a `pause` takes from about 10 to 140 cycles, by core).  A
+worker woken onto the CPU its caller runs on (the kernel puts it there when it finds no idle
+CPU at once, e.g. while another library's threads spin) moves to another CPU before it claims a
+block.  One caller uses the pool at a time: a concurrent or nested caller runs its whole range
+itself, which gives the same result bit for bit (a parallel loop carries no dependence).  A
+forked child starts with an empty pool.
 
 Kernels only declare the function.  The JIT runtime compiles `pool_module` once per
 process and publishes its address; an exported shared library links its own copy.
@@ -41,9 +42,13 @@ CHUNKS_PER_THREAD = 8
 # How long a worker polls for the next parallel loop, and the caller for the workers' last blocks,
 # before it sleeps.  A sleeping thread takes tens of microseconds to wake (a futex wake and, on a
 # VM, an idle virtual CPU; 20-60 us on a 2-vCPU KVM guest), so each polls a few wake-ups long: a
-# worker 0.1 ms, the caller, whose wait is at most the rest of one block, 0.5 ms.  Longer worker
-# polls keep a core busy after every call, which slows other threads' work on a small machine.
+# worker 0.1 ms, the caller, whose wait is at most the rest of one block, 0.5 ms.  Where the
+# process may use at least twice as many CPUs as the loop's threads, a worker polls 2 ms: it keeps
+# a CPU that no other thread is short of, and a loop called again within that time (between other
+# small work: a 200x300x500 OpenBLAS matmul takes 0.3-0.8 ms) wakes nobody.  With fewer CPUs a
+# long poll would take one from the other threads' work (another library's, or the next call's own).
 WORKER_POLL_NS = 100_000
+WORKER_POLL_SPARE_NS = 2_000_000
 CALLER_POLL_NS = 500_000
 PAUSES_PER_CLOCK = 1 << 5    # pauses between two looks at the clock (about 1-4 us)
 CPU_SET_BYTES = 128          # glibc's cpu_set_t: 1024 CPUs
@@ -71,7 +76,7 @@ class _PoolBuilder:
         self.sync = {name: self.global_bytes(name) for name in ("mutex", "work", "done", "busy")}
         self.word = {name: self.global_word(name) for name in
                      ("workers", "generation", "ticket", "remaining", "count", "grain", "threads", "owner",
-                      "caller_cpu")}
+                      "caller_cpu", "cpus", "poll")}
         self.pointer = {name: self.global_pointer(name) for name in ("body", "ctx")}
         self.libc = {
             "lock": self.extern("pthread_mutex_lock", I32, [PTR]),
@@ -126,7 +131,7 @@ class _PoolBuilder:
     def define(self):
         claim = self.claim()
         grow = self.grow(self.worker(claim, self.leave_cpu()))
-        self.entry(grow, self.reset_after_fork(), claim)
+        self.entry(grow, self.reset_after_fork(), claim, self.count_cpus())
 
     # Pieces ----------------------------------------------------------------------------------
     def call(self, b: llir.IRBuilder, name: str, *args):
@@ -160,10 +165,10 @@ class _PoolBuilder:
         seconds, nanoseconds = (b.load(b.gep(timespec, [ZERO, llir.Constant(I32, i)]), typ=I64) for i in (0, 1))
         return b.add(b.mul(seconds, llir.Constant(I64, 1_000_000_000)), nanoseconds)
 
-    def poll_while(self, b: llir.IRBuilder, fn: llir.Function, condition, nanoseconds: int, name: str):
+    def poll_while(self, b: llir.IRBuilder, fn: llir.Function, condition, nanoseconds: llir.Value, name: str):
         """Spin (mutex not held) while `condition(b)` is true, for at most `nanoseconds` (looking at
         the clock every PAUSES_PER_CLOCK pauses)."""
-        deadline = b.add(self.now(b), llir.Constant(I64, nanoseconds))
+        deadline = b.add(self.now(b), nanoseconds)
         pre = b.block
         check = fn.append_basic_block(f"{name}.poll")
         spin = fn.append_basic_block(f"{name}.pause")
@@ -217,6 +222,23 @@ class _PoolBuilder:
         b.ret_void()
         return fn
 
+    def count_cpus(self) -> llir.Function:
+        """count_cpus(): the CPUs this process may run on (its affinity mask; 1 if unreadable)."""
+        fn = llir.Function(self.module, llir.FunctionType(I64, []), name="looptool_pool.count_cpus")
+        fn.linkage = "internal"
+        b = llir.IRBuilder(fn.append_basic_block("entry"))
+        mask = b.alloca(llir.ArrayType(I64, CPU_SET_BYTES // 8), name="mask")
+        read = self.call(b, "getaffinity", llir.Constant(I32, 0), llir.Constant(I64, CPU_SET_BYTES), mask)
+        with b.if_then(b.icmp_signed("!=", read, llir.Constant(I32, 0))):
+            b.ret(ONE)
+        popcount = self.extern("llvm.ctpop.i64", I64, [I64])
+        total = ZERO
+        for word in range(CPU_SET_BYTES // 8):
+            bits = b.load(b.gep(mask, [ZERO, llir.Constant(I32, word)]), typ=I64)
+            total = b.add(total, b.call(popcount, [bits]))
+        b.ret(total)
+        return fn
+
     def leave_cpu(self) -> llir.Function:
         """leave_cpu(cpu): if this thread runs on `cpu`, move to another CPU it may run on (its
         affinity mask without `cpu`, then the mask restored: the kernel places it, on an idle CPU
@@ -252,13 +274,14 @@ class _PoolBuilder:
         b = llir.IRBuilder(fn.append_basic_block("entry"))
         packed = b.ptrtoint(fn.args[0], I64)
         index = b.and_(packed, llir.Constant(I64, (1 << INDEX_BITS) - 1))
-        seen = b.alloca(I64, name="seen")
+        seen, poll = b.alloca(I64, name="seen"), b.alloca(I64, name="poll")
         b.store(b.lshr(packed, llir.Constant(I64, INDEX_BITS)), seen)
+        b.store(llir.Constant(I64, WORKER_POLL_NS), poll)
         loop = fn.append_basic_block("loop")
         b.branch(loop)
         b.position_at_end(loop)
         self.poll_while(b, fn, lambda b: b.icmp_unsigned("==", self.get_atomic(b, "generation"),
-                                                          b.load(seen, typ=I64)), WORKER_POLL_NS, "job")
+                                                          b.load(seen, typ=I64)), b.load(poll, typ=I64), "job")
         self.call(b, "lock", self.sync["mutex"])
         self.wait_while(b, fn, lambda b: b.icmp_unsigned("==", self.get(b, "generation"), b.load(seen, typ=I64)),
                         "work", "job")
@@ -266,6 +289,7 @@ class _PoolBuilder:
         b.store(job[0], seen)
         takes_part = b.icmp_unsigned("<", index, self.get(b, "threads"))
         caller_cpu = self.get(b, "caller_cpu")
+        b.store(self.get(b, "poll"), poll)
         self.call(b, "unlock", self.sync["mutex"])
         with b.if_then(takes_part):
             b.call(leave_cpu, [caller_cpu])
@@ -283,7 +307,7 @@ class _PoolBuilder:
         with b.if_then(b.icmp_unsigned("!=", pid, self.get(b, "owner"))):
             for var in self.sync.values():
                 b.store(llir.Constant(var.value_type, None), var)
-            for name in ("workers", "remaining"):
+            for name in ("workers", "remaining", "cpus"):
                 b.store(ZERO, self.word[name])
             b.store(pid, self.word["owner"])
         b.ret_void()
@@ -316,7 +340,16 @@ class _PoolBuilder:
         b.ret(self.get(b, "workers"))
         return fn
 
-    def entry(self, grow: llir.Function, reset_after_fork: llir.Function, claim: llir.Function) -> llir.Function:
+    def worker_poll(self, b: llir.IRBuilder, threads: llir.Value, count_cpus: llir.Function) -> llir.Value:
+        """How long workers poll after a loop on `threads` threads (mutex held; the process's CPUs
+        are counted on its first loop)."""
+        with b.if_then(b.icmp_unsigned("==", self.get(b, "cpus"), ZERO)):
+            b.store(b.call(count_cpus, []), self.word["cpus"])
+        spare = b.icmp_signed("<=", b.mul(threads, llir.Constant(I64, 2)), self.get(b, "cpus"))
+        return b.select(spare, llir.Constant(I64, WORKER_POLL_SPARE_NS), llir.Constant(I64, WORKER_POLL_NS))
+
+    def entry(self, grow: llir.Function, reset_after_fork: llir.Function, claim: llir.Function,
+              count_cpus: llir.Function) -> llir.Function:
         """`looptool_parallel_for`: post the loop, claim blocks of it, wait until every block is done."""
         fn = llir.Function(self.module, ENTRY_TYPE, name=ENTRY)
         body, ctx, count, threads = fn.args
@@ -343,7 +376,8 @@ class _PoolBuilder:
         grain = b.sdiv(count, b.mul(parts, llir.Constant(I64, CHUNKS_PER_THREAD)))
         grain = b.select(b.icmp_signed("<", grain, ONE), ONE, grain)
         caller_cpu = b.sext(self.call(b, "getcpu"), I64)
-        for name, value in (("count", count), ("grain", grain), ("threads", parts), ("caller_cpu", caller_cpu)):
+        for name, value in (("count", count), ("grain", grain), ("threads", parts), ("caller_cpu", caller_cpu),
+                            ("poll", self.worker_poll(b, parts, count_cpus))):
             b.store(value, self.word[name])
         b.store(body, self.pointer["body"])
         b.store(ctx, self.pointer["ctx"])
@@ -355,7 +389,7 @@ class _PoolBuilder:
         self.call(b, "unlock", self.sync["mutex"])
         b.call(claim, [generation, body, ctx, count, grain])
         self.poll_while(b, fn, lambda b: b.icmp_unsigned("!=", self.get_atomic(b, "remaining"), ZERO),
-                        CALLER_POLL_NS, "finish")
+                        llir.Constant(I64, CALLER_POLL_NS), "finish")
         self.call(b, "lock", self.sync["mutex"])
         self.wait_while(b, fn, lambda b: b.icmp_unsigned("!=", self.get_atomic(b, "remaining"), ZERO),
                         "done", "finish")
