@@ -268,7 +268,8 @@ class _PoolBuilder:
 
     def worker(self, claim: llir.Function, leave_cpu: llir.Function) -> llir.Function:
         """Poll, then sleep, until a new generation is posted; claim blocks of it if this worker
-        takes part; repeat."""
+        takes part; repeat.  A worker left out of a loop (a loop on fewer threads than the pool
+        has) is likely left out of the next one too: it sleeps at once instead of polling."""
         fn = llir.Function(self.module, llir.FunctionType(PTR, [PTR]), name="looptool_pool.worker")
         fn.linkage = "internal"
         b = llir.IRBuilder(fn.append_basic_block("entry"))
@@ -289,7 +290,7 @@ class _PoolBuilder:
         b.store(job[0], seen)
         takes_part = b.icmp_unsigned("<", index, self.get(b, "threads"))
         caller_cpu = self.get(b, "caller_cpu")
-        b.store(self.get(b, "poll"), poll)
+        b.store(b.select(takes_part, self.get(b, "poll"), ZERO), poll)
         self.call(b, "unlock", self.sync["mutex"])
         with b.if_then(takes_part):
             b.call(leave_cpu, [caller_cpu])
