@@ -10,9 +10,10 @@ use (more are added when more threads are asked for), poll for the next loop for
 (WORKER_POLL_NS, longer where the process has CPUs to spare) and then sleep on a condition
 variable, so a parallel loop costs at most a wake-up, not a thread start.  Polls are timed by
 the clock, not counted in pauses (a `pause` takes from about 10 to 140 cycles, by core), and a
-polling thread calls sched_yield at each look at the clock: another of our threads that the kernel
-placed on the same CPU (a woken worker or caller) runs within microseconds instead of after the
-spinner's whole scheduler slice (3 ms on Linux with 8 or more CPUs).  A
+poll that has spun YIELD_AFTER_NS calls sched_yield at each look at the clock: another of our
+threads that the kernel placed on the same CPU (a woken worker or caller) then runs within
+YIELD_AFTER_NS instead of after the spinner's whole poll or scheduler slice (3 ms on Linux with 8
+or more CPUs).  A
 worker woken onto the CPU its caller runs on (the kernel puts it there when it finds no idle
 CPU at once, e.g. while another library's threads spin) moves to another CPU before it claims a
 block.  One caller uses the pool at a time: a concurrent or nested caller runs its whole range
@@ -53,6 +54,11 @@ CHUNKS_PER_THREAD = 8
 WORKER_POLL_NS = 100_000
 WORKER_POLL_SPARE_NS = 2_000_000
 CALLER_POLL_NS = 500_000
+# A poll yields its CPU (sched_yield) at each look at the clock once it has spun this long: another
+# of our threads queued on that CPU then waits at most this, not a whole scheduler slice, while the
+# usual short waits (the last block of a loop; the next call of a loop called back to back) never
+# hand the CPU to another process's thread, which could keep it for a slice.
+YIELD_AFTER_NS = 50_000
 PAUSES_PER_CLOCK = 1 << 5    # pauses between two looks at the clock (about 1-4 us)
 CPU_SET_BYTES = 128          # glibc's cpu_set_t: 1024 CPUs
 CLOCK_MONOTONIC = 1          # its number on Linux (all architectures)
@@ -171,8 +177,10 @@ class _PoolBuilder:
 
     def poll_while(self, b: llir.IRBuilder, fn: llir.Function, condition, nanoseconds: llir.Value, name: str):
         """Spin (mutex not held) while `condition(b)` is true, for at most `nanoseconds` (looking at
-        the clock, and yielding the CPU to any thread queued on it, every PAUSES_PER_CLOCK pauses)."""
-        deadline = b.add(self.now(b), nanoseconds)
+        the clock every PAUSES_PER_CLOCK pauses, and yielding the CPU to any thread queued on it
+        from YIELD_AFTER_NS on)."""
+        start = self.now(b)
+        deadline, yield_from = b.add(start, nanoseconds), b.add(start, llir.Constant(I64, YIELD_AFTER_NS))
         pre = b.block
         check = fn.append_basic_block(f"{name}.poll")
         spin = fn.append_basic_block(f"{name}.pause")
@@ -187,11 +195,13 @@ class _PoolBuilder:
         self.pause(b)
         more = b.add(pauses, ONE)
         pauses.add_incoming(more, spin)
-        pauses.add_incoming(more, tick)
         b.cbranch(b.icmp_unsigned("==", b.and_(more, llir.Constant(I64, PAUSES_PER_CLOCK - 1)), ZERO), tick, check)
         b.position_at_end(tick)
-        self.call(b, "yield")
-        b.cbranch(b.icmp_signed("<", self.now(b), deadline), check, after)
+        now = self.now(b)
+        with b.if_then(b.icmp_signed(">=", now, yield_from)):
+            self.call(b, "yield")
+        pauses.add_incoming(more, b.block)
+        b.cbranch(b.icmp_signed("<", now, deadline), check, after)
         b.position_at_end(after)
 
     def claim(self) -> llir.Function:
