@@ -13,10 +13,9 @@ the clock, not counted in pauses (a `pause` takes from about 10 to 140 cycles, b
 poll that has spun YIELD_AFTER_NS calls sched_yield at each look at the clock: another of our
 threads that the kernel placed on the same CPU (a woken worker or caller) then runs within
 YIELD_AFTER_NS instead of after the spinner's whole poll or scheduler slice (3 ms on Linux with 8
-or more CPUs).  A
-worker woken onto the CPU its caller runs on (the kernel puts it there when it finds no idle
-CPU at once, e.g. while another library's threads spin) moves to another CPU before it claims a
-block.  One caller uses the pool at a time: a concurrent or nested caller runs its whole range
+or more CPUs).  A worker woken onto the CPU its caller runs on (the kernel puts it there when it
+finds no idle CPU at once, e.g. while another library's threads spin) moves to another CPU before
+it claims a block.  One caller uses the pool at a time: a concurrent or nested caller runs its whole range
 itself, which gives the same result bit for bit (a parallel loop carries no dependence).  A
 forked child starts with an empty pool.
 
