@@ -9,11 +9,11 @@ returns when every iteration is done, not when every worker has woken.  Workers 
 use (more are added when more threads are asked for), poll for the next loop for a while
 (WORKER_POLL_NS, longer where the process has CPUs to spare) and then sleep on a condition
 variable, so a parallel loop costs at most a wake-up, not a thread start.  Polls are timed by
-the clock, not counted in pauses (a `pause` takes from about 10 to 140 cycles, by core), and a
-poll that has spun YIELD_AFTER_NS calls sched_yield at each look at the clock: another of our
-threads that the kernel placed on the same CPU (a woken worker or caller) then runs within
-YIELD_AFTER_NS instead of after the spinner's whole poll or scheduler slice (3 ms on Linux with 8
-or more CPUs).  A worker woken onto the CPU its caller runs on (the kernel puts it there when it
+the clock, not counted in pauses (a `pause` takes from about 10 to 140 cycles, by core).  The
+caller's poll, and a worker's long poll (where CPUs are spare), call sched_yield at each look at
+the clock once they have spun YIELD_AFTER_NS: another of our threads that the kernel placed on the
+same CPU then runs within about that time instead of after the spinner's whole poll or scheduler
+slice (3 ms on Linux with 8 or more CPUs).  A worker woken onto the CPU its caller runs on (the kernel puts it there when it
 finds no idle CPU at once, e.g. while another library's threads spin) moves to another CPU before
 it claims a block.  One caller uses the pool at a time: a concurrent or nested caller runs its whole range
 itself, which gives the same result bit for bit (a parallel loop carries no dependence).  A
@@ -53,10 +53,12 @@ CHUNKS_PER_THREAD = 8
 WORKER_POLL_NS = 100_000
 WORKER_POLL_SPARE_NS = 2_000_000
 CALLER_POLL_NS = 500_000
-# A poll yields its CPU (sched_yield) at each look at the clock once it has spun this long: another
-# of our threads queued on that CPU then waits at most this, not a whole scheduler slice, while the
-# usual short waits (the last block of a loop; the next call of a loop called back to back) never
-# hand the CPU to another process's thread, which could keep it for a slice.
+# The caller's poll and a worker's spare-CPU poll yield the CPU (sched_yield) at each look at the
+# clock once they have spun this long: another of our threads queued on that CPU then waits about
+# this, not a whole poll or scheduler slice, while the usual short wait (a loop's last block) never
+# hands the CPU to another process's thread, which may keep it for a slice.  A worker's short poll
+# never yields: it costs a queued thread at most its 0.1 ms, and a worker that yields to another
+# library's spinning thread (OpenBLAS's, which never yields) is then off its CPU for a slice.
 YIELD_AFTER_NS = 50_000
 PAUSES_PER_CLOCK = 1 << 5    # pauses between two looks at the clock (about 1-4 us)
 CPU_SET_BYTES = 128          # glibc's cpu_set_t: 1024 CPUs
@@ -174,10 +176,11 @@ class _PoolBuilder:
         seconds, nanoseconds = (b.load(b.gep(timespec, [ZERO, llir.Constant(I32, i)]), typ=I64) for i in (0, 1))
         return b.add(b.mul(seconds, llir.Constant(I64, 1_000_000_000)), nanoseconds)
 
-    def poll_while(self, b: llir.IRBuilder, fn: llir.Function, condition, nanoseconds: llir.Value, name: str):
-        """Spin (mutex not held) while `condition(b)` is true, for at most `nanoseconds` (looking at
-        the clock every PAUSES_PER_CLOCK pauses, and yielding the CPU to any thread queued on it
-        from YIELD_AFTER_NS on)."""
+    def poll_while(self, b: llir.IRBuilder, fn: llir.Function, condition, nanoseconds: llir.Value, name: str,
+                   yields: llir.Value):
+        """Spin (mutex not held) while `condition(b)` is true, for at most `nanoseconds`, looking at
+        the clock every PAUSES_PER_CLOCK pauses; where `yields` (an i1) is true, also yield the CPU
+        to any thread queued on it at each look from YIELD_AFTER_NS on."""
         start = self.now(b)
         deadline, yield_from = b.add(start, nanoseconds), b.add(start, llir.Constant(I64, YIELD_AFTER_NS))
         pre = b.block
@@ -197,7 +200,7 @@ class _PoolBuilder:
         b.cbranch(b.icmp_unsigned("==", b.and_(more, llir.Constant(I64, PAUSES_PER_CLOCK - 1)), ZERO), tick, check)
         b.position_at_end(tick)
         now = self.now(b)
-        with b.if_then(b.icmp_signed(">=", now, yield_from)):
+        with b.if_then(b.and_(b.icmp_signed(">=", now, yield_from), yields)):
             self.call(b, "yield")
         pauses.add_incoming(more, b.block)
         b.cbranch(b.icmp_signed("<", now, deadline), check, after)
@@ -295,8 +298,10 @@ class _PoolBuilder:
         loop = fn.append_basic_block("loop")
         b.branch(loop)
         b.position_at_end(loop)
+        poll_ns = b.load(poll, typ=I64)
         self.poll_while(b, fn, lambda b: b.icmp_unsigned("==", self.get_atomic(b, "generation"),
-                                                          b.load(seen, typ=I64)), b.load(poll, typ=I64), "job")
+                                                          b.load(seen, typ=I64)), poll_ns, "job",
+                        b.icmp_signed(">=", poll_ns, llir.Constant(I64, WORKER_POLL_SPARE_NS)))
         self.call(b, "lock", self.sync["mutex"])
         self.wait_while(b, fn, lambda b: b.icmp_unsigned("==", self.get(b, "generation"), b.load(seen, typ=I64)),
                         "work", "job")
@@ -404,7 +409,7 @@ class _PoolBuilder:
         self.call(b, "unlock", self.sync["mutex"])
         b.call(claim, [generation, body, ctx, count, grain])
         self.poll_while(b, fn, lambda b: b.icmp_unsigned("!=", self.get_atomic(b, "remaining"), ZERO),
-                        llir.Constant(I64, CALLER_POLL_NS), "finish")
+                        llir.Constant(I64, CALLER_POLL_NS), "finish", llir.Constant(llir.IntType(1), 1))
         self.call(b, "lock", self.sync["mutex"])
         self.wait_while(b, fn, lambda b: b.icmp_unsigned("!=", self.get_atomic(b, "remaining"), ZERO),
                         "done", "finish")
