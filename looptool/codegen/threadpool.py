@@ -7,10 +7,17 @@ from one atomic ticket, so a worker that wakes late, or a thread with slower blo
 tile at an edge), leaves its share to the others instead of holding up the call.  The caller
 returns when every iteration is done, not when every worker has woken.  Workers start on first
 use (more are added when more threads are asked for), poll for the next loop for a while
-(WORKER_POLLS pauses) and then sleep on a condition variable, so a parallel loop costs at
-most a wake-up, not a thread start.  One caller uses the pool at a time: a concurrent or
-nested caller runs its whole range itself, which gives the same result bit for bit (a
-parallel loop carries no dependence).  A forked child starts with an empty pool.
+(WORKER_POLL_NS, longer where the process has CPUs to spare) and then sleep on a condition
+variable, so a parallel loop costs at most a wake-up, not a thread start.  Polls are timed by
+the clock, not counted in pauses (a `pause` takes from about 10 to 140 cycles, by core).  The
+caller's poll, and a worker's long poll (where CPUs are spare), call sched_yield at each look at
+the clock once they have spun YIELD_AFTER_NS: another of our threads that the kernel placed on the
+same CPU then runs within about that time instead of after the spinner's whole poll or scheduler
+slice (3 ms on Linux with 8 or more CPUs).  A worker woken onto the CPU its caller runs on (the kernel puts it there when it
+finds no idle CPU at once, e.g. while another library's threads spin) moves to another CPU before
+it claims a block.  One caller uses the pool at a time: a concurrent or nested caller runs its whole range
+itself, which gives the same result bit for bit (a parallel loop carries no dependence).  A
+forked child starts with an empty pool.
 
 Kernels only declare the function.  The JIT runtime compiles `pool_module` once per
 process and publishes its address; an exported shared library links its own copy.
@@ -35,12 +42,27 @@ TICKET_MASK = (1 << TICKET_BITS) - 1
 # Blocks per thread: enough that a late or slow thread costs the call at most about 1/8 of a
 # thread's share, few enough that claiming (one atomic compare-and-swap) stays negligible.
 CHUNKS_PER_THREAD = 8
-# Pauses a worker polls for the next parallel loop before it sleeps, and the caller polls for the
-# workers' last blocks before it sleeps: a sleeping thread takes tens of microseconds to wake (a
-# futex wake and, on a VM, an idle virtual CPU), the length of a small kernel.  2^12 pauses are
-# about 0.1-0.5 ms on current x86 and Arm cores: short enough not to hold a core from other work.
-WORKER_POLLS = 1 << 12
-CALLER_POLLS = 1 << 14
+# How long a worker polls for the next parallel loop, and the caller for the workers' last blocks,
+# before it sleeps.  A sleeping thread takes tens of microseconds to wake (a futex wake and, on a
+# VM, an idle virtual CPU; 20-60 us on a 2-vCPU KVM guest), so each polls a few wake-ups long: a
+# worker 0.1 ms, the caller, whose wait is at most the rest of one block, 0.5 ms.  Where the
+# process may use at least twice as many CPUs as the loop's threads, a worker polls 2 ms: it keeps
+# a CPU that no other thread is short of, and a loop called again within that time (between other
+# small work: a 200x300x500 OpenBLAS matmul takes 0.3-0.8 ms) wakes nobody.  With fewer CPUs a
+# long poll would take one from the other threads' work (another library's, or the next call's own).
+WORKER_POLL_NS = 100_000
+WORKER_POLL_SPARE_NS = 2_000_000
+CALLER_POLL_NS = 500_000
+# The caller's poll and a worker's spare-CPU poll yield the CPU (sched_yield) at each look at the
+# clock once they have spun this long: another of our threads queued on that CPU then waits about
+# this, not a whole poll or scheduler slice, while the usual short wait (a loop's last block) never
+# hands the CPU to another process's thread, which may keep it for a slice.  A worker's short poll
+# never yields: it costs a queued thread at most its 0.1 ms, and a worker that yields to another
+# library's spinning thread (OpenBLAS's, which never yields) is then off its CPU for a slice.
+YIELD_AFTER_NS = 50_000
+PAUSES_PER_CLOCK = 1 << 5    # pauses between two looks at the clock (about 1-4 us)
+CPU_SET_BYTES = 128          # glibc's cpu_set_t: 1024 CPUs
+CLOCK_MONOTONIC = 1          # its number on Linux (all architectures)
 
 
 def declare_parallel_for(module: llir.Module) -> llir.Function:
@@ -63,7 +85,8 @@ class _PoolBuilder:
         self.module, self.triple = module, triple
         self.sync = {name: self.global_bytes(name) for name in ("mutex", "work", "done", "busy")}
         self.word = {name: self.global_word(name) for name in
-                     ("workers", "generation", "ticket", "remaining", "count", "grain", "threads", "owner")}
+                     ("workers", "generation", "ticket", "remaining", "count", "grain", "threads", "owner",
+                      "caller_cpu", "cpus", "poll")}
         self.pointer = {name: self.global_pointer(name) for name in ("body", "ctx")}
         self.libc = {
             "lock": self.extern("pthread_mutex_lock", I32, [PTR]),
@@ -75,6 +98,11 @@ class _PoolBuilder:
             "create": self.extern("pthread_create", I32, [PTR, PTR, PTR, PTR]),
             "detach": self.extern("pthread_detach", I32, [I64]),
             "getpid": self.extern("getpid", I32, []),
+            "clock": self.extern("clock_gettime", I32, [I32, PTR]),
+            "getcpu": self.extern("sched_getcpu", I32, []),
+            "yield": self.extern("sched_yield", I32, []),
+            "getaffinity": self.extern("sched_getaffinity", I32, [I32, I64, PTR]),
+            "setaffinity": self.extern("sched_setaffinity", I32, [I32, I64, PTR]),
         }
 
     # Declarations ---------------------------------------------------------------------------
@@ -113,8 +141,8 @@ class _PoolBuilder:
 
     def define(self):
         claim = self.claim()
-        grow = self.grow(self.worker(claim))
-        self.entry(grow, self.reset_after_fork(), claim)
+        grow = self.grow(self.worker(claim, self.leave_cpu()))
+        self.entry(grow, self.reset_after_fork(), claim, self.count_cpus())
 
     # Pieces ----------------------------------------------------------------------------------
     def call(self, b: llir.IRBuilder, name: str, *args):
@@ -140,21 +168,42 @@ class _PoolBuilder:
         b.branch(check)
         b.position_at_end(after)
 
-    def poll_while(self, b: llir.IRBuilder, fn: llir.Function, condition, polls: int, name: str):
-        """Spin (mutex not held) while `condition(b)` is true, at most `polls` pauses."""
+    def now(self, b: llir.IRBuilder) -> llir.Value:
+        """Nanoseconds on the monotonic clock (clock_gettime: a vDSO call, no system call)."""
+        with b.goto_entry_block():          # an alloca in a loop would grow the stack every turn
+            timespec = b.alloca(llir.ArrayType(I64, 2), name="timespec")
+        self.call(b, "clock", llir.Constant(I32, CLOCK_MONOTONIC), timespec)
+        seconds, nanoseconds = (b.load(b.gep(timespec, [ZERO, llir.Constant(I32, i)]), typ=I64) for i in (0, 1))
+        return b.add(b.mul(seconds, llir.Constant(I64, 1_000_000_000)), nanoseconds)
+
+    def poll_while(self, b: llir.IRBuilder, fn: llir.Function, condition, nanoseconds: llir.Value, name: str,
+                   yields: llir.Value):
+        """Spin (mutex not held) while `condition(b)` is true, for at most `nanoseconds`, looking at
+        the clock every PAUSES_PER_CLOCK pauses; where `yields` (an i1) is true, also yield the CPU
+        to any thread queued on it at each look from YIELD_AFTER_NS on."""
+        start = self.now(b)
+        deadline, yield_from = b.add(start, nanoseconds), b.add(start, llir.Constant(I64, YIELD_AFTER_NS))
         pre = b.block
         check = fn.append_basic_block(f"{name}.poll")
         spin = fn.append_basic_block(f"{name}.pause")
+        tick = fn.append_basic_block(f"{name}.tick")
         after = fn.append_basic_block(f"{name}.polled")
         b.branch(check)
         b.position_at_end(check)
-        left = b.phi(I64)
-        left.add_incoming(llir.Constant(I64, polls), pre)
-        b.cbranch(b.and_(b.icmp_signed(">", left, ZERO), condition(b)), spin, after)
+        pauses = b.phi(I64)
+        pauses.add_incoming(ZERO, pre)
+        b.cbranch(condition(b), spin, after)
         b.position_at_end(spin)
         self.pause(b)
-        left.add_incoming(b.sub(left, ONE), spin)
-        b.branch(check)
+        more = b.add(pauses, ONE)
+        pauses.add_incoming(more, spin)
+        b.cbranch(b.icmp_unsigned("==", b.and_(more, llir.Constant(I64, PAUSES_PER_CLOCK - 1)), ZERO), tick, check)
+        b.position_at_end(tick)
+        now = self.now(b)
+        with b.if_then(b.and_(b.icmp_signed(">=", now, yield_from), yields)):
+            self.call(b, "yield")
+        pauses.add_incoming(more, b.block)
+        b.cbranch(b.icmp_signed("<", now, deadline), check, after)
         b.position_at_end(after)
 
     def claim(self) -> llir.Function:
@@ -190,29 +239,80 @@ class _PoolBuilder:
         b.ret_void()
         return fn
 
-    def worker(self, claim: llir.Function) -> llir.Function:
+    def count_cpus(self) -> llir.Function:
+        """count_cpus(): the CPUs this process may run on (its affinity mask; 1 if unreadable)."""
+        fn = llir.Function(self.module, llir.FunctionType(I64, []), name="looptool_pool.count_cpus")
+        fn.linkage = "internal"
+        b = llir.IRBuilder(fn.append_basic_block("entry"))
+        mask = b.alloca(llir.ArrayType(I64, CPU_SET_BYTES // 8), name="mask")
+        read = self.call(b, "getaffinity", llir.Constant(I32, 0), llir.Constant(I64, CPU_SET_BYTES), mask)
+        with b.if_then(b.icmp_signed("!=", read, llir.Constant(I32, 0))):
+            b.ret(ONE)
+        popcount = self.extern("llvm.ctpop.i64", I64, [I64])
+        total = ZERO
+        for word in range(CPU_SET_BYTES // 8):
+            bits = b.load(b.gep(mask, [ZERO, llir.Constant(I32, word)]), typ=I64)
+            total = b.add(total, b.call(popcount, [bits]))
+        b.ret(total)
+        return fn
+
+    def leave_cpu(self) -> llir.Function:
+        """leave_cpu(cpu): if this thread runs on `cpu`, move to another CPU it may run on (its
+        affinity mask without `cpu`, then the mask restored: the kernel places it, on an idle CPU
+        if there is one).  A worker woken onto its caller's CPU (the kernel does that when it finds
+        no idle CPU at once) would otherwise share it with the caller for the whole call."""
+        fn = llir.Function(self.module, llir.FunctionType(VOID, [I64]), name="looptool_pool.leave_cpu")
+        fn.linkage = "internal"
+        cpu = fn.args[0]
+        b = llir.IRBuilder(fn.append_basic_block("entry"))
+        mask_type = llir.ArrayType(I64, CPU_SET_BYTES // 8)
+        mask, others = b.alloca(mask_type, name="mask"), b.alloca(mask_type, name="others")
+        size = llir.Constant(I64, CPU_SET_BYTES)
+        here = b.sext(self.call(b, "getcpu"), I64)
+        shared = b.and_(b.icmp_unsigned("==", here, cpu), b.icmp_unsigned("<", cpu, llir.Constant(I64, 8 * CPU_SET_BYTES)))
+        with b.if_then(shared):
+            read = self.call(b, "getaffinity", llir.Constant(I32, 0), size, mask)
+            with b.if_then(b.icmp_signed("==", read, llir.Constant(I32, 0))):
+                b.store(b.load(mask, typ=mask_type), others)
+                word = b.gep(others, [ZERO, b.lshr(cpu, llir.Constant(I64, 6))])
+                bit = b.shl(ONE, b.and_(cpu, llir.Constant(I64, 63)))
+                b.store(b.and_(b.load(word, typ=I64), b.not_(bit)), word)
+                moved = self.call(b, "setaffinity", llir.Constant(I32, 0), size, others)
+                with b.if_then(b.icmp_signed("==", moved, llir.Constant(I32, 0))):
+                    self.call(b, "setaffinity", llir.Constant(I32, 0), size, mask)
+        b.ret_void()
+        return fn
+
+    def worker(self, claim: llir.Function, leave_cpu: llir.Function) -> llir.Function:
         """Poll, then sleep, until a new generation is posted; claim blocks of it if this worker
-        takes part; repeat."""
+        takes part; repeat.  A worker left out of a loop (a loop on fewer threads than the pool
+        has) is likely left out of the next one too: it sleeps at once instead of polling."""
         fn = llir.Function(self.module, llir.FunctionType(PTR, [PTR]), name="looptool_pool.worker")
         fn.linkage = "internal"
         b = llir.IRBuilder(fn.append_basic_block("entry"))
         packed = b.ptrtoint(fn.args[0], I64)
         index = b.and_(packed, llir.Constant(I64, (1 << INDEX_BITS) - 1))
-        seen = b.alloca(I64, name="seen")
+        seen, poll = b.alloca(I64, name="seen"), b.alloca(I64, name="poll")
         b.store(b.lshr(packed, llir.Constant(I64, INDEX_BITS)), seen)
+        b.store(llir.Constant(I64, WORKER_POLL_NS), poll)
         loop = fn.append_basic_block("loop")
         b.branch(loop)
         b.position_at_end(loop)
+        poll_ns = b.load(poll, typ=I64)
         self.poll_while(b, fn, lambda b: b.icmp_unsigned("==", self.get_atomic(b, "generation"),
-                                                          b.load(seen, typ=I64)), WORKER_POLLS, "job")
+                                                          b.load(seen, typ=I64)), poll_ns, "job",
+                        b.icmp_signed(">=", poll_ns, llir.Constant(I64, WORKER_POLL_SPARE_NS)))
         self.call(b, "lock", self.sync["mutex"])
         self.wait_while(b, fn, lambda b: b.icmp_unsigned("==", self.get(b, "generation"), b.load(seen, typ=I64)),
                         "work", "job")
         job = [self.get(b, name) for name in ("generation", "body", "ctx", "count", "grain")]
         b.store(job[0], seen)
         takes_part = b.icmp_unsigned("<", index, self.get(b, "threads"))
+        caller_cpu = self.get(b, "caller_cpu")
+        b.store(b.select(takes_part, self.get(b, "poll"), ZERO), poll)
         self.call(b, "unlock", self.sync["mutex"])
         with b.if_then(takes_part):
+            b.call(leave_cpu, [caller_cpu])
             b.call(claim, job)
         b.branch(loop)
         return fn
@@ -227,7 +327,7 @@ class _PoolBuilder:
         with b.if_then(b.icmp_unsigned("!=", pid, self.get(b, "owner"))):
             for var in self.sync.values():
                 b.store(llir.Constant(var.value_type, None), var)
-            for name in ("workers", "remaining"):
+            for name in ("workers", "remaining", "cpus"):
                 b.store(ZERO, self.word[name])
             b.store(pid, self.word["owner"])
         b.ret_void()
@@ -260,7 +360,16 @@ class _PoolBuilder:
         b.ret(self.get(b, "workers"))
         return fn
 
-    def entry(self, grow: llir.Function, reset_after_fork: llir.Function, claim: llir.Function) -> llir.Function:
+    def worker_poll(self, b: llir.IRBuilder, threads: llir.Value, count_cpus: llir.Function) -> llir.Value:
+        """How long workers poll after a loop on `threads` threads (mutex held; the process's CPUs
+        are counted on its first loop)."""
+        with b.if_then(b.icmp_unsigned("==", self.get(b, "cpus"), ZERO)):
+            b.store(b.call(count_cpus, []), self.word["cpus"])
+        spare = b.icmp_signed("<=", b.mul(threads, llir.Constant(I64, 2)), self.get(b, "cpus"))
+        return b.select(spare, llir.Constant(I64, WORKER_POLL_SPARE_NS), llir.Constant(I64, WORKER_POLL_NS))
+
+    def entry(self, grow: llir.Function, reset_after_fork: llir.Function, claim: llir.Function,
+              count_cpus: llir.Function) -> llir.Function:
         """`looptool_parallel_for`: post the loop, claim blocks of it, wait until every block is done."""
         fn = llir.Function(self.module, ENTRY_TYPE, name=ENTRY)
         body, ctx, count, threads = fn.args
@@ -286,7 +395,9 @@ class _PoolBuilder:
         parts = b.select(b.icmp_signed("<", available, threads), available, threads)
         grain = b.sdiv(count, b.mul(parts, llir.Constant(I64, CHUNKS_PER_THREAD)))
         grain = b.select(b.icmp_signed("<", grain, ONE), ONE, grain)
-        for name, value in (("count", count), ("grain", grain), ("threads", parts)):
+        caller_cpu = b.sext(self.call(b, "getcpu"), I64)
+        for name, value in (("count", count), ("grain", grain), ("threads", parts), ("caller_cpu", caller_cpu),
+                            ("poll", self.worker_poll(b, parts, count_cpus))):
             b.store(value, self.word[name])
         b.store(body, self.pointer["body"])
         b.store(ctx, self.pointer["ctx"])
@@ -298,7 +409,7 @@ class _PoolBuilder:
         self.call(b, "unlock", self.sync["mutex"])
         b.call(claim, [generation, body, ctx, count, grain])
         self.poll_while(b, fn, lambda b: b.icmp_unsigned("!=", self.get_atomic(b, "remaining"), ZERO),
-                        CALLER_POLLS, "finish")
+                        llir.Constant(I64, CALLER_POLL_NS), "finish", llir.Constant(llir.IntType(1), 1))
         self.call(b, "lock", self.sync["mutex"])
         self.wait_while(b, fn, lambda b: b.icmp_unsigned("!=", self.get_atomic(b, "remaining"), ZERO),
                         "done", "finish")

@@ -2,6 +2,7 @@
 import ctypes
 import os
 import threading
+import time
 
 import llvmlite.binding as llvm
 import numpy as np
@@ -107,5 +108,49 @@ def test_forked_child_starts_its_own_workers(parallel_matmul):
     pid = os.fork()
     if pid == 0:
         os._exit(0 if np.array_equal(kernel(arrays), expected) else 3)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def allowed_cpus_of_threads() -> dict[str, str]:
+    """Each thread of this process: its Cpus_allowed_list from /proc."""
+    allowed = {}
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/status") as status:
+            allowed[tid] = next(line.split()[1] for line in status if line.startswith("Cpus_allowed_list"))
+    return allowed
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")
+def test_workers_keep_the_process_cpus_after_moving_off_the_callers(parallel_matmul):
+    """A worker that leaves its caller's CPU narrows its affinity only for the move: afterwards
+    every thread may run on every CPU the process may."""
+    c, tree, arrays, ref = parallel_matmul
+    lt.set_num_threads(4)
+    kernel = c.compile(tree)
+    for _ in range(50):
+        kernel(arrays)
+    process = allowed_cpus_of_threads()[str(os.getpid())]
+    for _ in range(1000):       # a worker that woke after the last block may still be moving
+        if set(allowed_cpus_of_threads().values()) == {process}:
+            break
+        time.sleep(0.001)
+    assert set(allowed_cpus_of_threads().values()) == {process}
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or not hasattr(os, "sched_setaffinity"), reason="needs fork and affinity")
+def test_one_allowed_cpu_still_runs_every_block(parallel_matmul):
+    """With one CPU allowed a woken worker has nowhere to move (the kernel refuses the empty mask):
+    it shares the CPU and the result is still the serial one."""
+    c, tree, arrays, ref = parallel_matmul
+    lt.set_num_threads(3)
+    kernel = c.compile(tree)
+    expected = kernel(arrays).copy()
+    pid = os.fork()
+    if pid == 0:
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+        same = all(np.array_equal(kernel(arrays), expected) for _ in range(20))
+        one_cpu = len(set(allowed_cpus_of_threads().values())) == 1
+        os._exit(0 if same and one_cpu else 3)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
