@@ -62,6 +62,15 @@ def cupy_or_skip():
     return cp
 
 
+def hopper_or_skip(what: str):
+    """CuPy, where the GPU is a Hopper (sm_90: wgmma, TMA); else a skip saying `what` needs one."""
+    from looptool.runtime import gpu as runtime_gpu
+    cp = cupy_or_skip()
+    if runtime_gpu.device_arch() not in codegen_gpu.WGMMA_ARCHS:
+        pytest.skip(f"{what} needs a Hopper GPU (sm_90); this one is {runtime_gpu.device_arch()}")
+    return cp
+
+
 def assert_refused(t, *words):
     """The legality check and the GPU code generator both refuse `t`, with a reason naming `words`."""
     legal, reason = t.check()

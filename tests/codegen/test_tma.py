@@ -13,7 +13,7 @@ import looptool as lt
 from looptool.analysis.tma import BulkCopy
 from looptool.codegen import gpu
 from tests.codegen.test_wgmma import contraction
-from tests.gpu_helpers import assert_refused
+from tests.gpu_helpers import assert_refused, hopper_or_skip
 from tests.helpers import assert_close, mentions
 from tuner import space
 
@@ -81,11 +81,7 @@ def test_tma_copies_what_wgmma_reads_and_nothing_else(rng):
 @pytest.mark.parametrize("block, groups, stages", [((128, 128), (2, 1), 2), ((128, 256), (2, 1), 4)])
 def test_tma_pipelines_run_on_hopper_with_tails(rng, dtype, block, groups, stages):
     """m ends in a partial block (TMA fills what lies outside the inputs with zeros)."""
-    from looptool.runtime import gpu as runtime_gpu
-    from tests.gpu_helpers import cupy_or_skip
-    cp = cupy_or_skip()
-    if runtime_gpu.device_arch() not in gpu.WGMMA_ARCHS:
-        pytest.skip(f"TMA and wgmma need a Hopper GPU (sm_90); this one is {runtime_gpu.device_arch()}")
+    cp = hopper_or_skip("TMA with wgmma")
     c, ref = contraction(rng, dtype, m=192, k=320, n=512)
     t = space.wgmma_tiled(c.loop_tree(), "t0", block, groups, 64, stages, "tma")
     assert_close(cp.asnumpy(c.cuda(t)), ref, 1e-5)

@@ -11,7 +11,7 @@ import pytest
 import looptool as lt
 from looptool.analysis.tensorize import SharedOperand
 from looptool.codegen import gpu
-from tests.gpu_helpers import assert_refused
+from tests.gpu_helpers import assert_refused, hopper_or_skip
 from tests.helpers import assert_close, mentions
 from tuner import space
 
@@ -122,10 +122,6 @@ def test_half_precision_wgmma_schedules_run_on_the_cpu_with_tails_of_whole_tiles
 @pytest.mark.parametrize("block, groups, stages", [((128, 128), (2, 1), 0), ((128, 256), (1, 2), 4)])
 def test_warpgroup_tiles_run_on_hopper(rng, dtype, block, groups, stages):
     """Products of half-precision inputs are exact in float32: only float32 accumulation error is left."""
-    from looptool.runtime import gpu as runtime_gpu
-    from tests.gpu_helpers import cupy_or_skip
-    cp = cupy_or_skip()
-    if runtime_gpu.device_arch() not in gpu.WGMMA_ARCHS:
-        pytest.skip(f"wgmma needs a Hopper GPU (sm_90); this one is {runtime_gpu.device_arch()}")
+    cp = hopper_or_skip("wgmma")
     c, ref = contraction(rng, dtype, m=192, k=192, n=512)
     assert_close(cp.asnumpy(c.cuda(space.wgmma_tiled(c.loop_tree(), "t0", block, groups, 64, stages))), ref, 1e-5)

@@ -79,15 +79,21 @@ def _synthetic_study(storage, name, case, trials, sampler, target="cpu:test", co
     study.set_user_attr("structure", costmodel.structure_key(program))
     study.set_user_attr("sizes", dict(program.sizes))
 
+    study.optimize(_measured(tree, lambda drawn, params: cost(drawn)), n_trials=trials)
+    return study
+
+
+def _measured(tree, cost):
+    """An objective that draws a schedule of `tree`, keeps its features as tune() does and returns
+    cost(schedule, params); a draw the space refuses is pruned."""
     def objective(trial):
         try:
             drawn = draw_schedule(trial, tree, 1, "cpu")
         except space.InvalidDraw as err:
             raise optuna.TrialPruned(str(err)) from None
         trial.set_user_attr("features", costmodel.describe(drawn, 1))
-        return cost(drawn)
-    study.optimize(objective, n_trials=trials)
-    return study
+        return cost(drawn, trial.params)
+    return objective
 
 
 def _costmodel_sampler(case, seed, prior=None):
@@ -117,16 +123,10 @@ def test_a_cold_sampler_measures_better_schedules_first_than_random_draws():
     centre = space.automatic_params(tree.program, 1)
     moved = sorted(centre)[0]
 
-    def cost(params: dict) -> float:
+    def cost(drawn, params: dict) -> float:
         return 1.0 + sum(params.get(k) != v for k, v in centre.items() if k != moved) + (params.get(moved) == centre[moved])
 
-    def objective(trial):
-        try:
-            drawn = draw_schedule(trial, tree, 1, "cpu")
-        except space.InvalidDraw as err:
-            raise optuna.TrialPruned(str(err)) from None
-        trial.set_user_attr("features", costmodel.describe(drawn, 1))
-        return cost(trial.params)
+    objective = _measured(tree, cost)
     first = costmodel.MIN_TRAINING
     for seed in range(3):
         sampler = costmodel.CostModelSampler(lambda trial: draw_schedule(trial, tree, 1, "cpu"), 1, seed,
