@@ -24,6 +24,7 @@ As measured trials arrive the model's predictions separate and decide more of th
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import math
@@ -52,7 +53,7 @@ COMPLETE = optuna.trial.TrialState.COMPLETE
 log = logging.getLogger("looptool.tuner")
 
 
-DESCRIBED_LIMIT = 4096      # feature vectors remembered per process
+DESCRIBED_LIMIT = 512       # feature vectors remembered per process: three rounds of candidates (about 164 each)
 _DESCRIBED = BoundedMemo(DESCRIBED_LIMIT)
 
 
@@ -187,13 +188,11 @@ class Prior:
 
     data: TrainingSet = field(default_factory=TrainingSet)
     seeds: list = field(default_factory=list)
-    _model: CostModel | None = None
 
+    @functools.cached_property
     def model(self) -> CostModel:
         """The model of the transferred trials alone (trained once)."""
-        if self._model is None:
-            self._model = CostModel().fit(self.data)
-        return self._model
+        return CostModel().fit(self.data)
 
     def trust(self, own: TrainingSet) -> float:
         """How well the transferred trials' model ranks the study's own measured trials: Spearman's
@@ -201,8 +200,10 @@ class Prior:
         all alike); 1 while there are fewer than MIN_TRAINING own trials or their times are all equal
         (no evidence against it yet)."""
         from scipy.stats import spearmanr
-        predicted = self.model().predict(own.rows)
-        if predicted is None or len(own) < MIN_TRAINING or len(set(own.targets)) < 2:
+        if len(own) < MIN_TRAINING or len(set(own.targets)) < 2:
+            return 1.0
+        predicted = self.model.predict(own.rows)
+        if predicted is None:
             return 1.0
         if len(set(predicted)) < 2:
             return 0.0                   # it cannot tell the study's schedules apart

@@ -196,7 +196,7 @@ def test_a_model_warm_started_from_another_shape_ranks_the_new_one():
     _synthetic_study(storage, "old", matmul_case(64, 48, 96), 60, optuna.samplers.RandomSampler(seed=0))
     new = matmul_case(48, 64, 80)
     prior = costmodel.prior_from_storage(storage, "new", "cpu:test", new.tensor.loop_tree().program)
-    assert _ranking(prior.model(), _candidates(new.tensor.loop_tree(), 40, seed=1)) >= 0.7
+    assert _ranking(prior.model, _candidates(new.tensor.loop_tree(), 40, seed=1)) >= 0.7
 
 
 def test_transferred_trials_that_rank_the_study_wrongly_are_left_out():
