@@ -39,9 +39,10 @@ import optuna
 
 import looptool as lt
 from bench import workloads as bench_workloads
-from looptool import ir, runtime
+from looptool import autoschedule, ir, runtime
+from looptool.analysis.target import host
 from looptool.schedule import LoopTree, Schedule
-from tuner import costmodel, space
+from tuner import costmodel
 from tuner import study as tuner_study
 
 HERE = Path(__file__).parent
@@ -112,20 +113,20 @@ def run(names: list[str], trials: int, seeds: list[int], repeats: int, keep: str
     runs: dict[tuple[str, str, int], optuna.Study] = {}
     with contextlib.nullcontext(keep) if keep else tempfile.TemporaryDirectory() as tmp:
         for name in names:
-            storage = f"sqlite:///{tmp}/{name}.sqlite"
+            storage = storage_url(tmp, name)
             for sampler in cold:
                 for seed in seeds:
                     runs[name, sampler, seed] = tune_run(tensor_of(name), storage, f"{sampler}-{seed}", sampler,
                                                          seed, trials, repeats, from_automatic)
                     print(name, sampler, seed, runs[name, sampler, seed].best_value, flush=True)
         for name in names if "costmodel-warm" in samplers else ():
-            warm = f"sqlite:///{tmp}/warm-{name}.sqlite"
+            warm = storage_url(tmp, name, warm=True)
             for other in names:
                 for sampler in cold:
                     for seed in seeds:
                         if other != name:
                             optuna.copy_study(from_study_name=f"{sampler}-{seed}",
-                                              from_storage=f"sqlite:///{tmp}/{other}.sqlite", to_storage=warm,
+                                              from_storage=storage_url(tmp, other), to_storage=warm,
                                               to_study_name=f"{other}-{sampler}-{seed}")
             for seed in seeds:
                 runs[name, "costmodel-warm", seed] = tune_run(tensor_of(name), warm, f"costmodel-warm-{seed}",
@@ -140,9 +141,15 @@ def load_runs(directory: str, names: list[str], seeds: list[int], samplers: tupl
     for name in names:
         for sampler in samplers:
             for seed in seeds:
-                storage = f"sqlite:///{directory}/{'warm-' if sampler == 'costmodel-warm' else ''}{name}.sqlite"
+                storage = storage_url(directory, name, warm=sampler == "costmodel-warm")
                 runs[name, sampler, seed] = optuna.load_study(study_name=f"{sampler}-{seed}", storage=storage)
     return runs
+
+
+def storage_url(directory: str, name: str, warm: bool = False) -> str:
+    """The SQLite storage of a workload's studies in a run's directory (the warm-started ones apart,
+    with the other workloads' studies copied in)."""
+    return f"sqlite:///{directory}/{'warm-' if warm else ''}{name}.sqlite"
 
 
 def remeasure(name: str, schedules: dict[str, str | None], repeats: int) -> dict[str, float]:
@@ -151,14 +158,11 @@ def remeasure(name: str, schedules: dict[str, str | None], repeats: int) -> dict
     a warm-up run; the fastest round's median (a round of a few hundred schedules takes long enough
     for the load of a shared machine to change within it, and load only slows a kernel down)."""
     program, arrays = ir.lower(tensor_of(name).node)
-    tree = LoopTree(program)
     kernels = {}
     for label, text in schedules.items():
-        if text is None:
-            automatic = costmodel.ParamDraw(np.random.default_rng(0), space.automatic_params(program, 1))
-            kernels[label] = runtime.Kernel(space.sample(automatic, tree, 1), 1)
-        else:
-            kernels[label] = runtime.Kernel(LoopTree(program, Schedule.from_json(text, program)), 1)
+        tree = autoschedule.auto_tree(program, host().with_cores(1)) if text is None else \
+            LoopTree(program, Schedule.from_json(text, program))
+        kernels[label] = runtime.Kernel(tree, 1)
     rounds: dict[str, list[float]] = {label: [] for label in kernels}
     for _ in range(REMEASURE_ROUNDS):
         for label, kernel in kernels.items():
