@@ -188,8 +188,7 @@ def launch_dims(node) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     for current in _loop_nodes([node]):
         loop = current.loop
         if loop.annotation in GPU_AXES:
-            warps = 4 if counts_warpgroups(current) else 1
-            extents[loop.annotation] = max(extents[loop.annotation], loop.extent * warps)
+            extents[loop.annotation] = max(extents[loop.annotation], loop.extent * _threads_per_value(current))
         if tensor_role(loop):
             extents["thread.x"] = WARP         # the lanes of the warps that run its tiles
             if is_warpgroup(tensor_role(loop)[0]):
@@ -200,6 +199,12 @@ def launch_dims(node) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
         raise ValueError(f"a GPU block of {block[0]}x{block[1]}x{block[2]} threads exceeds the 1024-thread limit; "
                          f"split the thread-bound loops")
     return grid, block
+
+
+def _threads_per_value(node: LoopNode) -> int:
+    """Threads along its axis that one value of a GPU-bound loop takes: 4 for a loop over
+    warpgroups, else 1."""
+    return 4 if counts_warpgroups(node) else 1
 
 
 def counts_warpgroups(node: LoopNode) -> bool:
@@ -239,7 +244,6 @@ class _GpuBuilder(FunctionBuilder):
                  dynamic: bool = False):
         super().__init__(tree, fn, pointers, threads=1)
         self.block = block
-        self.warps = block[1] * block[2] if block[0] == WARP else None   # wgmma kernels: thread.x is a warp's lanes
         self.tiles = tiles
         self.bulk_copies = copies
         self.dynamic = dynamic
@@ -344,8 +348,7 @@ class _GpuBuilder(FunctionBuilder):
             return
         self.allocate_placed(node)
         kind, dim = axis.split(".")
-        register = self.declare(f"llvm.nvvm.read.ptx.sreg.{SREG[kind]}.{dim}", llir.IntType(32), [])
-        value = self.builder.zext(self.builder.call(register, []), I64)
+        value = self.builder.zext(self.special_register(f"{SREG[kind]}.{dim}"), I64)
         if counts_warpgroups(node):
             value = self.builder.lshr(value, llir.Constant(I64, 2))
         inside = {**env, node.loop.name: value}
@@ -374,9 +377,8 @@ class _GpuBuilder(FunctionBuilder):
         serialize them). Other loops keep theirs: without it, LLVM moved a float32 register tile to
         local memory."""
         kind, _, axis = node.loop.annotation.partition(".")
-        warps = 4 if counts_warpgroups(node) else 1
         return kind == "thread" and _holds_wgmma(node.body) and isinstance(count, llir.Constant) \
-            and count.constant * warps == self.block["xyz".index(axis)]
+            and count.constant * _threads_per_value(node) == self.block["xyz".index(axis)]
 
     # Pipelines: cp.async or TMA copies into rotating shared buffers ------------------------------
     def pipelined(self, node: LoopNode, env: dict, stages: int, in_flight: int):
@@ -429,7 +431,8 @@ class _GpuBuilder(FunctionBuilder):
         warp's first lane marks its buffer empty; once the buffer of the copies `plan.ahead` iterations
         ahead is empty (that batch's, where it stayed in flight), the first thread issues them."""
         full = self.mbarriers(plan.stages, f"{plan.loop}.full", 1)
-        empty = self.mbarriers(plan.stages, f"{plan.loop}.empty", self.warps)
+        warps = self.block[1] * self.block[2]          # thread.x is a warp's 32 lanes where wgmma runs
+        empty = self.mbarriers(plan.stages, f"{plan.loop}.empty", warps)
         for iteration in range(plan.ahead):
             self.issue_copies(plan, {**env, plan.loop: llir.Constant(I64, iteration)}, full)
 
@@ -574,9 +577,13 @@ class _GpuBuilder(FunctionBuilder):
         b = self.builder
         index = llir.Constant(I32, 0)
         for axis in axes:
-            index = b.or_(index, b.call(self.declare(f"llvm.nvvm.read.ptx.sreg.tid.{axis}", I32, []), []))
+            index = b.or_(index, self.special_register(f"tid.{axis}"))
         self.inline(f"{{ .reg .pred leader; .reg .b64 state; setp.eq.u32 leader, ${len(operands)}, 0; @leader {ptx} }}",
                     [*operands, index])
+
+    def special_register(self, name: str) -> llir.Value:
+        """The 32-bit PTX special register `name` ('tid.x', 'ctaid.y', ...) read here."""
+        return self.builder.call(self.declare(f"llvm.nvvm.read.ptx.sreg.{name}", I32, []), [])
 
     def shared_address(self, pointer: llir.Value) -> llir.Value:
         """A generic pointer into shared memory as a 32-bit shared-space address."""
@@ -844,10 +851,10 @@ class _GpuBuilder(FunctionBuilder):
         """The thread's index in the warp (0-31) or, for wgmma, in the warpgroup (0-127: the warp is
         thread.y mod 4)."""
         b = self.builder
-        lane = b.zext(b.call(self.declare("llvm.nvvm.read.ptx.sreg.tid.x", I32, []), []), I64)
+        lane = b.zext(self.special_register("tid.x"), I64)
         if not is_warpgroup(instruction):
             return lane
-        warp = b.zext(b.call(self.declare("llvm.nvvm.read.ptx.sreg.tid.y", I32, []), []), I64)
+        warp = b.zext(self.special_register("tid.y"), I64)
         return b.add(lane, b.shl(b.and_(warp, llir.Constant(I64, 3)), llir.Constant(I64, 5)))
 
     def lane_place(self, lane: llir.Value) -> tuple[llir.Value, llir.Value]:
