@@ -2,7 +2,7 @@
 (`pipeline(..., copier='tma')`): one thread issues each tile's bulk tensor copies, which complete on
 the buffer's mbarrier; buffers are handed back through a second mbarrier instead of a barrier per k
 tile. PTX structure, tensor-map boxes and refusals are checked on any machine; the schedules run as
-plain loops on the CPU against NumPy float64, and on a Hopper GPU where there is one."""
+plain loops on the CPU against NumPy float64, and on a Hopper GPU where there is one (in test_wgmma.py)."""
 import re
 from collections import Counter
 
@@ -13,7 +13,7 @@ import looptool as lt
 from looptool.analysis.tma import BulkCopy
 from looptool.codegen import gpu
 from tests.codegen.test_wgmma import contraction
-from tests.gpu_helpers import assert_refused, hopper_or_skip
+from tests.gpu_helpers import assert_refused
 from tests.helpers import assert_close, mentions
 from tuner import space
 
@@ -75,13 +75,3 @@ def test_tma_copies_what_wgmma_reads_and_nothing_else(rng):
     with pytest.raises(ValueError, match=mentions("copier", "('cp.async', 'tma')", "'bulk'")):
         c.loop_tree().pipeline("k", 2, copier="bulk")
 
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [lt.bfloat16, lt.float16], ids=["bf16", "f16"])
-@pytest.mark.parametrize("block, groups, stages", [((128, 128), (2, 1), 2), ((128, 256), (2, 1), 4)])
-def test_tma_pipelines_run_on_hopper_with_tails(rng, dtype, block, groups, stages):
-    """m ends in a partial block (TMA fills what lies outside the inputs with zeros)."""
-    cp = hopper_or_skip("TMA with wgmma")
-    c, ref = contraction(rng, dtype, m=192, k=320, n=512)
-    t = space.wgmma_tiled(c.loop_tree(), "t0", block, groups, 64, stages, "tma")
-    assert_close(cp.asnumpy(c.cuda(t)), ref, 1e-5)
