@@ -106,5 +106,7 @@ def _along(index: ir.Affine, varying: set[str]) -> str | None:
     coeffs = {d: c for d, c in index.coeffs().items() if d in varying}
     if not coeffs:
         return None
-    (dim, coeff), = coeffs.items() if len(coeffs) == 1 else (("", 0),)
+    if len(coeffs) > 1:
+        return ""
+    (dim, coeff), = coeffs.items()
     return dim if coeff == 1 else ""

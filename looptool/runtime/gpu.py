@@ -14,9 +14,10 @@ import functools
 import numpy as np
 
 from .. import ir
-from ..analysis.tma import BulkCopy
+from ..analysis.tma import GLOBAL_ALIGN, BulkCopy
 from ..codegen import gpu as codegen_gpu
 from ..frontend import dtypes
+from ..memo import BoundedMemo
 from ..schedule import LoopTree
 from . import tuning_db
 from .cache import KernelCache
@@ -179,7 +180,7 @@ class GpuKernel:
         self.module = codegen_gpu.generate(tree, self.arch)
         self.ptx, self.llvm_ir = self.module.ptx, self.module.llvm_ir
         self._loaded = {True: self._load(self.module)}
-        self._tensor_maps: dict[tuple[int, ...], object] = {}
+        self._tensor_maps = BoundedMemo(TENSOR_MAP_CACHE)
 
     @staticmethod
     def _load(module: codegen_gpu.GpuModule):
@@ -232,18 +233,17 @@ class GpuKernel:
     def tensor_maps(self, copies: tuple[BulkCopy, ...], memory: dict):
         """The device array of the TMA copies' tensor maps for these inputs (kept by their addresses)."""
         pointers = tuple(memory[copy.source].data.ptr for copy in copies)
-        if pointers not in self._tensor_maps:
-            for copy, pointer in zip(copies, pointers):
-                if pointer % 16:
-                    raise ValueError(f"input {copy.source} starts at address {pointer:#x}, not 16-byte aligned: this "
-                                     f"kernel copies it with TMA, which needs aligned tensors (pass a fresh array)")
-            plans = [self.tree.buffers[copy.source] for copy in copies]
-            encoded = b"".join(tensor_map(copy, pointer, plan.shape, plan.strides, memory[copy.source].itemsize)
-                               for copy, pointer, plan in zip(copies, pointers, plans))
-            if len(self._tensor_maps) >= TENSOR_MAP_CACHE:
-                self._tensor_maps.clear()
-            self._tensor_maps[pointers] = cupy().asarray(np.frombuffer(encoded, dtype=np.uint8))
-        return self._tensor_maps[pointers]
+        return self._tensor_maps.get(pointers, lambda: self._encode_tensor_maps(copies, pointers, memory))
+
+    def _encode_tensor_maps(self, copies: tuple[BulkCopy, ...], pointers: tuple[int, ...], memory: dict):
+        for copy, pointer in zip(copies, pointers):
+            if pointer % GLOBAL_ALIGN:
+                raise ValueError(f"input {copy.source} starts at address {pointer:#x}, not {GLOBAL_ALIGN}-byte aligned: "
+                                 f"this kernel copies it with TMA, which needs aligned tensors (pass a fresh array)")
+        plans = [self.tree.buffers[copy.source] for copy in copies]
+        encoded = b"".join(tensor_map(copy, pointer, plan.shape, plan.strides, memory[copy.source].itemsize)
+                           for copy, pointer, plan in zip(copies, pointers, plans))
+        return cupy().asarray(np.frombuffer(encoded, dtype=np.uint8))
 
 
 CACHE = KernelCache(GpuKernel, device_arch)
