@@ -155,6 +155,8 @@ def workloads(scale: float):
                                                                                           as_stored=("in0",)),
                                    "128x128x16, A as stored, cp.async 3 stages": pipelined(3, k_tile=16,
                                                                                           as_stored=("in0",)),
+                                   "128x128x32, A as stored, cp.async 2 stages": pipelined(2, k_tile=32,
+                                                                                          as_stored=("in0",)),
                                    "128x128x32, A as stored, cp.async 3 stages": pipelined(3, k_tile=32,
                                                                                           as_stored=("in0",)),
                                    "128x128x16, k unrolled, cp.async 3 stages": pipelined(3, k_tile=16),

@@ -76,6 +76,7 @@ GPU_THREADS_X = (8, 16, 32, 64, 128)
 GPU_THREADS_Y = (1, 2, 4, 8, 16, 32)
 GPU_REGISTER_TILE = (1, 2, 4, 8)
 GPU_K_TILE = (4, 8, 16, 32)
+GPU_TILE_STAGES = (0, 2, 3)     # cp.async pipeline of the shared k tiles (0: copied, then computed)
 GPU_ROW_THREADS = (128, 256, 512, 1024)
 MMA_BLOCK = (64, 128, 256)
 MMA_WARPS = (1, 2, 4)
@@ -114,11 +115,16 @@ def sample_gpu(trial: optuna.Trial, tree: LoopTree) -> LoopTree:
 
 def _half_contraction(tree: LoopTree) -> bool:
     """One stage summing the product of two bfloat16 (or two float16) tensors."""
+    return _contraction_dtype(tree) in ("bfloat16", "float16")
+
+
+def _contraction_dtype(tree: LoopTree) -> str | None:
+    """The dtype of both tensors of a one-stage sum of the product of two tensors of one dtype."""
     stages = tree.program.stages
     if len(stages) != 1 or stages[0].reduce_op != "sum" or len(stages[0].reduce_dims) != 1:
-        return False
+        return None
     dtypes = [tree.buffers[load.buffer].dtype for load in _loads(stages[0])]
-    return len(dtypes) == 2 and dtypes[0] == dtypes[1] and dtypes[0] in ("bfloat16", "float16")
+    return dtypes[0] if len(dtypes) == 2 and dtypes[0] == dtypes[1] else None
 
 
 @dataclass(frozen=True)
@@ -162,15 +168,24 @@ def _gpu_tensor(trial: optuna.Trial, tree: LoopTree, family: str) -> LoopTree:
 
 
 TENSOR_START = {"wgmma": ((128, 256), (2, 1), 64, 4, "tma"), "mma": ((128, 256), (2, 4), 64, 2, "cp.async")}
+# bench.gpu's fastest float32 schedule: 128 x 128 block tiles of 8 x 8 per thread, k tiles of 32 in shared
+# memory, A as stored, copied by cp.async one k tile ahead.
+TILES_START = {"vector": 4, "x.threads": 16, "x.tile": 2, "y.threads": 16, "y.tile": 8, "k.tile": 32,
+               "k.unroll": True, "shared.in0": True, "shared.in1": True, "as_stored.in0": True,
+               "as_stored.in1": False, "stages": 2}
 
 
 def gpu_start_params(program: ir.Program) -> dict:
-    """The GPU space's first draw for a half-precision contraction (a study starts there, as a CPU
-    study starts from the automatic schedule): the best tensor-core family of this GPU (wgmma on
+    """The GPU space's first draw for a contraction (a study starts there, as a CPU study starts from
+    the automatic schedule): for half precision the best tensor-core family of this GPU (wgmma on
     Hopper, else mma) with the block, teams, k tile, stages and copier of bench.gpu's fastest
-    schedule of that family; {} for other programs."""
+    schedule of that family; for float32 the fastest register-tile schedule (`TILES_START`) where
+    the matrices hold one block tile; {} for other programs."""
     tree = LoopTree(program)
-    if not _half_contraction(tree):
+    dtype = _contraction_dtype(tree)
+    if dtype == "float32":
+        return _tiles_start(program)
+    if dtype not in ("bfloat16", "float16"):
         return {}
     family = tensor_families()[-1]
     spec, (block, teams, k_tile, stages, copier) = TENSOR_FAMILIES[family], TENSOR_START[family]
@@ -184,6 +199,15 @@ def gpu_start_params(program: ir.Program) -> dict:
     if len(spec.copiers) > 1:
         params[f"gpu.{family}.copier"] = copier
     return params
+
+
+def _tiles_start(program: ir.Program) -> dict:
+    st = program.output
+    x, y, _ = _tile_dims(st)
+    p = TILES_START
+    fits = (program.size(x) >= p["x.threads"] * p["x.tile"] * p["vector"] and y is not None
+            and program.size(y) >= p["y.threads"] * p["y.tile"] and program.size(st.reduce_dims[0]) >= p["k.tile"])
+    return {f"{st.name}.gpu.{name}": value for name, value in p.items()} if fits else {}
 
 
 @functools.cache
@@ -366,8 +390,13 @@ def _gpu_tiles(trial: optuna.Trial, tree: LoopTree, stage: str) -> LoopTree:
         inputs = sorted({ld.buffer for ld in _loads(st) if ld.buffer.startswith("in")})
         shared = tuple(b for b in inputs if trial.suggest_categorical(f"{stage}.gpu.shared.{b}", [True, False]))
         as_stored = tuple(b for b in shared if trial.suggest_categorical(f"{stage}.gpu.as_stored.{b}", [False, True]))
-    return register_tiled(tree, stage, x_threads, x_groups, vector, y_threads, y_tile, k_tile, unroll_k, shared,
+    tree = register_tiled(tree, stage, x_threads, x_groups, vector, y_threads, y_tile, k_tile, unroll_k, shared,
                           as_stored)
+    if shared and len(st.reduce_dims) == 1:
+        stages = _choose(trial, f"{stage}.gpu.stages", list(GPU_TILE_STAGES))
+        if stages:
+            tree = tree.pipeline(f"{st.reduce_dims[0]}.0", stages, stage=f"{stage}.acc")
+    return tree
 
 
 def _gpu_rows(trial: optuna.Trial, tree: LoopTree) -> LoopTree:

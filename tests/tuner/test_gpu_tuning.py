@@ -105,7 +105,21 @@ def test_a_gpu_study_of_a_half_contraction_starts_from_the_gpus_best_tensor_core
     tree = space.sample_gpu(optuna.trial.FixedTrial(params), c.loop_tree())
     assert f"[{instruction}.k]" in str(tree) and pipeline in str(tree) and tree.check() == (True, "legal")
     assert_close(c.numpy(tree), ref, 1e-5)
-    assert space.gpu_start_params(ir.lower(matmul(rng)[0].node)[0]) == {}
+    assert space.gpu_start_params(ir.lower(softmax_rows(rng, rows=32, cols=128)[0].node)[0]) == {}
+
+
+def test_a_float32_gpu_study_starts_from_pipelined_register_tiles(rng):
+    """A float32 contraction's first draw is bench.gpu's fastest register-tile schedule: k tiles of
+    32 staged in shared memory (A as stored) by a 2-stage cp.async pipeline; it is legal and right.
+    Matrices smaller than one block tile get no first draw."""
+    optuna = pytest.importorskip("optuna")
+    c, ref = matmul(rng, 128, 64, 128)
+    params = space.gpu_start_params(ir.lower(c.node)[0])
+    assert params["t0.gpu.stages"] == 2 and params["t0.gpu.k.tile"] == 32
+    tree = space.sample_gpu(optuna.trial.FixedTrial(params), c.loop_tree())
+    assert "[pipeline.2" in str(tree) and tree.check() == (True, "legal")
+    assert_close(c.numpy(tree), ref, 1e-5)
+    assert space.gpu_start_params(ir.lower(matmul(rng, 64, 32, 128)[0].node)[0]) == {}
 
 
 def test_tensor_families_offer_wgmma_only_on_hopper(monkeypatch):
