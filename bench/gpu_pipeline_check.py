@@ -10,7 +10,8 @@ from tuner import space
 
 
 def main() -> int:
-    """Check 2-, 3- and 4-stage pipelines on a matmul with tails in every dim."""
+    """Check 2-, 3- and 4-stage pipelines (and the float32 start schedule's, A as stored in k tiles of
+    32, with 2 and 3 stages) on a matmul with tails in every dim."""
     cp = runtime_gpu.cupy()
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((150, 70)).astype(np.float32), rng.standard_normal((70, 200)).astype(np.float32)
@@ -18,13 +19,15 @@ def main() -> int:
     c = (lt.Tensor(cp.asarray(a)).to(m, k) * lt.Tensor(cp.asarray(b)).to(k, n)).sum(k)
     ref = a.astype(np.float64) @ b
     failures = 0
-    for stages in (2, 3, 4):
-        tree = space.register_tiled(c.loop_tree(), "t0", 8, 2, 4, 8, 4, 8, True, ("in0", "in1"))
+    small = space.register_tiled(c.loop_tree(), "t0", 8, 2, 4, 8, 4, 8, True, ("in0", "in1"))
+    as_stored = space.register_tiled(c.loop_tree(), "t0", 16, 2, 4, 16, 8, 32, True, ("in0", "in1"), ("in0",))
+    for label, tree, stages in [("64x64 tiles, k 8", small, s) for s in (2, 3, 4)] + \
+            [("128x128 tiles, k 32, A as stored", as_stored, s) for s in (2, 3)]:
         out = c.cuda(tree.pipeline("k.0", stages, stage="t0.acc"))
         err = float(np.abs(cp.asnumpy(out) - ref).max() / np.abs(ref).max())
         ok = err < 1e-5
         failures += not ok
-        print(f"{stages} stages: rel. error {err:.1e} {'ok' if ok else 'WRONG'}")
+        print(f"{label}, {stages} stages: rel. error {err:.1e} {'ok' if ok else 'WRONG'}")
     return 1 if failures else 0
 
 
