@@ -310,7 +310,9 @@ def _bind_tile(tree, stage, blocks, threads, registers, vector):
 
 def _stage_in_shared(tree: LoopTree, acc: str, buffer: str, depth: int, as_stored: bool = False) -> LoopTree:
     """Copy the tile of `buffer` one k step uses into shared memory, read 128 bits at a time along the
-    source's contiguous dim, with the copy's largest loops bound to threads. The tile is laid out
+    source's contiguous dim, with the copy's largest loops bound to threads (where none fills the
+    block's y threads, the widest is split to fill them: a 32-row k tile copied by all 16 rows of
+    threads, not by the 2 a 2-wide loop would give). The tile is laid out
     reduction dims first (the register tile reads consecutive words along its pure dim; for A of a
     matmul a transpose, stored word by word), or `as_stored` in the source's own layout (written
     in whole 16-byte vectors, which cp.async can pipeline; the register tile's unrolled k steps are
@@ -338,6 +340,13 @@ def _stage_in_shared(tree: LoopTree, acc: str, buffer: str, depth: int, as_store
     bound = []
     for axis, limit, candidates in (("thread.x", block[0], along_rows), ("thread.y", block[1], widest)):
         pick = next((lp for lp in candidates if 1 < lp.extent <= limit and lp not in bound), None)
+        wider = next((lp for lp in widest if lp not in bound and lp.extent > limit > 1), None)
+        if axis == "thread.y" and (pick is None or pick.extent < limit) and wider is not None \
+                and wider.extent % limit == 0:
+            tree = tree.split(wider.name, limit, stage=copy)   # every row of threads gets a share
+            loops = list(tree.schedule.of(copy).loops)
+            free = [lp for lp in loops if lp.name != vector and lp.name not in (b.name for b in bound)] + bound
+            pick = next(lp for lp in loops if lp.name == f"{wider.name}.1")
         if pick is not None:
             bound.append(pick)
             tree = tree.bind(pick.name, axis, stage=copy)

@@ -118,6 +118,7 @@ def test_a_float32_gpu_study_starts_from_pipelined_register_tiles(rng):
     assert params["t0.gpu.stages"] == 2 and params["t0.gpu.k.tile"] == 32
     tree = space.sample_gpu(optuna.trial.FixedTrial(params), c.loop_tree())
     assert "[pipeline.2" in str(tree) and tree.check() == (True, "legal")
+    assert "for k.1.1 in 0..16  [thread.y]" in str(tree)     # B's 32-row k tile copied by every row of threads
     assert_close(c.numpy(tree), ref, 1e-5)
     assert space.gpu_start_params(ir.lower(matmul(rng, 64, 32, 128)[0].node)[0]) == {}
 
