@@ -133,3 +133,18 @@ def test_buffer_placed_at_a_parallel_loop_is_private_to_each_thread(rng):
     arrays = ir.lower(t.node)[1]
     for _ in range(5):
         case.check(kernel(arrays))
+
+
+# ------------------------------------------------------------------ generating the IR quickly
+
+def test_constants_are_shared_and_keep_their_exact_value():
+    from llvmlite import ir as llir
+
+    from looptool.codegen.llvm import F32, I1, I64, constant
+    assert constant(I64, 5) is constant(I64, 5)
+    assert constant(I64, 5) is not constant(llir.IntType(32), 5)
+    assert str(constant(F32, 0.0)) != str(constant(F32, -0.0))
+    assert str(constant(I1, True)) == "i1 true" and str(constant(I1, 1)) == "i1 1"
+    vector = llir.VectorType(F32, 4)
+    assert constant(vector, [1.0] * 4) is constant(vector, [1.0] * 4)
+    assert str(constant(vector, [1.0] * 4)) == str(llir.Constant(vector, [1.0] * 4))
