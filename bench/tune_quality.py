@@ -86,25 +86,22 @@ def tune_run(tensor, storage: str, name: str, sampler: str, seed: int, trials: i
     return result.study
 
 
-def ranking_quality(runs: dict, name: str, transfer: bool, seconds_of: dict[str, float]) -> float | None:
-    """Spearman correlation of predicted speed and re-measured speed (`seconds_of`, by schedule JSON)
-    of the schedules that workload `name`'s random studies measured (every seed; each schedule once),
-    with the model trained on every other study of the run (`transfer`: on the other workloads'
-    studies only). Against the trials' own times instead, the ceiling was about 0.8: the same
-    schedule measured in two studies of a loaded machine agrees only that well with itself."""
+def ranking_quality(runs: dict, name: str, transfer: bool) -> float | None:
+    """Spearman correlation of predicted and measured speed on the trials of workload `name`'s random
+    studies (every seed), with the model trained on every other study of the run (`transfer`: on
+    the other workloads' studies only)."""
     from scipy.stats import spearmanr
     train = costmodel.TrainingSet()
-    held_out = {}
+    held_out = []
     for (workload, sampler, _), study in runs.items():
         if workload == name and sampler == "random":
-            held_out.update((t.user_attrs["schedule"], t.user_attrs["features"]) for t in measured(study)
-                            if t.user_attrs.get("features"))
+            held_out += [t for t in measured(study) if t.user_attrs.get("features")]
         elif workload != name or not transfer:
             train.add_study(study.trials)
-    predicted = costmodel.CostModel().fit(train).predict(list(held_out.values()))
+    predicted = costmodel.CostModel().fit(train).predict([t.user_attrs["features"] for t in held_out])
     if predicted is None or len(held_out) < 3 or len(set(predicted)) < 2:
         return None
-    return float(spearmanr(predicted, [-math.log(seconds_of[schedule]) for schedule in held_out]).statistic)
+    return float(spearmanr(predicted, [-math.log(t.value) for t in held_out]).statistic)
 
 
 def run(names: list[str], trials: int, seeds: list[int], repeats: int, keep: str | None = None,
@@ -198,8 +195,8 @@ def summarize(names, runs, trials, seeds, repeats) -> dict:
         best = min(seconds_of.values())
         known[name] = {"best_seconds": best, "automatic_seconds": seconds_of["automatic"],
                        "automatic_fraction": best / seconds_of["automatic"], "schedules": len(seconds_of)}
-        quality[name] = {"within": ranking_quality(runs, name, False, seconds_of),
-                         "transfer": ranking_quality(runs, name, True, seconds_of) if len(names) > 1 else None}
+        quality[name] = {"within": ranking_quality(runs, name, False),
+                         "transfer": ranking_quality(runs, name, True) if len(names) > 1 else None}
         for (workload, sampler, seed), study in runs.items():
             if workload != name:
                 continue
