@@ -19,7 +19,7 @@ from llvmlite import ir as llir
 
 from .. import ir
 from ..schedule import LoopNode, StmtNode
-from .llvm import I32, MEMORY_TYPE, VALUE_TYPE, ZERO, FunctionBuilder, Lanes, shaped
+from .llvm import I32, MEMORY_TYPE, VALUE_TYPE, ZERO, FunctionBuilder, Lanes, constant, shaped
 
 Key = tuple  # (buffer, the offset's terms outside the tile, its constant)
 
@@ -131,7 +131,7 @@ class Accumulators:
                 self.visit(node.body, env, action, copy, Lanes(name, extent, mask))
                 continue
             for k in range(extent):
-                value = llir.Constant(count.type, k)
+                value = constant(count.type, k)
                 guard = b.if_then(b.icmp_signed("<", value, count)) if self.tail(node) else contextlib.nullcontext()
                 with guard:
                     self.visit(node.body, {**env, name: value}, action, {**copy, name: k}, lanes)
@@ -139,7 +139,7 @@ class Accumulators:
     def lane_mask(self, count: llir.Value, width: int) -> llir.Value:
         """<width x i1>: lane < count."""
         b = self.builder.builder
-        lanes = llir.Constant(llir.VectorType(I32, width), list(range(width)))
+        lanes = constant(llir.VectorType(I32, width), list(range(width)))
         return b.icmp_signed("<", lanes, self.builder.splat(b.trunc(count, I32), width))
 
     def address(self, stmt: StmtNode, env: dict, lanes: Lanes | None):

@@ -15,7 +15,7 @@ from llvmlite import ir as llir
 
 from ..schedule import LoopNode, LoopTree
 from .accumulators import Accumulators
-from .llvm import I1, I32, I64, ITEM_BYTES, PTR, ZERO, FunctionBuilder, kernel_params
+from .llvm import I1, I32, I64, ITEM_BYTES, PTR, ZERO, FunctionBuilder, constant, kernel_params
 from .threadpool import declare_parallel_for
 
 
@@ -66,8 +66,8 @@ def _c_entry(module: llir.Module, kernel: llir.Function, tree: LoopTree, params:
         if param not in given:
             plan = tree.buffers[param]
             size = max(64, -(-plan.size * ITEM_BYTES[plan.dtype] // 64) * 64)  # never 0: NULL is failure
-            temps[param] = b.call(alloc, [llir.Constant(I64, 64), llir.Constant(I64, size)])
-    failed = llir.Constant(I1, 0)
+            temps[param] = b.call(alloc, [constant(I64, 64), constant(I64, size)])
+    failed = constant(I1, 0)
     for pointer in temps.values():
         failed = b.or_(failed, b.icmp_unsigned("==", b.ptrtoint(pointer, I64), ZERO))
     with b.if_then(b.not_(failed)):
@@ -79,17 +79,17 @@ def _c_entry(module: llir.Module, kernel: llir.Function, tree: LoopTree, params:
 
 def _refuse_bad_pointers(b: llir.IRBuilder, tree: LoopTree, given: dict):
     """Return 2 if a pointer is NULL, else 3 if one is not aligned to its element size."""
-    status = llir.Constant(I32, 0)
+    status = constant(I32, 0)
     for check, code in (("aligned", 3), ("null", 2)):
         for name, pointer in given.items():
             address = b.ptrtoint(pointer, I64)
             if check == "null":
                 bad = b.icmp_unsigned("==", address, ZERO)
             else:
-                element = llir.Constant(I64, ITEM_BYTES[tree.buffers[name].dtype])
+                element = constant(I64, ITEM_BYTES[tree.buffers[name].dtype])
                 bad = b.icmp_unsigned("!=", b.urem(address, element), ZERO)
-            status = b.select(bad, llir.Constant(I32, code), status)
-    with b.if_then(b.icmp_unsigned("!=", status, llir.Constant(I32, 0)), likely=False):
+            status = b.select(bad, constant(I32, code), status)
+    with b.if_then(b.icmp_unsigned("!=", status, constant(I32, 0)), likely=False):
         b.ret(status)
 
 
@@ -124,14 +124,14 @@ class CpuFunctionBuilder(FunctionBuilder):
         wrapper = llir.Function(module, llir.FunctionType(llir.VoidType(), [PTR, I64, I64]), name=name + ".ctx")
 
         b = self.builder
-        ctx = self.allocas.alloca(I64, size=llir.Constant(I64, max(1, len(pointers) + len(values))), name="ctx")
+        ctx = self.allocas.alloca(I64, size=constant(I64, max(1, len(pointers) + len(values))), name="ctx")
         for k, (_, value) in enumerate(pointers + values):
             b.store(b.ptrtoint(value, I64) if isinstance(value.type, llir.PointerType) else value,
-                    b.gep(ctx, [llir.Constant(I64, k)], source_etype=I64))
-        b.call(declare_parallel_for(module), [wrapper, ctx, count, llir.Constant(I64, self.threads)])
+                    b.gep(ctx, [constant(I64, k)], source_etype=I64))
+        b.call(declare_parallel_for(module), [wrapper, ctx, count, constant(I64, self.threads)])
 
         wb = llir.IRBuilder(wrapper.append_basic_block())
-        slots = [wb.load(wb.gep(wrapper.args[0], [llir.Constant(I64, k)], source_etype=I64), typ=I64)
+        slots = [wb.load(wb.gep(wrapper.args[0], [constant(I64, k)], source_etype=I64), typ=I64)
                  for k in range(len(pointers) + len(values))]
         args = [wb.inttoptr(v, PTR) for v in slots[:len(pointers)]] + slots[len(pointers):]
         wb.call(body_fn, args + list(wrapper.args[1:]))

@@ -16,10 +16,26 @@ from llvmlite import ir as llir
 from .. import ir
 from ..schedule import BufferPlan, Limit, LoopNode, LoopTree, StmtNode
 
+CONSTANT_LIMIT = 1 << 14
+_CONSTANTS: dict[tuple[str, str], llir.Constant] = {}
+
+
+def constant(ty: llir.Type, value) -> llir.Constant:
+    """The constant `value` of type `ty` (a list for a vector), one shared object per process: llvmlite
+    formats each constant object's text once, so a constant used in many places is formatted once."""
+    key = (str(ty), repr(value))
+    found = _CONSTANTS.get(key)
+    if found is None:
+        if len(_CONSTANTS) >= CONSTANT_LIMIT:
+            _CONSTANTS.clear()
+        found = _CONSTANTS[key] = llir.Constant(ty, value)
+    return found
+
+
 I64 = llir.IntType(64)
-ZERO = llir.Constant(I64, 0)
+ZERO = constant(I64, 0)
 STACK_LIMIT = 128 * 1024
-ONE = llir.Constant(I64, 1)
+ONE = constant(I64, 1)
 I1 = llir.IntType(1)
 PTR = llir.PointerType()
 F32, F64, I16, I32 = llir.FloatType(), llir.DoubleType(), llir.IntType(16), llir.IntType(32)
@@ -75,11 +91,11 @@ class FunctionBuilder:
         """A local buffer: on the stack when small, else on the heap (freed on return); 64-byte aligned."""
         size = plan.size * ITEM_BYTES[plan.dtype]
         if size <= STACK_LIMIT:
-            buffer = self.allocas.alloca(MEMORY_TYPE[plan.dtype], size=llir.Constant(I64, plan.size), name=plan.name)
+            buffer = self.allocas.alloca(MEMORY_TYPE[plan.dtype], size=constant(I64, plan.size), name=plan.name)
             buffer.align = 64
             return buffer
         aligned_alloc = self.declare("aligned_alloc", PTR, [I64, I64])
-        pointer = self.allocas.call(aligned_alloc, [llir.Constant(I64, 64), llir.Constant(I64, -(-size // 64) * 64)])
+        pointer = self.allocas.call(aligned_alloc, [constant(I64, 64), constant(I64, -(-size // 64) * 64)])
         self.heap.append(pointer)
         return pointer
 
@@ -138,7 +154,7 @@ class FunctionBuilder:
         for stmt in inner.body:
             vty = llir.VectorType(VALUE_TYPE[stmt.stage.dtype], lanes.width)
             slots[id(stmt)] = self.allocas.alloca(vty)
-            b.store(llir.Constant(vty, [IDENTITY[stmt.stage.reduce_op]] * lanes.width), slots[id(stmt)])
+            b.store(constant(vty, [IDENTITY[stmt.stage.reduce_op]] * lanes.width), slots[id(stmt)])
 
         def step(i):
             here = {**env, node.loop.name: i}
@@ -170,11 +186,11 @@ class FunctionBuilder:
             self.body(node.body, env)
             return
         b = self.builder
-        full = llir.Constant(I1, 1)
+        full = constant(I1, 1)
         for limited, lim, spans in checks:
-            top = b.add(self.affine(lim.rest, {**env, **{name: llir.Constant(I64, span) for name, span in spans}}),
-                        llir.Constant(I64, lim.coeff * (limited.loop.extent - 1)))
-            full = b.and_(full, b.icmp_signed("<", top, llir.Constant(I64, lim.bound)))
+            top = b.add(self.affine(lim.rest, {**env, **{name: constant(I64, span) for name, span in spans}}),
+                        constant(I64, lim.coeff * (limited.loop.extent - 1)))
+            full = b.and_(full, b.icmp_signed("<", top, constant(I64, lim.bound)))
         with b.if_else(full) as (then, otherwise):
             with then:
                 saved = set(self.full)
@@ -185,16 +201,16 @@ class FunctionBuilder:
                 self.body(node.body, env)
 
     def trip_count(self, node: LoopNode, env: dict) -> llir.Value:
-        count: llir.Value = llir.Constant(I64, node.loop.extent)
+        count: llir.Value = constant(I64, node.loop.extent)
         for lim in node.limits:
             count = self.smin(count, self.limit_count(lim, env))
         return count
 
     def limit_count(self, lim: Limit, env: dict) -> llir.Value:
         b = self.builder
-        room = b.sub(llir.Constant(I64, lim.bound), self.affine(lim.rest, env))
+        room = b.sub(constant(I64, lim.bound), self.affine(lim.rest, env))
         room = self.smax(room, ZERO)
-        return b.sdiv(b.add(room, llir.Constant(I64, lim.coeff - 1)), llir.Constant(I64, lim.coeff))
+        return b.sdiv(b.add(room, constant(I64, lim.coeff - 1)), constant(I64, lim.coeff))
 
     def counted_loop(self, start: llir.Value, end: llir.Value, emit_body, name: str):
         b = self.builder
@@ -220,7 +236,7 @@ class FunctionBuilder:
             emit_full()
             return
         b = self.builder
-        with b.if_else(b.icmp_signed("==", count, llir.Constant(I64, lp.extent))) as (then, otherwise):
+        with b.if_else(b.icmp_signed("==", count, constant(I64, lp.extent))) as (then, otherwise):
             with then:
                 emit_full()
             with otherwise:
@@ -231,7 +247,7 @@ class FunctionBuilder:
 
         def copies():
             for k in range(lp.extent):
-                self.body(node.body, {**env, lp.name: llir.Constant(I64, k)})
+                self.body(node.body, {**env, lp.name: constant(I64, k)})
         self.full_or_tail(node, env, count, copies)
 
     def vectorized(self, node: LoopNode, env: dict, count: llir.Value):
@@ -252,7 +268,7 @@ class FunctionBuilder:
         target = self.access(stage.name, ir.Affine.identity(stage.dims), False, stmt, env)
         align = self.alignment(stage.name, ir.Affine.identity(stage.dims), stmt, env)
         if stmt.kind == "init":
-            value = llir.Constant(VALUE_TYPE[stage.dtype], IDENTITY[stage.reduce_op])
+            value = constant(VALUE_TYPE[stage.dtype], IDENTITY[stage.reduce_op])
         elif stmt.kind == "update":
             old = self.load_value(target, stage.dtype, align)
             value = self.accumulate(stage.reduce_op, old, stage.expr, lambda e: self.expr(e, stmt, env))
@@ -272,8 +288,8 @@ class FunctionBuilder:
             offset = ZERO
             for ix, n, stride in zip(plan.element_index(tuple(ix.substitute(stmt.index) for ix in index)),
                                      plan.shape, plan.strides):
-                clamped = self.smin(self.smax(self.affine(ix, env), ZERO), llir.Constant(I64, n - 1))
-                offset = b.add(offset, b.mul(clamped, llir.Constant(I64, stride)))
+                clamped = self.smin(self.smax(self.affine(ix, env), ZERO), constant(I64, n - 1))
+                offset = b.add(offset, b.mul(clamped, constant(I64, stride)))
         return self.builder.gep(self.pointers[buffer], [offset], source_etype=MEMORY_TYPE[plan.dtype], inbounds=True)
 
     # Vector statements -----------------------------------------------------------------
@@ -287,7 +303,7 @@ class FunctionBuilder:
         evaluate = lambda e: self.vector_expr(e, stmt, env, lanes)  # noqa: E731
         if step == 1:
             if stmt.kind == "init":
-                value = llir.Constant(vty, [IDENTITY[stage.reduce_op]] * lanes.width)
+                value = constant(vty, [IDENTITY[stage.reduce_op]] * lanes.width)
             elif stmt.kind == "update":
                 old = self.load_value(base, stage.dtype, align, lanes.width)
                 value = self.accumulate(stage.reduce_op, old, stage.expr, evaluate)
@@ -296,7 +312,7 @@ class FunctionBuilder:
             self.store_value(value, base, stage.dtype, align)
             return
         if stmt.kind == "init":
-            value = llir.Constant(vty, [IDENTITY[stage.reduce_op]] * lanes.width)
+            value = constant(vty, [IDENTITY[stage.reduce_op]] * lanes.width)
         else:
             value = evaluate(stage.expr)
         if step == 0 and stmt.kind == "update":
@@ -304,12 +320,12 @@ class FunctionBuilder:
             total = self.binary(REDUCE_BINARY[stage.reduce_op], old, self.horizontal(stage.reduce_op, value))
             self.store_value(total, base, stage.dtype)
         elif step == 0:
-            self.store_value(b.extract_element(value, llir.Constant(I64, lanes.width - 1)), base, stage.dtype)
+            self.store_value(b.extract_element(value, constant(I64, lanes.width - 1)), base, stage.dtype)
         else:
             for k in range(lanes.width):
-                lane_env = {**env, lanes.name: llir.Constant(I64, k)}
+                lane_env = {**env, lanes.name: constant(I64, k)}
                 target = self.access(stage.name, ir.Affine.identity(stage.dims), False, stmt, lane_env)
-                lane_value = b.extract_element(value, llir.Constant(I64, k))
+                lane_value = b.extract_element(value, constant(I64, k))
                 if stmt.kind == "update":
                     lane_value = self.binary(REDUCE_BINARY[stage.reduce_op], self.load_value(target, stage.dtype),
                                              lane_value)
@@ -341,7 +357,7 @@ class FunctionBuilder:
 
     def vector_expr(self, e: ir.Expr, stmt: StmtNode, env: dict, lanes: "Lanes") -> llir.Value:
         if isinstance(e, ir.Const):
-            return llir.Constant(llir.VectorType(VALUE_TYPE[e.dtype], lanes.width), [e.value] * lanes.width)
+            return constant(llir.VectorType(VALUE_TYPE[e.dtype], lanes.width), [e.value] * lanes.width)
         if isinstance(e, ir.Load) and not e.clamped:
             base, step, align = self.linear_address(e.buffer, e.index, stmt, env, lanes)
             dtype = self.tree.buffers[e.buffer].dtype
@@ -382,34 +398,34 @@ class FunctionBuilder:
     def guards_hold(self, guards, stmt: StmtNode, env: dict) -> llir.Value:
         """An i1: every guard's affine expression lies in its range."""
         b = self.builder
-        ok = llir.Constant(I1, 1)
+        ok = constant(I1, 1)
         for g in guards:
             v = self.affine(g.expr.substitute(stmt.index), env)
-            ok = b.and_(ok, b.and_(b.icmp_signed(">=", v, llir.Constant(I64, g.lo)),
-                                   b.icmp_signed("<", v, llir.Constant(I64, g.hi))))
+            ok = b.and_(ok, b.and_(b.icmp_signed(">=", v, constant(I64, g.lo)),
+                                   b.icmp_signed("<", v, constant(I64, g.hi))))
         return ok
 
     def per_lane(self, e: ir.Expr, stmt: StmtNode, env: dict, lanes: "Lanes") -> llir.Value:
         """Gathered loads and guarded selects: each lane computed as a scalar, then packed."""
         b = self.builder
-        vector = llir.Constant(llir.VectorType(VALUE_TYPE[e.dtype], lanes.width), None)
+        vector = constant(llir.VectorType(VALUE_TYPE[e.dtype], lanes.width), None)
         for k in range(lanes.width):
-            lane_env = {**env, lanes.name: llir.Constant(I64, k)}
-            vector = b.insert_element(vector, self.expr(e, stmt, lane_env), llir.Constant(I64, k))
+            lane_env = {**env, lanes.name: constant(I64, k)}
+            vector = b.insert_element(vector, self.expr(e, stmt, lane_env), constant(I64, k))
         return vector
 
     def splat(self, scalar: llir.Value, width: int) -> llir.Value:
         b = self.builder
         vty = llir.VectorType(scalar.type, width)
-        one = b.insert_element(llir.Constant(vty, None), scalar, ZERO)
-        return b.shuffle_vector(one, llir.Constant(vty, None), llir.Constant(llir.VectorType(llir.IntType(32), width),
+        one = b.insert_element(constant(vty, None), scalar, ZERO)
+        return b.shuffle_vector(one, constant(vty, None), constant(llir.VectorType(llir.IntType(32), width),
                                                                              [0] * width))
 
     def horizontal(self, op: str, vector: llir.Value) -> llir.Value:
         ty = vector.type.element
         if op == "sum":
             fn = self.declare(f"llvm.vector.reduce.fadd.{type_suffix(vector.type)}", ty, [ty, vector.type])
-            return self.builder.call(fn, [llir.Constant(ty, 0.0), vector], fastmath=REASSOCIATE)
+            return self.builder.call(fn, [constant(ty, 0.0), vector], fastmath=REASSOCIATE)
         name = {"max": "fmaximum", "min": "fminimum"}[op]
         fn = self.declare(f"llvm.vector.reduce.{name}.{type_suffix(vector.type)}", ty, [vector.type])
         return self.builder.call(fn, [vector])
@@ -419,7 +435,7 @@ class FunctionBuilder:
         """The scalar value of `e` (over the statement's dims) at the loop values in `env`."""
         b = self.builder
         if isinstance(e, ir.Const):
-            return llir.Constant(VALUE_TYPE[e.dtype], e.value)
+            return constant(VALUE_TYPE[e.dtype], e.value)
         if isinstance(e, ir.Load):
             dtype = self.tree.buffers[e.buffer].dtype
             align = ITEM_BYTES[dtype] if e.clamped else self.alignment(e.buffer, e.index, stmt, env)
@@ -517,7 +533,7 @@ class FunctionBuilder:
             stored = self.builder.load(self.typed(pointer, ty), typ=ty, align=align)
         else:
             masked = self.declare(f"llvm.masked.load.{masked_suffix(ty)}", ty, [PTR, I32, mask.type, ty])
-            stored = self.builder.call(masked, [pointer, llir.Constant(I32, align), mask, llir.Constant(ty, None)])
+            stored = self.builder.call(masked, [pointer, constant(I32, align), mask, constant(ty, None)])
         return self.widen(stored, dtype)
 
     def store_value(self, value: llir.Value, pointer: llir.Value, dtype: str, align: int | None = None,
@@ -531,7 +547,7 @@ class FunctionBuilder:
             return
         masked = self.declare(f"llvm.masked.store.{masked_suffix(stored.type)}", llir.VoidType(),
                               [stored.type, PTR, I32, mask.type])
-        self.builder.call(masked, [stored, pointer, llir.Constant(I32, align), mask])
+        self.builder.call(masked, [stored, pointer, constant(I32, align), mask])
 
     def typed(self, pointer: llir.Value, ty: llir.Type) -> llir.Value:
         """`pointer` as a pointer to `ty` where llvmlite typed it otherwise (allocas point to elements)."""
@@ -654,14 +670,14 @@ def element_type(ty: llir.Type) -> llir.Type:
 
 def int_like(ty: llir.Type, value: int) -> llir.Constant:
     if isinstance(ty, llir.VectorType):
-        return llir.Constant(ty, [value] * ty.count)
-    return llir.Constant(ty, value)
+        return constant(ty, [value] * ty.count)
+    return constant(ty, value)
 
 
 def constant_like(ty: llir.Type, value: float) -> llir.Constant:
     if isinstance(ty, llir.VectorType):
-        return llir.Constant(ty, [value] * ty.count)
-    return llir.Constant(ty, value)
+        return constant(ty, [value] * ty.count)
+    return constant(ty, value)
 
 
 class TypedCallee:
@@ -677,8 +693,8 @@ class TypedCallee:
 
 def llir_affine(b: llir.IRBuilder, a: ir.Affine, values: dict[str, llir.Value]) -> llir.Value:
     """Emit sum(coeff * value) + const as i64 arithmetic."""
-    out: llir.Value = llir.Constant(I64, a.const)
+    out: llir.Value = constant(I64, a.const)
     for v, c in a.terms:
-        term = values[v] if c == 1 else b.mul(values[v], llir.Constant(I64, c), flags=("nsw",))
+        term = values[v] if c == 1 else b.mul(values[v], constant(I64, c), flags=("nsw",))
         out = b.add(out, term, flags=("nsw",))
     return out

@@ -148,3 +148,18 @@ def test_a_tail_vector_reads_a_local_buffer_through_its_mask(rng):
     pointers = re.findall(r'@"?llvm\.masked\.load\.[\w.]+"?\([\w*]+ (%"?[\w.]+"?)', kernel.llvm_ir)
     assert any('%"in1.t0"' in defined.get(p, "") for p in pointers), "no masked load of the packed panel"
     check(t, f64(a) @ f64(b), np.float32)
+
+
+# ------------------------------------------------------------------ generating the IR quickly
+
+def test_constants_are_shared_and_keep_their_exact_value():
+    from llvmlite import ir as llir
+
+    from looptool.codegen.llvm import F32, I1, I64, constant
+    assert constant(I64, 5) is constant(I64, 5)
+    assert constant(I64, 5) is not constant(llir.IntType(32), 5)
+    assert str(constant(F32, 0.0)) != str(constant(F32, -0.0))
+    assert str(constant(I1, True)) == "i1 true" and str(constant(I1, 1)) == "i1 1"
+    vector = llir.VectorType(F32, 4)
+    assert constant(vector, [1.0] * 4) is constant(vector, [1.0] * 4)
+    assert str(constant(vector, [1.0] * 4)) == str(llir.Constant(vector, [1.0] * 4))

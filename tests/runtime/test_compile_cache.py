@@ -49,3 +49,22 @@ def test_cache_miss_for_different_dtype(rng):
     assert got.dtype == np.float64
     assert s2["misses"] > s1["misses"]
     assert_close(got, np.maximum(f64(x) * 2.5 + f64(y), 0).sum(0), 1e-12)
+
+
+# ------------------------------------------------------------------- compiling to object code
+
+def test_compile_object_leaves_the_cycle_collector_as_it_found_it_and_the_module_freed(rng):
+    import gc
+
+    from looptool import runtime
+    x, y = rand(rng, (37, 41)), rand(rng, (41,))
+    tree = _cache_expr(x, y).loop_tree()
+    for enabled in (True, False):
+        (gc.enable if enabled else gc.disable)()
+        try:
+            compiled = runtime.compile_object(tree, 1)
+            assert gc.isenabled() is enabled
+            assert gc.get_count()[0] < 200, "the module's objects were left for a later collection"
+        finally:
+            gc.enable()
+        assert "define" in compiled.llvm_ir and compiled.code
