@@ -58,7 +58,7 @@ from ..ir import Affine
 from ..schedule import (GPU_AXES, TENSOR_INSTRUCTIONS, LoopNode, LoopTree, StmtNode, accesses, pipeline_copier,
                         pipeline_depth, tensor_role, thread_bound, walk)
 from .llvm import (F32, F64, I16, I32, I64, IDENTITY, ITEM_BYTES, MEMORY_TYPE, REDUCE_BINARY, VALUE_TYPE, ZERO,
-                   FunctionBuilder, Lanes, element_type, kernel_params)
+                   FunctionBuilder, Lanes, constant, element_type, kernel_params)
 
 TRIPLE = "nvptx64-nvidia-cuda"
 DATA_LAYOUT = "e-p:64:64:64-i64:64-i128:128-v16:16-v32:32-n16:32:64"
@@ -180,7 +180,7 @@ def _declare_block_size(module: llir.Module, fn: llir.Function, block: tuple[int
     instead of producing a kernel that fails to launch."""
     for axis, extent in zip("xyz", block):
         module.add_named_metadata("nvvm.annotations", [fn, llir.MetaDataString(module, f"maxntid{axis}"),
-                                                       llir.Constant(llir.IntType(32), extent)])
+                                                       constant(llir.IntType(32), extent)])
 
 
 def launch_dims(node) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
@@ -350,19 +350,19 @@ class _GpuBuilder(FunctionBuilder):
         kind, dim = axis.split(".")
         value = self.builder.zext(self.special_register(f"{SREG[kind]}.{dim}"), I64)
         if counts_warpgroups(node):
-            value = self.builder.lshr(value, llir.Constant(I64, 2))
+            value = self.builder.lshr(value, constant(I64, 2))
         inside = {**env, node.loop.name: value}
         combined = self.combined_reductions(node) if kind == "thread" and not self.thread_loops else []
         for stmt in combined:
             ty = VALUE_TYPE[stmt.stage.dtype]
             self.partials[id(stmt)] = self.allocas.alloca(ty)
-            self.builder.store(llir.Constant(ty, IDENTITY[stmt.stage.reduce_op]), self.partials[id(stmt)])
+            self.builder.store(constant(ty, IDENTITY[stmt.stage.reduce_op]), self.partials[id(stmt)])
         if kind == "thread":
             self.thread_loops.append(node.loop.name)
         count = self.trip_count(node, env)
         inside_block = self.builder.icmp_signed("<", value, count)
         if self.fills_block(node, count):
-            inside_block = llir.Constant(llir.IntType(1), 1)
+            inside_block = constant(llir.IntType(1), 1)
         with self.builder.if_then(inside_block):
             self.close_body = kind != "block"     # a block-bound loop's body runs once: no closing barrier
             self.loop_body(node, inside)
@@ -410,12 +410,12 @@ class _GpuBuilder(FunctionBuilder):
         every thread's copies are visible and the buffer the copies go to next is read by no one),
         issues the copies `plan.ahead` iterations ahead and runs the rest of the body."""
         for iteration in range(plan.ahead):
-            self.issue_copies(plan, {**env, plan.loop: llir.Constant(I64, iteration)})
+            self.issue_copies(plan, {**env, plan.loop: constant(I64, iteration)})
 
         def iteration(i):
             self.wait_copies(in_flight)
             self.barrier(settle=not plan.overlap)
-            self.issue_copies(plan, {**env, plan.loop: self.builder.add(i, llir.Constant(I64, plan.ahead))})
+            self.issue_copies(plan, {**env, plan.loop: self.builder.add(i, constant(I64, plan.ahead))})
             self.run_body(plan, env, i)
             if plan.overlap:
                 self.settle_wgmma(in_flight=1)
@@ -434,18 +434,18 @@ class _GpuBuilder(FunctionBuilder):
         warps = self.block[1] * self.block[2]          # thread.x is a warp's 32 lanes where wgmma runs
         empty = self.mbarriers(plan.stages, f"{plan.loop}.empty", warps)
         for iteration in range(plan.ahead):
-            self.issue_copies(plan, {**env, plan.loop: llir.Constant(I64, iteration)}, full)
+            self.issue_copies(plan, {**env, plan.loop: constant(I64, iteration)}, full)
 
         def iteration(i):
             b = self.builder
             self.wait_mbarrier(full, plan.stages, i)
             self.run_body(plan, env, i)
             self.settle_wgmma(in_flight=int(plan.overlap))
-            done = b.sub(i, llir.Constant(I64, int(plan.overlap)))
+            done = b.sub(i, constant(I64, int(plan.overlap)))
             with b.if_then(b.icmp_signed(">=", done, ZERO)):
                 self.inline_by("mbarrier.arrive.shared::cta.b64 state, [$0];",
-                               [self.mbarrier_at(empty, b.urem(done, llir.Constant(I64, plan.stages)))], "x")
-            self.issue_copies(plan, {**env, plan.loop: b.add(i, llir.Constant(I64, plan.ahead))}, full, empty)
+                               [self.mbarrier_at(empty, b.urem(done, constant(I64, plan.stages)))], "x")
+            self.issue_copies(plan, {**env, plan.loop: b.add(i, constant(I64, plan.ahead))}, full, empty)
         self.counted_loop_of(plan, iteration)
         self.barrier()
         for barriers in (full, empty):
@@ -476,9 +476,9 @@ class _GpuBuilder(FunctionBuilder):
 
     def rotate(self, sizes: dict[str, int], stages: int, iteration: llir.Value):
         """Point the pipelined buffers at their copy for `iteration` (iteration mod stages)."""
-        slot = self.builder.urem(iteration, llir.Constant(I64, stages))
+        slot = self.builder.urem(iteration, constant(I64, stages))
         for buffer, size in sizes.items():
-            self.rotations[buffer] = self.builder.mul(slot, llir.Constant(I64, size))
+            self.rotations[buffer] = self.builder.mul(slot, constant(I64, size))
 
     def issue_copies(self, plan: "_Pipeline", env: dict, full: llir.Value | None = None,
                      empty: llir.Value | None = None):
@@ -501,7 +501,7 @@ class _GpuBuilder(FunctionBuilder):
     def wait_copies(self, in_flight: int):
         """Wait until at most `in_flight` of this thread's copy groups are still running."""
         wait = self.declare("llvm.nvvm.cp.async.wait.group", llir.VoidType(), [llir.IntType(32)])
-        self.builder.call(wait, [llir.Constant(llir.IntType(32), in_flight)])
+        self.builder.call(wait, [constant(llir.IntType(32), in_flight)])
 
     # TMA: bulk tensor copies completing on mbarriers ---------------------------------------------
     def mbarriers(self, count: int, name: str, arrivals: int) -> llir.Value:
@@ -516,7 +516,7 @@ class _GpuBuilder(FunctionBuilder):
 
     def mbarrier_at(self, barriers: llir.Value, slot) -> llir.Value:
         """The shared-memory address (32 bits) of mbarrier `slot` (an int or an i64 value)."""
-        slot = llir.Constant(I64, slot) if isinstance(slot, int) else slot
+        slot = constant(I64, slot) if isinstance(slot, int) else slot
         return self.shared_address(self.builder.gep(barriers, [slot], source_etype=MBARRIER, inbounds=True))
 
     def wait_mbarrier(self, barriers: llir.Value, stages: int, iteration: llir.Value, phase_offset: int = 0):
@@ -524,9 +524,9 @@ class _GpuBuilder(FunctionBuilder):
         use of the buffer, `phase_offset` uses back) completes: the one with parity
         (iteration / stages - phase_offset) mod 2."""
         b = self.builder
-        slot = b.urem(iteration, llir.Constant(I64, stages))
-        use = b.add(b.udiv(iteration, llir.Constant(I64, stages)), llir.Constant(I64, phase_offset))
-        parity = b.trunc(b.and_(use, llir.Constant(I64, 1)), I32)
+        slot = b.urem(iteration, constant(I64, stages))
+        use = b.add(b.udiv(iteration, constant(I64, stages)), constant(I64, phase_offset))
+        parity = b.trunc(b.and_(use, constant(I64, 1)), I32)
         self.inline("{ .reg .pred done; WAIT${:uid}: mbarrier.try_wait.parity.shared::cta.b64 done, [$0], $1; "
                  "@!done bra WAIT${:uid}; }", [self.mbarrier_at(barriers, slot), parity])
 
@@ -536,9 +536,9 @@ class _GpuBuilder(FunctionBuilder):
         separates a warpgroup's wgmma instructions: ptxas would serialize them)."""
         b, iteration = self.builder, env[plan.loop]
         if empty is not None:
-            with b.if_then(b.icmp_signed(">=", iteration, llir.Constant(I64, plan.stages))):
+            with b.if_then(b.icmp_signed(">=", iteration, constant(I64, plan.stages))):
                 self.wait_mbarrier(empty, plan.stages, iteration, phase_offset=1)
-        slot = b.urem(iteration, llir.Constant(I64, plan.stages))
+        slot = b.urem(iteration, constant(I64, plan.stages))
         self.bulk_copy(plan.copies, env, self.mbarrier_at(full, slot))
 
     def bulk_copy(self, copies: list, env: dict, barrier: llir.Value):
@@ -546,14 +546,14 @@ class _GpuBuilder(FunctionBuilder):
         boxes, from the box at its origin (its own loops at 0) in the input."""
         statements = [(stmt, path) for stmt, path in walk(copies) if isinstance(stmt, StmtNode)]
         total = sum(self.bulk_copies[id(stmt)].bytes for stmt, _ in statements)
-        self.inline_by("mbarrier.arrive.expect_tx.shared::cta.b64 state, [$0], $1;", [barrier, llir.Constant(I32, total)])
+        self.inline_by("mbarrier.arrive.expect_tx.shared::cta.b64 state, [$0], $1;", [barrier, constant(I32, total)])
         for stmt, path in statements:
             copy = self.bulk_copies[id(stmt)]
             base = {**env, **{node.loop.name: ZERO for node in path}}
             load = stmt.stage.expr
             origin = [self.builder.trunc(self.affine(ix.substitute(stmt.index), base), I32) for ix in load.index]
             target = self.shared_address(self.rotated(copy.target, self.pointers[copy.target]))
-            tensor_map = self.builder.gep(self.pointers[TENSOR_MAPS], [llir.Constant(I64, copy.index * TENSOR_MAP_BYTES)],
+            tensor_map = self.builder.gep(self.pointers[TENSOR_MAPS], [constant(I64, copy.index * TENSOR_MAP_BYTES)],
                                           source_etype=llir.IntType(8), inbounds=True)
             for block in range(copy.blocks):
                 self.tma_load(target, tensor_map, origin, barrier, block * copy.columns, block * copy.rows * SWIZZLE_BYTES)
@@ -563,11 +563,11 @@ class _GpuBuilder(FunctionBuilder):
         """cp.async.bulk.tensor of the box at `origin` (moved `column` elements along the innermost
         dim) to `offset` bytes past `target`, completing on `barrier`."""
         b, rank = self.builder, len(origin)
-        coordinates = [*origin[:-1], b.add(origin[-1], llir.Constant(I32, column))][::-1]
+        coordinates = [*origin[:-1], b.add(origin[-1], constant(I32, column))][::-1]
         places = ", ".join(f"${i + 2}" for i in range(rank))
         self.inline_by(f"cp.async.bulk.tensor.{rank}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
                        f"[$0], [$1, {{{places}}}], [${rank + 2}];",
-                       [b.add(target, llir.Constant(I32, offset)), b.ptrtoint(tensor_map, I64), *coordinates, barrier])
+                       [b.add(target, constant(I32, offset)), b.ptrtoint(tensor_map, I64), *coordinates, barrier])
 
     def inline_by(self, ptx: str, operands: list, axes: str = "xyz"):
         """An inline PTX instruction (operands $0...; it may write the scratch register `state`)
@@ -575,7 +575,7 @@ class _GpuBuilder(FunctionBuilder):
         warp's lanes where wgmma runs). A predicate, not a branch: ptxas serializes wgmma
         instructions that a branch on the thread index separates."""
         b = self.builder
-        index = llir.Constant(I32, 0)
+        index = constant(I32, 0)
         for axis in axes:
             index = b.or_(index, self.special_register(f"tid.{axis}"))
         self.inline(f"{{ .reg .pred leader; .reg .b64 state; setp.eq.u32 leader, ${len(operands)}, 0; @leader {ptx} }}",
@@ -651,15 +651,15 @@ class _GpuBuilder(FunctionBuilder):
 
         def at(index):
             return b.gep(scratch, [index], source_etype=ty)
-        with b.if_then(b.icmp_signed("<", tid, llir.Constant(I64, extent))):
+        with b.if_then(b.icmp_signed("<", tid, constant(I64, extent))):
             b.store(b.load(self.partials.pop(id(stmt)), typ=ty), at(tid))
         self.barrier()
         step = 1 << max(extent - 1, 0).bit_length()
         while step > 1:
             step //= 2
-            other = b.add(tid, llir.Constant(I64, step))
-            active = b.and_(b.icmp_signed("<", tid, llir.Constant(I64, step)),
-                            b.icmp_signed("<", other, llir.Constant(I64, extent)))
+            other = b.add(tid, constant(I64, step))
+            active = b.and_(b.icmp_signed("<", tid, constant(I64, step)),
+                            b.icmp_signed("<", other, constant(I64, extent)))
             with b.if_then(active):
                 b.store(self.binary(op, b.load(at(tid), typ=ty), b.load(at(other), typ=ty)), at(tid))
             self.barrier()
@@ -682,7 +682,7 @@ class _GpuBuilder(FunctionBuilder):
             if name not in module.globals:
                 array = llir.GlobalVariable(module, llir.ArrayType(llir.IntType(8), 0), name, addrspace=3)
                 array.linkage, array.align = "internal", WGMMA_ALIGN
-            start = self.allocas.gep(module.globals[name], [llir.Constant(I64, offset)], source_etype=llir.IntType(8))
+            start = self.allocas.gep(module.globals[name], [constant(I64, offset)], source_etype=llir.IntType(8))
             return self.allocas.addrspacecast(start, llir.PointerType())
         unique = f"{self.fn.name}.{name}.{len(module.globals)}"
         variable = llir.GlobalVariable(module, llir.ArrayType(ty, count), unique, addrspace=3)
@@ -709,7 +709,7 @@ class _GpuBuilder(FunctionBuilder):
             if size > LOCAL_LIMIT:
                 raise ValueError(f"buffer {plan.name} ({size} bytes) is too large for a GPU thread's local memory; "
                                  f"place it deeper")
-        buffer = self.allocas.alloca(MEMORY_TYPE[plan.dtype], size=llir.Constant(I64, count), name=plan.name)
+        buffer = self.allocas.alloca(MEMORY_TYPE[plan.dtype], size=constant(I64, count), name=plan.name)
         buffer.align = 16
         return buffer
 
@@ -840,11 +840,11 @@ class _GpuBuilder(FunctionBuilder):
         m, n = tile.loops["m"].loop.name, tile.loops["n"].loop.name
         places = fragment_places(tile.instruction)
         if self.is_fragment(buffer):
-            return [self.access(buffer, index, False, stmt, {**env, m: llir.Constant(I64, row), n: llir.Constant(I64, col)})
+            return [self.access(buffer, index, False, stmt, {**env, m: constant(I64, row), n: constant(I64, col)})
                     for row, col in places]
         first_row, first_col = self.lane_place(lane)
-        return [self.access(buffer, index, False, stmt, {**env, m: b.add(first_row, llir.Constant(I64, row)),
-                                                           n: b.add(first_col, llir.Constant(I64, col))})
+        return [self.access(buffer, index, False, stmt, {**env, m: b.add(first_row, constant(I64, row)),
+                                                           n: b.add(first_col, constant(I64, col))})
                 for row, col in places]
 
     def lane(self, instruction: str) -> llir.Value:
@@ -855,15 +855,15 @@ class _GpuBuilder(FunctionBuilder):
         if not is_warpgroup(instruction):
             return lane
         warp = b.zext(self.special_register("tid.y"), I64)
-        return b.add(lane, b.shl(b.and_(warp, llir.Constant(I64, 3)), llir.Constant(I64, 5)))
+        return b.add(lane, b.shl(b.and_(warp, constant(I64, 3)), constant(I64, 5)))
 
     def lane_place(self, lane: llir.Value) -> tuple[llir.Value, llir.Value]:
         """(16 * warp + lane / 4, 2 * (lane % 4)) of thread `lane` of a warp (or warpgroup): its row and
         first column in each 8x8 block of a fragment."""
         b = self.builder
-        warp = b.shl(b.lshr(lane, llir.Constant(I64, 5)), llir.Constant(I64, 4))
-        row = b.add(warp, b.lshr(b.and_(lane, llir.Constant(I64, 31)), llir.Constant(I64, 2)))
-        return row, b.shl(b.and_(lane, llir.Constant(I64, 3)), llir.Constant(I64, 1))
+        warp = b.shl(b.lshr(lane, constant(I64, 5)), constant(I64, 4))
+        row = b.add(warp, b.lshr(b.and_(lane, constant(I64, 31)), constant(I64, 2)))
+        return row, b.shl(b.and_(lane, constant(I64, 3)), constant(I64, 1))
 
     def mma(self, tile: TensorTile, stmt: StmtNode, nodes: list[LoopNode], env: dict):
         """One m16n8k16 tile on the warp: each lane gathers its fragments of A (four registers of two
@@ -872,10 +872,10 @@ class _GpuBuilder(FunctionBuilder):
         copies them."""
         b = self.builder
         base = {**env, **{node.loop.name: ZERO for node in nodes}}
-        present = llir.Constant(llir.IntType(1), 1)
+        present = constant(llir.IntType(1), 1)
         for node in nodes:
             for lim in node.limits:     # a tail of whole tiles: this one is there or not, for the whole warp
-                inside = b.icmp_signed("<", self.affine(lim.rest, base), llir.Constant(I64, lim.bound))
+                inside = b.icmp_signed("<", self.affine(lim.rest, base), constant(I64, lim.bound))
                 present = b.and_(present, inside)
         with b.if_then(present):
             self.tile(tile, stmt, base)
@@ -889,7 +889,7 @@ class _GpuBuilder(FunctionBuilder):
         targets = self.tile_elements(stage.name, Affine.identity(stage.dims), tile, stmt, base, lane)
         if stmt.kind == "init":
             for target in targets:
-                self.store_value(llir.Constant(F32, IDENTITY[stage.reduce_op]), target, stage.dtype)
+                self.store_value(constant(F32, IDENTITY[stage.reduce_op]), target, stage.dtype)
             return
         if tile.b is None:
             sources = self.tile_elements(tile.a.buffer, tile.a.index, tile, stmt, base, lane)
@@ -918,9 +918,9 @@ class _GpuBuilder(FunctionBuilder):
                 self.store_value(value, target, stage.dtype)
             return
         for first in range(0, len(values), 2):
-            pair = llir.Constant(llir.VectorType(values[first].type, 2), None)
+            pair = constant(llir.VectorType(values[first].type, 2), None)
             for lane_index in (0, 1):
-                pair = self.builder.insert_element(pair, values[first + lane_index], llir.Constant(I32, lane_index))
+                pair = self.builder.insert_element(pair, values[first + lane_index], constant(I32, lane_index))
             self.store_value(pair, targets[first], stage.dtype, align=2 * ITEM_BYTES[stage.dtype])
 
     def mma_sync(self, tile: TensorTile, stmt: StmtNode, base: dict, targets: list[llir.Value], lane: llir.Value):
@@ -967,10 +967,10 @@ class _GpuBuilder(FunctionBuilder):
         b, layout = self.builder, self.wgmma_operands[load.buffer]
         address = self.shared_address(self.access(load.buffer, load.index, False, stmt, base))
         leading = layout.rows * SWIZZLE_BYTES if layout.major == "mn" else 16
-        low = b.or_(b.and_(b.lshr(address, llir.Constant(I32, 4)), llir.Constant(I32, 0x3FFF)),
-                    llir.Constant(I32, (leading >> 4) << 16))
+        low = b.or_(b.and_(b.lshr(address, constant(I32, 4)), constant(I32, 0x3FFF)),
+                    constant(I32, (leading >> 4) << 16))
         high = (ATOM_ROWS * SWIZZLE_BYTES >> 4) | (1 << 30)
-        return b.or_(b.zext(low, I64), llir.Constant(I64, high << 32))
+        return b.or_(b.zext(low, I64), constant(I64, high << 32))
 
     def fragment(self, load, tile: TensorTile, stmt: StmtNode, base: dict, row: str, count: int,
                  lane: llir.Value) -> list[llir.Value]:
@@ -984,7 +984,7 @@ class _GpuBuilder(FunctionBuilder):
         group, pair = self.lane_place(lane)
         registers = []
         for row_block, k_block in fragment_blocks(count):
-            here = {**base, row: b.add(group, llir.Constant(I64, row_block)), k: b.add(pair, llir.Constant(I64, k_block))}
+            here = {**base, row: b.add(group, constant(I64, row_block)), k: b.add(pair, constant(I64, k_block))}
             registers.append(self.packed_pair(load, tile.dtype, stmt, here, k))
         return registers
 
@@ -998,7 +998,7 @@ class _GpuBuilder(FunctionBuilder):
         if pair is None:
             return self.fragment(tile.b, tile, stmt, base, n, 2, lane)
         outer, index = pair
-        even = {**base, outer: llir.Constant(I64, index - index % 2)}
+        even = {**base, outer: constant(I64, index - index % 2)}
         registers = self.ldmatrix(tile.b, stmt, even, n, k, 4, lane, layout, rows_first=True)
         return registers[2 * (index % 2):2 * (index % 2) + 2]
 
@@ -1037,16 +1037,16 @@ class _GpuBuilder(FunctionBuilder):
         k 0), (row 8, k 0), (row 0, k 8), (row 8, k 8) as A's registers do, or with `rows_first` (two
         B tiles) (row 0, k 0), (row 0, k 8), (row 8, k 0), (row 8, k 8)."""
         b = self.builder
-        block = b.and_(b.lshr(lane, llir.Constant(I64, 3)), llir.Constant(I64, count - 1))
-        offset = b.and_(lane, llir.Constant(I64, 7))
+        block = b.and_(b.lshr(lane, constant(I64, 3)), constant(I64, count - 1))
+        offset = b.and_(lane, constant(I64, 7))
         if count == 4:
-            low, high = b.and_(block, llir.Constant(I64, 1)), b.lshr(block, llir.Constant(I64, 1))
+            low, high = b.and_(block, constant(I64, 1)), b.lshr(block, constant(I64, 1))
             if rows_first:
                 low, high = high, low
-            row_block = b.shl(low, llir.Constant(I64, 3))
-            k_block = b.shl(high, llir.Constant(I64, 3))
+            row_block = b.shl(low, constant(I64, 3))
+            k_block = b.shl(high, constant(I64, 3))
         else:
-            row_block, k_block = ZERO, b.shl(block, llir.Constant(I64, 3))
+            row_block, k_block = ZERO, b.shl(block, constant(I64, 3))
         if layout:
             here = {**base, row: row_block, k: b.add(k_block, offset)}
         else:
@@ -1064,10 +1064,10 @@ class _GpuBuilder(FunctionBuilder):
         b = self.builder
         halves = []
         for step in (0, 1):
-            here = {**env, k: b.add(env[k], llir.Constant(I64, step))}
+            here = {**env, k: b.add(env[k], constant(I64, step))}
             stored = b.load(self.access(load.buffer, load.index, False, stmt, here), typ=MEMORY_TYPE[dtype], align=2)
             halves.append(b.zext(b.bitcast(stored, I16), I32))
-        return b.or_(halves[0], b.shl(halves[1], llir.Constant(I32, 16)))
+        return b.or_(halves[0], b.shl(halves[1], constant(I32, 16)))
 
     def unary(self, op: str, x):
         if op in ("log",) or (op == "exp" and element_type(x.type) == F64):
@@ -1119,8 +1119,8 @@ class Swizzle:
 
     def apply(self, b: llir.IRBuilder, offset: llir.Value) -> llir.Value:
         """The swizzled offset (elements), as i64 arithmetic."""
-        row = b.and_(b.lshr(offset, llir.Constant(I64, self.shift)), llir.Constant(I64, self.mask))
-        return b.xor(offset, b.shl(row, llir.Constant(I64, self.chunk)))
+        row = b.and_(b.lshr(offset, constant(I64, self.shift)), constant(I64, self.mask))
+        return b.xor(offset, b.shl(row, constant(I64, self.chunk)))
 
     def __call__(self, offset: int) -> int:
         """The swizzled offset of a whole number (what `apply` emits)."""
@@ -1139,9 +1139,9 @@ class WgmmaLayout:
     def apply(self, b: llir.IRBuilder, offset: llir.Value) -> llir.Value:
         """The shared offset (elements), as i64 arithmetic."""
         if self.operand.major == "mn":
-            row, column = b.udiv(offset, llir.Constant(I64, self.operand.row)), b.urem(offset, llir.Constant(I64, self.operand.row))
-            block = b.mul(b.udiv(column, llir.Constant(I64, 64)), llir.Constant(I64, 64 * self.operand.rows))
-            offset = b.add(block, b.add(b.mul(row, llir.Constant(I64, 64)), b.urem(column, llir.Constant(I64, 64))))
+            row, column = b.udiv(offset, constant(I64, self.operand.row)), b.urem(offset, constant(I64, self.operand.row))
+            block = b.mul(b.udiv(column, constant(I64, 64)), constant(I64, 64 * self.operand.rows))
+            offset = b.add(block, b.add(b.mul(row, constant(I64, 64)), b.urem(column, constant(I64, 64))))
         return SWIZZLE_128.apply(b, offset)
 
     def __call__(self, offset: int) -> int:

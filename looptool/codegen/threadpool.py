@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from llvmlite import ir as llir
 
-from .llvm import I32, I64, ONE, PTR, ZERO, TypedCallee
+from .llvm import I32, I64, ONE, PTR, ZERO, TypedCallee, constant
 
 ENTRY = "looptool_parallel_for"
 VOID = llir.VoidType()
@@ -108,7 +108,7 @@ class _PoolBuilder:
     # Declarations ---------------------------------------------------------------------------
     def global_bytes(self, name: str) -> llir.GlobalVariable:
         var = llir.GlobalVariable(self.module, llir.ArrayType(llir.IntType(8), SYNC_BYTES), f"looptool_pool.{name}")
-        var.initializer = llir.Constant(var.value_type, None)
+        var.initializer = constant(var.value_type, None)
         var.linkage, var.align = "internal", 64
         return var
 
@@ -120,7 +120,7 @@ class _PoolBuilder:
 
     def global_pointer(self, name: str) -> llir.GlobalVariable:
         var = llir.GlobalVariable(self.module, PTR, f"looptool_pool.{name}")
-        var.initializer, var.linkage = llir.Constant(PTR, None), "internal"
+        var.initializer, var.linkage = constant(PTR, None), "internal"
         return var
 
     def get(self, b: llir.IRBuilder, name: str) -> llir.Value:
@@ -153,7 +153,7 @@ class _PoolBuilder:
         if self.triple.startswith(("x86_64", "i386", "i686")):
             b.call(self.extern("llvm.x86.sse2.pause", VOID, []), [])
         elif self.triple.startswith(("aarch64", "arm64")):
-            b.call(self.extern("llvm.aarch64.hint", VOID, [I32]), [llir.Constant(I32, 1)])
+            b.call(self.extern("llvm.aarch64.hint", VOID, [I32]), [constant(I32, 1)])
 
     def wait_while(self, b: llir.IRBuilder, fn: llir.Function, condition, cond_var: str, name: str):
         """Sleep on `cond_var` (mutex held) while `condition(b)` is true; continue after it."""
@@ -172,9 +172,9 @@ class _PoolBuilder:
         """Nanoseconds on the monotonic clock (clock_gettime: a vDSO call, no system call)."""
         with b.goto_entry_block():          # an alloca in a loop would grow the stack every turn
             timespec = b.alloca(llir.ArrayType(I64, 2), name="timespec")
-        self.call(b, "clock", llir.Constant(I32, CLOCK_MONOTONIC), timespec)
-        seconds, nanoseconds = (b.load(b.gep(timespec, [ZERO, llir.Constant(I32, i)]), typ=I64) for i in (0, 1))
-        return b.add(b.mul(seconds, llir.Constant(I64, 1_000_000_000)), nanoseconds)
+        self.call(b, "clock", constant(I32, CLOCK_MONOTONIC), timespec)
+        seconds, nanoseconds = (b.load(b.gep(timespec, [ZERO, constant(I32, i)]), typ=I64) for i in (0, 1))
+        return b.add(b.mul(seconds, constant(I64, 1_000_000_000)), nanoseconds)
 
     def poll_while(self, b: llir.IRBuilder, fn: llir.Function, condition, nanoseconds: llir.Value, name: str,
                    yields: llir.Value):
@@ -182,7 +182,7 @@ class _PoolBuilder:
         the clock every PAUSES_PER_CLOCK pauses; where `yields` (an i1) is true, also yield the CPU
         to any thread queued on it at each look from YIELD_AFTER_NS on."""
         start = self.now(b)
-        deadline, yield_from = b.add(start, nanoseconds), b.add(start, llir.Constant(I64, YIELD_AFTER_NS))
+        deadline, yield_from = b.add(start, nanoseconds), b.add(start, constant(I64, YIELD_AFTER_NS))
         pre = b.block
         check = fn.append_basic_block(f"{name}.poll")
         spin = fn.append_basic_block(f"{name}.pause")
@@ -197,7 +197,7 @@ class _PoolBuilder:
         self.pause(b)
         more = b.add(pauses, ONE)
         pauses.add_incoming(more, spin)
-        b.cbranch(b.icmp_unsigned("==", b.and_(more, llir.Constant(I64, PAUSES_PER_CLOCK - 1)), ZERO), tick, check)
+        b.cbranch(b.icmp_unsigned("==", b.and_(more, constant(I64, PAUSES_PER_CLOCK - 1)), ZERO), tick, check)
         b.position_at_end(tick)
         now = self.now(b)
         with b.if_then(b.and_(b.icmp_signed(">=", now, yield_from), yields)):
@@ -218,8 +218,8 @@ class _PoolBuilder:
         b.branch(loop)
         b.position_at_end(loop)
         ticket = b.load_atomic(self.word["ticket"], "monotonic", 8, typ=I64)
-        start = b.and_(ticket, llir.Constant(I64, TICKET_MASK))
-        ours = b.icmp_unsigned("==", b.lshr(ticket, llir.Constant(I64, TICKET_BITS)), generation)
+        start = b.and_(ticket, constant(I64, TICKET_MASK))
+        ours = b.icmp_unsigned("==", b.lshr(ticket, constant(I64, TICKET_BITS)), generation)
         b.cbranch(b.and_(ours, b.icmp_signed("<", start, count)), take, done)
         b.position_at_end(take)
         swapped = b.cmpxchg(self.word["ticket"], ticket, b.add(ticket, grain), "acq_rel", "monotonic")
@@ -245,13 +245,13 @@ class _PoolBuilder:
         fn.linkage = "internal"
         b = llir.IRBuilder(fn.append_basic_block("entry"))
         mask = b.alloca(llir.ArrayType(I64, CPU_SET_BYTES // 8), name="mask")
-        read = self.call(b, "getaffinity", llir.Constant(I32, 0), llir.Constant(I64, CPU_SET_BYTES), mask)
-        with b.if_then(b.icmp_signed("!=", read, llir.Constant(I32, 0))):
+        read = self.call(b, "getaffinity", constant(I32, 0), constant(I64, CPU_SET_BYTES), mask)
+        with b.if_then(b.icmp_signed("!=", read, constant(I32, 0))):
             b.ret(ONE)
         popcount = self.extern("llvm.ctpop.i64", I64, [I64])
         total = ZERO
         for word in range(CPU_SET_BYTES // 8):
-            bits = b.load(b.gep(mask, [ZERO, llir.Constant(I32, word)]), typ=I64)
+            bits = b.load(b.gep(mask, [ZERO, constant(I32, word)]), typ=I64)
             total = b.add(total, b.call(popcount, [bits]))
         b.ret(total)
         return fn
@@ -267,19 +267,19 @@ class _PoolBuilder:
         b = llir.IRBuilder(fn.append_basic_block("entry"))
         mask_type = llir.ArrayType(I64, CPU_SET_BYTES // 8)
         mask, others = b.alloca(mask_type, name="mask"), b.alloca(mask_type, name="others")
-        size = llir.Constant(I64, CPU_SET_BYTES)
+        size = constant(I64, CPU_SET_BYTES)
         here = b.sext(self.call(b, "getcpu"), I64)
-        shared = b.and_(b.icmp_unsigned("==", here, cpu), b.icmp_unsigned("<", cpu, llir.Constant(I64, 8 * CPU_SET_BYTES)))
+        shared = b.and_(b.icmp_unsigned("==", here, cpu), b.icmp_unsigned("<", cpu, constant(I64, 8 * CPU_SET_BYTES)))
         with b.if_then(shared):
-            read = self.call(b, "getaffinity", llir.Constant(I32, 0), size, mask)
-            with b.if_then(b.icmp_signed("==", read, llir.Constant(I32, 0))):
+            read = self.call(b, "getaffinity", constant(I32, 0), size, mask)
+            with b.if_then(b.icmp_signed("==", read, constant(I32, 0))):
                 b.store(b.load(mask, typ=mask_type), others)
-                word = b.gep(others, [ZERO, b.lshr(cpu, llir.Constant(I64, 6))])
-                bit = b.shl(ONE, b.and_(cpu, llir.Constant(I64, 63)))
+                word = b.gep(others, [ZERO, b.lshr(cpu, constant(I64, 6))])
+                bit = b.shl(ONE, b.and_(cpu, constant(I64, 63)))
                 b.store(b.and_(b.load(word, typ=I64), b.not_(bit)), word)
-                moved = self.call(b, "setaffinity", llir.Constant(I32, 0), size, others)
-                with b.if_then(b.icmp_signed("==", moved, llir.Constant(I32, 0))):
-                    self.call(b, "setaffinity", llir.Constant(I32, 0), size, mask)
+                moved = self.call(b, "setaffinity", constant(I32, 0), size, others)
+                with b.if_then(b.icmp_signed("==", moved, constant(I32, 0))):
+                    self.call(b, "setaffinity", constant(I32, 0), size, mask)
         b.ret_void()
         return fn
 
@@ -291,17 +291,17 @@ class _PoolBuilder:
         fn.linkage = "internal"
         b = llir.IRBuilder(fn.append_basic_block("entry"))
         packed = b.ptrtoint(fn.args[0], I64)
-        index = b.and_(packed, llir.Constant(I64, (1 << INDEX_BITS) - 1))
+        index = b.and_(packed, constant(I64, (1 << INDEX_BITS) - 1))
         seen, poll = b.alloca(I64, name="seen"), b.alloca(I64, name="poll")
-        b.store(b.lshr(packed, llir.Constant(I64, INDEX_BITS)), seen)
-        b.store(llir.Constant(I64, WORKER_POLL_NS), poll)
+        b.store(b.lshr(packed, constant(I64, INDEX_BITS)), seen)
+        b.store(constant(I64, WORKER_POLL_NS), poll)
         loop = fn.append_basic_block("loop")
         b.branch(loop)
         b.position_at_end(loop)
         poll_ns = b.load(poll, typ=I64)
         self.poll_while(b, fn, lambda b: b.icmp_unsigned("==", self.get_atomic(b, "generation"),
                                                           b.load(seen, typ=I64)), poll_ns, "job",
-                        b.icmp_signed(">=", poll_ns, llir.Constant(I64, WORKER_POLL_SPARE_NS)))
+                        b.icmp_signed(">=", poll_ns, constant(I64, WORKER_POLL_SPARE_NS)))
         self.call(b, "lock", self.sync["mutex"])
         self.wait_while(b, fn, lambda b: b.icmp_unsigned("==", self.get(b, "generation"), b.load(seen, typ=I64)),
                         "work", "job")
@@ -326,7 +326,7 @@ class _PoolBuilder:
         pid = b.sext(self.call(b, "getpid"), I64)
         with b.if_then(b.icmp_unsigned("!=", pid, self.get(b, "owner"))):
             for var in self.sync.values():
-                b.store(llir.Constant(var.value_type, None), var)
+                b.store(constant(var.value_type, None), var)
             for name in ("workers", "remaining", "cpus"):
                 b.store(ZERO, self.word[name])
             b.store(pid, self.word["owner"])
@@ -347,11 +347,11 @@ class _PoolBuilder:
         b.cbranch(b.icmp_signed("<", workers, want), create, done)
         b.position_at_end(create)
         index = b.add(workers, ONE)
-        generation = b.shl(self.get(b, "generation"), llir.Constant(I64, INDEX_BITS))
+        generation = b.shl(self.get(b, "generation"), constant(I64, INDEX_BITS))
         argument = b.inttoptr(b.or_(generation, index), PTR)
-        failed = self.call(b, "create", tid, llir.Constant(PTR, None), worker, argument)
+        failed = self.call(b, "create", tid, constant(PTR, None), worker, argument)
         started = fn.append_basic_block("started")
-        b.cbranch(b.icmp_signed("==", failed, llir.Constant(I32, 0)), started, done)
+        b.cbranch(b.icmp_signed("==", failed, constant(I32, 0)), started, done)
         b.position_at_end(started)
         self.call(b, "detach", b.load(tid, typ=I64))
         b.store(index, self.word["workers"])
@@ -365,8 +365,8 @@ class _PoolBuilder:
         are counted on its first loop)."""
         with b.if_then(b.icmp_unsigned("==", self.get(b, "cpus"), ZERO)):
             b.store(b.call(count_cpus, []), self.word["cpus"])
-        spare = b.icmp_signed("<=", b.mul(threads, llir.Constant(I64, 2)), self.get(b, "cpus"))
-        return b.select(spare, llir.Constant(I64, WORKER_POLL_SPARE_NS), llir.Constant(I64, WORKER_POLL_NS))
+        spare = b.icmp_signed("<=", b.mul(threads, constant(I64, 2)), self.get(b, "cpus"))
+        return b.select(spare, constant(I64, WORKER_POLL_SPARE_NS), constant(I64, WORKER_POLL_NS))
 
     def entry(self, grow: llir.Function, reset_after_fork: llir.Function, claim: llir.Function,
               count_cpus: llir.Function) -> llir.Function:
@@ -376,13 +376,13 @@ class _PoolBuilder:
         b = llir.IRBuilder(fn.append_basic_block("entry"))
         serial, pooled = fn.append_basic_block("serial"), fn.append_basic_block("pooled")
         alone = b.or_(b.icmp_signed("<=", threads, ONE), b.icmp_signed("<=", count, ONE))
-        alone = b.or_(alone, b.icmp_signed(">=", count, llir.Constant(I64, 1 << (TICKET_BITS - 1))))
+        alone = b.or_(alone, b.icmp_signed(">=", count, constant(I64, 1 << (TICKET_BITS - 1))))
         claimed = fn.append_basic_block("claim")
         b.cbranch(alone, serial, claimed)
         b.position_at_end(claimed)
         b.call(reset_after_fork, [])
         busy = self.call(b, "trylock", self.sync["busy"])
-        b.cbranch(b.icmp_signed("!=", busy, llir.Constant(I32, 0)), serial, pooled)
+        b.cbranch(b.icmp_signed("!=", busy, constant(I32, 0)), serial, pooled)
 
         b.position_at_end(serial)
         b.call(TypedCallee(body, BODY_TYPE), [ctx, ZERO, count])
@@ -393,7 +393,7 @@ class _PoolBuilder:
         workers = b.call(grow, [b.sub(threads, ONE)])
         available = b.add(workers, ONE)
         parts = b.select(b.icmp_signed("<", available, threads), available, threads)
-        grain = b.sdiv(count, b.mul(parts, llir.Constant(I64, CHUNKS_PER_THREAD)))
+        grain = b.sdiv(count, b.mul(parts, constant(I64, CHUNKS_PER_THREAD)))
         grain = b.select(b.icmp_signed("<", grain, ONE), ONE, grain)
         caller_cpu = b.sext(self.call(b, "getcpu"), I64)
         for name, value in (("count", count), ("grain", grain), ("threads", parts), ("caller_cpu", caller_cpu),
@@ -401,15 +401,15 @@ class _PoolBuilder:
             b.store(value, self.word[name])
         b.store(body, self.pointer["body"])
         b.store(ctx, self.pointer["ctx"])
-        generation = b.and_(b.add(self.get(b, "generation"), ONE), llir.Constant(I64, TICKET_MASK))
+        generation = b.and_(b.add(self.get(b, "generation"), ONE), constant(I64, TICKET_MASK))
         self.put_atomic(b, "remaining", count)
-        self.put_atomic(b, "ticket", b.shl(generation, llir.Constant(I64, TICKET_BITS)))
+        self.put_atomic(b, "ticket", b.shl(generation, constant(I64, TICKET_BITS)))
         self.put_atomic(b, "generation", generation)
         self.call(b, "broadcast", self.sync["work"])
         self.call(b, "unlock", self.sync["mutex"])
         b.call(claim, [generation, body, ctx, count, grain])
         self.poll_while(b, fn, lambda b: b.icmp_unsigned("!=", self.get_atomic(b, "remaining"), ZERO),
-                        llir.Constant(I64, CALLER_POLL_NS), "finish", llir.Constant(llir.IntType(1), 1))
+                        constant(I64, CALLER_POLL_NS), "finish", constant(llir.IntType(1), 1))
         self.call(b, "lock", self.sync["mutex"])
         self.wait_while(b, fn, lambda b: b.icmp_unsigned("!=", self.get_atomic(b, "remaining"), ZERO),
                         "done", "finish")
