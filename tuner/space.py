@@ -337,25 +337,30 @@ def _stage_in_shared(tree: LoopTree, acc: str, buffer: str, depth: int, as_store
     block = _block_size(tree, acc)
     along_rows = sorted(free, key=lambda lp: (lp.dim != order[-1], lp.stride))   # neighbours in shared memory
     widest = sorted(free, key=lambda lp: -lp.extent)
-    bound = []
-    for axis, limit, candidates in (("thread.x", block[0], along_rows), ("thread.y", block[1], widest)):
-        pick = next((lp for lp in candidates if 1 < lp.extent <= limit and lp not in bound), None)
-        wider = next((lp for lp in widest if lp not in bound and lp.extent > limit > 1), None)
-        if axis == "thread.y" and (pick is None or pick.extent < limit) and wider is not None \
-                and wider.extent % limit == 0:
-            tree = tree.split(wider.name, limit, stage=copy)   # every row of threads gets a share
-            loops = list(tree.schedule.of(copy).loops)
-            free = [lp for lp in loops if lp.name != vector and lp.name not in (b.name for b in bound)] + bound
-            pick = next(lp for lp in loops if lp.name == f"{wider.name}.1")
-        if pick is not None:
-            bound.append(pick)
-            tree = tree.bind(pick.name, axis, stage=copy)
-    rest = [lp for lp in free if lp not in bound]
-    tree = tree.reorder(*[lp.name for lp in bound + rest] + ([vector] if vector else []), stage=copy)
+    bound = {}                                          # loop name -> thread axis
+    x = _fitting(along_rows, block[0], bound)
+    if x is not None:
+        bound[x.name] = "thread.x"
+    y = _fitting(widest, block[1], bound)
+    wider = next((lp for lp in widest if lp.name not in bound and lp.extent > block[1] > 1), None)
+    if (y is None or y.extent < block[1]) and wider is not None and wider.extent % block[1] == 0:
+        tree = tree.split(wider.name, block[1], stage=copy)     # every row of threads gets a share
+        bound[f"{wider.name}.1"] = "thread.y"
+    elif y is not None:
+        bound[y.name] = "thread.y"
+    for name, axis in bound.items():
+        tree = tree.bind(name, axis, stage=copy)
+    rest = [lp for lp in tree.schedule.of(copy).loops if lp.name != vector and lp.name not in bound]
+    tree = tree.reorder(*bound, *[lp.name for lp in rest], *([vector] if vector else []), stage=copy)
     for lp in rest:
         if lp.extent <= UNROLL_LIMIT:
             tree = tree.unroll(lp.name, stage=copy)
     return tree.vectorize(vector, stage=copy) if vector else tree
+
+
+def _fitting(loops: list, limit: int, taken: dict):
+    """The first of `loops` longer than 1 and at most `limit` that is not `taken`, or None."""
+    return next((lp for lp in loops if 1 < lp.extent <= limit and lp.name not in taken), None)
 
 
 def _block_size(tree: LoopTree, stage: str) -> tuple[int, int, int]:
