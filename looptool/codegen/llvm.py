@@ -14,22 +14,17 @@ from dataclasses import dataclass
 from llvmlite import ir as llir
 
 from .. import ir
+from ..memo import BoundedMemo
 from ..schedule import BufferPlan, Limit, LoopNode, LoopTree, StmtNode
 
 CONSTANT_LIMIT = 1 << 14
-_CONSTANTS: dict[tuple[str, str], llir.Constant] = {}
+_CONSTANTS = BoundedMemo(CONSTANT_LIMIT)
 
 
 def constant(ty: llir.Type, value) -> llir.Constant:
     """The constant `value` of type `ty` (a list for a vector), one shared object per process: llvmlite
     formats each constant object's text once, so a constant used in many places is formatted once."""
-    key = (str(ty), repr(value))
-    found = _CONSTANTS.get(key)
-    if found is None:
-        if len(_CONSTANTS) >= CONSTANT_LIMIT:
-            _CONSTANTS.clear()
-        found = _CONSTANTS[key] = llir.Constant(ty, value)
-    return found
+    return _CONSTANTS.get((str(ty), repr(value)), lambda: llir.Constant(ty, value))
 
 
 I64 = llir.IntType(64)
@@ -500,9 +495,9 @@ class FunctionBuilder:
         y = b.fadd(b.fadd(b.fmul(poly, b.fmul(r, r)), r), c(1.0))
         ity = llir.VectorType(llir.IntType(32), ty.count) if isinstance(ty, llir.VectorType) else llir.IntType(32)
         whole = b.fptosi(n, ity)
-        half = b.ashr(whole, int_like(ity, 1))
+        half = b.ashr(whole, constant_like(ity, 1))
         for part in (half, b.sub(whole, half)):
-            y = b.fmul(y, b.bitcast(b.shl(b.add(part, int_like(ity, 127)), int_like(ity, 23)), ty))
+            y = b.fmul(y, b.bitcast(b.shl(b.add(part, constant_like(ity, 127)), constant_like(ity, 23)), ty))
         result = y
         result = b.select(b.fcmp_ordered("<", x, c(-87.33654)), c(0.0), result)
         result = b.select(b.fcmp_ordered(">", x, c(88.72284)), c(float("inf")), result)
@@ -561,7 +556,7 @@ class FunctionBuilder:
         if dtype == "float16":
             return b.fpext(stored, shaped(F32, width))
         if dtype == "bfloat16":
-            bits = b.shl(b.zext(stored, shaped(I32, width)), int_like(shaped(I32, width), 16))
+            bits = b.shl(b.zext(stored, shaped(I32, width)), constant_like(shaped(I32, width), 16))
             return b.bitcast(bits, shaped(F32, width))
         return stored
 
@@ -579,10 +574,10 @@ class FunctionBuilder:
         b = self.builder
         ity = shaped(I32, lane_count(value.type))
         bits = b.bitcast(value, ity)
-        upper = b.lshr(bits, int_like(ity, 16))
-        odd = b.and_(upper, int_like(ity, 1))
-        rounded = b.lshr(b.add(b.add(bits, int_like(ity, 0x7FFF)), odd), int_like(ity, 16))
-        quiet_nan = b.or_(upper, int_like(ity, 0x40))
+        upper = b.lshr(bits, constant_like(ity, 16))
+        odd = b.and_(upper, constant_like(ity, 1))
+        rounded = b.lshr(b.add(b.add(bits, constant_like(ity, 0x7FFF)), odd), constant_like(ity, 16))
+        quiet_nan = b.or_(upper, constant_like(ity, 0x40))
         chosen = b.select(b.fcmp_unordered("uno", value, value), quiet_nan, rounded)
         return b.trunc(chosen, shaped(I16, lane_count(value.type)))
 
@@ -668,13 +663,7 @@ def element_type(ty: llir.Type) -> llir.Type:
     return ty.element if isinstance(ty, llir.VectorType) else ty
 
 
-def int_like(ty: llir.Type, value: int) -> llir.Constant:
-    if isinstance(ty, llir.VectorType):
-        return constant(ty, [value] * ty.count)
-    return constant(ty, value)
-
-
-def constant_like(ty: llir.Type, value: float) -> llir.Constant:
+def constant_like(ty: llir.Type, value: float | int) -> llir.Constant:
     if isinstance(ty, llir.VectorType):
         return constant(ty, [value] * ty.count)
     return constant(ty, value)

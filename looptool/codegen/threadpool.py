@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from llvmlite import ir as llir
 
-from .llvm import I32, I64, ONE, PTR, ZERO, TypedCallee, constant
+from .llvm import I1, I32, I64, ONE, PTR, ZERO, TypedCallee, constant
 
 ENTRY = "looptool_parallel_for"
 VOID = llir.VoidType()
@@ -409,7 +409,7 @@ class _PoolBuilder:
         self.call(b, "unlock", self.sync["mutex"])
         b.call(claim, [generation, body, ctx, count, grain])
         self.poll_while(b, fn, lambda b: b.icmp_unsigned("!=", self.get_atomic(b, "remaining"), ZERO),
-                        constant(I64, CALLER_POLL_NS), "finish", constant(llir.IntType(1), 1))
+                        constant(I64, CALLER_POLL_NS), "finish", constant(I1, 1))
         self.call(b, "lock", self.sync["mutex"])
         self.wait_while(b, fn, lambda b: b.icmp_unsigned("!=", self.get_atomic(b, "remaining"), ZERO),
                         "done", "finish")
