@@ -123,6 +123,12 @@ def workloads(scale: float):
         """The tuner's register-tile template (tuner.space.register_tiled), 128-bit vectors along n."""
         return space.register_tiled(mat.loop_tree(), "t0", x_threads, x_groups, 4, y_threads, y_tile, k_tile,
                                     unroll_k, shared, as_stored)
+    def ahead(stages, y_tile=8, y_groups=2):
+        """A transposed ahead by a kernel of its own (tuner.space.transposed_ahead), then register tiles
+        whose rows come in `y_groups` runs of 4, both k tiles of 32 copied as stored by cp.async."""
+        tree = space.transposed_ahead(mat.loop_tree(), "t0", "in0")
+        return space.register_tiled(tree, "t0", 16, 2, 4, 16, y_tile, 32, True, ("in0.t0", "in1"),
+                                    ("in0.t0", "in1"), y_groups=y_groups).pipeline("k.0", stages, stage="t0.acc")
     def pipelined(stages, **kw):
         """The register-tile template with its shared-memory copies issued by cp.async `stages - 1` k
         tiles ahead (LoopTree.pipeline)."""
@@ -160,6 +166,12 @@ def workloads(scale: float):
                                    "128x128x32, A as stored, cp.async 3 stages": pipelined(3, k_tile=32,
                                                                                           as_stored=("in0",)),
                                    "128x128x16, k unrolled, cp.async 3 stages": pipelined(3, k_tile=16),
+                                   "A transposed ahead, 128x128x32, rows in 2 runs, cp.async 2 stages": ahead(2),
+                                   "A transposed ahead, 128x128x32, rows in 2 runs, cp.async 3 stages": ahead(3),
+                                   "A transposed ahead, 256x128x32, rows in 4 runs, cp.async 2 stages":
+                                       ahead(2, y_tile=16, y_groups=4),
+                                   "A transposed ahead, 256x128x32, rows in 4 runs, cp.async 3 stages":
+                                       ahead(3, y_tile=16, y_groups=4),
                                    "tuned: 8x512 block tile, A in shared memory, k tile 32 (GPU study, seed 1)":
                                        tiles(x_threads=128, x_groups=1, y_threads=1, y_tile=8, k_tile=32,
                                              shared=("in0",)),

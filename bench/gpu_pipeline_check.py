@@ -10,8 +10,9 @@ from tuner import space
 
 
 def main() -> int:
-    """Check 2-, 3- and 4-stage pipelines (and the float32 start schedule's, A as stored in k tiles of
-    32, with 2 and 3 stages) on a matmul with tails in every dim."""
+    """Check 2-, 3- and 4-stage pipelines (and the float32 schedules of bench.gpu: A as stored in k
+    tiles of 32, or transposed ahead by its own kernel, with 2 and 3 stages) on a matmul with tails in
+    every dim."""
     cp = runtime_gpu.cupy()
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((150, 70)).astype(np.float32), rng.standard_normal((70, 200)).astype(np.float32)
@@ -21,8 +22,11 @@ def main() -> int:
     failures = 0
     small = space.register_tiled(c.loop_tree(), "t0", 8, 2, 4, 8, 4, 8, True, ("in0", "in1"))
     as_stored = space.register_tiled(c.loop_tree(), "t0", 16, 2, 4, 16, 8, 32, True, ("in0", "in1"), ("in0",))
+    ahead = space.register_tiled(space.transposed_ahead(c.loop_tree(), "t0", "in0"), "t0", 16, 2, 4, 16, 8, 32, True,
+                                 ("in0.t0", "in1"), ("in0.t0", "in1"), y_groups=2)
     for label, tree, stages in [("64x64 tiles, k 8", small, s) for s in (2, 3, 4)] + \
-            [("128x128 tiles, k 32, A as stored", as_stored, s) for s in (2, 3)]:
+            [("128x128 tiles, k 32, A as stored", as_stored, s) for s in (2, 3)] + \
+            [("128x128 tiles, k 32, A transposed ahead", ahead, s) for s in (2, 3)]:
         out = c.cuda(tree.pipeline("k.0", stages, stage="t0.acc"))
         err = float(np.abs(cp.asnumpy(out) - ref).max() / np.abs(ref).max())
         ok = err < 1e-5

@@ -74,7 +74,8 @@ def _choose(trial: optuna.Trial, name: str, options: list[int]) -> int:
 UNROLL_LIMIT = 8
 GPU_THREADS_X = (8, 16, 32, 64, 128)
 GPU_THREADS_Y = (1, 2, 4, 8, 16, 32)
-GPU_REGISTER_TILE = (1, 2, 4, 8)
+GPU_REGISTER_TILE = (1, 2, 4, 8, 16)
+GPU_ROW_GROUPS = (1, 2, 4)       # runs a thread's rows come in (register_tiled's y_groups)
 GPU_K_TILE = (4, 8, 16, 32)
 GPU_TILE_STAGES = (0, 2, 3)     # cp.async pipeline of the shared k tiles (0: copied, then computed)
 GPU_ROW_THREADS = (128, 256, 512, 1024)
@@ -170,9 +171,9 @@ def _gpu_tensor(trial: optuna.Trial, tree: LoopTree, family: str) -> LoopTree:
 TENSOR_START = {"wgmma": ((128, 256), (2, 1), 64, 4, "tma"), "mma": ((128, 256), (2, 4), 64, 2, "cp.async")}
 # bench.gpu's fastest float32 schedule: 128 x 128 block tiles of 8 x 8 per thread, k tiles of 32 in shared
 # memory, A as stored, copied by cp.async one k tile ahead.
-TILES_START = {"vector": 4, "x.threads": 16, "x.tile": 2, "y.threads": 16, "y.tile": 8, "k.tile": 32,
-               "k.unroll": True, "shared.in0": True, "shared.in1": True, "as_stored.in0": True,
-               "as_stored.in1": False, "stages": 2}
+TILES_START = {"vector": 4, "x.threads": 16, "x.tile": 2, "y.threads": 16, "y.tile": 8, "y.groups": 2, "k.tile": 32,
+               "k.unroll": True, "shared.in0": True, "shared.in1": True, "as_stored.in0": False,
+               "as_stored.in1": False, "ahead.in0": True, "stages": 2}
 
 
 def gpu_start_params(program: ir.Program) -> dict:
@@ -247,9 +248,11 @@ def shared_tiled(tree: LoopTree, block: int, k_tile: int, y_tile: int, x_threads
 
 def register_tiled(tree: LoopTree, stage: str, x_threads: int, x_groups: int, vector: int, y_threads: int,
                    y_tile: int, k_tile: int = 8, unroll_k: bool = False, shared: tuple[str, ...] = (),
-                   as_stored: tuple[str, ...] = ()) -> LoopTree:
+                   as_stored: tuple[str, ...] = (), *, y_groups: int = 1) -> LoopTree:
     """Blocks and threads over a stage's last two pure dims (x: contiguous, y): each thread computes
-    y_tile x (x_groups * vector) outputs, its x outputs `vector`-wide and x_threads * vector apart.
+    y_tile x (x_groups * vector) outputs, its x outputs `vector`-wide and x_threads * vector apart,
+    its y outputs in `y_groups` runs of consecutive rows, y_threads runs apart (so a tile of an
+    input laid out along y is read, and copied, in whole vectors by neighbouring threads).
     A reduction runs in registers over k tiles of `k_tile`; inputs in `shared` are staged in shared
     memory per k tile, those also in `as_stored` in their own layout (see `_stage_in_shared`)."""
     st = tree.program.stage(stage)
@@ -262,7 +265,13 @@ def register_tiled(tree: LoopTree, stage: str, x_threads: int, x_groups: int, ve
         tree = tree.split(f"{x}.1.1", vector, stage=stage)
         threads, registers = [f"{x}.1.1.0"], registers + [f"{x}.1.1.1"]
     blocks = [f"{x}.0"]
-    if y is not None:
+    if y is not None and y_groups > 1:
+        run = y_tile // y_groups
+        tree = tree.split(y, y_threads * y_tile, stage=stage).split(f"{y}.1", y_threads * run, stage=stage) \
+            .split(f"{y}.1.1", run, stage=stage)
+        blocks, threads = [f"{y}.0"] + blocks, [f"{y}.1.1.0"] + threads
+        registers = [f"{y}.1.0", f"{y}.1.1.1"] + registers
+    elif y is not None:
         tree = tree.split(y, y_threads * y_tile, stage=stage).split(f"{y}.1", y_tile, stage=stage)
         blocks, threads, registers = [f"{y}.0"] + blocks, [f"{y}.1.0"] + threads, [f"{y}.1.1"] + registers
     tree = tree.reorder(*others, *blocks, *threads, *registers, stage=stage)
@@ -287,6 +296,35 @@ def register_tiled(tree: LoopTree, stage: str, x_threads: int, x_groups: int, ve
     return tree
 
 
+def transposed_ahead(tree: LoopTree, stage: str, buffer: str, tile: int = 32) -> LoopTree:
+    """Copy the 2-D input `buffer` that `stage` reads into a temp laid out reduction dim first, by a
+    kernel of its own that runs before the stage's: `tile` x `tile` blocks, each thread loading a
+    16-byte vector along the input's contiguous dim and each warp storing whole rows of the temp.
+    The stage then reads the temp (`<buffer>.<stage>`), whose k tiles are copied into shared memory
+    as stored, 16 bytes at a time (so cp.async can pipeline them), and read as vectors along the
+    tile's rows: the transpose a shared copy would do element by element, done once."""
+    if not _transposable(tree, stage, buffer):
+        raise ValueError(f"transposed_ahead: {buffer} (dims {_layout(tree.program, buffer)}) is not a 2-D input "
+                         f"with the reduction dim of {stage} ({tree.program.stage(stage).reduce_dims}) last")
+    rows, k = _layout(tree.program, buffer)
+    copy = f"{buffer}.{stage}"
+    width = 16 // ITEM_BYTES[tree.buffers[buffer].dtype]
+    tree = tree.cache(buffer, stage=stage, order=(k, rows)).place(copy, None, 0)
+    tree = tree.split(rows, tile, stage=copy).split(k, tile, stage=copy).split(f"{k}.1", width, stage=copy)
+    tree = tree.reorder(f"{k}.0", f"{rows}.0", f"{k}.1.0", f"{rows}.1", f"{k}.1.1", stage=copy)
+    for loop, axis in ((f"{k}.0", "block.y"), (f"{rows}.0", "block.x"), (f"{k}.1.0", "thread.y"),
+                       (f"{rows}.1", "thread.x")):
+        tree = tree.bind(loop, axis, stage=copy)
+    return tree.vectorize(f"{k}.1.1", stage=copy)
+
+
+def _transposable(tree: LoopTree, stage: str, buffer: str) -> bool:
+    """Whether `transposed_ahead` applies: a 2-D input whose last dim is the stage's reduction dim."""
+    dims = _layout(tree.program, buffer)
+    reduce_dims = tree.program.stage(stage).reduce_dims
+    return len(dims) == 2 and dims[0] not in reduce_dims and dims[1] in reduce_dims
+
+
 def _tile_dims(stage) -> tuple[str, str | None, list[str]]:
     """(x: the contiguous output dim, y: the pure dim before it or None, the other pure dims)."""
     pure = [d for d in stage.loop_dims if d not in stage.reduce_dims]
@@ -308,6 +346,11 @@ def _bind_tile(tree, stage, blocks, threads, registers, vector):
     return tree
 
 
+def _layout(program, buffer: str) -> tuple[str, ...]:
+    """The dims of an input, or of a stage's buffer, in the order it is laid out."""
+    return next((b.dims for b in program.inputs if b.name == buffer), None) or program.stage(buffer).dims
+
+
 def _stage_in_shared(tree: LoopTree, acc: str, buffer: str, depth: int, as_stored: bool = False) -> LoopTree:
     """Copy the tile of `buffer` one k step uses into shared memory, read 128 bits at a time along the
     source's contiguous dim, with the copy's largest loops bound to threads (where none fills the
@@ -318,7 +361,7 @@ def _stage_in_shared(tree: LoopTree, acc: str, buffer: str, depth: int, as_store
     in whole 16-byte vectors, which cp.async can pipeline; the register tile's unrolled k steps are
     then read as vectors along k)."""
     program = tree.program
-    dims = next(b.dims for b in program.inputs if b.name == buffer)
+    dims = _layout(program, buffer)
     reduce_dims = program.stage(acc).reduce_dims
     order = dims if as_stored else \
         tuple(d for d in dims if d in reduce_dims) + tuple(d for d in dims if d not in reduce_dims)
@@ -385,11 +428,12 @@ def _gpu_tiles(trial: optuna.Trial, tree: LoopTree, stage: str) -> LoopTree:
     vector = trial.suggest_categorical(f"{stage}.gpu.vector", [1, 4]) if x_size % 4 == 0 else 1
     x_threads = _choose(trial, f"{stage}.gpu.x.threads", [t for t in GPU_THREADS_X if t <= x_size])
     x_groups = _choose(trial, f"{stage}.gpu.x.tile", [1, 2])
-    y_threads, y_tile = 1, 1
+    y_threads, y_tile, y_groups = 1, 1, 1
     if y is not None:
         y_size = tree.program.size(y)
         y_threads = _choose(trial, f"{stage}.gpu.y.threads", [t for t in GPU_THREADS_Y if t <= y_size])
         y_tile = _choose(trial, f"{stage}.gpu.y.tile", [t for t in GPU_REGISTER_TILE if t <= y_size])
+        y_groups = _choose(trial, f"{stage}.gpu.y.groups", [g for g in GPU_ROW_GROUPS if y_tile % g == 0])
         if y_threads * y_tile > y_size:
             raise ValueError(f"a block tile of {y_threads * y_tile} rows exceeds the {y_size} there are")
     if x_threads * vector * x_groups > x_size:
@@ -404,8 +448,14 @@ def _gpu_tiles(trial: optuna.Trial, tree: LoopTree, stage: str) -> LoopTree:
         inputs = sorted({ld.buffer for ld in _loads(st) if ld.buffer.startswith("in")})
         shared = tuple(b for b in inputs if trial.suggest_categorical(f"{stage}.gpu.shared.{b}", [True, False]))
         as_stored = tuple(b for b in shared if trial.suggest_categorical(f"{stage}.gpu.as_stored.{b}", [False, True]))
+        ahead = tuple(b for b in shared if b not in as_stored and _transposable(tree, stage, b)
+                      and trial.suggest_categorical(f"{stage}.gpu.ahead.{b}", [False, True]))
+        for b in ahead:
+            tree = transposed_ahead(tree, stage, b)
+        shared = tuple(f"{b}.{stage}" if b in ahead else b for b in shared)
+        as_stored = as_stored + tuple(f"{b}.{stage}" for b in ahead)
     tree = register_tiled(tree, stage, x_threads, x_groups, vector, y_threads, y_tile, k_tile, unroll_k, shared,
-                          as_stored)
+                          as_stored, y_groups=y_groups)
     if shared and len(st.reduce_dims) == 1:
         stages = _choose(trial, f"{stage}.gpu.stages", list(GPU_TILE_STAGES))
         if stages:
@@ -508,7 +558,7 @@ def _copy_by_warps(tree: LoopTree, acc: str, buffer: str, warps: tuple[int, int]
     """Stage `buffer`'s tile of one k step in shared memory (in its own layout), copied by the block's
     warps with 16-byte vectors along its contiguous dim, lanes on the chunks of a row (or on rows), warps
     sharing the rest."""
-    dims = next(b.dims for b in tree.program.inputs if b.name == buffer)
+    dims = _layout(tree.program, buffer)
     copy = f"{buffer}.{acc}"
     tree = tree.cache(buffer, stage=acc, order=dims).place(copy, acc, depth)
     width = 16 // ITEM_BYTES[tree.buffers[buffer].dtype]

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 from .. import ir
 from ..errors import IllegalScheduleError
 from ..memo import BoundedMemo
-from ..schedule import GPU_AXES, LoopNode, LoopTree, StmtNode, accesses, pipeline_depth, thread_bound
+from ..schedule import GPU_AXES, LoopNode, LoopTree, StmtNode, accesses, pipeline_depth, thread_bound, walk
 from ..schedule.printing import stmt_text
 from .tensorize import tensor_tiles
 from .tma import bulk_copies
@@ -149,10 +149,11 @@ def _check_structure(tree: LoopTree):
 
 
 def _check_pipelines(tree: LoopTree):
-    """A pipelined loop runs at block level and prefetches copies of inputs only.
+    """A pipelined loop runs at block level and prefetches copies of buffers its kernel does not write.
 
     Copies of iteration i are issued at iteration i - (stages - 1) into buffer i mod stages, so
-    they may move ahead of the rest of the body when they read nothing the program writes, and
+    they may move ahead of the rest of the body when they read nothing written in the same
+    top-level nest (one GPU kernel: the nests before it have finished when it starts), and
     their buffer is read nowhere but in the same iteration.  The copies of iteration i form the
     (i+1)-th group, after the stages - 1 groups of the prologue; waiting until at most
     `in_flight` groups run completes it exactly when in_flight <= stages - 2; the barrier after
@@ -177,16 +178,17 @@ def _check_pipelines(tree: LoopTree):
         if not copies:
             raise IllegalScheduleError(f"loop '{name}' is pipelined but no stage is placed at it: cache an input "
                                        f"and place its copy at '{name}' to prefetch it")
+        written = {stmt.stage.name for stmt, _ in walk(path[:1] or [node]) if isinstance(stmt, StmtNode)}
         for copy in copies:
-            _check_prefetchable(tree, node, copy)
+            _check_prefetchable(tree, node, copy, written)
 
 
-def _check_prefetchable(tree: LoopTree, node: LoopNode, copy: str):
+def _check_prefetchable(tree: LoopTree, node: LoopNode, copy: str, written: set[str]):
     stage = tree.program.stage(copy)
-    written = {st.name for st in tree.program.stages}
     if stage.reduce_op or ir.loaded_buffers(stage.expr) & written:
         raise IllegalScheduleError(
-            f"stage {copy} is placed at pipelined loop '{node.loop.name}' but is not a copy of inputs (it "
+            f"stage {copy} is placed at pipelined loop '{node.loop.name}' but is not a copy of a buffer its "
+            f"kernel leaves unchanged (it "
             f"{'reduces' if stage.reduce_op else 'reads ' + ', '.join(sorted(ir.loaded_buffers(stage.expr) & written))}"
             f"), so it cannot run iterations ahead")
     writers = [path for stmt, path in tree.statements() if stmt.stage.name == copy]

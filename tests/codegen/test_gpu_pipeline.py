@@ -9,6 +9,7 @@ import looptool as lt
 from looptool.codegen import gpu
 from tests.gpu_helpers import cupy_or_skip, matmul, register_tiles
 from tests.helpers import assert_close
+from tuner import space
 
 
 def calls(llvm_ir: str, intrinsic: str) -> int:
@@ -72,7 +73,8 @@ def test_a_placed_stage_that_is_no_input_copy_is_refused(rng):
     e = (x - x.max(n)).exp()
     tree = e.loop_tree().split("m", 2).place("t0", "t1", 1).pipeline("m.0", 2)
     legal, reason = tree.check()
-    assert not legal and reason.startswith("stage t0 is placed at pipelined loop 'm.0' but is not a copy of inputs")
+    assert not legal and reason.startswith("stage t0 is placed at pipelined loop 'm.0' but is not a copy of a buffer its "
+                                          "kernel leaves unchanged (it reduces)")
 
 
 @pytest.mark.parametrize("stages, bad", [(1, "stages must be an integer >= 2"), (2.5, "stages must be an integer")])
@@ -89,3 +91,51 @@ def test_pipelined_matmul_runs_on_the_gpu(rng, stages):
     c, ref = matmul(rng, 130, 77, 150)
     out = c.cuda(register_tiles(c).pipeline("k.0", stages, stage="t0.acc"))
     assert_close(cp.asnumpy(out), ref, 1e-5)
+
+
+def transposed_ahead_tiles(c, **changes):
+    """A transposed ahead by a kernel of its own, then both k tiles copied as stored into shared
+    memory by a 2-stage pipeline, each thread's 8 rows in two runs of 4."""
+    tree = space.transposed_ahead(c.loop_tree(), "t0", "in0")
+    params = dict(x_threads=8, x_groups=2, vector=4, y_threads=8, y_tile=8, k_tile=8, unroll_k=True,
+                  shared=("in0.t0", "in1"), as_stored=("in0.t0", "in1"), y_groups=2)
+    return space.register_tiled(tree, "t0", **{**params, **changes}).pipeline("k.0", 2, stage="t0.acc")
+
+
+def test_an_input_transposed_ahead_runs_as_its_own_kernel_and_is_then_copied_by_cp_async(rng):
+    c, _ = matmul(rng, 64, 64, 64)
+    tree = transposed_ahead_tiles(c)
+    assert tree.check() == (True, "legal")
+    module = gpu.generate(tree, "sm_90")
+    assert [launch.block for launch in module.launches] == [(32, 8, 1), (8, 8, 1)]
+    transpose, tiles = module.ptx.split(".entry")[1:]
+    assert "cp.async" not in transpose and "ld.global.nc.v4.b32" in transpose   # 16-byte loads along k
+    assert len(re.findall(r"st\.global\.b32", transpose)) == 4                     # a word to each of 4 rows
+    # both k tiles are copied in whole 16-byte vectors, 2 per thread and k tile of A (8 x 64) and 2
+    # of B (8 x 64), in the prologue and the loop; nothing goes into shared memory word by word
+    assert len(re.findall(r"cp\.async\.cg\.shared\.global", tiles)) == 2 * (2 + 2)
+    assert "st.shared" not in tiles and "ld.shared.v4.b32" in tiles
+
+
+def test_an_input_transposed_ahead_gives_numpys_result_with_tails(rng):
+    c, ref = matmul(rng, 37, 21, 45)                 # tails in every dim, both kernels
+    tree = transposed_ahead_tiles(c)
+    assert tree.check() == (True, "legal")
+    assert_close(lt.interpret(c, tree), ref, 1e-5)
+    assert "in0.t0[k, m] = in0[m, k]" in str(tree) and str(c.loop_tree(tree.schedule.to_json())) == str(tree)
+
+
+def test_a_pipelined_copy_of_a_buffer_written_in_the_same_kernel_is_refused(rng):
+    c, _ = matmul(rng, 64, 64, 64)
+    tree = transposed_ahead_tiles(c).place("in0.t0", "t0", 2)
+    legal, reason = tree.check()
+    assert not legal
+    assert reason.startswith("stage in0.t0.t0.acc is placed at pipelined loop 'k.0' but is not a copy of a buffer "
+                             "its kernel leaves unchanged (it reads in0.t0)")
+
+
+def test_transposed_ahead_refuses_an_input_already_laid_out_reduction_first(rng):
+    c, _ = matmul(rng, 64, 64, 64)
+    with pytest.raises(ValueError, match=r"transposed_ahead: in1 \(dims \('k', 'n'\)\) is not a 2-D input with "
+                                         r"the reduction dim of t0 \(\('k',\)\) last"):
+        space.transposed_ahead(c.loop_tree(), "t0", "in1")

@@ -109,9 +109,10 @@ def test_a_gpu_study_of_a_half_contraction_starts_from_the_gpus_best_tensor_core
 
 
 def test_a_float32_gpu_study_starts_from_pipelined_register_tiles(rng):
-    """A float32 contraction's first draw is bench.gpu's fastest register-tile schedule: k tiles of
-    32 staged in shared memory (A as stored) by a 2-stage cp.async pipeline; it is legal and right.
-    Matrices smaller than one block tile get no first draw."""
+    """A float32 contraction's first draw is bench.gpu's fastest register-tile schedule: A transposed
+    ahead by a kernel of its own, then k tiles of 32 of both staged in shared memory by a 2-stage
+    cp.async pipeline, each thread's rows in two runs of 4; it is legal and right. Matrices smaller
+    than one block tile get no first draw."""
     optuna = pytest.importorskip("optuna")
     c, ref = matmul(rng, 128, 64, 128)
     params = space.gpu_start_params(ir.lower(c.node)[0])
@@ -119,6 +120,7 @@ def test_a_float32_gpu_study_starts_from_pipelined_register_tiles(rng):
     tree = space.sample_gpu(optuna.trial.FixedTrial(params), c.loop_tree())
     assert "[pipeline.2" in str(tree) and tree.check() == (True, "legal")
     assert "for k.1.1 in 0..16  [thread.y]" in str(tree)     # B's 32-row k tile copied by every row of threads
+    assert "in0.t0[k, m] = in0[m, k]" in str(tree) and "in0.t0.t0.acc: f32[32, 128] local" in str(tree)
     assert_close(c.numpy(tree), ref, 1e-5)
     assert space.gpu_start_params(ir.lower(matmul(rng, 64, 32, 128)[0].node)[0]) == {}
 
