@@ -84,16 +84,18 @@ def export_command(args) -> None:
 
     work = workloads.resolve(args.workload)
     schedule = open(args.schedule).read() if args.schedule else None
-    path = lt.export(work.tensor, args.out, schedule, input_names=args.names)
+    path = lt.export(work.tensor, args.out, schedule, input_names=args.names, device=args.device, arch=args.arch)
     print(f"exported {args.workload} to {path}: {', '.join(sorted(p.name for p in path.iterdir()))}")
 
 
 def run_command(args) -> None:
-    """`looptool run ARTIFACT IN.npy... --output OUT.npy`: run an exported kernel on .npy files."""
+    """`looptool run ARTIFACT IN.npy... --output OUT.npy`: run an exported kernel (CPU or GPU) on .npy
+    files; the time includes a GPU result's copy to the host."""
     kernel = lt.load(args.artifact, rebuild=args.rebuild)
     arrays = [np.load(p) for p in args.inputs]
     start = time.perf_counter()
     out = kernel(*arrays)
+    out = out if isinstance(out, np.ndarray) else out.get()
     elapsed = time.perf_counter() - start
     np.save(args.output, out)
     print(f"ran {args.artifact} in {elapsed * 1e3:.3f} ms; wrote {args.output} "
@@ -125,11 +127,14 @@ def main(argv=None) -> None:
     tune_cmd.add_argument("--device", default="cpu", choices=("cpu", "gpu"),
                           help="tune for this CPU or for the current NVIDIA GPU (needs looptool[gpu])")
     tune_cmd.add_argument("--plots", default=None, help="folder for history.png and importances.png")
-    export_cmd = commands.add_parser("export", help="write a kernel artifact (manifest, LLVM IR, object, .so/.h)")
+    export_cmd = commands.add_parser("export", help="write a kernel artifact (manifest, LLVM IR, object, .so/.h; or PTX)")
     export_cmd.add_argument("workload", help="as for tune")
     export_cmd.add_argument("out", help="artifact directory to write")
     export_cmd.add_argument("--schedule", default=None, help="schedule JSON file (default: tuned, else automatic)")
     export_cmd.add_argument("--names", nargs="+", default=None, help="names for the inputs")
+    export_cmd.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
+                            help="gpu: the PTX of the GPU kernels (tuned for the GPU if stored)")
+    export_cmd.add_argument("--arch", default=None, help="GPU target for --device gpu, e.g. sm_90 (default: this GPU)")
     run_cmd = commands.add_parser("run", help="run an exported kernel on .npy inputs")
     run_cmd.add_argument("artifact")
     run_cmd.add_argument("inputs", nargs="+", help=".npy files, one per kernel input")

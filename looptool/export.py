@@ -9,13 +9,18 @@ plain files a C build can use, and every file stays inspectable) holding
   kernel.o        native object code (position independent), which `load` runs;
   libkernel.so, kernel.h   a C shared library and its header (when a C compiler exists).
 Loading needs only numpy and llvmlite: no islpy, no optuna, no re-tuning.
+A GPU artifact (`device="gpu"`) holds instead the PTX of its kernels (kernel.ptx; kernel.unaligned.ptx
+where the kernels assume 16-byte aligned inputs, for inputs that are not), their LLVM IR, and in the
+manifest the launches, parameters, temps and TMA copies that `load` needs to run them through CuPy.
 """
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import datetime
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -25,9 +30,12 @@ import numpy as np
 
 from . import ir, runtime
 from .analysis import legality
+from .analysis.tma import BulkCopy
 from .codegen import cpu as codegen_cpu
+from .codegen import gpu as codegen_gpu
 from .codegen import threadpool as codegen_threadpool
 from .errors import ArtifactError
+from .runtime import gpu as runtime_gpu
 from .runtime import threadpool
 from .version import __version__
 
@@ -36,31 +44,64 @@ ENTRY = "looptool_kernel"
 # C has no standard half-precision type: float16 and bfloat16 elements travel as their 16 raw bits.
 C_TYPES = {"float16": "uint16_t", "bfloat16": "uint16_t", "float32": "float", "float64": "double"}
 BITS_NOTE = {"float16": ", IEEE binary16 bits", "bfloat16": ", bfloat16 bits (the upper half of a float32)"}
+DEVICES = ("cpu", "gpu")
+REQUIRED_FILES = {"cpu": ("kernel.ll", "kernel.o"), "gpu": ("kernel.ll", "kernel.ptx")}
 
 
-def export(tensor, path, schedule=None, *, input_names=None, tuning: dict | None = None) -> Path:
+def export(tensor, path, schedule=None, *, input_names=None, tuning: dict | None = None, device: str = "cpu",
+           arch: str | None = None) -> Path:
     """Write the compiled kernel of `tensor` under `schedule` (default: the tuned one, else the
     automatic one) as an artifact directory at `path`; return the path.
 
     `input_names` names the inputs (in the order they first appear in the computation)
-    for calling the loaded kernel by keyword; `tuning` is stored as the tuning result."""
+    for calling the loaded kernel by keyword; `tuning` is stored as the tuning result.
+    `device="gpu"` writes the GPU kernels' PTX for `arch` (default: the current GPU's; the default
+    schedule is the one tuned for it, else the GPU default), which needs no GPU to write."""
+    if device not in DEVICES:
+        raise ArtifactError(f"export: device must be one of {DEVICES}, got {device!r}")
     program, _ = runtime.lower_on_host(tensor.node)
-    target = codegen_cpu.HostTarget.get()
-    if schedule is None:
+    names = list(input_names or [b.name for b in program.inputs])
+    if len(names) != len(program.inputs):
+        raise ArtifactError(f"export: {len(program.inputs)} inputs but {len(names)} input_names {names}")
+    if device == "gpu":
+        arch = arch or runtime_gpu.device_arch()
+        schedule = runtime_gpu.chosen_schedule(program, arch) if schedule is None else schedule
+    elif schedule is None:
         schedule = runtime.chosen_schedule(program)
     tree = runtime.loop_tree_of(tensor.node, schedule)
     if tree.schedule.steps:
         legality.assert_legal(tree)
-    names = list(input_names or [b.name for b in program.inputs])
-    if len(names) != len(program.inputs):
-        raise ArtifactError(f"export: {len(program.inputs)} inputs but {len(names)} input_names {names}")
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    if device == "gpu":
+        files, fields = _gpu_files(tree, arch, out)
+    else:
+        files, fields = _cpu_files(tree, program, names, out)
+    manifest = {
+        "format_version": FORMAT_VERSION, "looptool_version": __version__,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "inputs": [{"name": n, "dims": list(b.dims), "shape": list(b.shape), "dtype": b.dtype,
+                    "strides": list(b.strides)} for n, b in zip(names, program.inputs)],
+        "output": {"dims": list(program.output.dims), "shape": list(tree.buffers[program.output.name].shape),
+                   "dtype": program.output.dtype},
+        **fields,
+        "schedule": json.loads(tree.schedule.to_json()), "loop_tree": str(tree), "tuning": tuning,
+        "files": {name: _sha256(out / name) for name in sorted(files)},
+    }
+    manifest["manifest_sha256"] = _manifest_digest(manifest)
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return out
+
+
+def _cpu_files(tree, program: ir.Program, names: list[str], out: Path) -> tuple[list[str], dict]:
+    """Write the host kernel's files (IR, object code, thread pool, header, shared library); return
+    their names and the manifest's CPU fields."""
+    target = codegen_cpu.HostTarget.get()
     source = codegen_cpu.generate(tree, target.triple, runtime.get_num_threads(), ENTRY)
     ir_text = str(source.module)
     machine = llvm.Target.from_triple(target.triple).create_target_machine(
         cpu=target.cpu, features=target.features, opt=3, reloc="pic", codemodel="default")
     module = target.optimize(ir_text, machine)
-    out = Path(path)
-    out.mkdir(parents=True, exist_ok=True)
     pool = target.optimize(str(codegen_threadpool.pool_module(target.triple)), machine)
     files = {"kernel.ll": ir_text.encode(), "kernel.o": machine.emit_object(module),
              "pool.o": machine.emit_object(pool)}
@@ -68,22 +109,29 @@ def export(tensor, path, schedule=None, *, input_names=None, tuning: dict | None
     for name, data in files.items():
         (out / name).write_bytes(data)
     built = _build_shared_library(out)
-    manifest = {
-        "format_version": FORMAT_VERSION, "looptool_version": __version__, "entry": ENTRY,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-        "inputs": [{"name": n, "dims": list(b.dims), "shape": list(b.shape), "dtype": b.dtype,
-                    "strides": list(b.strides)} for n, b in zip(names, program.inputs)],
-        "output": {"dims": list(program.output.dims), "shape": list(tree.buffers[program.output.name].shape),
-                   "dtype": program.output.dtype},
-        "target": {"triple": target.triple, "cpu": target.cpu, "features": target.features},
-        "threads": runtime.get_num_threads(),
-        "schedule": json.loads(tree.schedule.to_json()), "loop_tree": str(tree), "tuning": tuning,
-        "shared_library": "libkernel.so" if built else None,
-        "files": {name: _sha256(out / name) for name in sorted(files) + (["libkernel.so"] if built else [])},
-    }
-    manifest["manifest_sha256"] = _manifest_digest(manifest)
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    return out
+    fields = {"entry": ENTRY, "target": {"triple": target.triple, "cpu": target.cpu, "features": target.features},
+              "threads": runtime.get_num_threads(), "shared_library": "libkernel.so" if built else None}
+    return sorted(files) + (["libkernel.so"] if built else []), fields
+
+
+def _gpu_files(tree, arch: str, out: Path) -> tuple[list[str], dict]:
+    """Write the GPU kernels' files (PTX, LLVM IR); return their names and the manifest's GPU fields:
+    what a launch needs besides the PTX."""
+    module = codegen_gpu.generate(tree, arch)
+    files = {"kernel.ptx": module.ptx, "kernel.ll": module.llvm_ir}
+    if module.aligned:
+        files["kernel.unaligned.ptx"] = codegen_gpu.generate(tree, arch, aligned_params=False).ptx
+    for name, text in files.items():
+        (out / name).write_text(text)
+    compiled_for = re.search(r"^\.target (\w+)", module.ptx, re.M).group(1)    # sm_90a where wgmma or TMA
+    fields = {"entry": [launch.name for launch in module.launches], "target": {"device": "gpu", "arch": compiled_for},
+              "gpu": {"launches": [dataclasses.asdict(launch) for launch in module.launches],
+                      "params": module.params, "aligned": list(module.aligned),
+                      "tensor_maps": [dataclasses.asdict(copy) for copy in module.tensor_maps],
+                      "buffers": [b.name for b in tree.program.inputs],
+                      "scratch": [dataclasses.asdict(spec) for spec in runtime_gpu.scratch_specs(tree)],
+                      "output_buffer": tree.program.output.name}}
+    return sorted(files), fields
 
 
 def _sha256(path: Path) -> str:
@@ -156,19 +204,89 @@ class LoadedKernel:
                                 f"aligned to its element size)")
         return out
 
-    def _bind(self, arrays, named) -> list[np.ndarray]:
-        names = self.input_names
-        if arrays and named:
-            raise ArtifactError("pass the inputs either by position or by name, not both")
-        if named:
-            unknown = sorted(set(named) - set(names))
-            missing = [n for n in names if n not in named]
-            if unknown or missing:
-                raise ArtifactError(f"kernel inputs are {names}; unknown {unknown}, missing {missing}")
-            return [named[n] for n in names]
-        if len(arrays) != len(names):
-            raise ArtifactError(f"kernel takes {len(names)} inputs {names}, got {len(arrays)}")
-        return list(arrays)
+    def _bind(self, arrays, named) -> list:
+        return _bind(self.input_names, arrays, named)
+
+
+def _bind(names: list[str], arrays, named) -> list:
+    """The inputs in order, given by position or by name."""
+    if arrays and named:
+        raise ArtifactError("pass the inputs either by position or by name, not both")
+    if named:
+        unknown = sorted(set(named) - set(names))
+        missing = [n for n in names if n not in named]
+        if unknown or missing:
+            raise ArtifactError(f"kernel inputs are {names}; unknown {unknown}, missing {missing}")
+        return [named[n] for n in names]
+    if len(arrays) != len(names):
+        raise ArtifactError(f"kernel takes {len(names)} inputs {names}, got {len(arrays)}")
+    return list(arrays)
+
+
+class LoadedGpuKernel:
+    """An exported GPU kernel loaded on the current GPU: call it with arrays (CuPy, PyTorch, NumPy)
+    by position or by input name; returns a CuPy array (a `BFloat16Array` for bfloat16)."""
+
+    def __init__(self, path: Path, manifest: dict):
+        self.path, self.manifest = path, manifest
+        self.inputs, self.output = manifest["inputs"], manifest["output"]
+        built, here = manifest["target"]["arch"], runtime_gpu.device_arch()
+        if not _runs_on(built, here):
+            raise ArtifactError(f"{path} was built for GPU {built}; this GPU is {here}, which cannot run it: "
+                                f"export it again on (or for) this GPU")
+        gpu = manifest["gpu"]
+        module = self._module(path / "kernel.ptx", gpu, gpu["aligned"])
+        unaligned = path / "kernel.unaligned.ptx"
+        specs = [runtime_gpu.BufferSpec(buffer, tuple(spec["shape"]), spec["dtype"], tuple(spec["strides"]))
+                 for buffer, spec in zip(gpu["buffers"], self.inputs)]
+        scratch = [runtime_gpu.BufferSpec(spec["name"], tuple(spec["shape"]), spec["dtype"], tuple(spec["strides"]))
+                   for spec in gpu["scratch"]]
+        self.runner = runtime_gpu.ModuleRunner(module, specs, scratch, gpu["output_buffer"],
+                                               lambda: self._module(unaligned, gpu, ()))
+
+    def _module(self, ptx: Path, gpu: dict, aligned) -> codegen_gpu.GpuModule:
+        launches = [codegen_gpu.Launch(launch["name"], tuple(launch["grid"]), tuple(launch["block"]),
+                                       launch["dynamic_shared"]) for launch in gpu["launches"]]
+        return codegen_gpu.GpuModule(ptx.read_text(), (self.path / "kernel.ll").read_text(), launches, gpu["params"],
+                                     self.manifest["target"]["arch"], tuple(aligned),
+                                     tuple(BulkCopy(**copy) for copy in gpu["tensor_maps"]))
+
+    @property
+    def input_names(self) -> list[str]:
+        return [spec["name"] for spec in self.inputs]
+
+    def __call__(self, *arrays, **named):
+        """Run on the inputs (positional, or keywords by input name); returns a new device array."""
+        given = _bind(self.input_names, arrays, named)
+        for spec, array in zip(self.inputs, given):
+            _check_device_input(spec, array)
+        return self.runner(given)
+
+
+def _runs_on(built: str, here: str) -> bool:
+    """Whether PTX for GPU `built` runs on GPU `here`: PTX is compiled for newer GPUs too, but
+    arch-specific code (sm_90a: wgmma, TMA) only for its own."""
+    number = {arch: int(arch.removeprefix("sm_").rstrip("a")) for arch in (built, here)}
+    return number[built] == number[here] if built.endswith("a") else number[built] <= number[here]
+
+
+def _check_device_input(spec: dict, array):
+    """A device input's dims and dtype against the signature (its strides the runner checks)."""
+    _check_signature(spec, tuple(array.shape), str(array.dtype).removeprefix("torch."))
+
+
+def _check_signature(spec: dict, shape: tuple[int, ...], dtype: str):
+    """An input's shape and dtype against the signature, named by its input and dims."""
+    name, dims, want_shape = spec["name"], spec["dims"], tuple(spec["shape"])
+    if len(shape) != len(want_shape):
+        raise ArtifactError(f"input {name} has dims ({', '.join(dims)}) = {len(want_shape)} dimensions, "
+                            f"got an array with {len(shape)}: shape {shape}")
+    for dim, want, got in zip(dims, want_shape, shape):
+        if want != got:
+            raise ArtifactError(f"input {name}: dimension '{dim}' has size {got}, the kernel was built for {want} "
+                                f"(shape {list(want_shape)})")
+    if dtype != spec["dtype"]:
+        raise ArtifactError(f"input {name}: dtype {dtype} but the kernel was built for {spec['dtype']}")
 
 
 def _prepare(spec: dict, array) -> np.ndarray:
@@ -176,15 +294,7 @@ def _prepare(spec: dict, array) -> np.ndarray:
     differ, it is not aligned to its element size, or its strides are not whole elements."""
     array = np.asarray(array)
     name, dims, shape = spec["name"], spec["dims"], tuple(spec["shape"])
-    if array.ndim != len(shape):
-        raise ArtifactError(f"input {name} has dims ({', '.join(dims)}) = {len(shape)} dimensions, "
-                            f"got an array with {array.ndim}: shape {array.shape}")
-    for dim, want, got in zip(dims, shape, array.shape):
-        if want != got:
-            raise ArtifactError(f"input {name}: dimension '{dim}' has size {got}, the kernel was built for {want} "
-                                f"(shape {list(shape)})")
-    if array.dtype.name != spec["dtype"]:
-        raise ArtifactError(f"input {name}: dtype {array.dtype} but the kernel was built for {spec['dtype']}")
+    _check_signature(spec, array.shape, array.dtype.name)
     strides = [s // array.itemsize for s in array.strides]
     if strides != spec["strides"] or not ir.whole_aligned_elements(array):
         relaid = np.lib.stride_tricks.as_strided(
@@ -201,11 +311,14 @@ def _prepare(spec: dict, array) -> np.ndarray:
     return array
 
 
-def load(path, rebuild: bool = False) -> LoadedKernel:
+def load(path, rebuild: bool = False) -> "LoadedKernel | LoadedGpuKernel":
     """Load an exported kernel. A kernel built for CPU features this host lacks is refused,
-    or recompiled from its LLVM IR for this host when `rebuild` is true."""
+    or recompiled from its LLVM IR for this host when `rebuild` is true. A GPU kernel is loaded
+    on the current GPU (CuPy), which must be at least the GPU it was built for."""
     path = Path(path)
     manifest = _read_manifest(path)
+    if _device(manifest) == "gpu":
+        return LoadedGpuKernel(path, manifest)
     target = codegen_cpu.HostTarget.get()
     missing = _missing_features(manifest["target"]["features"], target.features)
     if missing and not rebuild:
@@ -247,7 +360,7 @@ def _read_manifest(path: Path) -> dict:
     if version >= 2 and manifest.get("manifest_sha256") != _manifest_digest(manifest):
         raise ArtifactError(f"{manifest_path} is corrupted: its content does not match its manifest_sha256 "
                             f"(was it edited?)")
-    unhashed = [name for name in ("kernel.ll", "kernel.o") if name not in manifest["files"]]
+    unhashed = [name for name in REQUIRED_FILES[_device(manifest)] if name not in manifest["files"]]
     if unhashed:  # never hand unchecked object code to the JIT
         raise ArtifactError(f"{manifest_path} is corrupted: no SHA-256 listed for {', '.join(unhashed)}")
     for name, digest in manifest["files"].items():
@@ -257,6 +370,10 @@ def _read_manifest(path: Path) -> dict:
         if _sha256(file) != digest:
             raise ArtifactError(f"{path}: {name} is corrupted (its SHA-256 does not match the manifest)")
     return manifest
+
+
+def _device(manifest: dict) -> str:
+    return manifest["target"].get("device", "cpu") if isinstance(manifest["target"], dict) else "cpu"
 
 
 def _missing_features(built: str, host: str) -> list[str]:

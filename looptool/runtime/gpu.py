@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -172,14 +174,26 @@ def tensor_map(copy: BulkCopy, pointer: int, shape: tuple[int, ...], strides: tu
     return bytes(encoded)
 
 
-class GpuKernel:
-    """A loop tree compiled to PTX and loaded on the current GPU."""
+@dataclass(frozen=True)
+class BufferSpec:
+    """A buffer a GPU module is launched with: its name, shape, dtype and strides (in elements)."""
 
-    def __init__(self, tree: LoopTree, arch: str | None = None):
-        self.tree, self.arch = tree, arch or device_arch()
-        self.module = codegen_gpu.generate(tree, self.arch)
-        self.ptx, self.llvm_ir = self.module.ptx, self.module.llvm_ir
-        self._loaded = {True: self._load(self.module)}
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    strides: tuple[int, ...]
+
+
+class ModuleRunner:
+    """A GpuModule loaded on the current GPU: each call checks the inputs against their specs,
+    allocates the temps and the output, and launches the kernels in order. `unaligned` builds the
+    module again for inputs that are not 16-byte aligned where the module assumes they are."""
+
+    def __init__(self, module: codegen_gpu.GpuModule, inputs: list[BufferSpec], scratch: list[BufferSpec],
+                 output: str, unaligned: Callable[[], codegen_gpu.GpuModule]):
+        self.module, self.inputs, self.scratch, self.output = module, inputs, scratch, output
+        self._unaligned = unaligned
+        self._loaded = {True: self._load(module)}
         self._tensor_maps = BoundedMemo(TENSOR_MAP_CACHE)
 
     @staticmethod
@@ -197,38 +211,31 @@ class GpuKernel:
         else one built without that assumption (scalar accesses to parameters)."""
         aligned = all(memory[name].data.ptr % 16 == 0 for name in self.module.aligned)
         if aligned not in self._loaded:
-            self._loaded[aligned] = self._load(codegen_gpu.generate(self.tree, self.arch, aligned_params=False))
+            self._loaded[aligned] = self._load(self._unaligned())
         return self._loaded[aligned]
 
     def __call__(self, arrays: list, out=None):
-        """Run on device (or host, copied) arrays in `program.inputs` order; returns a CuPy array
-        (a `BFloat16Array` for a bfloat16 result)."""
-        program = self.tree.program
-        empty = [dim for dim, size in program.sizes if size == 0]
-        if empty:
-            raise ValueError(f"GPU kernels do not run over dimensions of size 0 yet ({empty}); "
-                             f"use .numpy() on the CPU, which returns NumPy's empty result")
+        """Run on device (or host, copied) arrays in the order of `inputs`; returns a CuPy array (a
+        `BFloat16Array` for a bfloat16 result)."""
         memory = {}
-        for buf, array in zip(program.inputs, arrays):
+        for spec, array in zip(self.inputs, arrays):
             device = as_device(array)
-            if device.shape != buf.shape or device.dtype.name != buf.dtype or \
-                    tuple(s // device.itemsize for s in device.strides) != buf.strides:
-                raise ValueError(f"GPU kernel input {buf.name} expects shape {buf.shape}, {buf.dtype}, strides "
-                                 f"{buf.strides}; got {device.shape}, {device.dtype}, {device.strides}")
-            memory[buf.name] = device
-        for plan in self.tree.buffers.values():
-            if plan.kind in ("temp", "output"):
-                memory[plan.name] = device_empty(plan.shape, plan.dtype)
+            if device.shape != spec.shape or device.dtype.name != spec.dtype or \
+                    tuple(s // device.itemsize for s in device.strides) != spec.strides:
+                raise ValueError(f"GPU kernel input {spec.name} expects shape {spec.shape}, {spec.dtype}, strides "
+                                 f"{spec.strides}; got {device.shape}, {device.dtype}, {device.strides}")
+            memory[spec.name] = device
+        for spec in self.scratch:
+            memory[spec.name] = device_empty(spec.shape, spec.dtype)
         if out is not None:
-            memory[program.output.name] = out
+            memory[self.output] = out
         module, _, functions = self._for_alignment(memory)
         if module.tensor_maps:
             memory[codegen_gpu.TENSOR_MAPS] = self.tensor_maps(module.tensor_maps, memory)
         args = tuple(kernel_argument(memory[name]) for name in module.params)
         for launch, function in zip(module.launches, functions):
             function(launch.grid, launch.block, args, shared_mem=launch.dynamic_shared)
-        return memory[program.output.name]
-
+        return memory[self.output]
 
     def tensor_maps(self, copies: tuple[BulkCopy, ...], memory: dict):
         """The device array of the TMA copies' tensor maps for these inputs (kept by their addresses)."""
@@ -240,10 +247,42 @@ class GpuKernel:
             if pointer % GLOBAL_ALIGN:
                 raise ValueError(f"input {copy.source} starts at address {pointer:#x}, not {GLOBAL_ALIGN}-byte aligned: "
                                  f"this kernel copies it with TMA, which needs aligned tensors (pass a fresh array)")
-        plans = [self.tree.buffers[copy.source] for copy in copies]
-        encoded = b"".join(tensor_map(copy, pointer, plan.shape, plan.strides, memory[copy.source].itemsize)
-                           for copy, pointer, plan in zip(copies, pointers, plans))
+        specs = {spec.name: spec for spec in self.inputs}
+        encoded = b"".join(tensor_map(copy, pointer, specs[copy.source].shape, specs[copy.source].strides,
+                                      memory[copy.source].itemsize) for copy, pointer in zip(copies, pointers))
         return cupy().asarray(np.frombuffer(encoded, dtype=np.uint8))
+
+
+class GpuKernel:
+    """A loop tree compiled to PTX and loaded on the current GPU."""
+
+    def __init__(self, tree: LoopTree, arch: str | None = None):
+        self.tree, self.arch = tree, arch or device_arch()
+        self.module = codegen_gpu.generate(tree, self.arch)
+        self.ptx, self.llvm_ir = self.module.ptx, self.module.llvm_ir
+        self.runner = ModuleRunner(self.module, input_specs(tree.program), scratch_specs(tree),
+                                   tree.program.output.name,
+                                   lambda: codegen_gpu.generate(tree, self.arch, aligned_params=False))
+
+    def __call__(self, arrays: list, out=None):
+        """Run on device (or host, copied) arrays in `program.inputs` order; returns a CuPy array
+        (a `BFloat16Array` for a bfloat16 result)."""
+        empty = [dim for dim, size in self.tree.program.sizes if size == 0]
+        if empty:
+            raise ValueError(f"GPU kernels do not run over dimensions of size 0 yet ({empty}); "
+                             f"use .numpy() on the CPU, which returns NumPy's empty result")
+        return self.runner(arrays, out)
+
+
+def input_specs(program: ir.Program) -> list[BufferSpec]:
+    """The specs of a program's inputs, in order."""
+    return [BufferSpec(b.name, tuple(b.shape), b.dtype, tuple(b.strides)) for b in program.inputs]
+
+
+def scratch_specs(tree: LoopTree) -> list[BufferSpec]:
+    """The specs of the buffers a GPU call allocates: the temps between kernels and the output."""
+    return [BufferSpec(plan.name, tuple(plan.shape), plan.dtype, tuple(plan.strides))
+            for plan in tree.buffers.values() if plan.kind in ("temp", "output")]
 
 
 CACHE = KernelCache(GpuKernel, device_arch)
@@ -254,9 +293,15 @@ def kernel_for(tree: LoopTree) -> GpuKernel:
     return CACHE.get(tree)
 
 
-def target_name() -> str:
-    """The tuning database's name for the current GPU, e.g. 'cuda-sm_90'."""
-    return f"cuda-{device_arch()}"
+def target_name(arch: str | None = None) -> str:
+    """The tuning database's name for a GPU (default: the current one), e.g. 'cuda-sm_90'."""
+    return f"cuda-{arch or device_arch()}"
+
+
+def chosen_schedule(program: ir.Program, arch: str | None = None):
+    """The schedule a GPU (default: the current one) runs when none is given: the one the tuner
+    stored for it, else `default_tree`."""
+    return tuning_db.lookup(program, target_name(arch)) or default_tree(program)
 
 
 def default_tree(program: ir.Program) -> LoopTree:
@@ -283,7 +328,7 @@ def evaluate(node, schedule) -> object:
     With no schedule, one the tuner stored for this GPU is used, else `default_tree`."""
     program, arrays = ir.lower(node)
     if schedule is None:
-        schedule = tuning_db.lookup(program, target_name()) or default_tree(program)
+        schedule = chosen_schedule(program)
     kernel = CACHE.get_for(program, schedule_steps(schedule),
                            lambda: LoopTree(program, resolve_schedule(program, schedule)))
     return kernel(arrays)
