@@ -26,7 +26,7 @@ from looptool.codegen import gpu as codegen_gpu
 from looptool.runtime import gpu as runtime_gpu
 from looptool.runtime import resolve_schedule
 from looptool.schedule.looptree import LoopTree
-from tuner import space
+from looptool.autoschedule import gpu as templates
 
 
 def median_ms(fn, repeat: int = 20) -> float:
@@ -120,14 +120,14 @@ def workloads(scale: float):
 
     def tiles(x_threads=16, x_groups=2, y_threads=16, y_tile=8, k_tile=8, unroll_k=False, shared=("in0", "in1"),
               as_stored=()):
-        """The tuner's register-tile template (tuner.space.register_tiled), 128-bit vectors along n."""
-        return space.register_tiled(mat.loop_tree(), "t0", x_threads, x_groups, 4, y_threads, y_tile, k_tile,
+        """The tuner's register-tile template (tuner.templates.register_tiled), 128-bit vectors along n."""
+        return templates.register_tiled(mat.loop_tree(), "t0", x_threads, x_groups, 4, y_threads, y_tile, k_tile,
                                     unroll_k, shared, as_stored)
     def ahead(stages, y_tile=8, y_groups=2):
-        """A transposed ahead by a kernel of its own (tuner.space.transposed_ahead), then register tiles
+        """A transposed ahead by a kernel of its own (tuner.templates.transposed_ahead), then register tiles
         whose rows come in `y_groups` runs of 4, both k tiles of 32 copied as stored by cp.async."""
-        tree = space.transposed_ahead(mat.loop_tree(), "t0", "in0")
-        return space.register_tiled(tree, "t0", 16, 2, 4, 16, y_tile, 32, True, ("in0.t0", "in1"),
+        tree = templates.transposed_ahead(mat.loop_tree(), "t0", "in0")
+        return templates.register_tiled(tree, "t0", 16, 2, 4, 16, y_tile, 32, True, ("in0.t0", "in1"),
                                     ("in0.t0", "in1"), y_groups=y_groups).pipeline("k.0", stages, stage="t0.acc")
     def pipelined(stages, **kw):
         """The register-tile template with its shared-memory copies issued by cp.async `stages - 1` k
@@ -143,7 +143,7 @@ def workloads(scale: float):
         .reorder("m.0", "n.0", "m.1.0", "n.1.1", "k", "m.1.1", "n.1.0") \
         .bind("m.0", "block.y").bind("n.0", "block.x").bind("m.1.0", "thread.y").bind("n.1.1", "thread.x") \
         .unroll("m.1.1").unroll("n.1.0")
-    staged = space.shared_tiled(mat.loop_tree(), 128, 16, 8, 16)
+    staged = templates.shared_tiled(mat.loop_tree(), 128, 16, 8, 16)
     yield ("matmul float32", mat, {"1 output/thread": naive, "4x4 register tile/thread": tiled,
                                    "8x8 register tile/thread": tiled8,
                                    "128x128x16 tiles in shared memory, 8x8/thread": staged,
@@ -191,14 +191,14 @@ WGMMA_VARIANTS = (((128, 256), (2, 1), 64, 4, "tma"), ((128, 256), (2, 1), 64, 3
 
 def tensor_core_variants(tree, shapes=MMA_VARIANTS, wgmma_shapes=WGMMA_VARIANTS) -> dict:
     """Tensor-core schedules: warp tiles of 16 x 8 mma tiles with accumulators in registers and both
-    operands staged per k tile, pipelined (`space.mma_tiled`); on Hopper also warpgroup tiles of
-    64 x N wgmma tiles (`space.wgmma_tiled`)."""
+    operands staged per k tile, pipelined (`templates.mma_tiled`); on Hopper also warpgroup tiles of
+    64 x N wgmma tiles (`templates.wgmma_tiled`)."""
     variants = {}
     for block, warps, k_tile, stages in shapes:
         warp = (block[0] // warps[0], block[1] // warps[1])
         name = (f"mma tiles: block {block[0]}x{block[1]}, {warps[0] * warps[1]} warps of {warp[0]}x{warp[1]}, "
                 f"k tile {k_tile}" + (f", cp.async {stages} stages" if stages else ""))
-        variants[name] = space.mma_tiled(tree, "t0", block, warps, k_tile, stages)
+        variants[name] = templates.mma_tiled(tree, "t0", block, warps, k_tile, stages)
     if runtime_gpu.device_arch() not in codegen_gpu.WGMMA_ARCHS:
         return variants
     for block, groups, k_tile, stages, *copier in wgmma_shapes:
@@ -206,7 +206,7 @@ def tensor_core_variants(tree, shapes=MMA_VARIANTS, wgmma_shapes=WGMMA_VARIANTS)
         copier = copier[0] if copier else "cp.async"
         name = (f"wgmma: block {block[0]}x{block[1]}, {groups[0] * groups[1]} warpgroups of {team[0]}x{team[1]}, "
                 f"k tile {k_tile}" + (f", {copier} {stages} stages" if stages else ""))
-        variants[name] = space.wgmma_tiled(tree, "t0", block, groups, k_tile, stages, copier)
+        variants[name] = templates.wgmma_tiled(tree, "t0", block, groups, k_tile, stages, copier)
     return variants
 
 

@@ -6,7 +6,7 @@ import numpy as np
 
 import looptool as lt
 from looptool.runtime import gpu as runtime_gpu
-from tuner import space
+from looptool.autoschedule import gpu as templates
 
 
 def main() -> int:
@@ -20,9 +20,9 @@ def main() -> int:
     c = (lt.Tensor(cp.asarray(a)).to(m, k) * lt.Tensor(cp.asarray(b)).to(k, n)).sum(k)
     ref = a.astype(np.float64) @ b
     failures = 0
-    small = space.register_tiled(c.loop_tree(), "t0", 8, 2, 4, 8, 4, 8, True, ("in0", "in1"))
-    as_stored = space.register_tiled(c.loop_tree(), "t0", 16, 2, 4, 16, 8, 32, True, ("in0", "in1"), ("in0",))
-    ahead = space.register_tiled(space.transposed_ahead(c.loop_tree(), "t0", "in0"), "t0", 16, 2, 4, 16, 8, 32, True,
+    small = templates.register_tiled(c.loop_tree(), "t0", 8, 2, 4, 8, 4, 8, True, ("in0", "in1"))
+    as_stored = templates.register_tiled(c.loop_tree(), "t0", 16, 2, 4, 16, 8, 32, True, ("in0", "in1"), ("in0",))
+    ahead = templates.register_tiled(templates.transposed_ahead(c.loop_tree(), "t0", "in0"), "t0", 16, 2, 4, 16, 8, 32, True,
                                  ("in0.t0", "in1"), ("in0.t0", "in1"), y_groups=2)
     for label, tree, stages in [("64x64 tiles, k 8", small, s) for s in (2, 3, 4)] + \
             [("128x128 tiles, k 32, A as stored", as_stored, s) for s in (2, 3)] + \

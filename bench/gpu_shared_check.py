@@ -22,7 +22,7 @@ from looptool.codegen import gpu
 from looptool.runtime import gpu as runtime_gpu
 from looptool.runtime import resolve_schedule
 from looptool.schedule.looptree import LoopTree
-from tuner import space
+from looptool.autoschedule import gpu as templates
 
 MMA = (((128, 256), (2, 4), 32, 2), ((128, 256), (2, 4), 32, 3), ((128, 256), (2, 4), 32, 4),
        ((128, 256), (2, 4), 64, 2), ((128, 256), (2, 4), 64, 3), ((64, 256), (1, 4), 32, 4),
@@ -54,7 +54,7 @@ def float32_static_vs_dynamic(results: list):
     B = cp.asarray(rng.standard_normal((4096, 4096), dtype=np.float32))
     mm, kk, nn = lt.symbols("m k n")
     mat = (lt.Tensor(A).to(mm, kk) * lt.Tensor(B).to(kk, nn)).sum(kk)
-    staged = space.shared_tiled(mat.loop_tree(), 128, 16, 8, 16)
+    staged = templates.shared_tiled(mat.loop_tree(), 128, 16, 8, 16)
     program, _ = ir.lower(mat.node)
     tree = LoopTree(program, resolve_schedule(program, staged))
     static = gpu.generate(tree, "sm_90")

@@ -10,7 +10,7 @@ import looptool as lt
 from bench.gpu import check_and_time
 from looptool.codegen import gpu as codegen_gpu
 from looptool.runtime import gpu as runtime_gpu
-from tuner import space
+from looptool.autoschedule import gpu as templates
 
 MMA_SCHEDULES = (((128, 128), (2, 2), 32, 0), ((128, 128), (2, 2), 32, 2), ((64, 64), (2, 1), 32, 3),
                  ((128, 128), (2, 2), 64, 4))      # block, warps, k tile, stages
@@ -52,7 +52,7 @@ def check(rng, dtype, family: str, shape: tuple[int, int, int], schedule: tuple,
     tb = lt.Tensor(np.ascontiguousarray(b.T)).to(n, k) if transposed == "b" else lt.Tensor(b).to(k, n)
     c = (ta * tb).sum(k)
     ref = a.astype(np.float64) @ b.astype(np.float64)
-    build = space.mma_tiled if family == "mma" else space.wgmma_tiled
+    build = templates.mma_tiled if family == "mma" else templates.wgmma_tiled
     err = check_and_time(c, build(c.loop_tree(), "t0", *schedule), ref, 1)[0]
     block, teams, k_tile, stages, *copier = schedule
     print(f"{family} {np.dtype(dtype).name} {m_size}x{k_size}x{n_size}{' ' + transposed + ' stored transposed' if transposed else ''}, "

@@ -9,7 +9,7 @@ import pytest
 import looptool as lt
 from looptool.codegen import gpu as codegen_gpu
 from tests.helpers import mentions
-from tuner import space
+from looptool.autoschedule import gpu as templates
 
 
 def matmul(rng, m=64, k=32, n=48, dtype=np.float32):
@@ -49,7 +49,7 @@ def register_tiles(c, **changes):
     both inputs staged in shared memory."""
     params = dict(x_threads=8, x_groups=2, vector=4, y_threads=8, y_tile=4, k_tile=8, unroll_k=True,
                   shared=("in0", "in1"))
-    return space.register_tiled(c.loop_tree(), "t0", **{**params, **changes})
+    return templates.register_tiled(c.loop_tree(), "t0", **{**params, **changes})
 
 
 def cupy_or_skip():

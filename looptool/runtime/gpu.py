@@ -17,6 +17,7 @@ import numpy as np
 
 from .. import ir
 from ..analysis.tma import GLOBAL_ALIGN, BulkCopy
+from ..autoschedule import gpu as gpu_templates
 from ..codegen import gpu as codegen_gpu
 from ..frontend import dtypes
 from ..memo import BoundedMemo
@@ -300,13 +301,26 @@ def target_name(arch: str | None = None) -> str:
 
 def chosen_schedule(program: ir.Program, arch: str | None = None):
     """The schedule a GPU (default: the current one) runs when none is given: the one the tuner
-    stored for it, else `default_tree`."""
-    return tuning_db.lookup(program, target_name(arch)) or default_tree(program)
+    stored for it, else `automatic_tree`."""
+    return tuning_db.lookup(program, target_name(arch)) or automatic_tree(program, arch)
+
+
+def automatic_tree(program: ir.Program, arch: str | None = None) -> LoopTree:
+    """The untuned GPU schedule: a contraction's template (`autoschedule.gpu.contraction_tree`:
+    register tiles for float32, tensor cores for half precision, wgmma where `arch` is a Hopper),
+    else `default_tree`."""
+    return _automatic_tree(program, arch or device_arch())
+
+
+@functools.lru_cache(maxsize=64)
+def _automatic_tree(program: ir.Program, arch: str) -> LoopTree:
+    return gpu_templates.contraction_tree(program, arch in codegen_gpu.WGMMA_ARCHS) or default_tree(program)
 
 
 def default_tree(program: ir.Program) -> LoopTree:
-    """The GPU schedule used when none is given or tuned: one output element per thread, 128 threads
-    per block along each stage's contiguous dim, its other pure dims (up to two) over blocks."""
+    """The simplest GPU schedule, for programs no template fits (and the tuner's reference): one
+    output element per thread, 128 threads per block along each stage's contiguous dim, its other
+    pure dims (up to two) over blocks."""
     tree = LoopTree(program)
     for stage in program.stages:
         pure = [d for d in stage.loop_dims if d not in stage.reduce_dims]

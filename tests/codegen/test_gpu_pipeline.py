@@ -9,7 +9,7 @@ import looptool as lt
 from looptool.codegen import gpu
 from tests.gpu_helpers import cupy_or_skip, matmul, register_tiles
 from tests.helpers import assert_close
-from tuner import space
+from looptool.autoschedule import gpu as templates
 
 
 def calls(llvm_ir: str, intrinsic: str) -> int:
@@ -96,10 +96,10 @@ def test_pipelined_matmul_runs_on_the_gpu(rng, stages):
 def transposed_ahead_tiles(c, **changes):
     """A transposed ahead by a kernel of its own, then both k tiles copied as stored into shared
     memory by a 2-stage pipeline, each thread's 8 rows in two runs of 4."""
-    tree = space.transposed_ahead(c.loop_tree(), "t0", "in0")
+    tree = templates.transposed_ahead(c.loop_tree(), "t0", "in0")
     params = dict(x_threads=8, x_groups=2, vector=4, y_threads=8, y_tile=8, k_tile=8, unroll_k=True,
                   shared=("in0.t0", "in1"), as_stored=("in0.t0", "in1"), y_groups=2)
-    return space.register_tiled(tree, "t0", **{**params, **changes}).pipeline("k.0", 2, stage="t0.acc")
+    return templates.register_tiled(tree, "t0", **{**params, **changes}).pipeline("k.0", 2, stage="t0.acc")
 
 
 def test_an_input_transposed_ahead_runs_as_its_own_kernel_and_is_then_copied_by_cp_async(rng):
@@ -138,4 +138,4 @@ def test_transposed_ahead_refuses_an_input_already_laid_out_reduction_first(rng)
     c, _ = matmul(rng, 64, 64, 64)
     with pytest.raises(ValueError, match=r"transposed_ahead: in1 \(dims \('k', 'n'\)\) is not a 2-D input with "
                                          r"the reduction dim of t0 \(\('k',\)\) last"):
-        space.transposed_ahead(c.loop_tree(), "t0", "in1")
+        templates.transposed_ahead(c.loop_tree(), "t0", "in1")

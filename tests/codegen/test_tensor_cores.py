@@ -14,7 +14,7 @@ from looptool.codegen import gpu
 from looptool.schedule import LoopTree, Schedule
 from tests.gpu_helpers import assert_refused
 from tests.helpers import assert_close, mentions
-from tuner import space
+from looptool.autoschedule import gpu as templates
 
 MMA = "mma.m16n8k16"
 
@@ -152,8 +152,8 @@ def test_unknown_instructions_and_loop_lists_are_refused_at_once(rng):
 
 
 def warp_tiled(c, block=(128, 128), warps=(2, 2), stages=0):
-    """`space.mma_tiled`: 64 x 64 warp tiles of 4 x 8 mma tiles, k tiles of 32 staged in shared memory."""
-    return space.mma_tiled(c.loop_tree(), "t0", block, warps, 32, stages)
+    """`templates.mma_tiled`: 64 x 64 warp tiles of 4 x 8 mma tiles, k tiles of 32 staged in shared memory."""
+    return templates.mma_tiled(c.loop_tree(), "t0", block, warps, 32, stages)
 
 
 def test_warp_tiles_keep_their_accumulators_in_registers(rng):
@@ -275,7 +275,7 @@ def test_shared_memory_beyond_48_kb_is_dynamic(rng):
     """128 x 128 blocks, k tiles of 64 in 4 stages: 128 KB of operand tiles, which only dynamic shared
     memory holds; the launch carries the size, ldmatrix and cp.async still address shared memory."""
     c, ref = contraction(rng, m=128, k=256, n=128)
-    module = gpu.generate(space.mma_tiled(c.loop_tree(), "t0", (128, 128), (2, 2), 64, 4), "sm_90")
+    module = gpu.generate(templates.mma_tiled(c.loop_tree(), "t0", (128, 128), (2, 2), 64, 4), "sm_90")
     assert module.launches[0].dynamic_shared == (128 + 128) * 64 * 2 * 4
     assert f".extern .shared .align {gpu.WGMMA_ALIGN} .b8 looptool_k0_dynamic_shared[];" in module.ptx
     assert not re.search(r"^\s*\.shared", module.ptx, re.M)           # no static shared arrays
@@ -285,7 +285,7 @@ def test_shared_memory_beyond_48_kb_is_dynamic(rng):
     assert small.launches[0].dynamic_shared == 0 and ".extern" not in small.ptx
     forced = gpu.generate(warp_tiled(c, stages=2), "sm_90", dynamic_shared=True)
     assert forced.launches[0].dynamic_shared == (128 + 128) * 32 * 2 * 2 and ".extern .shared" in forced.ptx
-    assert_close(c.numpy(space.mma_tiled(c.loop_tree(), "t0", (128, 128), (2, 2), 64, 4)), ref, 1e-5)
+    assert_close(c.numpy(templates.mma_tiled(c.loop_tree(), "t0", (128, 128), (2, 2), 64, 4)), ref, 1e-5)
 
 
 def test_dynamic_shared_memory_keeps_accumulators_in_registers(rng):
@@ -295,7 +295,7 @@ def test_dynamic_shared_memory_keeps_accumulators_in_registers(rng):
     sm, sk, sn = lt.symbols("m k n")
     a, b = (rng.standard_normal((64, 64)).astype(np.float32) for _ in range(2))
     c = (lt.Tensor(a).to(sm, sk) * lt.Tensor(b).to(sk, sn)).sum(sk)
-    t = space.shared_tiled(c.loop_tree(), 32, 16, 4, 8)
+    t = templates.shared_tiled(c.loop_tree(), 32, 16, 4, 8)
     static, dynamic = (gpu.generate(t, "sm_90", dynamic_shared=d).ptx for d in (False, True))
     assert ".extern .shared" in dynamic and ".extern" not in static
     for ptx in (static, dynamic):

@@ -15,7 +15,7 @@ from looptool.codegen import gpu
 from tests.codegen.test_wgmma import contraction
 from tests.gpu_helpers import assert_refused
 from tests.helpers import assert_close, mentions
-from tuner import space
+from looptool.autoschedule import gpu as templates
 
 
 def tma_instructions(ptx: str) -> Counter:
@@ -34,7 +34,7 @@ def test_tma_pipelines_copy_each_tile_with_bulk_copies_and_no_barrier_per_k_tile
     64 x 256 tile four boxes of 64 columns (8 KB apart); 3 k tiles are copied before the loop and one
     in it, by the block's first thread (predicated, not branched). No bar.sync or cp.async in the loop."""
     c, ref = contraction(rng, k=512)
-    t = space.wgmma_tiled(c.loop_tree(), "t0", (128, 256), (2, 1), 64, 4, "tma")
+    t = templates.wgmma_tiled(c.loop_tree(), "t0", (128, 256), (2, 1), 64, 4, "tma")
     assert "[pipeline.4.2.tma]" in str(t) and t.check() == (True, "legal")
     module = gpu.generate(t, "sm_90")
     assert module.params[-1] == gpu.TENSOR_MAPS and ".local" not in module.ptx
@@ -61,7 +61,7 @@ def test_batched_tiles_are_boxes_of_one_matrix_of_a_3d_tensor(rng):
     a = rng.standard_normal((3, 128, 128)).astype(lt.bfloat16)
     bb = rng.standard_normal((3, 128, 128)).astype(lt.bfloat16)
     c = (lt.Tensor(a).to(sb, sm, sk) * lt.Tensor(bb).to(sb, sk, sn)).sum(sk)
-    t = space.wgmma_tiled(c.loop_tree(), "t0", (128, 128), (2, 1), 64, 2, "tma")
+    t = templates.wgmma_tiled(c.loop_tree(), "t0", (128, 128), (2, 1), 64, 2, "tma")
     module = gpu.generate(t, "sm_90")
     assert [copy.box(3) for copy in module.tensor_maps] == [(1, 128, 64), (1, 64, 64)]
     assert tma_instructions(module.ptx)["cp.async.bulk.tensor.3d"] > 0
@@ -70,7 +70,7 @@ def test_batched_tiles_are_boxes_of_one_matrix_of_a_3d_tensor(rng):
 
 def test_tma_copies_what_wgmma_reads_and_nothing_else(rng):
     c, _ = contraction(rng)
-    assert_refused(space.mma_tiled(c.loop_tree(), "t0", (128, 128), (2, 2), 32, 2, "tma"),
+    assert_refused(templates.mma_tiled(c.loop_tree(), "t0", (128, 128), (2, 2), 32, 2, "tma"),
                    "TMA", "no wgmma tile reads in0.t0.acc", "copier='cp.async'")
     with pytest.raises(ValueError, match=mentions("copier", "('cp.async', 'tma')", "'bulk'")):
         c.loop_tree().pipeline("k", 2, copier="bulk")

@@ -13,7 +13,7 @@ from looptool.analysis.tensorize import SharedOperand
 from looptool.codegen import gpu
 from tests.gpu_helpers import assert_refused, hopper_or_skip
 from tests.helpers import assert_close, mentions
-from tuner import space
+from looptool.autoschedule import gpu as templates
 
 
 def contraction(rng, dtype=lt.bfloat16, m=256, k=256, n=256):
@@ -35,7 +35,7 @@ def test_warpgroup_tiles_issue_one_batch_per_k_tile_and_overlap_it_with_the_next
     proxy fence that shows the copies to the tensor cores; no local memory. One of the 4 buffers is
     the batch's in flight: copies run 2 k tiles ahead, waiting leaves 1 group in flight."""
     c, ref = contraction(rng, k=512)
-    t = space.wgmma_tiled(c.loop_tree(), "t0", (128, 256), (2, 1), 64, 4)
+    t = templates.wgmma_tiled(c.loop_tree(), "t0", (128, 256), (2, 1), 64, 4)
     assert t.check() == (True, "legal")
     module = gpu.generate(t, "sm_90")
     assert ".target sm_90a" in module.ptx and ".local" not in module.ptx
@@ -65,7 +65,7 @@ def test_operands_stored_the_other_way_round_switch_the_transpose_flags(rng, sto
     ta = lt.Tensor(np.ascontiguousarray(a.T)).to(sk, sm) if stored == "a" else lt.Tensor(a).to(sm, sk)
     tb = lt.Tensor(np.ascontiguousarray(b.T)).to(sn, sk) if stored == "b" else lt.Tensor(b).to(sk, sn)
     c = (ta * tb).sum(sk)
-    t = space.wgmma_tiled(c.loop_tree(), "t0", (128, 128), (2, 1), 64, 3)
+    t = templates.wgmma_tiled(c.loop_tree(), "t0", (128, 128), (2, 1), 64, 3)
     ptx = gpu.generate(t, "sm_90").ptx
     assert set(re.findall(r"m64n128k16\.f32\.bf16\.bf16 \{[^}]*\}, %rd\d+, %rd\d+, p, 1, 1, (\d), (\d);", ptx)) == {flags}
     assert_close(c.numpy(t), a.astype(np.float64) @ b.astype(np.float64), 1e-5)
@@ -75,7 +75,7 @@ def test_descriptors_carry_the_layouts_strides_and_the_128_byte_swizzle(rng):
     """A's rows of 128 bytes: atoms of 8 rows 1024 bytes apart; B's 64-column blocks of 64 rows are
     64 * 128 bytes apart (the leading offset). Both descriptors say 128-byte swizzle (bit 62)."""
     c, _ = contraction(rng)
-    ptx = gpu.generate(space.wgmma_tiled(c.loop_tree(), "t0", (128, 256), (2, 1), 64, 0), "sm_90").ptx
+    ptx = gpu.generate(templates.wgmma_tiled(c.loop_tree(), "t0", (128, 256), (2, 1), 64, 0), "sm_90").ptx
     high = ((1024 >> 4) | 1 << 30) << 32
     constants = {c for c in re.findall(r"or\.b64\s+%rd\d+, %rd\d+, (\d+);", ptx) if int(c) >> 62}
     assert constants == {str(high | 1 << 16), str(high | (64 * 128 >> 4) << 16)}    # A (16: unused), B
@@ -97,22 +97,22 @@ def test_shared_layouts_keep_16_byte_chunks_whole_and_are_permutations():
 
 def test_warpgroup_rules_are_refused_in_plain_words(rng):
     c, _ = contraction(rng)
-    t = space.mma_tiled(c.loop_tree(), "t0", (128, 128), (2, 2), 32, 0)
+    t = templates.mma_tiled(c.loop_tree(), "t0", (128, 128), (2, 2), 32, 0)
     direct = c.loop_tree().split("m", 64).split("n", 64).split("k", 16).reorder("m.0", "n.0", "k.0", "m.1", "n.1", "k.1")
     assert_refused(direct.tensorize(("m.1", "n.1", "k.1"), "wgmma.m64n64k16"), "wgmma.m64n64k16", "shared memory",
              "in0", "t.cache")
-    narrow = space.wgmma_tiled(c.loop_tree(), "t0", (128, 256), (2, 1), 32, 0)
+    narrow = templates.wgmma_tiled(c.loop_tree(), "t0", (128, 256), (2, 1), 32, 0)
     assert_refused(narrow, "128-byte rows", "in0.t0.acc", "64 elements")
     assert t.check() == (True, "legal")
     with pytest.raises(ValueError, match=mentions("wgmma.m64n256k16", "Hopper", "sm_80")):
-        gpu.generate(space.wgmma_tiled(c.loop_tree(), "t0", (128, 256), (2, 1), 64, 0), "sm_80")
+        gpu.generate(templates.wgmma_tiled(c.loop_tree(), "t0", (128, 256), (2, 1), 64, 0), "sm_80")
     with pytest.raises(ValueError, match=mentions("96", "multiple of 64")):
-        space.wgmma_tiled(c.loop_tree(), "t0", (128, 192), (2, 2), 64, 0)
+        templates.wgmma_tiled(c.loop_tree(), "t0", (128, 192), (2, 2), 64, 0)
 
 
 def test_half_precision_wgmma_schedules_run_on_the_cpu_with_tails_of_whole_tiles(rng):
     c, ref = contraction(rng, lt.float16, m=192, k=128, n=384)
-    t = space.wgmma_tiled(c.loop_tree(), "t0", (128, 128), (2, 1), 64, 3)
+    t = templates.wgmma_tiled(c.loop_tree(), "t0", (128, 128), (2, 1), 64, 3)
     assert t.check() == (True, "legal")
     assert_close(c.numpy(t), ref, 1e-5)
 
@@ -127,5 +127,5 @@ def test_warpgroup_tiles_run_on_hopper(rng, dtype, block, groups, stages, copier
     m ends in a partial block (TMA fills what lies outside the inputs with zeros)."""
     cp = hopper_or_skip("wgmma")
     c, ref = contraction(rng, dtype, m=192, k=k, n=512)
-    t = space.wgmma_tiled(c.loop_tree(), "t0", block, groups, 64, stages, copier)
+    t = templates.wgmma_tiled(c.loop_tree(), "t0", block, groups, 64, stages, copier)
     assert_close(cp.asnumpy(c.cuda(t)), ref, 1e-5)

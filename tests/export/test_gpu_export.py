@@ -13,7 +13,7 @@ from tests.codegen.test_gpu_pipeline import transposed_ahead_tiles
 from tests.codegen.test_wgmma import contraction
 from tests.gpu_helpers import cupy_or_skip, hopper_or_skip, matmul
 from tests.helpers import assert_close
-from tuner import space
+from looptool.autoschedule import gpu as templates
 
 
 def test_a_two_kernel_gpu_schedule_exports_its_ptx_launches_and_temps(rng, tmp_path):
@@ -35,7 +35,7 @@ def test_a_two_kernel_gpu_schedule_exports_its_ptx_launches_and_temps(rng, tmp_p
 
 def test_a_tma_schedule_exports_its_tensor_maps_for_hopper_only(rng, tmp_path):
     c, _ = contraction(rng)
-    tree = space.wgmma_tiled(c.loop_tree(), "t0", (128, 256), (2, 1), 64, 3, "tma")
+    tree = templates.wgmma_tiled(c.loop_tree(), "t0", (128, 256), (2, 1), 64, 3, "tma")
     manifest = json.loads((lt.export(c, tmp_path / "bf16", tree, device="gpu", arch="sm_90") /
                            "manifest.json").read_text())
     assert manifest["target"] == {"device": "gpu", "arch": "sm_90a"}      # wgmma and TMA: Hopper's own PTX
@@ -71,7 +71,7 @@ def test_exported_gpu_kernels_load_back_and_match_numpy(rng, tmp_path):
 def test_an_exported_tma_kernel_loads_back_on_hopper(rng, tmp_path):
     hopper_or_skip("a TMA kernel")
     c, ref = contraction(rng, k=512)
-    tree = space.wgmma_tiled(c.loop_tree(), "t0", (128, 256), (2, 1), 64, 3, "tma")
+    tree = templates.wgmma_tiled(c.loop_tree(), "t0", (128, 256), (2, 1), 64, 3, "tma")
     kernel = lt.load(lt.export(c, tmp_path / "bf16", tree, device="gpu"))
     out = kernel(*runtime.lower_on_host(c.node)[1])
     assert_close(np.asarray(out.get(), dtype=np.float64), ref, 1e-5)
@@ -80,7 +80,7 @@ def test_an_exported_tma_kernel_loads_back_on_hopper(rng, tmp_path):
 @pytest.mark.parametrize("here, refused", [("sm_80", True), ("sm_100", True), ("sm_90", False)])
 def test_hopper_only_ptx_loads_only_on_hopper(rng, tmp_path, monkeypatch, here, refused):
     c, _ = contraction(rng)
-    tree = space.wgmma_tiled(c.loop_tree(), "t0", (128, 256), (2, 1), 64, 3, "tma")
+    tree = templates.wgmma_tiled(c.loop_tree(), "t0", (128, 256), (2, 1), 64, 3, "tma")
     path = lt.export(c, tmp_path / "bf16", tree, device="gpu", arch="sm_90")
     monkeypatch.setattr(runtime_gpu, "device_arch", lambda: here)
     monkeypatch.setattr(runtime_gpu, "ModuleRunner", lambda *args: "loaded")

@@ -18,6 +18,37 @@ def test_the_default_gpu_schedule_gives_every_stage_blocks_and_threads(rng):
     assert_close(lt.interpret(sm, tree), ref, 1e-5)
 
 
+def test_an_untuned_float32_contraction_gets_register_tiles_with_a_transposed_ahead(rng):
+    c, ref = matmul(rng, 150, 70, 200)                    # tails of the 128 x 128 x 32 tiles in every dim
+    tree = gpu.automatic_tree(c.loop_tree().program, "sm_80")
+    assert len(tree.root) == 2 and "in0.t0[k, m] = in0[m, k]" in str(tree) and "[pipeline.2.0]" in str(tree)
+    assert "t0.acc: f32[128, 128] local" in str(tree) and tree.check() == (True, "legal")
+    assert_close(lt.interpret(c, tree), ref, 1e-5)
+
+
+@pytest.mark.parametrize("arch, instruction", [("sm_90", "wgmma.m64n256k16"), ("sm_80", "mma.m16n8k16")])
+def test_an_untuned_half_precision_contraction_runs_on_tensor_cores(rng, arch, instruction):
+    c, _ = matmul(rng, 256, 128, 256, dtype=lt.bfloat16)
+    tree = gpu.automatic_tree(c.loop_tree().program, arch)
+    assert f"[{instruction}." in str(tree) and tree.check() == (True, "legal")
+
+
+def test_programs_no_template_fits_get_the_default_gpu_schedule(rng):
+    small, _ = matmul(rng, 64, 16, 48)                    # smaller than one float32 block tile
+    sm, _, _ = softmax_rows(rng, rows=12, cols=300)
+    for tensor in (small, sm):
+        program = tensor.loop_tree().program
+        assert str(gpu.automatic_tree(program, "sm_90")) == str(gpu.default_tree(program))
+
+
+@pytest.mark.gpu
+def test_an_untuned_matmul_runs_its_template_on_the_gpu(rng):
+    cp = cupy_or_skip()
+    c, ref = matmul(rng, 300, 200, 260)
+    assert_close(cp.asnumpy(c.cuda()), ref, 1e-5)
+    assert len(gpu.kernel_for(gpu.automatic_tree(c.loop_tree().program)).module.launches) == 2
+
+
 @pytest.mark.gpu
 def test_matmul_runs_on_the_gpu_and_writes_every_element(rng):
     cp = cupy_or_skip()
