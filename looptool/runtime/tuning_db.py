@@ -8,6 +8,7 @@ one SQLite file, by default `~/.cache/looptool/tuned.sqlite`; set
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -33,8 +34,10 @@ def default_path() -> Path | None:
     return Path.home() / ".cache" / "looptool" / "tuned.sqlite"
 
 
+@functools.lru_cache(maxsize=1024)
 def workload_key(program: Program) -> str:
-    """A stable hash of a program's structure, shapes, strides and dtypes."""
+    """A stable hash of a program's structure, shapes, strides and dtypes (worked out once per
+    program: every call without a schedule looks its workload up)."""
     return hashlib.sha256(repr(program).encode()).hexdigest()[:32]
 
 
