@@ -240,7 +240,8 @@ class Builder:
         work = math.prod(size(d) for d in stage.loop_dims)
         parallel = self.parallel(name, {role: roles[role] for role in order.split()
                                         if roles.get(role) and roles[role] != reduce_outer}, work)
-        if parallel and parallel not in (row_blocks, row_tiles) and self.sweep_fits(found, reduce_outer, itemsize):
+        if parallel and parallel not in (row_blocks, row_tiles) and (
+                self.sweep_fits(found, reduce_outer, itemsize) or self.splits_broadcast(stage, found, parallel)):
             outer = [parallel] + [lp for lp in outer if lp != parallel]
             self.note(name, f"parallel {parallel} outermost: one parallel region per call (the packed "
                             f"panels it encloses are made by each thread)")
@@ -293,6 +294,16 @@ class Builder:
         fits in the share of L2 the model allows (else each reduction block gets its own region)."""
         size = math.prod(self.program.buffer_shape(found.broadcast)) * itemsize
         return reduce_outer is None or size <= self.target.l2 // model.CACHE_SHARE
+
+    def splits_broadcast(self, stage: ir.Stage, found: structure.Contraction, loop: str) -> bool:
+        """Whether the parallel loop's dim indexes the broadcast operand: each thread then reads only
+        its own part of it (a convolution's output rows, their input rows), never the whole, so the
+        loop may run outermost however large the operand is. Kept inside the reduction blocks, a
+        3x3 conv's parallel rows ran in 12 outlined regions per call whose code ran 3.4x slower
+        than the same loops serial (2 threads: 6.0 ms against 3.4 ms on one, AVX2 EPYC)."""
+        dim = next(lp.dim for lp in self.schedule.of(stage.name).loops if lp.name == loop)
+        return any(index.coeffs().get(dim) for read in broadcast_reads(stage.expr, found.broadcast)
+                   for load in ir.loads(read) for index in load.index)
 
     def register_tile(self, stage: ir.Stage, found: structure.Contraction) -> model.RegisterTile:
         """The model's register tile, or the rows and columns the pick takes instead."""

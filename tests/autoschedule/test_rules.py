@@ -95,6 +95,26 @@ def test_threads_only_with_several_cores_and_enough_work():
     assert "parallel" not in annotations(auto_tree(tiny, fake(cores=4)))
 
 
+def test_a_parallel_loop_over_the_rows_of_a_large_image_runs_outermost(rng):
+    """A 3x3 conv's 2-thread schedule: its output rows (oh) go to the threads; the image is larger than
+    half of L2, but each row reads only its own input rows, so the parallel loop is the outermost (one
+    parallel region a call), not inside every reduction block; the result matches NumPy."""
+    x = rng.standard_normal((1, 64, 24, 24)).astype(np.float32)             # 144 KiB: more than half of L2
+    w = rng.standard_normal((24, 64, 3, 3)).astype(np.float32)
+    sn, sc, h, wd, so, oh, ow, kh, kw = lt.symbols("n c h w o oh ow kh kw")
+    windows = lt.Tensor(x).to(sn, sc, h, wd).window(h, oh, kh, 3, padding=1).window(wd, ow, kw, 3, padding=1)
+    conv = (windows * lt.Tensor(w).to(so, sc, kh, kw)).sum(sc, kh, kw)
+    tree = auto_tree(lower_on_host(conv.node)[0], fake(cores=2, l2=64 * 1024))
+    assert [(node.loop.name, node.loop.annotation) for node in tree.root] == [("oh", "parallel")]
+    assert "reduction block c by 16" in tree.explain() and "parallel oh outermost" in tree.explain()
+    padded = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    ref = np.zeros((1, 24, 24, 24))
+    for i in range(3):
+        for j in range(3):
+            ref += np.einsum("nchw,oc->nhwo", padded[:, :, i:i + 24, j:j + 24], w[:, :, i, j].astype(np.float64))
+    assert_close(lt.interpret(conv, tree), ref, 1e-5)
+
+
 def test_a_refused_choice_falls_back_and_says_so_at_debug_level(monkeypatch, caplog):
     """Threads refused (as if isl had found a race): the schedule without them is used, and logged."""
     c, program, ref = matmul_program(64, 64, 64)
