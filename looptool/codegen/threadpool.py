@@ -4,7 +4,11 @@
 [0, count) on the caller and `threads - 1` pool workers.  The range is cut into blocks of
 `grain` iterations (about CHUNKS_PER_THREAD blocks per thread) that each thread claims in turn
 from one atomic ticket, so a worker that wakes late, or a thread with slower blocks (a partial
-tile at an edge), leaves its share to the others instead of holding up the call.  The caller
+tile at an edge), leaves its share to the others instead of holding up the call.  Claims walk the
+threads' contiguous shares in turn (claim k takes the next block of share k mod threads), so
+threads that keep pace work far apart: neighbouring blocks often share a cache line of their
+output (a row of 24-float column tiles is 96 bytes a tile), and two threads writing one line in
+turn made a 2-thread 200x300x500 matmul 15 % slower than with blocks handed out in order.  The caller
 returns when every iteration is done, not when every worker has woken.  Workers start on first
 use (more are added when more threads are asked for), poll for the next loop for a while
 (WORKER_POLL_NS, longer where the process has CPUs to spare) and then sleep on a condition
@@ -34,10 +38,10 @@ ENTRY = "looptool_parallel_for"
 VOID = llir.VoidType()
 BODY_TYPE = llir.FunctionType(VOID, [PTR, I64, I64])
 ENTRY_TYPE = llir.FunctionType(VOID, [PTR, PTR, I64, I64])
-CLAIM_TYPE = llir.FunctionType(VOID, [I64, PTR, PTR, I64, I64])
+CLAIM_TYPE = llir.FunctionType(VOID, [I64, PTR, PTR, I64, I64, I64])
 SYNC_BYTES = 128            # room for a pthread mutex or condition variable on any Linux ABI
 INDEX_BITS = 16             # a worker's start argument packs (generation << 16) | index
-TICKET_BITS = 32            # the ticket packs (generation << 32) | next unclaimed iteration
+TICKET_BITS = 32            # the ticket packs (generation << 32) | number of blocks claimed
 TICKET_MASK = (1 << TICKET_BITS) - 1
 # Blocks per thread: enough that a late or slow thread costs the call at most about 1/8 of a
 # thread's share, few enough that claiming (one atomic compare-and-swap) stays negligible.
@@ -76,6 +80,16 @@ def pool_module(triple: str) -> llir.Module:
     module.triple = triple
     _PoolBuilder(module, triple).define()
     return module
+
+
+def block_start(b: llir.IRBuilder, claimed: llir.Value, blocks: llir.Value, parts: llir.Value) -> llir.Value:
+    """The block index of the `claimed`-th claim: the range's `blocks` are cut into `parts` contiguous
+    shares (the first `blocks mod parts` one block longer) and claim k takes the next block of share
+    k mod parts, so threads that claim in turn each work through a share of their own."""
+    share, step = b.urem(claimed, parts), b.udiv(claimed, parts)
+    shorter, longer = b.udiv(blocks, parts), b.urem(blocks, parts)
+    earlier_longer = b.select(b.icmp_unsigned("<", share, longer), share, longer)
+    return b.add(b.add(b.mul(share, shorter), earlier_longer), step)
 
 
 class _PoolBuilder:
@@ -207,24 +221,27 @@ class _PoolBuilder:
         b.position_at_end(after)
 
     def claim(self) -> llir.Function:
-        """claim(generation, body, ctx, count, grain): run blocks of that loop (read under the mutex
-        with its generation) while its ticket has some left; the thread that finishes the last
-        iteration wakes the caller."""
+        """claim(generation, body, ctx, count, grain, parts): run blocks of that loop (read under the
+        mutex with its generation) while its ticket has some left; the thread that finishes the last
+        iteration wakes the caller.  The range is `parts` shares of whole blocks, and the k-th block
+        claimed is the next of share k mod parts (`block_start`)."""
         fn = llir.Function(self.module, CLAIM_TYPE, name="looptool_pool.claim")
         fn.linkage = "internal"
-        generation, body, ctx, count, grain = fn.args
+        generation, body, ctx, count, grain, parts = fn.args
         b = llir.IRBuilder(fn.append_basic_block("entry"))
         loop, take, run, done = (fn.append_basic_block(n) for n in ("loop", "take", "run", "done"))
         b.branch(loop)
         b.position_at_end(loop)
         ticket = b.load_atomic(self.word["ticket"], "monotonic", 8, typ=I64)
-        start = b.and_(ticket, constant(I64, TICKET_MASK))
+        claimed = b.and_(ticket, constant(I64, TICKET_MASK))
+        blocks = b.udiv(b.add(count, b.sub(grain, ONE)), grain)
         ours = b.icmp_unsigned("==", b.lshr(ticket, constant(I64, TICKET_BITS)), generation)
-        b.cbranch(b.and_(ours, b.icmp_signed("<", start, count)), take, done)
+        b.cbranch(b.and_(ours, b.icmp_unsigned("<", claimed, blocks)), take, done)
         b.position_at_end(take)
-        swapped = b.cmpxchg(self.word["ticket"], ticket, b.add(ticket, grain), "acq_rel", "monotonic")
+        swapped = b.cmpxchg(self.word["ticket"], ticket, b.add(ticket, ONE), "acq_rel", "monotonic")
         b.cbranch(b.extract_value(swapped, 1), run, loop)
         b.position_at_end(run)
+        start = b.mul(block_start(b, claimed, blocks, parts), grain)
         end = b.add(start, grain)
         end = b.select(b.icmp_signed("<", end, count), end, count)
         b.call(TypedCallee(body, BODY_TYPE), [ctx, start, end])
@@ -305,7 +322,7 @@ class _PoolBuilder:
         self.call(b, "lock", self.sync["mutex"])
         self.wait_while(b, fn, lambda b: b.icmp_unsigned("==", self.get(b, "generation"), b.load(seen, typ=I64)),
                         "work", "job")
-        job = [self.get(b, name) for name in ("generation", "body", "ctx", "count", "grain")]
+        job = [self.get(b, name) for name in ("generation", "body", "ctx", "count", "grain", "threads")]
         b.store(job[0], seen)
         takes_part = b.icmp_unsigned("<", index, self.get(b, "threads"))
         caller_cpu = self.get(b, "caller_cpu")
@@ -407,7 +424,7 @@ class _PoolBuilder:
         self.put_atomic(b, "generation", generation)
         self.call(b, "broadcast", self.sync["work"])
         self.call(b, "unlock", self.sync["mutex"])
-        b.call(claim, [generation, body, ctx, count, grain])
+        b.call(claim, [generation, body, ctx, count, grain, parts])
         self.poll_while(b, fn, lambda b: b.icmp_unsigned("!=", self.get_atomic(b, "remaining"), ZERO),
                         constant(I64, CALLER_POLL_NS), "finish", constant(I1, 1))
         self.call(b, "lock", self.sync["mutex"])

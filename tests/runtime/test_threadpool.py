@@ -61,6 +61,30 @@ def test_a_stalled_thread_leaves_the_other_blocks_to_the_rest():
     assert all(stalls), "the caller did not take the stalled worker's share"
 
 
+def test_claims_walk_each_threads_contiguous_share_in_turn():
+    """With the worker held on its first block, the caller's blocks come in claim order: 0, 6, 1,
+    7, ...: claim k is the next block of share k mod 2 (shares [0, 6) and [6, 11)), so two threads
+    keeping pace never run neighbouring blocks at once (their output may share a cache line)."""
+    count, order, lock, rest_done = 11, [], threading.Lock(), threading.Event()
+    caller, held = threading.get_ident(), []
+
+    @BODY
+    def body(ctx, start, end):
+        if threading.get_ident() != caller:
+            held.append(start)
+            rest_done.wait(timeout=30)
+            return
+        with lock:
+            order.append(start)
+            if len(order) + len(held) == count and held:
+                rest_done.set()
+
+    parallel_for()(body, None, count, 2)
+    claim_order = [0, 6, 1, 7, 2, 8, 3, 9, 4, 10, 5]
+    assert order == [block for block in claim_order if block not in held]
+    assert sorted(order + held) == list(range(count))
+
+
 @pytest.fixture
 def parallel_matmul(rng):
     m, k, n = lt.symbols("m k n")
