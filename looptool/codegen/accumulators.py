@@ -34,7 +34,7 @@ class Accumulators:
     @classmethod
     def of(cls, builder: FunctionBuilder, node: LoopNode) -> "Accumulators | None":
         """The accumulators of a plain loop around a register tile, or None for any other loop."""
-        if node.loop.annotation or id(node) in builder.hoisted or not node.body:
+        if node.loop.annotation or builder.versioned(node) or not node.body:
             return None
         found = cls(builder, node.loop.name)
         keys: list[tuple[Key, int]] = []

@@ -107,7 +107,8 @@ class CpuFunctionBuilder(FunctionBuilder):
         outside = {**env, node.loop.name: ZERO}
         accumulators.visit(node.body, outside, accumulators.load)
         self.counted_loop(ZERO, count, lambda i: accumulators.visit(node.body, {**env, node.loop.name: i},
-                                                                    accumulators.update), node.loop.name)
+                                                                    accumulators.update), node.loop.name,
+                          self.around_register_tile(node))
         accumulators.visit(node.body, outside, accumulators.store)
 
     def parallel(self, node: LoopNode, env: dict, count: llir.Value):
@@ -142,8 +143,9 @@ class CpuFunctionBuilder(FunctionBuilder):
         inner_env = dict(zip([n for n, _ in values], body_fn.args[len(pointers):]))
         start, end = body_fn.args[-2:]
         lp = node.loop
-        inner.full = set(self.full)
-        inner.counted_loop(start, end, lambda i: inner.loop_body(node, {**inner_env, lp.name: i}), lp.name)
+        inner.full, inner.holding = set(self.full), set(self.holding)
+        inner.counted_loop(start, end, lambda i: inner.loop_body(node, {**inner_env, lp.name: i}), lp.name,
+                           inner.around_register_tile(node))
         inner.finish()
 
 

@@ -324,13 +324,13 @@ class _GpuBuilder(FunctionBuilder):
         self.builder.asm(llir.FunctionType(llir.VoidType(), [value.type for value in operands]), ptx, constraints,
                          list(operands), side_effect=True)
 
-    def counted_loop(self, start: llir.Value, end: llir.Value, emit_body, name: str):
+    def counted_loop(self, start: llir.Value, end: llir.Value, emit_body, name: str, rolled: bool = False):
         """A loop whose every iteration ends with its wgmma instructions done."""
         def body(i):
             emit_body(i)
             if not self.wgmma_overlap:
                 self.settle_wgmma()
-        super().counted_loop(start, end, body, name)
+        super().counted_loop(start, end, body, name, rolled)
 
     def loop(self, node: LoopNode, env: dict):
         axis = node.loop.annotation

@@ -3,7 +3,8 @@
 `FunctionBuilder` walks a loop tree and emits it into one LLVM function through
 llvmlite.ir: counted loops (tails as trip-count limits, hoisted checks with tail-free
 copies), unrolled and vectorized loops, statements with fused multiply-adds, and
-clamped loads under padding guards so no schedule reads outside a buffer.  A backend
+clamped loads under padding guards so no schedule reads outside a buffer (with a
+guard-free copy of a loop's body where one test shows its guards hold throughout).  A backend
 subclasses it for what differs: parallel loops on the CPU, bound loops on the GPU.
 All index arithmetic is 64-bit.
 """
@@ -15,7 +16,7 @@ from llvmlite import ir as llir
 
 from .. import ir
 from ..memo import BoundedMemo
-from ..schedule import BufferPlan, Limit, LoopNode, LoopTree, StmtNode
+from ..schedule import BufferPlan, Limit, LoopNode, LoopTree, StmtNode, walk
 
 CONSTANT_LIMIT = 1 << 14
 _CONSTANTS = BoundedMemo(CONSTANT_LIMIT)
@@ -73,7 +74,9 @@ class FunctionBuilder:
         self.builder = llir.IRBuilder(start)
         self.heap: list[llir.Value] = []
         self.hoisted = hoisted_tail_checks(tree)
+        self.guard_checks = hoisted_guard_checks(tree)
         self.full: set[int] = set()
+        self.holding: set[tuple[int, ir.Guard]] = set()
         self.offsets: dict = {}
 
     def finish(self):
@@ -121,7 +124,8 @@ class FunctionBuilder:
         if self.is_vector_reduction(node):
             self.vector_reduction(node, env, count)
         else:
-            self.counted_loop(ZERO, count, lambda i: self.loop_body(node, {**env, node.loop.name: i}), node.loop.name)
+            self.counted_loop(ZERO, count, lambda i: self.loop_body(node, {**env, node.loop.name: i}), node.loop.name,
+                              self.around_register_tile(node))
 
     def is_vector_reduction(self, node: LoopNode) -> bool:
         """A loop whose whole body is a vectorized loop of reduction updates into one element each."""
@@ -173,27 +177,50 @@ class FunctionBuilder:
             old = self.load_value(target, stage.dtype)
             self.store_value(self.binary(REDUCE_BINARY[stage.reduce_op], old, total), target, stage.dtype)
 
+    def versioned(self, node: LoopNode) -> bool:
+        """Whether the loop's body is emitted twice: a copy free of tail checks or guards, and the rest."""
+        return id(node) in self.hoisted or id(node) in self.guard_checks
+
     def loop_body(self, node: LoopNode, env: dict):
         """A plain loop's body; where tails of unrolled or vectorized loops below depend on this loop
-        last, test once here whether they are all full and emit a copy free of tail checks."""
-        checks = self.hoisted.get(id(node))
-        if not checks:
+        last, or padding guards below move little with the loops inside it (`hoisted_guard_checks`),
+        test once here whether the tails are all full and the guards hold throughout, and emit a copy
+        free of those checks."""
+        tails, guards = self.hoisted.get(id(node), []), self.guard_checks.get(id(node), [])
+        if not tails and not guards:
             self.body(node.body, env)
             return
         b = self.builder
-        full = constant(I1, 1)
-        for limited, lim, spans in checks:
+        fast = constant(I1, 1)
+        for limited, lim, spans in tails:
             top = b.add(self.affine(lim.rest, {**env, **{name: constant(I64, span) for name, span in spans}}),
                         constant(I64, lim.coeff * (limited.loop.extent - 1)))
-            full = b.and_(full, b.icmp_signed("<", top, constant(I64, lim.bound)))
-        with b.if_else(full) as (then, otherwise):
+            fast = b.and_(fast, b.icmp_signed("<", top, constant(I64, lim.bound)))
+        for check in guards:
+            fast = b.and_(fast, self.holds_throughout(check, env))
+        with b.if_else(fast) as (then, otherwise):
             with then:
-                saved = set(self.full)
-                self.full |= {id(limited) for limited, _, _ in checks}
+                saved = set(self.full), set(self.holding)
+                self.full |= {id(limited) for limited, _, _ in tails}
+                self.holding |= {(check.stmt, check.guard) for check in guards}
                 self.body(node.body, env)
-                self.full = saved
+                self.full, self.holding = saved
             with otherwise:
                 self.body(node.body, env)
+
+    def holds_throughout(self, check: "GuardCheck", env: dict) -> llir.Value:
+        """An i1: the guard holds for every value of the loops inside the one testing it."""
+        b = self.builder
+        coeffs = check.expr.coeffs()
+        lowest = {name: constant(I64, 0 if coeffs[name] > 0 else extent - 1) for name, extent in check.inner}
+        highest = {name: constant(I64, extent - 1 if coeffs[name] > 0 else 0) for name, extent in check.inner}
+        low, high = self.affine(check.expr, {**env, **lowest}), self.affine(check.expr, {**env, **highest})
+        return b.and_(b.icmp_signed(">=", low, constant(I64, check.guard.lo)),
+                      b.icmp_signed("<", high, constant(I64, check.guard.hi)))
+
+    def known_to_hold(self, guards, stmt: StmtNode) -> bool:
+        """Whether this copy of the code runs only where every one of a statement's `guards` holds."""
+        return all((id(stmt), g) in self.holding for g in guards)
 
     def trip_count(self, node: LoopNode, env: dict) -> llir.Value:
         count: llir.Value = constant(I64, node.loop.extent)
@@ -207,7 +234,18 @@ class FunctionBuilder:
         room = self.smax(room, ZERO)
         return b.sdiv(b.add(room, constant(I64, lim.coeff - 1)), constant(I64, lim.coeff))
 
-    def counted_loop(self, start: llir.Value, end: llir.Value, emit_body, name: str):
+    def around_register_tile(self, node: LoopNode) -> bool:
+        """Whether the schedule unrolls a loop inside this one, under no guard left to test: it has
+        chosen the register tile, and LLVM unrolling the loops around it (a 3x3 window's loops) would
+        share the tile's loads between copies and keep more values live than there are registers.
+        Where guards are tested, unrolling makes the window offsets constants that fold them."""
+        inside = list(walk(node.body))
+        return any(isinstance(inner, LoopNode) and inner.loop.annotation == "unroll" for inner, _ in inside) and \
+            all(self.known_to_hold(tuple(ir.guards(stmt.stage.expr)), stmt) for stmt, _ in inside
+                if isinstance(stmt, StmtNode) and stmt.kind != "init")
+
+    def counted_loop(self, start: llir.Value, end: llir.Value, emit_body, name: str, rolled: bool = False):
+        """Loop `name` from `start` to `end`; a `rolled` loop asks LLVM not to unroll it."""
         b = self.builder
         pre = b.block
         header = self.fn.append_basic_block(f"{name}.head")
@@ -221,7 +259,9 @@ class FunctionBuilder:
         b.position_at_end(body)
         emit_body(i)
         i.add_incoming(b.add(i, ONE, flags=("nsw", "nuw")), b.block)
-        b.branch(header)
+        back = b.branch(header)
+        if rolled:
+            back.set_metadata("llvm.loop", not_unrolled(self.fn.module))
         b.position_at_end(done)
 
     def full_or_tail(self, node: LoopNode, env: dict, count: llir.Value, emit_full):
@@ -283,9 +323,16 @@ class FunctionBuilder:
             offset = ZERO
             for ix, n, stride in zip(plan.element_index(tuple(ix.substitute(stmt.index) for ix in index)),
                                      plan.shape, plan.strides):
-                clamped = self.smin(self.smax(self.affine(ix, env), ZERO), constant(I64, n - 1))
-                offset = b.add(offset, b.mul(clamped, constant(I64, stride)))
+                at = self.affine(ix, env)
+                if not self.known_within(ix, n, stmt):
+                    at = self.smin(self.smax(at, ZERO), constant(I64, n - 1))
+                offset = b.add(offset, b.mul(at, constant(I64, stride)))
         return self.builder.gep(self.pointers[buffer], [offset], source_etype=MEMORY_TYPE[plan.dtype], inbounds=True)
+
+    def known_within(self, index: ir.Affine, size: int, stmt: StmtNode) -> bool:
+        """Whether a guard known to hold here keeps `index` (over loop variables) in [0, size)."""
+        return any(stmt_id == id(stmt) and 0 <= g.lo and g.hi <= size and g.expr.substitute(stmt.index) == index
+                   for stmt_id, g in self.holding)
 
     # Vector statements -----------------------------------------------------------------
     def vector_statement(self, stmt: StmtNode, env: dict, lanes: "Lanes"):
@@ -363,6 +410,8 @@ class FunctionBuilder:
                 return self.load_value(base, dtype, align, lanes.width, lanes.mask)
             if step == 0:
                 return self.splat(self.load_value(base, dtype, align), lanes.width)
+        if isinstance(e, ir.Select) and self.known_to_hold(e.guards, stmt):
+            return self.vector_expr(e.then, stmt, env, lanes)
         if isinstance(e, ir.Load | ir.Select) and self.lane_invariant(e, stmt, lanes):
             return self.invariant_vector(e, stmt, env, lanes)
         if isinstance(e, ir.Load | ir.Select):
@@ -435,6 +484,8 @@ class FunctionBuilder:
             dtype = self.tree.buffers[e.buffer].dtype
             align = ITEM_BYTES[dtype] if e.clamped else self.alignment(e.buffer, e.index, stmt, env)
             return self.load_value(self.access(e.buffer, e.index, e.clamped, stmt, env), dtype, align)
+        if isinstance(e, ir.Select) and self.known_to_hold(e.guards, stmt):
+            return self.expr(e.then, stmt, env)
         if isinstance(e, ir.Select):
             return b.select(self.guards_hold(e.guards, stmt, env), self.expr(e.then, stmt, env),
                             self.expr(e.otherwise, stmt, env))
@@ -603,6 +654,14 @@ class FunctionBuilder:
         return self.builder.select(self.builder.icmp_signed(">", x, y), x, y)
 
 
+def not_unrolled(module: llir.Module) -> llir.MDValue:
+    """A new loop ID (distinct, its first operand itself, as LLVM wants) saying "do not unroll"."""
+    disable = module.add_metadata([llir.MetaDataString(module, "llvm.loop.unroll.disable")])
+    loop_id = llir.MDValue(module, [disable], name=str(len(module.metadata)))
+    loop_id.operands = (loop_id, disable)
+    return loop_id
+
+
 def hoisted_tail_checks(tree: LoopTree) -> dict[int, list]:
     """For each tail limit of an unrolled or vectorized loop: the deepest plain loop among the loops it
     depends on, with the largest value each unrolled/vectorized loop in between can add."""
@@ -621,6 +680,54 @@ def hoisted_tail_checks(tree: LoopTree) -> dict[int, list]:
                      for p in inner if p.loop.name in names]
             hoisted.setdefault(id(host), []).append((node, lim, spans))
     return hoisted
+
+
+# A padding guard is tested once at the outermost plain loop over whose body its expression moves by
+# at most 1/GUARD_SPAN of the guard's range: most of that loop's iterations then run a copy without it.
+GUARD_SPAN = 4
+
+
+@dataclass(frozen=True)
+class GuardCheck:
+    """A statement's guard tested once at a loop's body: its expression over loop variables and the
+    loops inside that loop it moves with, with their extents."""
+
+    stmt: int
+    guard: ir.Guard
+    expr: ir.Affine
+    inner: tuple[tuple[str, int], ...]
+
+
+def hoisted_guard_checks(tree: LoopTree) -> dict[int, list[GuardCheck]]:
+    """For each statement under padding guards: the loop that tests all of them once (the deepest of
+    the loops each guard alone would be tested at, so a statement's body is copied once)."""
+    checks: dict[int, list[GuardCheck]] = {}
+    for node, path in tree.walk():
+        if not isinstance(node, StmtNode) or node.kind == "init":      # an init does not read the expression
+            continue
+        found = {g: g.expr.substitute(node.index) for g in ir.guards(node.stage.expr)}
+        depths = [guard_host(expr, g, path) for g, expr in found.items()]
+        if not found or None in depths:
+            continue
+        depth = max(depths)
+        inner = {p.loop.name: p.loop.extent for p in path[depth + 1:]}
+        for g, expr in found.items():
+            moving = tuple((name, extent) for name, extent in inner.items() if expr.coeffs().get(name))
+            checks.setdefault(id(path[depth]), []).append(GuardCheck(id(node), g, expr, moving))
+    return checks
+
+
+def guard_host(expr: ir.Affine, guard: ir.Guard, path: list[LoopNode]) -> int | None:
+    """The depth in `path` of the outermost plain loop over whose body `expr` moves by at most
+    1/GUARD_SPAN of the guard's range (None if there is none)."""
+    coeffs = expr.coeffs()
+    for depth, node in enumerate(path):
+        if node.loop.annotation:
+            continue
+        span = sum(abs(coeffs.get(p.loop.name, 0)) * (p.loop.extent - 1) for p in path[depth + 1:])
+        if span * GUARD_SPAN <= guard.hi - guard.lo:
+            return depth
+    return None
 
 
 @dataclass(frozen=True)

@@ -226,3 +226,16 @@ def loads(expr: Expr):
     elif isinstance(expr, Binary):
         yield from loads(expr.a)
         yield from loads(expr.b)
+
+
+def guards(expr: Expr):
+    """Every Guard of the Selects in an expression."""
+    if isinstance(expr, Select):
+        yield from expr.guards
+        yield from guards(expr.then)
+        yield from guards(expr.otherwise)
+    elif isinstance(expr, Unary | Cast):
+        yield from guards(expr.x)
+    elif isinstance(expr, Binary):
+        yield from guards(expr.a)
+        yield from guards(expr.b)

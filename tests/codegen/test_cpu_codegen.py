@@ -163,3 +163,33 @@ def test_constants_are_shared_and_keep_their_exact_value():
     vector = llir.VectorType(F32, 4)
     assert constant(vector, [1.0] * 4) is constant(vector, [1.0] * 4)
     assert str(constant(vector, [1.0] * 4)) == str(llir.Constant(vector, [1.0] * 4))
+
+
+@pytest.mark.parametrize("size, window, padding, tile, tested_at", [
+    ((13, 40), 3, 1, 4, ["oz.0"]),
+    ((9, 50), 5, 2, 6, ["ky"]),    # a 5-row window moves over 4 of 9 rows: tested per window row
+    ((6, 30), 3, 1, 8, ["kz"]),    # a tile's window spans 10 of 30 columns: tested per window column
+])
+def test_padding_guards_are_tested_once_per_tile_and_hold_in_its_copy(rng, size, window, padding, tile, tested_at):
+    """A 2-D convolution whose output columns are tiled: each tile's body is emitted twice, one copy
+    free of the padding guards (and of the input's clamps) for the tiles whose whole window lies
+    inside the input, chosen by one test per tile.  Tiles straddling an edge, tails and windows
+    wider than the padding take the guarded copy, where a padded position that read its clamped
+    neighbour would show as a wrong value."""
+    import looptool as lt
+    from looptool.codegen.llvm import hoisted_guard_checks
+    from looptool.schedule import LoopNode
+    h, w = size
+    x, f = rng.standard_normal((3, h, w), dtype=np.float32), rng.standard_normal((8, 3, window, window), dtype=np.float32)
+    c, y, z, o, oy, oz, ky, kz = lt.symbols("c y z o oy oz ky kz")
+    xw = lt.Tensor(x).to(c, y, z).window(y, oy, ky, window, padding=padding).window(z, oz, kz, window, padding=padding)
+    t = (xw * lt.Tensor(f).to(o, c, ky, kz)).sum(c, ky, kz)                    # dims (oy, oz, o)
+    tree = (t.loop_tree().split("oz", tile).reorder("oy", "oz.0", "c", "ky", "kz", "oz.1", "o")
+            .unroll("oz.1").vectorize("o"))
+    hosts = {id(node): node.loop.name for node, _ in tree.walk() if isinstance(node, LoopNode)}
+    assert [hosts[host] for host in hoisted_guard_checks(tree)] == tested_at
+    xp = np.pad(f64(x), ((0, 0), (padding, padding), (padding, padding)))
+    windows = np.lib.stride_tricks.sliding_window_view(xp, (window, window), axis=(1, 2))
+    got = t.compile(tree)(ir.lower(t.node)[1])
+    ref = np.einsum("cyzab,ocab->yzo", windows, f64(f))
+    assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5
