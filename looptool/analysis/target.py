@@ -3,8 +3,9 @@
 Everything is read from LLVM and the operating system, never from a table of CPU names:
 the vector width and the number of vector registers from LLVM's host features (AVX-512:
 32 registers of 512 bits; AVX/AVX2: 16 of 256; SSE2: 16 of 128; AArch64 NEON: 32 of 128),
-cache sizes from sysfs (`/sys/devices/system/cpu/cpu0/cache/index*/{level,type,size}`, then
-`os.sysconf`, then the defaults below), and the cores this process may run on from
+cache sizes and L1's associativity from sysfs (`/sys/devices/system/cpu/cpu0/cache/index*/{level,
+type,size,ways_of_associativity}`, then `os.sysconf`, then the defaults below), and the cores this
+process may run on from
 `os.sched_getaffinity`.  `Target` is a plain dataclass, so tests build fake ones.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ DEFAULT_L3 = 8 * 1024 * 1024
 
 SYSCONF_NAMES = {1: "SC_LEVEL1_DCACHE_SIZE", 2: "SC_LEVEL2_CACHE_SIZE", 3: "SC_LEVEL3_CACHE_SIZE"}
 DEFAULTS = {1: DEFAULT_L1, 2: DEFAULT_L2, 3: DEFAULT_L3}
+DEFAULT_L1_WAYS = 8
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,7 @@ class Target:
     l2: int
     l3: int
     cores: int
+    l1_ways: int = DEFAULT_L1_WAYS
 
     @property
     def cache_bytes(self) -> tuple[int, int, int]:
@@ -97,6 +100,22 @@ def _sysfs_cache_sizes(root: Path) -> dict[int, int]:
     return sizes
 
 
+def l1_ways(root: Path = SYSFS_CACHE) -> int:
+    """The L1 data cache's associativity: sysfs first, then os.sysconf, then DEFAULT_L1_WAYS."""
+    for index in sorted(root.glob("index*")):
+        try:
+            if int((index / "level").read_text()) == 1 and (index / "type").read_text().strip() == "Data":
+                ways = int((index / "ways_of_associativity").read_text())
+                if ways > 0:
+                    return ways
+        except (OSError, ValueError):
+            continue
+    try:
+        return os.sysconf("SC_LEVEL1_DCACHE_ASSOC") or DEFAULT_L1_WAYS
+    except (ValueError, OSError):
+        return DEFAULT_L1_WAYS
+
+
 def _sysconf_cache_size(level: int) -> int:
     try:
         return max(0, os.sysconf(SYSCONF_NAMES[level]))
@@ -126,4 +145,4 @@ def host() -> Target:
     bits, registers = vector_file(triple, features)
     sizes = cache_sizes()
     fma = bool(features.get("fma") or features.get("neon") or triple.startswith(("aarch64", "arm64")))
-    return Target(triple.split("-")[0], bits, registers, fma, sizes[1], sizes[2], sizes[3], _cores())
+    return Target(triple.split("-")[0], bits, registers, fma, sizes[1], sizes[2], sizes[3], _cores(), l1_ways())

@@ -72,9 +72,21 @@ def balanced(extent: int, most: int, multiple: int = 1) -> int:
 
 
 def reduction_block(target: Target, tile: RegisterTile, itemsize: int) -> int:
-    """kc: the reduction length whose slice of the broadcast operand (rows x kc) and of one reused
-    micro-panel (kc x columns) fit in the share of L1 the model allows."""
-    return max(1, target.l1 // CACHE_SHARE // ((tile.rows + tile.columns) * itemsize))
+    """kc: the reduction length whose reused micro-panel (kc x columns) fills the L1 ways it gets
+    (`panel_ways`), as in BLIS's model (Low et al. 2016, section 3.3)."""
+    return max(1, panel_ways(target, tile) * (target.l1 // max(1, target.l1_ways)) // (tile.columns * itemsize))
+
+
+def panel_ways(target: Target, tile: RegisterTile) -> int:
+    """Of L1's ways, one is left to the results and whatever else passes through; the reused
+    micro-panel and the broadcast operand's slice (rows x kc), read together, share the rest in
+    proportion to their widths, the slice rounded up to whole ways.  With fewer than 4 ways
+    (or none known) the micro-panel gets half of L1."""
+    ways = target.l1_ways
+    if ways < 4:
+        return max(1, ways // CACHE_SHARE)
+    fits = [w for w in range(1, ways) if w + -(-w * tile.rows // tile.columns) <= ways - 1]
+    return max(fits, default=1)
 
 
 def cache_block(cache: int, kc: int, itemsize: int) -> int:

@@ -213,9 +213,11 @@ class Builder:
         reduce_outer, reduce_inner = self.split(name, first, block)
         kc = block * rest_length
         if reduce_outer:
+            ways = model.panel_ways(self.target, tile)
             self.note(name, f"reduction block {first} by {block} ({kc} products per result per pass): "
-                            f"a {tile.rows}x{kc} and a {kc}x{tile.columns} panel take "
-                            f"{(tile.rows + tile.columns) * kc * itemsize // 1024} KiB, half of L1 at most")
+                            f"a {kc}x{tile.columns} micro-panel takes {tile.columns * kc * itemsize // 1024} KiB, "
+                            f"at most {ways} of L1's {self.target.l1_ways} ways; the {tile.rows}x{kc} slice it "
+                            f"meets and the results share the rest")
         panel_cache, block_cache = model.panel_caches(self.target)
         col_outer, col_rest = self.cache_block(name, found.col, kc, itemsize, tile.columns, found.reused,
                                                (panel_cache, "its share of L3"))

@@ -4,12 +4,22 @@ import pytest
 from looptool.analysis import target
 
 
-def write_cache(root, index, level, kind, size):
+def write_cache(root, index, level, kind, size, ways=None):
     folder = root / f"index{index}"
     folder.mkdir(parents=True)
     (folder / "level").write_text(f"{level}\n")
     (folder / "type").write_text(f"{kind}\n")
     (folder / "size").write_text(f"{size}\n")
+    if ways is not None:
+        (folder / "ways_of_associativity").write_text(f"{ways}\n")
+
+
+def test_l1_associativity_is_read_from_the_data_cache_or_falls_back(tmp_path, monkeypatch):
+    write_cache(tmp_path, 0, 1, "Instruction", "32K", ways=8)
+    write_cache(tmp_path, 1, 1, "Data", "48K", ways=12)
+    assert target.l1_ways(tmp_path) == 12
+    monkeypatch.setattr(target.os, "sysconf", lambda name: 0)
+    assert target.l1_ways(tmp_path / "missing") == target.DEFAULT_L1_WAYS
 
 
 def test_cache_sizes_are_read_from_a_sysfs_folder_skipping_instruction_caches(tmp_path):

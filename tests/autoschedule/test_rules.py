@@ -14,8 +14,8 @@ from looptool.schedule import LoopTree
 from tests.helpers import assert_close
 
 
-def fake(registers=16, bits=256, cores=1, l1=32 * 1024, l2=512 * 1024, l3=32 << 20):
-    return Target("x86_64", bits, registers, True, l1, l2, l3, cores)
+def fake(registers=16, bits=256, cores=1, l1=32 * 1024, l2=512 * 1024, l3=32 << 20, l1_ways=8):
+    return Target("x86_64", bits, registers, True, l1, l2, l3, cores, l1_ways)
 
 
 def matmul_program(m=200, k=300, n=500):
@@ -59,6 +59,25 @@ def test_blocks_follow_the_cache_sizes():
     assert k_block[0] < k_block[1]
 
 
+@pytest.mark.parametrize("registers, bits, ways, panel_ways, k_block", [
+    (16, 256, 8, 6, 256),     # 4x24 tile: 6 ways of 4 KiB hold a 256x24 panel; 1 for the 4-row slice, 1 left
+    (32, 512, 12, 10, 128),   # 5x80 tile, 48 KiB 12-way L1: 10 ways of 4 KiB hold a 128x80 panel
+    (32, 512, 8, 6, 74),      # the same tile in a 32 KiB 8-way L1: 6 ways hold 76 rows, balanced to 74
+])
+def test_the_reduction_block_fills_the_l1_ways_its_panel_gets(registers, bits, ways, panel_ways, k_block):
+    """BLIS's model: the reused micro-panel gets L1's ways but one for the results and those the
+    broadcast operand's slice needs in proportion to its width."""
+    _, program, _ = matmul_program(1024, 1024, 1024)
+    l1 = 48 * 1024 if ways == 12 else 32 * 1024
+    target = fake(registers, bits, l1=l1, l2=2048 * 1024, l1_ways=ways)
+    tree = auto_tree(program, target)
+    rows, vectors = unrolled_extents(tree)[0]
+    tile = model.RegisterTile(rows, vectors, bits // 32)
+    assert model.panel_ways(target, tile) == panel_ways
+    assert {lp.name: lp.extent for lp in tree.schedule.of("t0").loops}["k.1"] == k_block
+    assert f"at most {panel_ways} of L1's {ways} ways" in tree.explain()
+
+
 @pytest.mark.parametrize("registers, bits", [(16, 256), (32, 512)])
 def test_the_column_panel_lives_in_a_thread_s_share_of_l3(registers, bits):
     """The kc x nc panel of the reused operand is sized to half of L3 / cores: a 32 MiB L3 leaves
@@ -76,9 +95,9 @@ def test_the_column_panel_lives_in_a_thread_s_share_of_l3(registers, bits):
 
 @pytest.mark.parametrize("registers, bits", [(16, 256), (32, 512)])
 def test_the_broadcast_operand_is_packed_when_its_rows_spread_beyond_l2(registers, bits):
-    """1024 rows 1 KiB apart: a row block spans more than half of L2, so it is copied (rows
+    """1024 rows 2 KiB apart: a row block spans more than half of L2, so it is copied (rows
     outer, reductions inner) once per reduction block; 200x300 rows (1200 bytes apart) are not."""
-    c, program, ref = matmul_program(1024, 256, 512)
+    c, program, ref = matmul_program(1024, 512, 512)
     tree = auto_tree(program, fake(registers, bits))
     assert "pack in0 as (m, k)" in tree.explain()
     assert_close(c.numpy(tree), ref, 1e-5)
@@ -106,7 +125,7 @@ def test_a_parallel_loop_over_the_rows_of_a_large_image_runs_outermost(rng):
     conv = (windows * lt.Tensor(w).to(so, sc, kh, kw)).sum(sc, kh, kw)
     tree = auto_tree(lower_on_host(conv.node)[0], fake(cores=2, l2=64 * 1024))
     assert [(node.loop.name, node.loop.annotation) for node in tree.root] == [("oh", "parallel")]
-    assert "reduction block c by 16" in tree.explain() and "parallel oh outermost" in tree.explain()
+    assert "reduction block c by 22" in tree.explain() and "parallel oh outermost" in tree.explain()
     padded = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
     ref = np.zeros((1, 24, 24, 24))
     for i in range(3):
