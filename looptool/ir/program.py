@@ -214,28 +214,24 @@ def loaded_buffers(expr: Expr) -> set[str]:
     return out
 
 
+def subexpressions(expr: Expr):
+    """An expression and every expression inside it, each before its operands, in evaluation order."""
+    yield expr
+    if isinstance(expr, Select):
+        yield from subexpressions(expr.then)
+        yield from subexpressions(expr.otherwise)
+    elif isinstance(expr, Unary | Cast):
+        yield from subexpressions(expr.x)
+    elif isinstance(expr, Binary):
+        yield from subexpressions(expr.a)
+        yield from subexpressions(expr.b)
+
+
 def loads(expr: Expr):
     """Every Load in an expression, in evaluation order."""
-    if isinstance(expr, Load):
-        yield expr
-    elif isinstance(expr, Select):
-        yield from loads(expr.then)
-        yield from loads(expr.otherwise)
-    elif isinstance(expr, Unary | Cast):
-        yield from loads(expr.x)
-    elif isinstance(expr, Binary):
-        yield from loads(expr.a)
-        yield from loads(expr.b)
+    return (e for e in subexpressions(expr) if isinstance(e, Load))
 
 
 def guards(expr: Expr):
     """Every Guard of the Selects in an expression."""
-    if isinstance(expr, Select):
-        yield from expr.guards
-        yield from guards(expr.then)
-        yield from guards(expr.otherwise)
-    elif isinstance(expr, Unary | Cast):
-        yield from guards(expr.x)
-    elif isinstance(expr, Binary):
-        yield from guards(expr.a)
-        yield from guards(expr.b)
+    return (g for e in subexpressions(expr) if isinstance(e, Select) for g in e.guards)
