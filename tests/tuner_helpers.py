@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import glob
 import importlib.util
+import math
 import os
 import pwd
 import re
@@ -132,8 +133,9 @@ def assert_trials_consistent(study, tensor, stale=()) -> dict:
     """The tuner's invariants on a study's trials; returns the trials grouped by state name.
 
     PRUNED: a "rejected" reason, never timed (no timing attrs, no value), and when it carries a
-    schedule the schedule really is illegal.  COMPLETE: a legal stored schedule, timed, with a value.
-    FAIL: a "failure" reason.  Trial numbers are 0..K-1 without gaps.  Trials numbered in `stale`
+    schedule the schedule really is illegal.  COMPLETE: a legal stored schedule, timed, with a value;
+    on a CPU that value is its yardstick ratio times the study's one yardstick time, whichever
+    process or worker measured it.  FAIL: a "failure" reason.  Trial numbers are 0..K-1 without gaps.  Trials numbered in `stale`
     (running when their process was killed) may be RUNNING, or FAIL without a reason (heartbeat);
     no other trial may be left unfinished."""
     import optuna
@@ -155,6 +157,9 @@ def assert_trials_consistent(study, tensor, stale=()) -> dict:
             assert legal, f"complete trial {t.number} has an illegal schedule: {reason}"
             assert "compile_seconds" in attrs and "rejected" not in attrs and "failure" not in attrs
             assert t.value is not None and t.value > 0
+            if "yardstick_ratio" in attrs:
+                scaled = attrs["yardstick_ratio"] * study.user_attrs["yardstick_seconds"]
+                assert math.isclose(t.value, scaled, rel_tol=1e-12), f"trial {t.number} timed on another scale"
         elif t.state == S.FAIL:
             assert "rejected" not in attrs
             assert attrs.get("failure") or t.number in stale, f"failed trial {t.number} without a reason: {attrs}"

@@ -185,6 +185,8 @@ class Objective:
             raise TrialFailed(str(err)) from None
         trial.set_user_attr("compile_seconds", result.compile_seconds)
         trial.set_user_attr("relative_error", result.relative_error)
+        if result.yardstick_ratio is not None:
+            trial.set_user_attr("yardstick_ratio", result.yardstick_ratio)
         trial.set_user_attr("features", costmodel.describe(tree, self.threads))
         trial.set_user_attr("overhead_seconds", time.perf_counter() - started - result.running_seconds)
         return result.seconds
@@ -217,6 +219,7 @@ class Tuning:
                                     centre)
         self.study = optuna.create_study(study_name=study_name, storage=self.storage, sampler=self.sampler,
                                          direction="minimize", load_if_exists=True)
+        self.measurer.yardstick_seconds = self.study.user_attrs.get("yardstick_seconds")
 
     def _prior(self) -> costmodel.Prior | None:
         if not self.transfer:
@@ -243,6 +246,7 @@ class Tuning:
             self.study.optimize(self.objective, n_trials=remaining, timeout=timeout, catch=(TrialFailed,),
                                 callbacks=[optuna.study.MaxTrialsCallback(trials, states=FINISHED)],
                                 show_progress_bar=self.progress)
+        self._keep_yardstick()
 
     def default_seconds(self) -> float:
         """The default schedule's time (on a GPU: one output per thread), measured once per study by
@@ -250,7 +254,15 @@ class Tuning:
         if "default_seconds" not in self.study.user_attrs:
             steps = runtime_gpu.default_tree(self.program).schedule.steps if self.device == "gpu" else []
             self.study.set_user_attr("default_seconds", self.measurer.measure(steps).seconds)
+            self._keep_yardstick()
         return self.study.user_attrs["default_seconds"]
+
+    def _keep_yardstick(self):
+        """Store the yardstick's seconds the first worker calibrated, so that every later worker of the
+        study (other jobs, restarts, resumptions) turns its ratios into the same seconds."""
+        calibrated = self.measurer.yardstick_seconds
+        if calibrated is not None and "yardstick_seconds" not in self.study.user_attrs:
+            self.study.set_user_attr("yardstick_seconds", calibrated)
 
     def result(self, record: bool = True) -> TuneResult:
         """The best measured schedule (stored in the tuning database when `record`)."""

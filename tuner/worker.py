@@ -4,10 +4,16 @@ The parent sends the computation once, then one schedule (its steps) per trial.
 The worker compiles it (or loads the object code a compile process made while
 earlier schedules were measured: `Measurer.prefetch`), runs it on one of a few
 random input sets made at start-up, checks the result against the default
-schedule's on the same inputs (computed once per set), then times warm-up plus
-repeated runs and answers with the median.  A crash (segfault, abort) or a run
-past the time limit kills only the worker: the parent reports the failure and
-starts a new one.
+schedule's on the same inputs (computed once per set), then times it.  A crash
+(segfault, abort) or a run past the time limit kills only the worker: the parent
+reports the failure and starts a new one.
+
+On a CPU a schedule is timed side by side with a yardstick, the automatic schedule
+compiled once at start-up: the two run in turn, and the trial's time is the median
+of the schedule's time over the yardstick's in each pair, times one calibrated
+yardstick time kept for the whole study.  A shared machine's speed drifts by 10-30 %
+over seconds; both kernels of a pair meet the same drift, so it cancels (a trial's
+spread fell from 18 % to 2-5 % of its time: docs/tuning.md).
 """
 from __future__ import annotations
 
@@ -26,6 +32,8 @@ import numpy as np
 
 STARTUP_TIMEOUT = 300.0
 INPUT_SETS = 2          # random input sets per worker, used in turn by its trials
+CALIBRATION_ROUNDS = 5  # rounds of CALIBRATION_RUNS runs that time the yardstick at start-up
+CALIBRATION_RUNS = 3
 
 
 class MeasureError(RuntimeError):
@@ -34,13 +42,15 @@ class MeasureError(RuntimeError):
 
 @dataclass
 class Measurement:
-    """A measured schedule: median seconds per run, seconds its kernel took to compile, its error
-    against the reference, and the wall seconds of all its kernel runs (check, warm-up, timed)."""
+    """A measured schedule: seconds per run, seconds its kernel took to compile, its error against
+    the reference, the wall seconds of all kernel runs (check, warm-up, timed, the yardstick's), and
+    on a CPU its time over the yardstick's (`seconds` is that ratio times the study's yardstick time)."""
 
     seconds: float
     compile_seconds: float
     relative_error: float
     running_seconds: float
+    yardstick_ratio: float | None = None
 
 
 def fresh_like(array: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -51,9 +61,10 @@ def fresh_like(array: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return np.lib.stride_tricks.as_strided(base[offset:], array.shape, array.strides)
 
 
-def _serve(conn, run_trial):
-    """The worker's loop: answer one request per schedule until told to stop."""
-    conn.send({"ready": True})
+def _serve(conn, run_trial, yardstick_seconds: float | None):
+    """The worker's loop: say it is ready (with the yardstick's calibrated seconds, None on a GPU), then
+    answer one request per schedule until told to stop."""
+    conn.send({"ready": True, "yardstick_seconds": yardstick_seconds})
     while True:
         request = conn.recv()
         if request is None:
@@ -78,12 +89,16 @@ def _wrong_result(got: np.ndarray, expected: np.ndarray, dtype: str, reference: 
 
 def _cpu_trials(node, repeats: int, seed: int):
     """Trials on the CPU: random input sets in turn, each checked against the default schedule's
-    result on it (computed once per set)."""
-    from looptool import ir, runtime
+    result on it (computed once per set), each timed against the yardstick (the module docstring).
+    Returns the trial function and the yardstick's calibrated seconds."""
+    from looptool import autoschedule, ir, runtime
+    from looptool.analysis.target import host
     from looptool.schedule import LoopTree, Schedule
 
     program, arrays = ir.lower(node)
-    reference_kernel = runtime.Kernel(LoopTree(program), runtime.get_num_threads())
+    threads = runtime.get_num_threads()
+    reference_kernel = runtime.Kernel(LoopTree(program), threads)
+    yardstick = runtime.Kernel(autoschedule.auto_tree(program, host().with_cores(threads)), threads)
     rng = np.random.default_rng(seed)
     input_sets = [[fresh_like(a, rng) for a in arrays] for _ in range(INPUT_SETS)]
     references = [reference_kernel(inputs).astype(np.float64) for inputs in input_sets]
@@ -91,7 +106,7 @@ def _cpu_trials(node, repeats: int, seed: int):
 
     def run_trial(request):
         tree = LoopTree(program, Schedule.default(program).apply(request["steps"]))
-        kernel = runtime.Kernel(tree, runtime.get_num_threads(), request.get("compiled"))
+        kernel = runtime.Kernel(tree, threads, request.get("compiled"))
         inputs, expected = next(sets)
         start = time.perf_counter()
         got = kernel(inputs)
@@ -99,15 +114,37 @@ def _cpu_trials(node, repeats: int, seed: int):
         error, wrong = _wrong_result(got, expected, program.output.dtype, "default schedule")
         if wrong:
             return wrong
-        times = []
         with stopped(request.get("stop", ())):
-            for _ in range(1 + (request.get("repeats") or repeats)):
-                start = time.perf_counter()
-                kernel(inputs)
-                times.append(time.perf_counter() - start)
-        return {"seconds": float(np.median(times[1:])), "compile": kernel.compile_seconds, "relative_error": error,
-                "running": running + sum(times)}
-    return run_trial
+            ratio, seconds, spent = _paired_runs(kernel, yardstick, inputs, request.get("repeats") or repeats)
+        return {"ratio": ratio, "seconds": seconds, "compile": kernel.compile_seconds, "relative_error": error,
+                "running": running + spent}
+    return run_trial, _calibrate(yardstick, input_sets[0])
+
+
+def _timed(kernel, inputs) -> float:
+    start = time.perf_counter()
+    kernel(inputs)
+    return time.perf_counter() - start
+
+
+def _paired_runs(kernel, yardstick, inputs, repeats: int) -> tuple[float, float, float]:
+    """A warm-up run of each, then `repeats` pairs of runs in turn: (median of the kernel's time over
+    the yardstick's in each pair, the kernel's median seconds, wall seconds of all these runs)."""
+    spent = _timed(kernel, inputs) + _timed(yardstick, inputs)
+    ratios, times = [], []
+    for _ in range(repeats):
+        own, other = _timed(kernel, inputs), _timed(yardstick, inputs)
+        ratios.append(own / other)
+        times.append(own)
+        spent += own + other
+    return float(np.median(ratios)), float(np.median(times)), spent
+
+
+def _calibrate(yardstick, inputs) -> float:
+    """The yardstick's seconds: the fastest of CALIBRATION_ROUNDS medians (load only slows a kernel)."""
+    yardstick(inputs)
+    return min(float(np.median([_timed(yardstick, inputs) for _ in range(CALIBRATION_RUNS)]))
+               for _ in range(CALIBRATION_ROUNDS))
 
 
 @contextlib.contextmanager
@@ -132,7 +169,8 @@ def resume(pids):
 
 def _gpu_trials(node, repeats: int, seed: int):
     """Trials on the GPU: fixed random inputs on the device, each trial's output poisoned with NaN,
-    checked against the default GPU schedule, timed with CUDA events."""
+    checked against the default GPU schedule, timed with CUDA events (steady enough: no yardstick).
+    Returns the trial function and None."""
     from looptool import ir
     from looptool.runtime import gpu as runtime_gpu
     from looptool.schedule import LoopTree, Schedule
@@ -164,7 +202,7 @@ def _gpu_trials(node, repeats: int, seed: int):
             times.append(cp.cuda.get_elapsed_time(start, stop) / 1e3)
         return {"seconds": float(np.median(times)), "compile": compile_seconds, "relative_error": error,
                 "running": running + sum(times)}
-    return run_trial
+    return run_trial, None
 
 
 def compile_processes() -> int:
@@ -307,12 +345,14 @@ def _compiler_main(conn, node, threads):
 
 class Measurer:
     """Owns one worker process for a computation; restarts it after a crash or a time-out.  On the
-    CPU, schedules given to `prefetch` compile in other processes (`Compiler`) while others are measured."""
+    CPU, schedules given to `prefetch` compile in other processes (`Compiler`) while others are measured,
+    and times are the yardstick ratio times `yardstick_seconds`: the first worker's calibration unless
+    set before (a study keeps one for all its workers and resumptions)."""
 
     def __init__(self, node, repeats: int = 10, timeout: float = 60.0, seed: int = 0, threads: int | None = None,
-                 device: str = "cpu"):
+                 device: str = "cpu", yardstick_seconds: float | None = None):
         self.node, self.repeats, self.timeout, self.seed, self.threads = node, repeats, timeout, seed, threads
-        self.device = device
+        self.device, self.yardstick_seconds = device, yardstick_seconds
         self._context = mp.get_context("spawn")
         self._process = None
         self._conn = None
@@ -344,12 +384,14 @@ class Measurer:
             self.close(kill=True)
             raise MeasureError(f"worker did not start within {STARTUP_TIMEOUT:g} s (worker killed)")
         try:
-            parent.recv()
+            ready = parent.recv()
         except (EOFError, ConnectionResetError):
             self._process.join(5)
             code = self._process.exitcode
             self.close(kill=True)
             raise MeasureError(f"worker crashed while starting (exit code {code})") from None
+        if self.yardstick_seconds is None:
+            self.yardstick_seconds = ready["yardstick_seconds"]
 
     def measure(self, steps, inject_crash: bool = False) -> Measurement:
         """Compile, check and time one schedule; raise MeasureError when the trial must fail."""
@@ -364,7 +406,9 @@ class Measurer:
             resume(pids)            # also when the worker died while they were stopped
         if "error" in reply:
             raise MeasureError(reply["error"])
-        return Measurement(reply["seconds"], reply["compile"], reply["relative_error"], reply["running"])
+        ratio = reply.get("ratio")
+        seconds = reply["seconds"] if ratio is None else ratio * self.yardstick_seconds
+        return Measurement(seconds, reply["compile"], reply["relative_error"], reply["running"], ratio)
 
     def _exchange(self, request: dict) -> dict:
         """Send one request to the worker and wait for its reply (killing it past the time limit)."""
@@ -402,4 +446,4 @@ def _worker_main(conn, node, repeats, seed, threads, device):
     import looptool
     if threads:
         looptool.set_num_threads(threads)
-    _serve(conn, (_gpu_trials if device == "gpu" else _cpu_trials)(node, repeats, seed))
+    _serve(conn, *(_gpu_trials if device == "gpu" else _cpu_trials)(node, repeats, seed))

