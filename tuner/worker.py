@@ -32,7 +32,8 @@ import numpy as np
 
 STARTUP_TIMEOUT = 300.0
 INPUT_SETS = 2          # random input sets per worker, used in turn by its trials
-CALIBRATION_ROUNDS = 5  # rounds of CALIBRATION_RUNS runs that time the yardstick at start-up
+CALIBRATION_SECONDS = 0.5  # the yardstick is timed at start-up in rounds of CALIBRATION_RUNS runs for this
+CALIBRATION_ROUNDS = 5     # long, and at least this many rounds
 CALIBRATION_RUNS = 3
 
 
@@ -87,10 +88,10 @@ def _wrong_result(got: np.ndarray, expected: np.ndarray, dtype: str, reference: 
     return error, {"error": f"wrong result: relative error {error:.3g} against the {reference}"}
 
 
-def _cpu_trials(node, repeats: int, seed: int):
+def _cpu_trials(node, repeats: int, seed: int, calibrate: bool):
     """Trials on the CPU: random input sets in turn, each checked against the default schedule's
     result on it (computed once per set), each timed against the yardstick (the module docstring).
-    Returns the trial function and the yardstick's calibrated seconds."""
+    Returns the trial function and the yardstick's calibrated seconds (None unless `calibrate`)."""
     from looptool import autoschedule, ir, runtime
     from looptool.analysis.target import host
     from looptool.schedule import LoopTree, Schedule
@@ -115,10 +116,9 @@ def _cpu_trials(node, repeats: int, seed: int):
         if wrong:
             return wrong
         with stopped(request.get("stop", ())):
-            ratio, seconds, spent = _paired_runs(kernel, yardstick, inputs, request.get("repeats") or repeats)
-        return {"ratio": ratio, "seconds": seconds, "compile": kernel.compile_seconds, "relative_error": error,
-                "running": running + spent}
-    return run_trial, _calibrate(yardstick, input_sets[0])
+            ratio, spent = _paired_runs(kernel, yardstick, inputs, request.get("repeats") or repeats)
+        return {"ratio": ratio, "compile": kernel.compile_seconds, "relative_error": error, "running": running + spent}
+    return run_trial, _calibrate(yardstick, input_sets[0]) if calibrate else None
 
 
 def _timed(kernel, inputs) -> float:
@@ -127,24 +127,27 @@ def _timed(kernel, inputs) -> float:
     return time.perf_counter() - start
 
 
-def _paired_runs(kernel, yardstick, inputs, repeats: int) -> tuple[float, float, float]:
+def _paired_runs(kernel, yardstick, inputs, repeats: int) -> tuple[float, float]:
     """A warm-up run of each, then `repeats` pairs of runs in turn: (median of the kernel's time over
-    the yardstick's in each pair, the kernel's median seconds, wall seconds of all these runs)."""
+    the yardstick's in each pair, wall seconds of all these runs)."""
     spent = _timed(kernel, inputs) + _timed(yardstick, inputs)
-    ratios, times = [], []
+    ratios = []
     for _ in range(repeats):
         own, other = _timed(kernel, inputs), _timed(yardstick, inputs)
         ratios.append(own / other)
-        times.append(own)
         spent += own + other
-    return float(np.median(ratios)), float(np.median(times)), spent
+    return float(np.median(ratios)), spent
 
 
 def _calibrate(yardstick, inputs) -> float:
-    """The yardstick's seconds: the fastest of CALIBRATION_ROUNDS medians (load only slows a kernel)."""
+    """The yardstick's seconds: the fastest median of CALIBRATION_RUNS runs over CALIBRATION_SECONDS (load
+    only slows a kernel; a memory-bound kernel's medians of a few runs moved by up to 1.9x from one
+    moment to the next, and a fraction of a second of them finds the fast ones: docs/tuning.md)."""
     yardstick(inputs)
-    return min(float(np.median([_timed(yardstick, inputs) for _ in range(CALIBRATION_RUNS)]))
-               for _ in range(CALIBRATION_ROUNDS))
+    medians, end = [], time.perf_counter() + CALIBRATION_SECONDS
+    while time.perf_counter() < end or len(medians) < CALIBRATION_ROUNDS:
+        medians.append(float(np.median([_timed(yardstick, inputs) for _ in range(CALIBRATION_RUNS)])))
+    return min(medians)
 
 
 @contextlib.contextmanager
@@ -167,10 +170,10 @@ def resume(pids):
             os.kill(pid, signal.SIGCONT)
 
 
-def _gpu_trials(node, repeats: int, seed: int):
+def _gpu_trials(node, repeats: int, seed: int, calibrate: bool):
     """Trials on the GPU: fixed random inputs on the device, each trial's output poisoned with NaN,
-    checked against the default GPU schedule, timed with CUDA events (steady enough: no yardstick).
-    Returns the trial function and None."""
+    checked against the default GPU schedule, timed with CUDA events (steady enough: no yardstick, so
+    nothing to `calibrate`). Returns the trial function and None."""
     from looptool import ir
     from looptool.runtime import gpu as runtime_gpu
     from looptool.schedule import LoopTree, Schedule
@@ -373,8 +376,9 @@ class Measurer:
 
     def _start(self):
         parent, child = self._context.Pipe()
-        self._process = self._context.Process(target=_worker_main, args=(child, self.node, self.repeats,
-                                                                         self.seed, self.threads, self.device),
+        calibrate = self.yardstick_seconds is None
+        self._process = self._context.Process(target=_worker_main, args=(child, self.node, self.repeats, self.seed,
+                                                                         self.threads, self.device, calibrate),
                                              daemon=True)
         self._process.start()
         child.close()
@@ -442,8 +446,8 @@ class Measurer:
             self._compiler = None
 
 
-def _worker_main(conn, node, repeats, seed, threads, device):
+def _worker_main(conn, node, repeats, seed, threads, device, calibrate):
     import looptool
     if threads:
         looptool.set_num_threads(threads)
-    _serve(conn, *(_gpu_trials if device == "gpu" else _cpu_trials)(node, repeats, seed))
+    _serve(conn, *(_gpu_trials if device == "gpu" else _cpu_trials)(node, repeats, seed, calibrate))
