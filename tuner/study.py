@@ -79,15 +79,24 @@ def make_storage(url: str | None):
 
 def _write_ahead_log(engine):
     """Open every later connection of a SQLite engine in WAL mode with normal (not full) syncing: safe
-    against killed processes, and several processes still share the file."""
+    against killed processes, and several processes still share the file.  Each transaction begins
+    IMMEDIATE, taking the write lock before it reads: Optuna claims a waiting trial by reading its state
+    and then writing RUNNING (SELECT ... FOR UPDATE, which SQLite ignores), and pysqlite began the
+    transaction only at the write, so two processes could both claim one trial and the second to finish
+    it stopped with "Cannot tell a COMPLETE trial"."""
     import sqlalchemy
 
     @sqlalchemy.event.listens_for(engine, "connect")
     def _on_connect(connection, _record):
+        connection.isolation_level = None          # no implicit BEGIN: _on_begin says how
         cursor = connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.close()
+
+    @sqlalchemy.event.listens_for(engine, "begin")
+    def _on_begin(connection):
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
     engine.dispose()
 
 
@@ -183,13 +192,29 @@ class Objective:
         except MeasureError as err:
             trial.set_user_attr("failure", str(err))
             raise TrialFailed(str(err)) from None
+        seconds = study_seconds(trial.study, self.measurer, result)
         trial.set_user_attr("compile_seconds", result.compile_seconds)
         trial.set_user_attr("relative_error", result.relative_error)
         if result.yardstick_ratio is not None:
             trial.set_user_attr("yardstick_ratio", result.yardstick_ratio)
         trial.set_user_attr("features", costmodel.describe(tree, self.threads))
         trial.set_user_attr("overhead_seconds", time.perf_counter() - started - result.running_seconds)
+        return seconds
+
+
+def study_seconds(study: optuna.Study, measurer: Measurer, result) -> float:
+    """A measurement's seconds on its study's one scale: a CPU measurement's yardstick ratio times the
+    yardstick time stored with the study (the first calibration any of its processes stored; this
+    measurer's, stored now, where none is), read when the measurement is done, so that processes that
+    started the study together use one scale from their first trial on; a GPU measurement as it is."""
+    if result.yardstick_ratio is None:
         return result.seconds
+    stored = study.user_attrs.get("yardstick_seconds")
+    if stored is None:
+        stored = measurer.yardstick_seconds
+        study.set_user_attr("yardstick_seconds", stored)
+    measurer.yardstick_seconds = stored
+    return result.yardstick_ratio * stored
 
 
 def draw_schedule(trial, tree: LoopTree, threads: int, device: str) -> LoopTree:
@@ -246,23 +271,15 @@ class Tuning:
             self.study.optimize(self.objective, n_trials=remaining, timeout=timeout, catch=(TrialFailed,),
                                 callbacks=[optuna.study.MaxTrialsCallback(trials, states=FINISHED)],
                                 show_progress_bar=self.progress)
-        self._keep_yardstick()
 
     def default_seconds(self) -> float:
         """The default schedule's time (on a GPU: one output per thread), measured once per study by
         this worker and kept as a study attribute."""
         if "default_seconds" not in self.study.user_attrs:
             steps = runtime_gpu.default_tree(self.program).schedule.steps if self.device == "gpu" else []
-            self.study.set_user_attr("default_seconds", self.measurer.measure(steps).seconds)
-            self._keep_yardstick()
+            self.study.set_user_attr("default_seconds", study_seconds(self.study, self.measurer,
+                                                                      self.measurer.measure(steps)))
         return self.study.user_attrs["default_seconds"]
-
-    def _keep_yardstick(self):
-        """Store the yardstick's seconds the first worker calibrated, so that every later worker of the
-        study (other jobs, restarts, resumptions) turns its ratios into the same seconds."""
-        calibrated = self.measurer.yardstick_seconds
-        if calibrated is not None and "yardstick_seconds" not in self.study.user_attrs:
-            self.study.set_user_attr("yardstick_seconds", calibrated)
 
     def result(self, record: bool = True) -> TuneResult:
         """The best measured schedule (stored in the tuning database when `record`)."""
@@ -343,7 +360,7 @@ def start_from_automatic(study: optuna.Study, program: ir.Program, threads: int,
     a GPU the default tensor-core schedule of a half-precision contraction (none for other programs)."""
     params = space.automatic_params(program, threads) if device == "cpu" else space.gpu_start_params(program)
     if params:
-        study.enqueue_trial(params)
+        study.enqueue_trial(params, skip_if_exists=True)
 
 
 def tune_program(tensors: list, trials: int = 200, weights: list[float] | None = None, record: bool = True,
