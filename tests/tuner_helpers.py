@@ -135,9 +135,9 @@ def assert_trials_consistent(study, tensor, stale=()) -> dict:
     PRUNED: a "rejected" reason, never timed (no timing attrs, no value), and when it carries a
     schedule the schedule really is illegal.  COMPLETE: a legal stored schedule, timed, with a value;
     on a CPU that value is its yardstick ratio times the study's one yardstick time, whichever
-    process or worker measured it.  FAIL: a "failure" reason.  Trial numbers are 0..K-1 without gaps.  Trials numbered in `stale`
-    (running when their process was killed) may be RUNNING, or FAIL without a reason (heartbeat);
-    no other trial may be left unfinished."""
+    process or worker measured it.  FAIL: a "failure" reason.  Trial numbers are 0..K-1 without
+    gaps.  Trials numbered in `stale` (running when their process was killed) may be RUNNING, or FAIL
+    without a reason (heartbeat); no other trial may be left unfinished."""
     import optuna
     S = optuna.trial.TrialState
     timing = ("compile_seconds", "relative_error", "overhead_seconds")

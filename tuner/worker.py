@@ -45,7 +45,8 @@ class MeasureError(RuntimeError):
 class Measurement:
     """A measured schedule: seconds per run, seconds its kernel took to compile, its error against
     the reference, the wall seconds of all kernel runs (check, warm-up, timed, the yardstick's), and
-    on a CPU its time over the yardstick's (`seconds` is that ratio times the study's yardstick time)."""
+    on a CPU its time over the yardstick's (`seconds` is that ratio times the measurer's
+    `yardstick_seconds`; a study rescales it to its stored one: `tuner.study.study_seconds`)."""
 
     seconds: float
     compile_seconds: float
@@ -170,10 +171,10 @@ def resume(pids):
             os.kill(pid, signal.SIGCONT)
 
 
-def _gpu_trials(node, repeats: int, seed: int, calibrate: bool):
+def _gpu_trials(node, repeats: int, seed: int):
     """Trials on the GPU: fixed random inputs on the device, each trial's output poisoned with NaN,
-    checked against the default GPU schedule, timed with CUDA events (steady enough: no yardstick, so
-    nothing to `calibrate`). Returns the trial function and None."""
+    checked against the default GPU schedule, timed with CUDA events (steady enough: no yardstick).
+    Returns the trial function and None."""
     from looptool import ir
     from looptool.runtime import gpu as runtime_gpu
     from looptool.schedule import LoopTree, Schedule
@@ -450,4 +451,5 @@ def _worker_main(conn, node, repeats, seed, threads, device, calibrate):
     import looptool
     if threads:
         looptool.set_num_threads(threads)
-    _serve(conn, *(_gpu_trials if device == "gpu" else _cpu_trials)(node, repeats, seed, calibrate))
+    trials = _gpu_trials(node, repeats, seed) if device == "gpu" else _cpu_trials(node, repeats, seed, calibrate)
+    _serve(conn, *trials)
