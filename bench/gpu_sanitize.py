@@ -28,6 +28,7 @@ import optuna
 
 import looptool as lt
 from looptool import ir
+from looptool.autoschedule import gpu_rules
 from looptool.runtime import gpu as runtime_gpu
 from looptool.runtime import resolve_schedule
 from looptool.schedule.looptree import LoopTree
@@ -62,6 +63,37 @@ def workloads() -> dict:
     return out
 
 
+def automatic_workloads() -> dict:
+    """{name: (tensor, float64 reference)} for `--automatic`: one odd-sized case of each family the
+    automatic GPU scheduler has a rule for, beside those of `workloads()`."""
+    rng = np.random.default_rng(17)
+    out = dict(workloads())
+    m, n, c = lt.symbols("m n c")
+    x, y = rng.standard_normal(10_001, dtype=np.float32), rng.standard_normal(10_001, dtype=np.float32)
+    out["dot 10001"] = ((lt.Tensor(x).to(c) * lt.Tensor(y).to(c)).sum(c), x.astype(np.float64) @ y)
+    a = rng.standard_normal((301, 68), dtype=np.float32)
+    out["column sum 301x68"] = (lt.Tensor(a).to(m, n).sum(m), a.astype(np.float64).sum(0))
+    out["row sum 68x301"] = (lt.Tensor(a.T.copy()).to(m, n).sum(n), a.astype(np.float64).sum(0))
+    out["max to a scalar 301x68"] = (lt.Tensor(a).to(m, n).max(m, n), np.array(a.max(), dtype=np.float64))
+    xt = lt.Tensor(a).to(m, n)
+    e = (xt - xt.max(m)).exp()
+    ex = np.exp(a.astype(np.float64) - a.max(0))
+    out["softmax over the outer dim 301x68"] = (e / e.sum(m), ex / ex.sum(0))
+    g = rng.standard_normal((33, 1001), dtype=np.float32)
+    out["pointwise 33x1001"] = ((lt.Tensor(g).to(m, n) * 2.0).exp(), np.exp(2.0 * g.astype(np.float64)))
+    out["pointwise 33x1000"] = ((lt.Tensor(g[:, :1000]).to(m, n) * 2.0).exp(), np.exp(2.0 * g[:, :1000].astype(np.float64)))
+    narrow = rng.standard_normal((513, 3), dtype=np.float32)
+    out["pointwise 513x3"] = (lt.relu(lt.Tensor(narrow).to(m, n)), np.maximum(narrow, 0).astype(np.float64))
+    return out
+
+
+def automatic_draws() -> list[dict]:
+    """The automatic GPU schedule of each of `automatic_workloads()`, as draws."""
+    target = runtime_gpu.gpu_target()
+    return [{"workload": name, "schedule": gpu_rules.gpu_tree(tensor.loop_tree().program, target).schedule.to_json()}
+            for name, (tensor, _) in automatic_workloads().items()]
+
+
 def draw_schedules(per_workload: int, seed: int) -> list[dict]:
     """Up to `per_workload` distinct legal GPU schedules per workload, as {workload, schedule JSON}
     (the workloads drawn in parallel processes)."""
@@ -92,7 +124,7 @@ def draw_for(name: str, count: int, seed: int) -> list[str]:
 def run_draws(draws: list[dict]):
     """Child: run each draw on a NaN-filled output, printing a mark before it and its result after."""
     cp = runtime_gpu.cupy()
-    cases = workloads()
+    cases = automatic_workloads()
     for i, draw in enumerate(draws):
         print(f"{MARK}draw {i}", flush=True)
         tensor, reference = cases[draw["workload"]]
@@ -145,6 +177,8 @@ def main(argv=None):
     parser.add_argument("--racecheck-draws", type=int, default=300, help="draws racecheck and synccheck run")
     parser.add_argument("--timeout", type=float, default=420, help="seconds each sanitizer child may run")
     parser.add_argument("--seed", type=int, default=16)
+    parser.add_argument("--automatic", action="store_true",
+                        help="check the automatic schedules of odd-sized workloads of every family instead")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--count", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -152,7 +186,7 @@ def main(argv=None):
         run_draws(json.loads(args.child.read_text())[:args.count])
         return
     start = time.time()
-    draws = draw_schedules(args.per_workload, args.seed)
+    draws = automatic_draws() if args.automatic else draw_schedules(args.per_workload, args.seed)
     args.out.mkdir(parents=True, exist_ok=True)
     schedules = args.out / "gpu_sanitize_schedules.json"
     schedules.write_text(json.dumps(draws))

@@ -217,8 +217,8 @@ def mma_shared_limit() -> int:
 
 
 def _check_block_size(tree: LoopTree):
-    for node in tree.root:
-        codegen_gpu.launch_dims(node)
+    for nodes in codegen_gpu.kernel_nodes(tree.root):
+        codegen_gpu.launch_dims(nodes)
 
 
 def _gpu_tiles(trial: optuna.Trial, tree: LoopTree, stage: str) -> LoopTree:

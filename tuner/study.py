@@ -24,6 +24,7 @@ from typing import Callable
 
 import optuna
 
+from looptool.autoschedule import gpu_rules
 from looptool import ir
 from looptool.codegen import cpu as codegen_cpu
 from looptool.runtime import gpu as runtime_gpu
@@ -276,7 +277,7 @@ class Tuning:
         """The default schedule's time (on a GPU: one output per thread), measured once per study by
         this worker and kept as a study attribute."""
         if "default_seconds" not in self.study.user_attrs:
-            steps = runtime_gpu.default_tree(self.program).schedule.steps if self.device == "gpu" else []
+            steps = gpu_rules.default_gpu_tree(self.program).schedule.steps if self.device == "gpu" else []
             self.study.set_user_attr("default_seconds", study_seconds(self.study, self.measurer,
                                                                       self.measurer.measure(steps)))
         return self.study.user_attrs["default_seconds"]

@@ -176,6 +176,7 @@ def _gpu_trials(node, repeats: int, seed: int):
     checked against the default GPU schedule, timed with CUDA events (steady enough: no yardstick).
     Returns the trial function and None."""
     from looptool import ir
+    from looptool.autoschedule import gpu_rules
     from looptool.runtime import gpu as runtime_gpu
     from looptool.schedule import LoopTree, Schedule
 
@@ -183,7 +184,7 @@ def _gpu_trials(node, repeats: int, seed: int):
     program, arrays = ir.lower(node)
     rng = np.random.default_rng(seed)
     inputs = [cp.asarray(fresh_like(a, rng)) for a in arrays]
-    expected = cp.asnumpy(runtime_gpu.GpuKernel(runtime_gpu.default_tree(program))(inputs)).astype(np.float64)
+    expected = cp.asnumpy(runtime_gpu.GpuKernel(gpu_rules.default_gpu_tree(program))(inputs)).astype(np.float64)
 
     def run_trial(request):
         started = time.perf_counter()

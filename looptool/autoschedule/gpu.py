@@ -24,47 +24,72 @@ FLOAT32_TILES = {"x_threads": 16, "x_groups": 2, "vector": 4, "y_threads": 16, "
 TENSOR_START = {"wgmma": ((128, 256), (2, 1), 64, 3, "tma"), "mma": ((128, 256), (2, 4), 64, 2, "cp.async")}
 
 
-def contraction_dtype(program: ir.Program) -> str | None:
-    """The dtype of both tensors of a one-stage sum of the product of two tensors of one dtype."""
-    stages = program.stages
-    if len(stages) != 1 or stages[0].reduce_op != "sum" or len(stages[0].reduce_dims) != 1:
+def contraction_dtype(program: ir.Program, stage: str | None = None) -> str | None:
+    """The dtype of both tensors of a stage (default: a one-stage program's only one) that sums the
+    product of two inputs of one dtype over one dim, or None."""
+    if stage is None and len(program.stages) != 1:
+        return None
+    st = program.stage(stage) if stage else program.output
+    if st.reduce_op != "sum" or len(st.reduce_dims) != 1:
         return None
     inputs = {b.name: b.dtype for b in program.inputs}
-    dtypes = [inputs.get(load.buffer) for load in _loads(stages[0])]
+    dtypes = [inputs.get(load.buffer) for load in _loads(st)]
     return dtypes[0] if len(dtypes) == 2 and dtypes[0] is not None and dtypes[0] == dtypes[1] else None
 
 
 def contraction_tree(program: ir.Program, hopper: bool) -> LoopTree | None:
-    """The schedule of a one-stage contraction when none is given: float32 as `FLOAT32_TILES` (its
-    2-D inputs with k last transposed ahead), half precision on tensor cores (`TENSOR_START`: wgmma
-    on a Hopper GPU, else mma), where its matrices hold a block tile and the legality check agrees;
-    None for any other program (it says why at DEBUG level)."""
-    dtype = contraction_dtype(program)
-    if dtype is None:
+    """The schedule of a one-stage contraction when none is given: the first of
+    `contraction_candidates` the legality check accepts; None for any other program."""
+    if contraction_dtype(program) is None:
         return None
-    tree = LoopTree(program)
-    try:
-        if dtype == "float32":
-            tree = _float32_tree(tree)
-        elif dtype in ("bfloat16", "float16"):
-            family = "wgmma" if hopper else "mma"
-            block, teams, k_tile, stages, copier = TENSOR_START[family]
-            build = wgmma_tiled if hopper else mma_tiled
-            tree = build(tree, program.output.name, block, teams, k_tile, stages, copier)
-        else:
-            return None
-    except ValueError as err:
-        LOG.debug("no contraction template for %s: %s", program.output.name, err)
-        return None
-    legal, reason = tree.check()
-    if not legal:
+    for _, tree in contraction_candidates(LoopTree(program), program.output.name, hopper):
+        legal, reason = tree.check()
+        if legal:
+            return tree
         LOG.debug("contraction template refused: %s", reason)
-        return None
-    return tree
+    return None
 
 
-def _float32_tree(tree: LoopTree) -> LoopTree:
-    st = tree.program.output
+def contraction_candidates(tree: LoopTree, stage: str, hopper: bool) -> list[tuple[str, LoopTree]]:
+    """(description, tree) for each template that fits the contraction `stage`, best first: half
+    precision on tensor cores (`TENSOR_START`: wgmma on a Hopper GPU, then mma, which takes narrower
+    edges) where its sizes are whole mma tiles; then register tiles on CUDA cores (`FLOAT32_TILES`, 2-D inputs with k last
+    transposed ahead), where its matrices hold a block tile. The legality check still has the last
+    word (wgmma's wide tiles, for one, take no tail)."""
+    dtype = contraction_dtype(tree.program, stage)
+    candidates = []
+    if dtype in ("bfloat16", "float16") and _tensor_tiles_fit(tree.program, stage):
+        for family, build in (("wgmma", wgmma_tiled), ("mma", mma_tiled))[0 if hopper else 1:]:
+            block, teams, k_tile, stages, copier = TENSOR_START[family]
+            try:
+                described = f"{family} tensor-core tiles {block[0]}x{block[1]}x{k_tile}, {stages} stages by {copier}"
+                candidates.append((described, build(tree, stage, block, teams, k_tile, stages, copier)))
+            except ValueError as err:
+                LOG.debug("no %s template for %s: %s", family, stage, err)
+    if dtype in ("float32", "bfloat16", "float16"):
+        try:
+            candidates.append(("register tiles on CUDA cores (inputs with k last transposed ahead), cp.async k tiles",
+                               _float32_tree(tree, stage)))
+        except ValueError as err:
+            LOG.debug("no register-tile template for %s: %s", stage, err)
+    return candidates
+
+
+def _tensor_tiles_fit(program: ir.Program, stage: str) -> bool:
+    """Whether the contraction's m, n and k are whole mma tiles (16, 8, 16; the tensor-core templates
+    skip only whole tiles at the edges)."""
+    st = program.stage(stage)
+    pure = [d for d in st.loop_dims if d not in st.reduce_dims]
+    if len(pure) < 2:
+        return False
+    shape = TENSOR_INSTRUCTIONS["mma.m16n8k16"]
+    m, n = pure[-2:]
+    return program.size(m) % shape["m"] == 0 and program.size(n) % shape["n"] == 0 \
+        and program.size(st.reduce_dims[0]) % shape["k"] == 0
+
+
+def _float32_tree(tree: LoopTree, stage: str) -> LoopTree:
+    st = tree.program.stage(stage)
     p = FLOAT32_TILES
     x, y, _ = tile_dims(st)
     size = tree.program.size
@@ -183,7 +208,10 @@ def transposable(tree: LoopTree, stage: str, buffer: str) -> bool:
 
 
 def tile_dims(stage) -> tuple[str, str | None, list[str]]:
-    """(x: the contiguous output dim, y: the pure dim before it or None, the other pure dims)."""
+    """(x: the contiguous output dim, y: the pure dim before it or None, the other pure dims); a
+    ValueError for a stage whose result is a single value."""
+    if not stage.dims:
+        raise ValueError(f"stage {stage.name} computes a single value: it has no output dims to tile")
     pure = [d for d in stage.loop_dims if d not in stage.reduce_dims]
     x = stage.dims[-1]
     y = next((d for d in reversed(pure) if d != x), None)

@@ -156,7 +156,7 @@ def _module(tree: LoopTree, tiles: dict[int, TensorTile], copies: dict[int, Bulk
     module.data_layout = DATA_LAYOUT
     params = kernel_params(tree) + ([TENSOR_MAPS] if copies else [])
     launches, aligned = [], set()
-    for index, node in enumerate(tree.root):
+    for index, nodes in enumerate(kernel_nodes(tree.root)):
         name = f"looptool_k{index}"
         fn = llir.Function(module, llir.FunctionType(llir.VoidType(), [llir.PointerType()] * len(params)), name=name)
         fn.calling_convention = "ptx_kernel"
@@ -164,9 +164,9 @@ def _module(tree: LoopTree, tiles: dict[int, TensorTile], copies: dict[int, Bulk
             arg.name = buffer
             if buffer in tree.buffers and tree.buffers[buffer].kind == "input":
                 arg.add_attribute("noalias")   # written buffers are shared between threads: not noalias
-        grid, block = launch_dims(node)
+        grid, block = launch_dims(nodes)
         builder = _GpuBuilder(tree, fn, dict(zip(params, fn.args)), aligned_params, tiles, copies, block, dynamic)
-        builder.body([node], {})
+        builder.body(nodes, {})
         builder.finish()
         aligned |= builder.aligned_params
         needed = builder.shared_bytes if dynamic or builder.shared_bytes > STATIC_SHARED else 0
@@ -183,9 +183,27 @@ def _declare_block_size(module: llir.Module, fn: llir.Function, block: tuple[int
                                                        constant(llir.IntType(32), extent)])
 
 
-def launch_dims(node) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+def kernel_nodes(root: list) -> list[list]:
+    """The top-level nodes each kernel runs: one nest each, except that statements at the root (the
+    start of a reduction to a single value) join the next nest where it runs as one block, whose
+    barriers then order them; anywhere else they are a kernel of their own."""
+    kernels, pending = [], []
+    for node in root:
+        if isinstance(node, StmtNode):
+            pending.append(node)
+            continue
+        if pending and launch_dims([node])[0] != (1, 1, 1):
+            kernels.append(pending)
+            pending = []
+        kernels.append(pending + [node])
+        pending = []
+    return kernels + ([pending] if pending else [])
+
+
+def launch_dims(nodes: list) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """(grid, block) of the kernel that runs these top-level nodes."""
     extents = {axis: 1 for axis in GPU_AXES}
-    for current in _loop_nodes([node]):
+    for current in _loop_nodes(nodes):
         loop = current.loop
         if loop.annotation in GPU_AXES:
             extents[loop.annotation] = max(extents[loop.annotation], loop.extent * _threads_per_value(current))
@@ -643,16 +661,77 @@ class _GpuBuilder(FunctionBuilder):
         self.builder.store(value, partial)
 
     def combine_across_threads(self, stmt: StmtNode, node: LoopNode, tid: llir.Value, env: dict):
-        """Tree-combine the threads' partials in shared memory; thread 0 folds the total into the target."""
+        """Combine the threads' partials (by warp shuffles where the block is whole warps along x,
+        else a tree in shared memory); thread 0 folds the total into the target."""
         b, stage = self.builder, stmt.stage
-        ty, extent = VALUE_TYPE[stage.dtype], node.loop.extent
+        ty, op = VALUE_TYPE[stage.dtype], REDUCE_BINARY[stage.reduce_op]
+        partial = b.load(self.partials.pop(id(stmt)), typ=ty)
+        if self.shuffles_combine(node):
+            total = self.combine_by_shuffles(partial, stage, tid)
+        else:
+            total = self.combine_in_shared(partial, stage, node.loop.extent, tid)
+        zeros = {loop.name: ZERO for loop in _loops([node])}
+        target = self.access(stage.name, Affine.identity(stage.dims), False, stmt, {**env, **zeros})
+        with b.if_then(b.icmp_signed("==", tid, ZERO)):
+            self.store_value(self.binary(op, self.load_value(target, stage.dtype), total), target, stage.dtype)
+        self.barrier()
+
+    def shuffles_combine(self, node: LoopNode) -> bool:
+        """Whether a thread-bound reduction combines by warp shuffles: bound to thread.x in a block of
+        whole warps along x alone (every thread reaches the combine, so full-warp shuffles are safe)."""
+        return node.loop.annotation == "thread.x" and self.block[1] == self.block[2] == 1 \
+            and self.block[0] % WARP == 0
+
+    def combine_by_shuffles(self, value: llir.Value, stage, tid: llir.Value) -> llir.Value:
+        """The block's total of one value a thread: a butterfly within each warp, the warps' totals
+        through shared memory, and a butterfly over them; every thread gets the total."""
+        b = self.builder
+        ty, op = value.type, REDUCE_BINARY[stage.reduce_op]
+        value = self.warp_total(value, op)
+        warps = self.block[0] // WARP
+        if warps == 1:
+            return value
+        scratch = self.shared(ty, warps, f"{stage.name}.warps")
+        lane = b.trunc(b.and_(tid, constant(I64, WARP - 1)), I32)
+        warp = b.lshr(tid, constant(I64, WARP.bit_length() - 1))
+        with b.if_then(b.icmp_signed("==", lane, constant(I32, 0))):
+            b.store(value, b.gep(scratch, [warp], source_etype=ty))
+        self.barrier()
+        mine = b.gep(scratch, [b.zext(b.urem(lane, constant(I32, warps)), I64)], source_etype=ty)
+        identity = constant(ty, IDENTITY[stage.reduce_op])
+        value = b.select(b.icmp_unsigned("<", lane, constant(I32, warps)), b.load(mine, typ=ty), identity)
+        return self.warp_total(value, op)
+
+    def warp_total(self, value: llir.Value, op: str) -> llir.Value:
+        """`op` over the 32 lanes' values (shfl.sync.bfly: every lane ends with the total)."""
+        for offset in (16, 8, 4, 2, 1):
+            value = self.binary(op, value, self.shuffle_xor(value, offset))
+        return value
+
+    def shuffle_xor(self, value: llir.Value, offset: int) -> llir.Value:
+        """The value of lane (this lane XOR offset); float64 as two 32-bit halves."""
+        b = self.builder
+        args = [constant(I32, 0xFFFFFFFF), None, constant(I32, offset), constant(I32, WARP - 1)]
+        if value.type == F32:
+            shuffle = self.declare("llvm.nvvm.shfl.sync.bfly.f32", F32, [I32, F32, I32, I32])
+            return b.call(shuffle, [args[0], value, *args[2:]])
+        shuffle = self.declare("llvm.nvvm.shfl.sync.bfly.i32", I32, [I32, I32, I32, I32])
+        halves = b.bitcast(value, llir.VectorType(I32, 2))
+        moved = [b.call(shuffle, [args[0], b.extract_element(halves, constant(I32, i)), *args[2:]]) for i in (0, 1)]
+        pair = b.insert_element(b.insert_element(llir.Constant(llir.VectorType(I32, 2), None), moved[0],
+                                                 constant(I32, 0)), moved[1], constant(I32, 1))
+        return b.bitcast(pair, value.type)
+
+    def combine_in_shared(self, value: llir.Value, stage, extent: int, tid: llir.Value) -> llir.Value:
+        """A tree over the loop's threads' partials in shared memory; the total is read by every thread."""
+        b = self.builder
+        ty, op = value.type, REDUCE_BINARY[stage.reduce_op]
         scratch = self.shared(ty, extent, f"{stage.name}.partials")
-        op = REDUCE_BINARY[stage.reduce_op]
 
         def at(index):
             return b.gep(scratch, [index], source_etype=ty)
         with b.if_then(b.icmp_signed("<", tid, constant(I64, extent))):
-            b.store(b.load(self.partials.pop(id(stmt)), typ=ty), at(tid))
+            b.store(value, at(tid))
         self.barrier()
         step = 1 << max(extent - 1, 0).bit_length()
         while step > 1:
@@ -663,13 +742,7 @@ class _GpuBuilder(FunctionBuilder):
             with b.if_then(active):
                 b.store(self.binary(op, b.load(at(tid), typ=ty), b.load(at(other), typ=ty)), at(tid))
             self.barrier()
-        zeros = {loop.name: ZERO for loop in _loops([node])}
-        here = {**env, **zeros}
-        target = self.access(stage.name, Affine.identity(stage.dims), False, stmt, here)
-        with b.if_then(b.icmp_signed("==", tid, ZERO)):
-            self.store_value(self.binary(op, self.load_value(target, stage.dtype), b.load(at(ZERO), typ=ty)), target,
-                             stage.dtype)
-        self.barrier()
+        return b.load(at(ZERO), typ=ty)
 
     def shared(self, ty, count: int, name: str) -> llir.Value:
         """A generic pointer to `count` elements of shared memory, aligned as `shared_alignment` says: a

@@ -47,7 +47,7 @@ ITEM_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 # the schedule asks for: the horizontal sum of a vectorized reduction loop.
 FAST = ("nsz",)
 REASSOCIATE = ("reassoc", "nsz")
-IDENTITY = {"sum": 0.0, "max": float("-inf"), "min": float("inf")}
+IDENTITY = ir.REDUCE_IDENTITY
 INTRINSIC_UNARY = {"exp": "llvm.exp", "log": "llvm.log", "sqrt": "llvm.sqrt", "abs": "llvm.fabs"}
 INTRINSIC_BINARY = {"maximum": "llvm.maximum", "minimum": "llvm.minimum"}
 ARITH = {"add": "fadd", "sub": "fsub", "mul": "fmul", "div": "fdiv"}

@@ -1,8 +1,8 @@
 """The IR layer: stages of pointwise-plus-reduction statements over named dims, and lowering to them."""
 from .lowering import element_strides, lower, whole_aligned_elements
-from .program import (Affine, Binary, Buffer, Cast, Const, Expr, Guard, Load, Program, Select, Stage, Unary,
-                      guards, loaded_buffers, loads)
+from .program import (Affine, Binary, Buffer, Cast, Const, Expr, Guard, Load, Program,
+                      REDUCE_IDENTITY, Select, Stage, Unary, guards, loaded_buffers, loads, substituted)
 
-__all__ = ["Affine", "Binary", "Buffer", "Cast", "Const", "Expr", "Guard", "Load", "Program", "Select", "Stage",
-           "Unary", "guards", "loaded_buffers", "loads", "element_strides", "lower",
+__all__ = ["Affine", "Binary", "Buffer", "Cast", "Const", "Expr", "Guard", "Load", "Program", "REDUCE_IDENTITY",
+           "Select", "Stage", "Unary", "guards", "loaded_buffers", "loads", "element_strides", "lower", "substituted",
            "whole_aligned_elements"]

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# the value a reduction starts from, by its op
+REDUCE_IDENTITY = {"sum": 0.0, "max": float("-inf"), "min": float("inf")}
 
 
 @dataclass(frozen=True)
@@ -235,3 +237,21 @@ def loads(expr: Expr):
 def guards(expr: Expr):
     """Every Guard of the Selects in an expression."""
     return (g for e in subexpressions(expr) if isinstance(e, Select) for g in e.guards)
+
+
+def substituted(expr: Expr, values: dict[str, Affine], clamp: bool = False) -> Expr:
+    """`expr` with every index variable in `values` replaced by its affine expression, in loads and
+    guards alike; with `clamp`, a load whose index changes is clamped (the caller guards it)."""
+    if isinstance(expr, Load):
+        index = tuple(a.substitute(values) for a in expr.index)
+        return Load(expr.buffer, index, expr.dtype, expr.clamped or (clamp and index != expr.index))
+    if isinstance(expr, Select):
+        kept = tuple(Guard(g.expr.substitute(values), g.lo, g.hi) for g in expr.guards)
+        return Select(kept, substituted(expr.then, values, clamp), substituted(expr.otherwise, values, clamp))
+    if isinstance(expr, Unary):
+        return Unary(expr.op, substituted(expr.x, values, clamp))
+    if isinstance(expr, Cast):
+        return Cast(substituted(expr.x, values, clamp), expr.dtype)
+    if isinstance(expr, Binary):
+        return Binary(expr.op, substituted(expr.a, values, clamp), substituted(expr.b, values, clamp))
+    return expr

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import weakref
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
 from .. import ir
+from ..analysis.gpu_target import GpuTarget, assumed_gpu
 from ..analysis.tma import GLOBAL_ALIGN, BulkCopy
-from ..autoschedule import gpu as gpu_templates
+from ..autoschedule import gpu_rules
 from ..codegen import gpu as codegen_gpu
 from ..frontend import dtypes
 from ..memo import BoundedMemo
@@ -27,6 +29,10 @@ from .cache import KernelCache
 from .schedules import resolve_schedule, schedule_steps
 
 OPT_IN_SHARED_ATTRIBUTE = 97           # cudaDevAttrMaxSharedMemoryPerBlockOptin
+MULTIPROCESSORS_ATTRIBUTE = 16         # cudaDevAttrMultiProcessorCount
+THREADS_PER_SM_ATTRIBUTE = 39          # cudaDevAttrMaxThreadsPerMultiProcessor
+SHARED_PER_SM_ATTRIBUTE = 81           # cudaDevAttrMaxSharedMemoryPerMultiprocessor
+REGISTERS_PER_SM_ATTRIBUTE = 82        # cudaDevAttrMaxRegistersPerMultiprocessor
 MAX_DYNAMIC_SHARED_ATTRIBUTE = 8       # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 TENSOR_MAP_ELEMENT = {1: 0, 2: 1, 4: 2}   # CU_TENSOR_MAP_DATA_TYPE_UINT8/16/32: TMA copies bits
 SWIZZLE_128B, L2_PROMOTION_256B, NO_INTERLEAVE, OOB_ZERO = 3, 3, 0, 0
@@ -209,16 +215,24 @@ class ModuleRunner:
 
     def _for_alignment(self, memory: dict):
         """The module for these buffers: the one assuming 16-byte aligned parameters where they are,
-        else one built without that assumption (scalar accesses to parameters)."""
-        aligned = all(memory[name].data.ptr % 16 == 0 for name in self.module.aligned)
+        else one built without that assumption (scalar accesses to parameters). Buffers not in
+        `memory` are allocated by the call, from CuPy's pool, which aligns them."""
+        aligned = all(memory[name].data.ptr % 16 == 0 for name in self.module.aligned if name in memory)
         if aligned not in self._loaded:
             self._loaded[aligned] = self._load(self._unaligned())
         return self._loaded[aligned]
 
     def __call__(self, arrays: list, out=None):
-        """Run on device (or host, copied) arrays in the order of `inputs`; returns a CuPy array (a
-        `BFloat16Array` for a bfloat16 result)."""
-        memory = {}
+        """Run on device (or host, copied) arrays in the order of `inputs`, into `out` if given; returns
+        a CuPy array (a `BFloat16Array` for a bfloat16 result)."""
+        return self.prepare(arrays, out)(out)
+
+    def prepare(self, arrays: list, out=None) -> Callable:
+        """Check these inputs once and return a call that only allocates the temps and the output
+        (from CuPy's memory pool, unless it is given `out`, as aligned as the `out` here) and launches
+        the kernels: the inputs' device views, the module for their alignment and the TMA tensor maps
+        are worked out here, not on every call."""
+        memory = {} if out is None else {self.output: out}
         for spec, array in zip(self.inputs, arrays):
             device = as_device(array)
             if device.shape != spec.shape or device.dtype.name != spec.dtype or \
@@ -226,17 +240,29 @@ class ModuleRunner:
                 raise ValueError(f"GPU kernel input {spec.name} expects shape {spec.shape}, {spec.dtype}, strides "
                                  f"{spec.strides}; got {device.shape}, {device.dtype}, {device.strides}")
             memory[spec.name] = device
-        for spec in self.scratch:
-            memory[spec.name] = device_empty(spec.shape, spec.dtype)
-        if out is not None:
-            memory[self.output] = out
         module, _, functions = self._for_alignment(memory)
-        if module.tensor_maps:
+        # tensor maps of copies from temps (new memory each call) are encoded at each call
+        maps_each_call = any(copy.source not in memory for copy in module.tensor_maps)
+        if module.tensor_maps and not maps_each_call:
             memory[codegen_gpu.TENSOR_MAPS] = self.tensor_maps(module.tensor_maps, memory)
-        args = tuple(kernel_argument(memory[name]) for name in module.params)
-        for launch, function in zip(module.launches, functions):
-            function(launch.grid, launch.block, args, shared_mem=launch.dynamic_shared)
-        return memory[self.output]
+        memory.pop(self.output, None)
+        fixed = {name: kernel_argument(array) for name, array in memory.items()}
+        scratch = [(spec.name, spec.shape, spec.dtype) for spec in self.scratch]
+        params, output = module.params, self.output
+        launches = [(function, launch.grid, launch.block, launch.dynamic_shared)
+                    for launch, function in zip(module.launches, functions)]
+
+        def call(out=None):
+            made = {name: device_empty(shape, dtype) for name, shape, dtype in scratch}
+            if out is not None:
+                made[output] = out
+            if maps_each_call:
+                made[codegen_gpu.TENSOR_MAPS] = self.tensor_maps(module.tensor_maps, {**memory, **made})
+            args = tuple(fixed[name] if name in fixed else kernel_argument(made[name]) for name in params)
+            for function, grid, block, shared in launches:
+                function(grid, block, args, shared_mem=shared)
+            return made[output]
+        return call
 
     def tensor_maps(self, copies: tuple[BulkCopy, ...], memory: dict):
         """The device array of the TMA copies' tensor maps for these inputs (kept by their addresses)."""
@@ -266,13 +292,17 @@ class GpuKernel:
                                    lambda: codegen_gpu.generate(tree, self.arch, aligned_params=False))
 
     def __call__(self, arrays: list, out=None):
-        """Run on device (or host, copied) arrays in `program.inputs` order; returns a CuPy array
-        (a `BFloat16Array` for a bfloat16 result)."""
+        """Run on device (or host, copied) arrays in `program.inputs` order, into `out` if given;
+        returns a CuPy array (a `BFloat16Array` for a bfloat16 result)."""
+        return self.prepare(arrays, out)(out)
+
+    def prepare(self, arrays: list, out=None) -> Callable:
+        """A call of this kernel on these arrays that does the least work each time (`ModuleRunner.prepare`)."""
         empty = [dim for dim, size in self.tree.program.sizes if size == 0]
         if empty:
             raise ValueError(f"GPU kernels do not run over dimensions of size 0 yet ({empty}); "
                              f"use .numpy() on the CPU, which returns NumPy's empty result")
-        return self.runner(arrays, out)
+        return self.runner.prepare(arrays, out)
 
 
 def input_specs(program: ir.Program) -> list[BufferSpec]:
@@ -306,46 +336,61 @@ def chosen_schedule(program: ir.Program, arch: str | None = None):
 
 
 def automatic_tree(program: ir.Program, arch: str | None = None) -> LoopTree:
-    """The untuned GPU schedule: a contraction's template (`autoschedule.gpu.contraction_tree`:
-    register tiles for float32, tensor cores for half precision, wgmma where `arch` is a Hopper),
-    else `default_tree`."""
-    return _automatic_tree(program, arch or device_arch())
+    """The untuned GPU schedule (`autoschedule.gpu_rules.gpu_tree`) for `arch`: the current GPU's
+    facts where `arch` is it (or None), else that architecture's reference part."""
+    return _automatic_tree(program, gpu_target(arch))
 
 
 @functools.lru_cache(maxsize=64)
-def _automatic_tree(program: ir.Program, arch: str) -> LoopTree:
-    return gpu_templates.contraction_tree(program, arch in codegen_gpu.WGMMA_ARCHS) or default_tree(program)
+def _automatic_tree(program: ir.Program, target: GpuTarget) -> LoopTree:
+    return gpu_rules.gpu_tree(program, target)
 
 
-def default_tree(program: ir.Program) -> LoopTree:
-    """The simplest GPU schedule, for programs no template fits (and the tuner's reference): one
-    output element per thread, 128 threads per block along each stage's contiguous dim, its other
-    pure dims (up to two) over blocks."""
-    tree = LoopTree(program)
-    for stage in program.stages:
-        pure = [d for d in stage.loop_dims if d not in stage.reduce_dims]
-        if not pure:
-            continue
-        x = stage.dims[-1]
-        tree = tree.split(x, 128, stage=stage.name).bind(f"{x}.0", "block.x", stage=stage.name) \
-            .bind(f"{x}.1", "thread.x", stage=stage.name)
-        outer = [d for d in pure if d != x][-2:]
-        for dim, axis in zip(reversed(outer), ("block.y", "block.z")):
-            tree = tree.bind(dim, axis, stage=stage.name)
-        tree = tree.reorder(*outer, f"{x}.0", f"{x}.1", stage=stage.name)
-    return tree
+def gpu_target(arch: str | None = None) -> GpuTarget:
+    """The facts the scheduler uses about the current GPU, read from its device attributes; for
+    another `arch`, or with no GPU at hand, that architecture's reference part (`assumed_gpu`)."""
+    try:
+        current = device_arch()
+    except (RuntimeError, ImportError) as err:       # no CuPy, or no GPU
+        if arch is None:
+            raise RuntimeError(f"no GPU to read the facts of ({err}); name an arch such as 'sm_90'") from None
+        return assumed_gpu(arch)
+    if arch not in (None, current):
+        return assumed_gpu(arch)
+    return _device_target(cupy().cuda.Device().id)
+
+
+@functools.lru_cache(maxsize=8)
+def _device_target(device: int) -> GpuTarget:
+    cp = cupy()
+    attribute = functools.partial(cp.cuda.runtime.deviceGetAttribute, device=device)
+    name = cp.cuda.runtime.getDeviceProperties(device)["name"]
+    return GpuTarget(device_arch(), attribute(MULTIPROCESSORS_ATTRIBUTE), attribute(THREADS_PER_SM_ATTRIBUTE),
+                     attribute(REGISTERS_PER_SM_ATTRIBUTE), attribute(SHARED_PER_SM_ATTRIBUTE),
+                     attribute(OPT_IN_SHARED_ATTRIBUTE), name.decode() if isinstance(name, bytes) else str(name))
 
 
 def evaluate(node, schedule) -> object:
     """Run a graph on the GPU under `schedule`; the result is a CuPy array (axes follow the dims).
 
-    With no schedule, one the tuner stored for this GPU is used, else `default_tree`."""
-    program, arrays = ir.lower(node)
+    With no schedule, one the tuner stored for this GPU is used, else `automatic_tree`. Such a call
+    is prepared once per graph (lowering, schedule, kernel, input checks) and kept while the graph
+    lives and the tuning database is not written in this process, so calling again costs little
+    more than the launches."""
     if schedule is None:
-        schedule = chosen_schedule(program)
-    kernel = CACHE.get_for(program, schedule_steps(schedule),
-                           lambda: LoopTree(program, resolve_schedule(program, schedule)))
-    return kernel(arrays)
+        generation, call = _PREPARED.get(node, (None, None))
+        if generation == tuning_db.generation():
+            return call()
+    program, arrays = ir.lower(node)
+    chosen = chosen_schedule(program) if schedule is None else schedule
+    kernel = CACHE.get_for(program, schedule_steps(chosen), lambda: LoopTree(program, resolve_schedule(program, chosen)))
+    call = kernel.prepare(arrays)
+    if schedule is None:
+        _PREPARED[node] = (tuning_db.generation(), call)
+    return call()
+
+
+_PREPARED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()     # graph -> (db generation, call)
 
 
 def to_host(array) -> np.ndarray:

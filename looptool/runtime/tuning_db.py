@@ -22,6 +22,7 @@ from ..ir import Program
 log = logging.getLogger("looptool")
 _LOCK = threading.Lock()
 _MEMO: dict[tuple[str, str, str], str | None] = {}
+_GENERATION = [0]          # counts the writes and memo resets of this process
 
 
 def default_path() -> Path | None:
@@ -63,6 +64,7 @@ def store(program: Program, target: str, schedule_json: str, seconds: float, des
         conn.execute("INSERT OR REPLACE INTO best VALUES (?, ?, ?, ?, ?, ?)",
                      (key, target, schedule_json, seconds, description, time.time()))
         _MEMO.pop((str(path), key, target), None)
+        _GENERATION[0] += 1
     return True
 
 
@@ -85,3 +87,10 @@ def lookup(program: Program, target: str, path: Path | None = None) -> str | Non
 def forget_memo():
     """Drop the in-process memo of lookups (after another process wrote the database)."""
     _MEMO.clear()
+    _GENERATION[0] += 1
+
+
+def generation() -> int:
+    """A number that changes whenever this process stores a schedule or forgets its memo: what was
+    looked up under an older one may be stale."""
+    return _GENERATION[0]

@@ -221,6 +221,11 @@ class LoopTree:
         `.acc` stage inside the copy's loops to keep one tile of results (e.g. in GPU registers)."""
         return LoopTree(self.program, self.schedule.cache_write(self._stage(stage)))
 
+    def rfactor(self, dim: str, factor: int, stage: str | None = None) -> "LoopTree":
+        """Reduce over `dim` in two steps: a new stage `<stage>.rf` of one partial result per `factor`
+        values of `dim`, then `stage` over the partials (see `Schedule.rfactor`)."""
+        return LoopTree(self.program, self.schedule.rfactor(self._stage(stage), dim, factor))
+
     def bind(self, loop: str, axis: str, stage: str | None = None) -> "LoopTree":
         """Map a loop's iterations onto GPU blocks or threads: axis 'block.x' ... 'thread.z'."""
         if axis not in GPU_AXES:

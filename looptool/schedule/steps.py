@@ -321,6 +321,38 @@ class Schedule:
                                else other_sched))
         return Schedule(program, tuple(stages), self.steps + (("cache_write", stage),))
 
+    def rfactor(self, stage: str, dim: str, factor: int) -> "Schedule":
+        """Split the reduction over `dim` of `stage` in two: a new stage `<stage>.rf` keeps one partial
+        result per block of `factor` values of `dim` (its new dim `<dim>_o`, reducing over `<dim>_i`),
+        and `stage` reduces the partials over `<dim>_o`. The partials are independent, so they can run
+        on different GPU blocks (a grid-wide reduction, split-k). Both stages start from their default
+        loops, so rfactor comes before the stage's other steps."""
+        original = self.program.stage(stage)
+        if dim not in original.reduce_dims:
+            raise ValueError(f"rfactor: {dim} is not a reduction dim of stage {stage} (it reduces over "
+                             f"{original.reduce_dims or 'nothing'})")
+        if not isinstance(factor, int) or factor < 1:
+            raise ValueError(f"rfactor of {dim} in stage {stage}: factor must be a positive integer, got {factor!r}")
+        if self.of(stage) != _default_stage(self.program, original) or self.placed_in(stage):
+            raise ValueError(f"rfactor of stage {stage} must come before its other steps (its loops are reshaped, "
+                             f"placed, or hold another stage)")
+        name = f"{stage}.rf"
+        if _has_stage(self.program, name):
+            raise ValueError(f"stage {stage} already reduces through {name}")
+        size = self.program.size(dim)
+        factor = min(factor, max(size, 1))
+        outer, inner = _fresh_dim(self.program, f"{dim}_o"), _fresh_dim(self.program, f"{dim}_i")
+        partial, final = _rfactored(original, name, dim, outer, inner, factor, size)
+        program = replace(_replaced(self.program, original, [partial, final]),
+                          sizes=self.program.sizes + ((outer, -(-size // factor)), (inner, factor)))
+        stages = []
+        for other, other_sched in self.stages:
+            if other == stage:
+                stages += [(name, _default_stage(program, partial)), (stage, _default_stage(program, final))]
+            else:
+                stages.append((other, other_sched))
+        return Schedule(program, tuple(stages), self.steps + (("rfactor", stage, dim, factor),))
+
     def _reaches(self, stage: str, target: str) -> bool:
         consumer = self.of(stage).consumer
         return consumer is not None and (consumer == target or self._reaches(consumer, target))
@@ -341,7 +373,7 @@ class Schedule:
         sched = self
         for step in steps:
             op, *args = step
-            if op not in ("split", "reorder", "annotate", "tensorize", "place", "cache", "cache_write"):
+            if op not in ("split", "reorder", "annotate", "tensorize", "place", "cache", "cache_write", "rfactor"):
                 raise ValueError(f"unknown schedule step {op!r}")
             sched = getattr(sched, op)(*args)
         return sched
@@ -355,6 +387,34 @@ def _replaced(program: Program, stage: ir.Stage, new_stages: list[ir.Stage]) -> 
     """`program` with `stage` replaced by `new_stages`, in its place."""
     position = program.stages.index(stage)
     return replace(program, stages=program.stages[:position] + tuple(new_stages) + program.stages[position + 1:])
+
+
+def _fresh_dim(program: Program, name: str) -> str:
+    """`name`, or `name` with a number added where the program already has a dim of that name."""
+    taken = {dim for dim, _ in program.sizes}
+    fresh, number = name, 1
+    while fresh in taken:
+        fresh, number = f"{name}{number}", number + 1
+    return fresh
+
+
+def _rfactored(original: ir.Stage, name: str, dim: str, outer: str, inner: str, factor: int,
+               size: int) -> tuple[ir.Stage, ir.Stage]:
+    """(the stage of partial results over `outer`, the stage reducing them) that replace `original`."""
+    index = ir.Affine.of({outer: factor, inner: 1})
+    ragged = size % factor != 0
+    expr = ir.substituted(original.expr, {dim: index}, clamp=ragged)
+    if ragged:     # the last block of `dim` is short: values past its end add the reduction's identity
+        expr = ir.Select((ir.Guard(index, 0, size),), expr,
+                         ir.Const(ir.REDUCE_IDENTITY[original.reduce_op], expr.dtype))
+    swap = {dim: inner}
+    partial = ir.Stage(name, (outer,) + original.dims, tuple(swap.get(d, d) for d in original.reduce_dims),
+                       original.reduce_op, expr, original.expr.dtype,
+                       (outer,) + tuple(swap.get(d, d) for d in original.loop_dims))
+    final = ir.Stage(original.name, original.dims, (outer,), original.reduce_op,
+                     ir.Load(name, ir.Affine.identity((outer,) + original.dims), partial.dtype), original.dtype,
+                     original.dims + (outer,))
+    return partial, final
 
 
 def _split_tail(tail: Tail, name: str, outer: str, inner: str, factor: int) -> Tail:

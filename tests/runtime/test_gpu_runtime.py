@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import looptool as lt
+from looptool.autoschedule import gpu_rules
 from looptool.runtime import gpu
 from tests.gpu_helpers import cupy_or_skip, matmul, register_tiles, softmax_rows, tiled
 from tests.helpers import assert_close
@@ -12,7 +13,7 @@ from tests.helpers import assert_close
 def test_the_default_gpu_schedule_gives_every_stage_blocks_and_threads(rng):
     sm, _, ref = softmax_rows(rng, rows=12, cols=300)
     program = sm.loop_tree().program
-    tree = gpu.default_tree(program)
+    tree = gpu_rules.default_gpu_tree(program)
     assert tree.check() == (True, "legal")
     assert str(tree).count("[thread.x]") == 3 and str(tree).count("[block.x]") == 3
     assert_close(lt.interpret(sm, tree), ref, 1e-5)
@@ -33,12 +34,13 @@ def test_an_untuned_half_precision_contraction_runs_on_tensor_cores(rng, arch, i
     assert f"[{instruction}." in str(tree) and tree.check() == (True, "legal")
 
 
-def test_programs_no_template_fits_get_the_default_gpu_schedule(rng):
-    small, _ = matmul(rng, 64, 16, 48)                    # smaller than one float32 block tile
-    sm, _, _ = softmax_rows(rng, rows=12, cols=300)
-    for tensor in (small, sm):
-        program = tensor.loop_tree().program
-        assert str(gpu.automatic_tree(program, "sm_90")) == str(gpu.default_tree(program))
+def test_programs_no_template_fits_get_the_rules_of_the_gpu_scheduler(rng):
+    small, small_ref = matmul(rng, 64, 16, 48)            # smaller than one float32 block tile
+    sm, _, sm_ref = softmax_rows(rng, rows=12, cols=300)
+    for tensor, ref in ((small, small_ref), (sm, sm_ref)):
+        tree = gpu.automatic_tree(tensor.loop_tree().program, "sm_90")
+        assert "[thread.x]" in str(tree) and "H100" in tree.explain() and tree.check() == (True, "legal")
+        assert_close(tensor.numpy(tree), ref, 1e-5)
 
 
 @pytest.mark.gpu

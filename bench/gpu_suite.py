@@ -1,0 +1,296 @@
+"""The untuned GPU suite, through the public API: `python -m bench.gpu_suite --out DIR` on the GPU machine.
+
+Each row is a workload written with named dims on PyTorch CUDA inputs (`lt.Tensor(torch_tensor)`),
+run as a new user would: `c.cuda()` with no schedule and no tuning database. Per row:
+- the first call's seconds (scheduling, legality check, code generation, module load);
+- the error of the kernels on a NaN-poisoned output against a float64 reference computed by torch;
+- the median time of `c.cuda()` calls (CUDA events around each call, so the call's host work counts
+  where it outlasts the kernels), of the compiled kernels alone, and of the torch baseline, timed in
+  turn in the same process, reported as ratios (torch / looptool: above 1 is faster than torch);
+- for memory-bound rows, the fraction of copy bandwidth (bytes moved over a device-to-device copy
+  of the same bytes).
+It also measures the host cost of a `.cuda()` call (perf_counter over many calls of a small
+workload, no synchronization). Prints a table; writes `gpu_suite.json` and `gpu_suite.md` to DIR.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+
+import looptool as lt
+from looptool import ir
+from looptool.runtime import gpu as runtime_gpu
+
+REPEAT = 20
+
+
+def median_ms(fn, repeat: int = REPEAT) -> float:
+    """Median of `repeat` CUDA-event-timed calls of fn, after one warm-up call."""
+    cp = runtime_gpu.cupy()
+    fn()
+    cp.cuda.Stream.null.synchronize()
+    times = []
+    for _ in range(repeat):
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, stop))
+    return float(np.median(times))
+
+
+def interleaved_ms(fns: dict, rounds: int = 3) -> dict:
+    """Each fn's best median over `rounds` rounds taken in turn (drift on the card hits all alike)."""
+    best = {name: math.inf for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            best[name] = min(best[name], median_ms(fn))
+    return best
+
+
+def workloads(torch, odd: bool):
+    """(name, builder) pairs; a builder returns (looptool tensor, torch baseline fn, float64 reference fn,
+    bytes moved or None)."""
+    dev = "cuda"
+    gen = torch.Generator(device=dev).manual_seed(0)
+
+    def rand(*shape, dtype=torch.float32):
+        return torch.randn(*shape, device=dev, generator=gen, dtype=torch.float32).to(dtype)
+
+    def named(t, names):
+        return lt.Tensor(t).to(*lt.symbols(names))
+
+    def matmul(m, k, n, dtype):
+        def build():
+            a, b = rand(m, k, dtype=dtype), rand(k, n, dtype=dtype)
+            sm, sk, sn = lt.symbols("m k n")
+            c = (named(a, "m k") * named(b, "k n")).sum(sk)
+            return c, lambda: a @ b, lambda: a.double() @ b.double(), None
+        return build
+
+    def batched(bsz, m, k, n, dtype):
+        def build():
+            a, b = rand(bsz, m, k, dtype=dtype), rand(bsz, k, n, dtype=dtype)
+            c = (named(a, "b m k") * named(b, "b k n")).sum(lt.symbols("k")[0])
+            return c, lambda: torch.bmm(a, b), lambda: torch.bmm(a.double(), b.double()), None
+        return build
+
+    def softmax(rows, cols, dtype):
+        def build():
+            x = rand(rows, cols, dtype=dtype)
+            xt = named(x, "m n")
+            n = lt.symbols("n")[0]
+            e = (xt - xt.max(n)).exp()
+            s = e / e.sum(n)
+            return s, lambda: torch.softmax(x, dim=1), lambda: torch.softmax(x.double(), dim=1), 2 * x.numel() * 4
+        return build
+
+    def layer_norm(rows, cols):
+        def build():
+            x, g, bias = rand(rows, cols), rand(cols), rand(cols)
+            xt, gt, bt = named(x, "m n"), named(g, "n"), named(bias, "n")
+            n = lt.symbols("n")[0]
+            mean = xt.mean(n)
+            centred = xt - mean
+            var = (centred * centred).mean(n)
+            y = centred / lt.sqrt(var + 1e-5) * gt + bt
+            ln = torch.nn.functional.layer_norm
+            return (y, lambda: ln(x, (cols,), g, bias, 1e-5),
+                    lambda: ln(x.double(), (cols,), g.double(), bias.double(), 1e-5), 2 * x.numel() * 4)
+        return build
+
+    def row_sum(rows, cols):
+        def build():
+            x = rand(rows, cols)
+            return (named(x, "m n").sum(lt.symbols("n")[0]), lambda: x.sum(1), lambda: x.double().sum(1),
+                    x.numel() * 4)
+        return build
+
+    def column_sum(rows, cols):
+        def build():
+            x = rand(rows, cols)
+            return (named(x, "m n").sum(lt.symbols("m")[0]), lambda: x.sum(0), lambda: x.double().sum(0),
+                    x.numel() * 4)
+        return build
+
+    def dot(n):
+        def build():
+            x, y = rand(n), rand(n)
+            c = lt.symbols("c")[0]
+            return ((named(x, "c") * named(y, "c")).sum(c), lambda: torch.dot(x, y),
+                    lambda: torch.dot(x.double(), y.double()), 2 * n * 4)
+        return build
+
+    def gelu(rows, cols):
+        def build():
+            x = rand(rows, cols)
+            xt = named(x, "m n")
+            inner = (xt + xt * xt * xt * 0.044715) * 0.7978845608028654
+            # tanh(u) = 1 - 2 / (exp(2u) + 1)
+            y = xt * 0.5 * (2.0 - 2.0 / ((inner * 2.0).minimum(40.0).exp() + 1.0))
+            gelu_t = torch.nn.functional.gelu
+            return (y, lambda: gelu_t(x, approximate="tanh"), lambda: gelu_t(x.double(), approximate="tanh"),
+                    2 * x.numel() * 4)
+        return build
+
+    def mlp(m, k, n):
+        def build():
+            x, w, bias = rand(m, k, dtype=torch.bfloat16), rand(k, n, dtype=torch.bfloat16), rand(n)
+            sk = lt.symbols("k")[0]
+            y = lt.relu((named(x, "m k") * named(w, "k n")).sum(sk) + named(bias, "n"))
+            return (y, lambda: torch.relu(x @ w + bias), lambda: torch.relu(x.double() @ w.double() + bias.double()),
+                    None)
+        return build
+
+    def attention(length, width):
+        def build():
+            q, k, v = rand(length, width), rand(length, width), rand(length, width)
+            si, sj, sd = lt.symbols("i j d")
+            scores = (named(q, "i d") * named(k, "j d")).sum(sd) * (1.0 / math.sqrt(width))
+            e = (scores - scores.max(sj)).exp()
+            p = e / e.sum(sj)
+            out = (p * named(v, "j d")).sum(sj)
+
+            def eager(q=q, k=k, v=v):
+                return torch.softmax(q @ k.T / math.sqrt(width), dim=1) @ v
+            return out, eager, lambda: eager(q.double(), k.double(), v.double()), None
+        return build
+
+    bf16 = torch.bfloat16
+    rows = [
+        ("matmul f32 4096^3", matmul(4096, 4096, 4096, torch.float32)),
+        ("matmul f32 1024^3", matmul(1024, 1024, 1024, torch.float32)),
+        ("matmul bf16 4096^3", matmul(4096, 4096, 4096, bf16)),
+        ("batched matmul bf16 16x1024x64x1024", batched(16, 1024, 64, 1024, bf16)),
+        ("softmax f32 8192x8192", softmax(8192, 8192, torch.float32)),
+        ("layer norm f32 8192x8192", layer_norm(8192, 8192)),
+        ("row sum f32 8192x8192", row_sum(8192, 8192)),
+        ("column sum f32 8192x8192", column_sum(8192, 8192)),
+        ("dot f32 2^24", dot(1 << 24)),
+        ("gelu(tanh) f32 8192x8192", gelu(8192, 8192)),
+        ("mlp relu(xW+b) bf16 4096x4096x4096", mlp(4096, 4096, 4096)),
+        ("attention head f32 1024x64", attention(1024, 64)),
+    ]
+    odd_rows = [
+        ("matmul f32 1000x1500x777", matmul(1000, 1500, 777, torch.float32)),
+        ("matmul bf16 1000x1000x1000", matmul(1000, 1000, 1000, bf16)),
+        ("softmax f32 1000x3001", softmax(1000, 3001, torch.float32)),
+        ("layer norm f32 1000x3001", layer_norm(1000, 3001)),
+        ("row sum f32 1000x3001", row_sum(1000, 3001)),
+        ("column sum f32 3001x1000", column_sum(3001, 1000)),
+        ("dot f32 10^7+1", dot(10 ** 7 + 1)),
+        ("gelu(tanh) f32 1000x3001", gelu(1000, 3001)),
+        ("attention head f32 1000x64", attention(1000, 64)),
+    ]
+    return rows + (odd_rows if odd else [])
+
+
+def run_row(torch, name: str, build, copy_ms_for) -> dict:
+    cp = runtime_gpu.cupy()
+    row = {"name": name}
+    try:
+        tensor, baseline, reference, moved = build()
+        start = time.perf_counter()
+        first = tensor.cuda()
+        cp.cuda.Stream.null.synchronize()
+        row["first_call_s"] = time.perf_counter() - start
+        program, arrays = ir.lower(tensor.node)
+        tree = runtime_gpu.chosen_schedule(program)
+        kernel = runtime_gpu.kernel_for(tree)
+        row["kernels"] = len(kernel.module.launches)
+        row["explain"] = tree.explain()
+        out = runtime_gpu.device_empty(tuple(first.shape), program.output.dtype)
+        bits = runtime_gpu.kernel_argument(out)
+        bits.fill(0xFFFF if bits.dtype == np.uint16 else np.nan)
+        got = runtime_gpu.to_host(kernel(arrays, out=out)).astype(np.float64)
+        ref = reference().double().cpu().numpy()
+        diff = np.nan_to_num(got - ref, nan=1e30)
+        row["rel_error"] = float(np.linalg.norm(diff) / max(np.linalg.norm(ref), 1e-30))
+        timed = {"looptool": lambda: tensor.cuda(), "kernels": lambda: kernel(arrays, out=out), "torch": baseline}
+        if moved:
+            timed["copy"] = copy_ms_for(moved)
+        ms = interleaved_ms(timed)
+        row.update({f"{k}_ms": v for k, v in ms.items()})
+        row["x_torch"] = ms["torch"] / ms["looptool"]
+        row["kernels_x_torch"] = ms["torch"] / ms["kernels"]
+        if moved:
+            row["copy_fraction"] = ms["copy"] / ms["kernels"]
+    except Exception as err:      # a row that fails is reported, not the end of the suite
+        row["error"] = f"{type(err).__name__}: {err}"[:600]
+    return row
+
+
+def call_cost_us(torch) -> dict:
+    """Host microseconds a `.cuda()` call costs (a 64x64 softmax, its kernel far shorter than the call)."""
+    x = torch.randn(64, 64, device="cuda")
+    xt = lt.Tensor(x).to(*lt.symbols("m n"))
+    n = lt.symbols("n")[0]
+    e = (xt - xt.max(n)).exp()
+    s = e / e.sum(n)
+    s.cuda()
+    runtime_gpu.cupy().cuda.Stream.null.synchronize()
+    calls = 2000
+    start = time.perf_counter()
+    for _ in range(calls):
+        s.cuda()
+    host = (time.perf_counter() - start) / calls * 1e6
+    runtime_gpu.cupy().cuda.Stream.null.synchronize()
+    return {"cuda_call_host_us": host}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--only", default="", help="run rows whose name contains this")
+    parser.add_argument("--skip", default="", help="comma-separated: leave out rows whose name contains any")
+    parser.add_argument("--no-odd", action="store_true", help="leave out the odd-sized rows")
+    args = parser.parse_args(argv)
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    buffers = {}
+
+    def copy_ms_for(moved: int):
+        count = moved // 8                      # read count floats and write count floats
+        if count not in buffers:
+            buffers[count] = (torch.randn(count, device="cuda"), torch.empty(count, device="cuda"))
+        src, dst = buffers[count]
+        return lambda: dst.copy_(src)
+
+    device = torch.cuda.get_device_name()
+    rows = []
+    for name, build in workloads(torch, not args.no_odd):
+        if args.only and args.only not in name or any(part and part in name for part in args.skip.split(",")):
+            continue
+        row = run_row(torch, name, build, copy_ms_for)
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "explain"}), flush=True)
+    summary = {"device": device, "rows": rows, **call_cost_us(torch)}
+    ratios = [r["x_torch"] for r in rows if "x_torch" in r]
+    summary["geomean_x_torch"] = float(np.exp(np.mean(np.log(ratios)))) if ratios else None
+    table = ["| workload | first call s | kernels | x torch (c.cuda()) | kernels alone x torch | copy bw | rel err |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        if "error" in r:
+            table.append(f"| {r['name']} | error: {r['error'][:120]} | | | | | |")
+            continue
+        bw = f"{r['copy_fraction']:.2f}" if "copy_fraction" in r else ""
+        table.append(f"| {r['name']} | {r['first_call_s']:.2f} | {r['kernels']} | {r['x_torch']:.2f} | "
+                     f"{r['kernels_x_torch']:.2f} | {bw} | {r['rel_error']:.1e} |")
+    text = "\n".join([f"{device}; geometric mean x torch {summary['geomean_x_torch']}; "
+                      f".cuda() host cost {summary['cuda_call_host_us']:.0f} us", *table])
+    print(text)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "gpu_suite.json").write_text(json.dumps(summary, indent=1))
+        (args.out / "gpu_suite.md").write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,333 @@
+"""The automatic GPU scheduler: a schedule for any program, from its structure and the GPU's facts.
+
+Contractions whose matrices hold a block tile take the measured templates of `autoschedule.gpu`.
+Every other program is scheduled by these rules, each written into `explain()`:
+
+- **Rows** (softmax, layer norm: reductions over one dim `r` feeding a pointwise result over the same
+  rows) run as one kernel: the reductions are placed inside the result's loop over the rows. Where `r`
+  is the contiguous dim, a block takes a row and its threads stride along it, reductions combined
+  across the threads; otherwise each thread takes a column and walks `r` itself.
+- **Pointwise** stages: 16-byte vectors along the contiguous dim, `BLOCK_THREADS` threads a block
+  (rows of a narrow array share a block), the rest over the grid.
+- **Reductions along the contiguous dim**: a block an output, its threads striding along the dim and
+  combining their partials; **along any other dim**: a thread an output, coalesced along the kept
+  contiguous dim. Where that leaves the GPU idle (fewer blocks or threads than the SMs keep in flight:
+  a dot product, a sum over a tall matrix's rows), the reduction is first split (`rfactor`) into
+  independent partial results, reduced again by a second kernel.
+- A schedule the legality check refuses falls back to the next rule, and finally to one output
+  element per thread (`default_gpu_tree`).
+"""
+from __future__ import annotations
+
+import math
+
+from .. import ir
+from ..analysis.gpu_target import WARP_LANES, GpuTarget
+from ..frontend.dtypes import SUPPORTED_DTYPES
+from ..schedule import LoopTree
+from . import gpu as templates
+from .structure import load_strides
+
+BLOCK_THREADS = 256          # 8 warps: 8 blocks fill an SM of 2048 threads, and a block's warps hide each other
+MAX_BLOCK_THREADS = 1024
+SCALAR_RUN = 4               # elements a thread takes where rows hold no whole vectors
+VECTOR_BYTES = 16            # the widest global load and store (ld.global.v4.f32)
+ROW_ELEMENTS_PER_THREAD = 8  # a row's elements each thread takes per pass (loads in flight per thread)
+BLOCK_CHUNK = BLOCK_THREADS * ROW_ELEMENTS_PER_THREAD   # the least a block's partial result sums
+THREAD_CHUNK = 8             # the least a thread's partial result sums
+GRID_LIMITS = {"block.x": 2 ** 31 - 1, "block.y": 65535, "block.z": 65535}
+ITEM_BYTES = {dtype.name: dtype.itemsize for dtype in SUPPORTED_DTYPES}
+
+
+def gpu_tree(program: ir.Program, gpu: GpuTarget) -> LoopTree:
+    """The automatic schedule of `program` on `gpu`; `explain()` on the result gives the reasons."""
+    reasons = [gpu.describe()]
+    for rule in (_fused_rows, _per_stage):
+        planner = _Planner(program, gpu)
+        try:
+            tree = rule(planner)
+        except ValueError as err:          # a rule's transform that does not apply to this program
+            reasons.append(f"{rule.__name__.strip('_').replace('_', ' ')}: not applicable ({err})")
+            continue
+        if tree is None:
+            continue
+        legal, why = tree.check()
+        if legal:
+            return LoopTree(tree.program, tree.schedule, tuple(reasons + planner.reasons))
+        reasons.append(f"{rule.__name__.strip('_').replace('_', ' ')}: refused by the legality check ({why})")
+    reasons.append("one output element per thread: no rule applied")
+    tree = default_gpu_tree(program)
+    return LoopTree(tree.program, tree.schedule, tuple(reasons))
+
+
+def default_gpu_tree(program: ir.Program) -> LoopTree:
+    """The simplest GPU schedule (and the tuner's reference): one output element per thread,
+    `BLOCK_THREADS // 2` threads a block along each stage's contiguous dim, its other pure dims (up
+    to two) over blocks."""
+    tree = LoopTree(program)
+    for stage in program.stages:
+        pure = [d for d in stage.loop_dims if d not in stage.reduce_dims]
+        if not pure:
+            continue
+        x = stage.dims[-1]
+        tree = tree.split(x, BLOCK_THREADS // 2, stage=stage.name).bind(f"{x}.0", "block.x", stage=stage.name) \
+            .bind(f"{x}.1", "thread.x", stage=stage.name)
+        outer = [d for d in pure if d != x][-2:]
+        for dim, axis in zip(reversed(outer), ("block.y", "block.z")):
+            tree = tree.bind(dim, axis, stage=stage.name)
+        tree = tree.reorder(*outer, f"{x}.0", f"{x}.1", stage=stage.name)
+    return tree
+
+
+def _fused_rows(planner: "_Planner") -> LoopTree | None:
+    return planner.fused_rows()
+
+
+def _per_stage(planner: "_Planner") -> LoopTree:
+    for stage in list(planner.tree.program.stages):
+        planner.schedule_stage(stage.name)
+    return planner.tree
+
+
+def contiguous_dim(program: ir.Program, stage: ir.Stage) -> str | None:
+    """The loop dim along which the stage's largest input is contiguous (stride 1), if any."""
+    loads = sorted(ir.loads(stage.expr), key=lambda ld: -math.prod(program.buffer_shape(ld.buffer)))
+    for load in loads:
+        unit = [d for d, s in load_strides(program, load).items() if abs(s) == 1 and d in stage.loop_dims]
+        if unit:
+            return unit[0]
+    return None
+
+
+def _dividing(size: int, factor: int) -> int:
+    """The least divisor of `size` from `factor` up to twice it (blocks with no ragged end, whose
+    reads need no guard and stay vectors), else `factor`."""
+    return next((f for f in range(factor, min(2 * factor, size) + 1) if size % f == 0), factor)
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+class _Planner:
+    """Applies the rules stage by stage, keeping the tree and the reasons so far."""
+
+    def __init__(self, program: ir.Program, gpu: GpuTarget):
+        self.tree = LoopTree(program)
+        self.gpu = gpu
+        self.reasons: list[str] = []
+
+    def note(self, stage: str, text: str):
+        self.reasons.append(f"{stage}: {text}")
+
+    def size(self, dim: str) -> int:
+        return self.tree.program.size(dim)
+
+    # Rows: reductions placed inside the pointwise result over the same rows ---------------------------
+    def fused_rows(self) -> LoopTree | None:
+        """Softmax-like programs as one kernel, or None where the program is not of that shape."""
+        program = self.tree.program
+        result, earlier = program.output, program.stages[:-1]
+        if result.reduce_dims or not earlier or any(len(st.reduce_dims) != 1 for st in earlier):
+            return None
+        row, = {st.reduce_dims[0] for st in earlier} if len({st.reduce_dims[0] for st in earlier}) == 1 else (None,)
+        outer = [d for d in result.dims if d != row]
+        if row not in result.dims or any(not set(st.dims) <= set(outer) for st in earlier):
+            return None
+        if contiguous_dim(program, result) == row:
+            return self.rows_by_block(result, earlier, row, outer)
+        return self.rows_by_thread(result, earlier, row, outer)
+
+    def rows_by_block(self, result: ir.Stage, earlier, row: str, outer: list[str]) -> LoopTree:
+        threads = self.row_threads(row)
+        self.tree = self.tree.reorder(*outer, row, stage=result.name)
+        depth = self.bind_grid(result.name, outer)
+        self.strided(result.name, row, threads)
+        for st in earlier:
+            self.tree = self.tree.place(st.name, result.name, depth)
+            self.strided(st.name, row, threads)
+        self.note(result.name, f"one kernel: {', '.join(st.name for st in earlier)} placed in its rows, a block a "
+                               f"row of {self.size(row)}, {threads} threads striding along {row} (contiguous), "
+                               f"the reductions combined across them")
+        return self.tree
+
+    def rows_by_thread(self, result: ir.Stage, earlier, row: str, outer: list[str]) -> LoopTree:
+        x = result.dims[-1] if result.dims[-1] != row else outer[-1]
+        threads = min(BLOCK_THREADS, _pow2_at_least(self.size(x)))
+        self.tree = self.tree.split(x, threads, stage=result.name)
+        rest = [d for d in outer if d != x]
+        self.tree = self.tree.reorder(*rest, f"{x}.0", f"{x}.1", row, stage=result.name)
+        depth = self.bind_grid(result.name, rest + [f"{x}.0"])
+        self.tree = self.tree.bind(f"{x}.1", "thread.x", stage=result.name)
+        for st in earlier:
+            self.tree = self.tree.place(st.name, result.name, depth + 1)
+        self.note(result.name, f"one kernel: {', '.join(st.name for st in earlier)} placed in its rows; {row} is not "
+                               f"contiguous, so a thread takes one {x} ({threads} a block) and walks {row}")
+        return self.tree
+
+    def row_threads(self, row: str) -> int:
+        """Threads that share a row: about ROW_ELEMENTS_PER_THREAD elements each, whole warps."""
+        wanted = _pow2_at_least(-(-self.size(row) // ROW_ELEMENTS_PER_THREAD))
+        return max(WARP_LANES, min(MAX_BLOCK_THREADS, wanted))
+
+    def strided(self, stage: str, dim: str, threads: int):
+        """`threads` threads along `dim` of `stage`, each taking every `threads`-th element (coalesced)."""
+        self.tree = self.tree.split(dim, threads, stage=stage).reorder(f"{dim}.1", f"{dim}.0", stage=stage) \
+            .bind(f"{dim}.1", "thread.x", stage=stage)
+
+    def bind_grid(self, stage: str, loops: list[str]) -> int:
+        """Bind the stage's outermost `loops` (outer to inner) to block.x (the innermost), block.y and
+        block.z within their limits; loops left over stay serial around them. Returns how many
+        loops of the stage enclose its block-bound ones (its depth below the grid)."""
+        axes = ["block.x", "block.y", "block.z"]
+        bound = []
+        for loop in reversed(loops):
+            extent = self.extent(stage, loop)
+            if axes and extent <= GRID_LIMITS[axes[0]]:
+                self.tree = self.tree.bind(loop, axes.pop(0), stage=stage)
+                bound.append(loop)
+        serial = [lp for lp in loops if lp not in bound]
+        self.tree = self.tree.reorder(*serial, *reversed(bound), stage=stage)
+        return len(loops)
+
+    def extent(self, stage: str, loop: str) -> int:
+        return next(lp.extent for lp in self.tree.schedule.of(stage).loops if lp.name == loop)
+
+    # Stage by stage ----------------------------------------------------------------------------------
+    def schedule_stage(self, name: str):
+        stage = self.tree.program.stage(name)
+        if self.contraction_template(name):
+            return
+        if not stage.reduce_dims:
+            self.pointwise(stage)
+        else:
+            self.reduction(stage, split=True)
+
+    def contraction_template(self, name: str) -> bool:
+        """Put a contraction stage on the first template of `autoschedule.gpu` that the legality check
+        accepts; False where none fits."""
+        refused = []
+        for described, tree in templates.contraction_candidates(self.tree, name, self.gpu.tensor_cores == "wgmma"):
+            legal, why = tree.check()
+            if legal:
+                self.note(name, f"a contraction: {described}" + "".join(f"; not {r}" for r in refused))
+                self.tree = tree
+                return True
+            refused.append(f"{described.split(' (')[0]} ({why})")
+        if refused:
+            self.note(name, "no contraction template: " + "; ".join(refused))
+        return False
+
+    def pointwise(self, stage: ir.Stage):
+        """16-byte vectors along the contiguous dim where rows hold whole vectors, else SCALAR_RUN
+        elements a thread, a block apart (loads in flight); BLOCK_THREADS a block."""
+        if not stage.dims:
+            self.note(stage.name, "a single value: one thread")
+            return
+        name, x = stage.name, stage.dims[-1]
+        width = VECTOR_BYTES // ITEM_BYTES[stage.dtype]
+        vector = width if self.size(x) % width == 0 and self.size(x) >= width else 1
+        along = -(-self.size(x) // vector)
+        threads_x = min(BLOCK_THREADS, _pow2_at_least(along))
+        run = SCALAR_RUN if vector == 1 and along >= SCALAR_RUN * threads_x else 1
+        rest = list(stage.dims[:-1])
+        tree = self.tree.split(x, threads_x * vector * run, stage=name)
+        inner, registers = f"{x}.1", []
+        if vector > 1 or run > 1:
+            tree = tree.split(inner, vector if vector > 1 else threads_x, stage=name)
+            inner, registers = (f"{x}.1.0", [f"{x}.1.1"]) if vector > 1 else (f"{x}.1.1", [f"{x}.1.0"])
+        self.tree = tree.bind(inner, "thread.x", stage=name)
+        blocks, threads = [f"{x}.0"], [inner]
+        threads_y = BLOCK_THREADS // threads_x
+        if rest and threads_y > 1:
+            y = rest.pop()
+            threads_y = min(threads_y, _pow2_at_least(self.size(y)))
+            self.tree = self.tree.split(y, threads_y, stage=name).bind(f"{y}.1", "thread.y", stage=name)
+            blocks, threads = [f"{y}.0", f"{x}.0"], [f"{y}.1", inner]
+        self.tree = self.tree.reorder(*rest, *blocks, *threads, *registers, stage=name)
+        self.bind_grid(name, rest + blocks)
+        if registers:
+            self.tree = self.tree.vectorize(registers[0], stage=name) if vector > 1 \
+                else self.tree.unroll(registers[0], stage=name)
+        self.note(name, f"pointwise: {vector}-wide vectors along {x}" + (f", {run} a thread" if run > 1 else "")
+                  + f", {threads_x * threads_y} threads a block")
+
+    def reduction(self, stage: ir.Stage, split: bool):
+        """A block an output where the reduction runs along the contiguous dim of what it reads and
+        no read is contiguous along the output's own last dim; else a thread an output. Either is
+        split first (`split_reduction`) where it would leave the GPU idle."""
+        pure = [d for d in stage.loop_dims if d not in stage.reduce_dims]
+        outputs = math.prod(self.size(d) for d in pure)
+        along = contiguous_dim(self.tree.program, stage)
+        if not pure or (along in stage.reduce_dims and not self.read_along(stage, stage.dims[-1])):
+            along = along if along in stage.reduce_dims else max(stage.reduce_dims, key=self.size)
+            if split and outputs < 2 * self.gpu.sms and self.size(along) >= 2 * BLOCK_CHUNK:
+                self.split_reduction(stage, along, blocks_wanted=4 * self.gpu.sms, per_output_blocks=True)
+                return
+            self.reduce_in_block(stage, along, pure)
+        else:
+            longest = max(stage.reduce_dims, key=self.size)
+            wanted = self.gpu.resident_threads // 2
+            if split and outputs < wanted // 4 and self.size(longest) >= 64:
+                self.split_reduction(stage, longest, blocks_wanted=wanted, per_output_blocks=False)
+                return
+            self.reduce_in_thread(stage, pure)
+
+    def read_along(self, stage: ir.Stage, dim: str) -> bool:
+        """Whether some read of the stage is contiguous along `dim` (neighbouring threads then read
+        neighbouring elements)."""
+        program = self.tree.program
+        return any(abs(load_strides(program, load).get(dim, 0)) == 1 for load in ir.loads(stage.expr))
+
+    def split_reduction(self, stage: ir.Stage, dim: str, blocks_wanted: int, per_output_blocks: bool):
+        """rfactor `dim` into enough independent partial results to fill the GPU, then schedule the
+        partials and their final reduction as reductions of their own (not split again)."""
+        pure = [d for d in stage.loop_dims if d not in stage.reduce_dims]
+        outputs = math.prod(self.size(d) for d in pure)
+        smallest = BLOCK_CHUNK if per_output_blocks else THREAD_CHUNK
+        parts = max(2, min(-(-blocks_wanted // outputs), -(-self.size(dim) // smallest)))
+        factor = _dividing(self.size(dim), -(-self.size(dim) // parts))
+        parts = -(-self.size(dim) // factor)
+        self.tree = self.tree.rfactor(dim, factor, stage=stage.name)
+        self.note(stage.name, f"{outputs} outputs leave the GPU idle: {dim} split into {parts} partial results "
+                              f"of {factor} (rfactor), reduced again by a second kernel")
+        program = self.tree.program
+        self.reduction(program.stage(f"{stage.name}.rf"), split=False)
+        self.reduction(program.stage(stage.name), split=False)
+
+    def reduce_in_block(self, stage: ir.Stage, along: str, pure: list[str]):
+        """A block an output (pure dims over the grid), its threads striding along `along` and
+        combining their partials; other reduced dims are walked by each thread."""
+        name = stage.name
+        threads = self.row_threads(along)
+        others = [d for d in stage.reduce_dims if d != along]
+        self.tree = self.tree.reorder(*pure, along, *others, stage=name)
+        self.tree = self.tree.split(along, threads, stage=name)
+        self.tree = self.tree.reorder(f"{along}.1", *others, f"{along}.0", stage=name) \
+            .bind(f"{along}.1", "thread.x", stage=name)
+        self.bind_grid(name, pure)
+        self.note(name, f"reduction along {along} (contiguous): a block an output, {threads} threads striding "
+                        f"along it, partials combined across the threads")
+
+    def reduce_in_thread(self, stage: ir.Stage, pure: list[str]):
+        """A thread an output (16-byte vectors of them where rows hold whole vectors), threads along the
+        last pure dim (coalesced), the reduction walked in order."""
+        name = stage.name
+        x = stage.dims[-1]
+        width = VECTOR_BYTES // ITEM_BYTES[stage.expr.dtype]
+        vector = width if self.size(x) % width == 0 and self.size(x) >= width * WARP_LANES else 1
+        threads = min(BLOCK_THREADS, _pow2_at_least(-(-self.size(x) // vector)))
+        rest = [d for d in pure if d != x]
+        self.tree = self.tree.split(x, threads * vector, stage=name)
+        lanes = [f"{x}.1"]
+        if vector > 1:
+            self.tree = self.tree.split(f"{x}.1", vector, stage=name)
+            lanes = [f"{x}.1.0", f"{x}.1.1"]
+        self.tree = self.tree.reorder(*rest, f"{x}.0", lanes[0], *stage.reduce_dims, *lanes[1:], stage=name)
+        self.tree = self.tree.bind(lanes[0], "thread.x", stage=name)
+        if vector > 1:
+            self.tree = self.tree.vectorize(lanes[1], stage=name)
+        self.bind_grid(name, rest + [f"{x}.0"])
+        self.note(name, f"reduction along {', '.join(stage.reduce_dims)} (not contiguous): a thread "
+                        f"{'an output' if vector == 1 else f'{vector} outputs (a vector)'}, {threads} threads a "
+                        f"block along {x}")

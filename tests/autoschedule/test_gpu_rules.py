@@ -1,0 +1,158 @@
+"""The automatic GPU scheduler's choices, on any machine: each workload family gets the rule it should
+(read from the tree and `explain()`), the legality check accepts it, the CPU runs it (GPU-bound loops
+as plain loops) against a float64 reference, and its PTX builds for the GPU it was made for."""
+import ml_dtypes
+import numpy as np
+import pytest
+
+import looptool as lt
+from looptool.analysis.gpu_target import GpuTarget, assumed_gpu
+from looptool.autoschedule import gpu_rules
+from looptool.codegen import gpu as codegen_gpu
+from tests.helpers import assert_close
+
+H100 = assumed_gpu("sm_90")
+
+
+def scheduled(tensor, gpu=H100):
+    tree = gpu_rules.gpu_tree(tensor.loop_tree().program, gpu)
+    assert tree.check() == (True, "legal"), tree.explain()
+    return tree, codegen_gpu.generate(tree, gpu.arch)
+
+
+def softmax(x_np):
+    m, n = lt.symbols("m n")
+    x = lt.Tensor(x_np).to(m, n)
+    e = (x - x.max(n)).exp()
+    x64 = x_np.astype(np.float64)
+    ref = np.exp(x64 - x64.max(1, keepdims=True))
+    return e / e.sum(n), ref / ref.sum(1, keepdims=True)
+
+
+def test_the_assumed_gpus_follow_their_architecture():
+    assert assumed_gpu("sm_90").sms == 132 and assumed_gpu("sm_90a").tensor_cores == "wgmma"
+    assert assumed_gpu("sm_86").tensor_cores == "mma" and assumed_gpu("sm_75").tensor_cores is None
+    assert "132 SMs" in assumed_gpu("sm_90").describe()
+
+
+def test_a_dot_product_is_a_grid_wide_reduction_in_two_kernels(rng):
+    x, y = rng.standard_normal(100_001).astype(np.float32), rng.standard_normal(100_001).astype(np.float32)
+    c, = lt.symbols("c")
+    dot = (lt.Tensor(x).to(c) * lt.Tensor(y).to(c)).sum(c)
+    tree, module = scheduled(dot)
+    assert "rfactor" in tree.explain() and "t0.rf" in str(tree)
+    assert len(module.launches) == 2 and module.launches[0].grid[0] > 16
+    assert module.launches[1].grid == (1, 1, 1) and module.launches[1].block[0] >= 32
+    assert "shfl.sync.bfly" in module.ptx
+    assert_close(dot.numpy(tree), x.astype(np.float64) @ y.astype(np.float64), 1e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_small_reduction_to_a_scalar_runs_in_one_block(rng, dtype):
+    x = rng.standard_normal((7, 9)).astype(dtype)
+    m, n = lt.symbols("m n")
+    total = lt.Tensor(x).to(m, n).max(m, n)
+    tree, module = scheduled(total)
+    assert len(module.launches) == 1 and module.launches[0].grid == (1, 1, 1)
+    assert_close(total.numpy(tree), x.max(), 1e-6)
+
+
+def test_softmax_rows_run_as_one_kernel_with_a_block_a_row(rng):
+    sm, ref = softmax(rng.standard_normal((37, 1000)).astype(np.float32))
+    tree, module = scheduled(sm)
+    assert "one kernel" in tree.explain() and len(module.launches) == 1
+    assert module.launches[0].grid == (37, 1, 1) and module.launches[0].block[0] % 32 == 0
+    assert "shfl.sync.bfly" in module.ptx
+    assert_close(sm.numpy(tree), ref, 1e-5)
+
+
+def test_layer_norm_rows_run_as_one_kernel(rng):
+    x_np, g_np = rng.standard_normal((9, 301)).astype(np.float32), rng.standard_normal(301).astype(np.float32)
+    m, n = lt.symbols("m n")
+    x = lt.Tensor(x_np).to(m, n)
+    centred = x - x.mean(n)
+    y = centred / lt.sqrt((centred * centred).mean(n) + 1e-5) * lt.Tensor(g_np).to(n)
+    tree, module = scheduled(y)
+    assert len(module.launches) == 1
+    x64 = x_np.astype(np.float64) - x_np.astype(np.float64).mean(1, keepdims=True)
+    assert_close(y.numpy(tree), x64 / np.sqrt((x64 ** 2).mean(1, keepdims=True) + 1e-5) * g_np, 1e-5)
+
+
+def test_softmax_over_the_outer_dim_gives_each_thread_a_column(rng):
+    x_np = rng.standard_normal((300, 70)).astype(np.float32)
+    m, n = lt.symbols("m n")
+    x = lt.Tensor(x_np).to(m, n)
+    e = (x - x.max(m)).exp()
+    sm = e / e.sum(m)
+    tree, module = scheduled(sm)
+    assert "walks m" in tree.explain() and len(module.launches) == 1
+    x64 = x_np.astype(np.float64)
+    ref = np.exp(x64 - x64.max(0))
+    assert_close(sm.numpy(tree), ref / ref.sum(0), 1e-5)
+
+
+def test_sums_over_the_rows_of_a_tall_matrix_are_split_to_fill_the_gpu(rng):
+    x_np = rng.standard_normal((4000, 64)).astype(np.float32)
+    m, n = lt.symbols("m n")
+    total = lt.Tensor(x_np).to(m, n).sum(m)
+    tree, module = scheduled(total)
+    assert "not contiguous" in tree.explain() and "rfactor" in tree.explain() and len(module.launches) == 2
+    assert_close(total.numpy(tree), x_np.astype(np.float64).sum(0), 1e-5)
+
+
+def test_a_gpu_with_more_sms_gets_more_partial_results(rng):
+    x_np = rng.standard_normal((4000, 64)).astype(np.float32)
+    m, n = lt.symbols("m n")
+    program = lt.Tensor(x_np).to(m, n).sum(m).loop_tree().program
+    small = gpu_rules.gpu_tree(program, GpuTarget("sm_90", 16))
+    large = gpu_rules.gpu_tree(program, GpuTarget("sm_90", 132))
+    assert small.program.buffer_shape("t0.rf")[0] < large.program.buffer_shape("t0.rf")[0]
+
+
+@pytest.mark.parametrize("shape, vector", [((64, 1000), 4), ((65, 999), 1)])
+def test_pointwise_stages_use_16_byte_vectors_where_rows_hold_whole_vectors(rng, shape, vector):
+    x_np = rng.standard_normal(shape).astype(np.float32)
+    m, n = lt.symbols("m n")
+    y = (lt.Tensor(x_np).to(m, n) * 2.0 + 1.0).exp()
+    tree, module = scheduled(y)
+    assert f"{vector}-wide vectors" in tree.explain()
+    assert ("ld.global.nc.v4.f32" in module.ptx or "ld.global.nc.v4.b32" in module.ptx) == (vector == 4)
+    assert_close(y.numpy(tree), np.exp(x_np.astype(np.float64) * 2 + 1), 1e-5)
+
+
+def test_a_narrow_array_shares_blocks_between_rows(rng):
+    x_np = rng.standard_normal((5000, 3)).astype(np.float32)
+    m, n = lt.symbols("m n")
+    y = lt.relu(lt.Tensor(x_np).to(m, n))
+    tree, module = scheduled(y)
+    grid, block = module.launches[0].grid, module.launches[0].block
+    assert block[0] * block[1] >= 128 and grid[1] <= 65535
+    assert_close(y.numpy(tree), np.maximum(x_np, 0), 1e-12)
+
+
+def test_half_precision_contractions_with_narrow_edges_take_mma_on_hopper(rng):
+    a = rng.standard_normal((256, 64)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((64, 200)).astype(ml_dtypes.bfloat16)     # 200 columns: whole 8-wide mma tiles
+    m, k, n = lt.symbols("m k n")
+    c = (lt.Tensor(a).to(m, k) * lt.Tensor(b).to(k, n)).sum(k)
+    tree = gpu_rules.gpu_tree(c.loop_tree().program, H100)
+    assert "[mma.m16n8k16." in str(tree) and "not wgmma" in tree.explain()
+    assert tree.check() == (True, "legal")
+
+
+def test_contractions_in_larger_programs_get_their_template(rng):
+    x, w = rng.standard_normal((256, 128)).astype(np.float32), rng.standard_normal((128, 256)).astype(np.float32)
+    bias = rng.standard_normal(256).astype(np.float32)
+    m, k, n = lt.symbols("m k n")
+    y = lt.relu((lt.Tensor(x).to(m, k) * lt.Tensor(w).to(k, n)).sum(k) + lt.Tensor(bias).to(n))
+    tree, _ = scheduled(y)
+    assert "t0: a contraction: register tiles" in tree.explain() and "t1: pointwise" in tree.explain()
+    assert_close(y.numpy(tree), np.maximum(x.astype(np.float64) @ w + bias, 0), 1e-5)
+
+
+def test_a_schedule_the_legality_check_refuses_falls_back_to_the_next_rule(rng, monkeypatch):
+    sm, ref = softmax(rng.standard_normal((5, 40)).astype(np.float32))
+    monkeypatch.setattr(gpu_rules._Planner, "fused_rows", lambda self: self.tree.bind("n", "block.x", stage="t0"))
+    tree, _ = scheduled(sm)
+    assert "fused rows: refused by the legality check" in tree.explain()
+    assert_close(sm.numpy(tree), ref, 1e-5)
