@@ -125,8 +125,20 @@ def as_device(data):
         import torch
         return BFloat16Array(cp.from_dlpack(data.view(torch.int16)).view(cp.uint16))
     if isinstance(data, np.ndarray) and data.dtype == dtypes.bfloat16:
-        return BFloat16Array(cp.asarray(data.view(np.uint16)))
-    return cp.asarray(data)
+        return BFloat16Array(_copied_with_strides(data.view(np.uint16)))
+    return _copied_with_strides(data) if isinstance(data, np.ndarray) else cp.asarray(data)
+
+
+def _copied_with_strides(array: np.ndarray):
+    """A device copy of a host array with the same strides (a kernel is built for its layout): the
+    bytes its elements span are copied, so a view such as x[:, :1000] keeps its row stride."""
+    cp = cupy()
+    if array.flags.c_contiguous or array.size == 0 or min(array.strides) < 0:
+        return cp.asarray(np.ascontiguousarray(array))
+    span = sum((n - 1) * s for n, s in zip(array.shape, array.strides)) // array.itemsize + 1
+    covering = np.lib.stride_tricks.as_strided(array, shape=(span,), strides=(array.itemsize,))
+    device = cp.asarray(np.array(covering))
+    return cp.ndarray(array.shape, array.dtype, memptr=device.data, strides=array.strides)
 
 
 def device_empty(shape: tuple[int, ...], dtype: str):
