@@ -20,20 +20,23 @@ UNROLL_LIMIT = 8
 # by cp.async one k tile ahead
 FLOAT32_TILES = {"x_threads": 16, "x_groups": 2, "vector": 4, "y_threads": 16, "y_tile": 8, "y_groups": 2,
                  "k_tile": 32, "stages": 2}
+# the multiples (m, n, k) a half-precision contraction off the mma grid is padded to, tried in turn: the
+# wgmma template's warpgroup tiles (64 rows, its 256 columns, its 64-deep k tiles), then mma's 16 x 8 x 16
+TENSOR_PADS = ((64, 256, 64), (16, 8, 16))
 # and its fastest half-precision schedules: (block, teams, k tile, stages, copier) of each tensor-core family
 TENSOR_START = {"wgmma": ((128, 256), (2, 1), 64, 3, "tma"), "mma": ((128, 256), (2, 4), 64, 2, "cp.async")}
 
 
 def contraction_dtype(program: ir.Program, stage: str | None = None) -> str | None:
     """The dtype of both tensors of a stage (default: a one-stage program's only one) that sums the
-    product of two inputs of one dtype over one dim, or None."""
+    product of two buffers (inputs, or results of earlier stages) of one dtype over one dim, or None."""
     if stage is None and len(program.stages) != 1:
         return None
     st = program.stage(stage) if stage else program.output
     if st.reduce_op != "sum" or len(st.reduce_dims) != 1:
         return None
-    inputs = {b.name: b.dtype for b in program.inputs}
-    dtypes = [inputs.get(load.buffer) for load in _loads(st)]
+    buffers = {b.name: b.dtype for b in program.inputs} | {s.name: s.dtype for s in program.stages}
+    dtypes = [buffers.get(load.buffer) for load in _loads(st)]
     return dtypes[0] if len(dtypes) == 2 and dtypes[0] is not None and dtypes[0] == dtypes[1] else None
 
 
@@ -58,7 +61,7 @@ def contraction_candidates(tree: LoopTree, stage: str, hopper: bool) -> list[tup
     word (wgmma's wide tiles, for one, take no tail)."""
     dtype = contraction_dtype(tree.program, stage)
     candidates = []
-    if dtype in ("bfloat16", "float16") and _tensor_tiles_fit(tree.program, stage):
+    if dtype in ("bfloat16", "float16") and tensor_tiles_fit(tree.program, stage):
         for family, build in (("wgmma", wgmma_tiled), ("mma", mma_tiled))[0 if hopper else 1:]:
             block, teams, k_tile, stages, copier = TENSOR_START[family]
             try:
@@ -75,17 +78,23 @@ def contraction_candidates(tree: LoopTree, stage: str, hopper: bool) -> list[tup
     return candidates
 
 
-def _tensor_tiles_fit(program: ir.Program, stage: str) -> bool:
-    """Whether the contraction's m, n and k are whole mma tiles (16, 8, 16; the tensor-core templates
-    skip only whole tiles at the edges)."""
+def contraction_dims(program: ir.Program, stage: str) -> tuple[str, str, str] | None:
+    """(m, n, k) of a contraction stage: its last two pure dims and its reduction dim."""
     st = program.stage(stage)
     pure = [d for d in st.loop_dims if d not in st.reduce_dims]
-    if len(pure) < 2:
+    return (*pure[-2:], st.reduce_dims[0]) if len(pure) >= 2 and len(st.reduce_dims) == 1 else None
+
+
+def tensor_tiles_fit(program: ir.Program, stage: str) -> bool:
+    """Whether the contraction's m, n and k are whole mma tiles (16, 8, 16; the tensor-core templates
+    skip only whole tiles at the edges)."""
+    dims = contraction_dims(program, stage)
+    if dims is None:
         return False
     shape = TENSOR_INSTRUCTIONS["mma.m16n8k16"]
-    m, n = pure[-2:]
+    m, n, k = dims
     return program.size(m) % shape["m"] == 0 and program.size(n) % shape["n"] == 0 \
-        and program.size(st.reduce_dims[0]) % shape["k"] == 0
+        and program.size(k) % shape["k"] == 0
 
 
 def _float32_tree(tree: LoopTree, stage: str) -> LoopTree:

@@ -84,9 +84,15 @@ def _fused_rows(planner: "_Planner") -> LoopTree | None:
 
 
 def _per_stage(planner: "_Planner") -> LoopTree:
-    for stage in list(planner.tree.program.stages):
-        planner.schedule_stage(stage.name)
-    return planner.tree
+    """Each stage by its own rule, in order; stages a rule makes (copies, partial results) are that
+    rule's to schedule."""
+    done: set[str] = set()
+    while True:
+        todo = [st.name for st in planner.tree.program.stages if st.name not in done]
+        if not todo:
+            return planner.tree
+        planner.schedule_stage(todo[0])
+        done |= {todo[0]} | ({st.name for st in planner.tree.program.stages} - set(todo))
 
 
 def contiguous_dim(program: ir.Program, stage: ir.Stage) -> str | None:
@@ -205,9 +211,15 @@ class _Planner:
 
     def contraction_template(self, name: str) -> bool:
         """Put a contraction stage on the first template of `autoschedule.gpu` that the legality check
-        accepts; False where none fits."""
+        accepts; a half-precision one off the tensor cores' grid first on zero-padded operands
+        (`padded_on_tensor_cores`). False where none fits."""
+        program, hopper = self.tree.program, self.gpu.tensor_cores == "wgmma"
+        half = templates.contraction_dtype(program, name) in ("bfloat16", "float16")
+        if half and self.gpu.tensor_cores and not templates.tensor_tiles_fit(program, name) \
+                and self.padded_on_tensor_cores(name):
+            return True
         refused = []
-        for described, tree in templates.contraction_candidates(self.tree, name, self.gpu.tensor_cores == "wgmma"):
+        for described, tree in templates.contraction_candidates(self.tree, name, hopper):
             legal, why = tree.check()
             if legal:
                 self.note(name, f"a contraction: {described}" + "".join(f"; not {r}" for r in refused))
@@ -216,6 +228,34 @@ class _Planner:
             refused.append(f"{described.split(' (')[0]} ({why})")
         if refused:
             self.note(name, "no contraction template: " + "; ".join(refused))
+        return False
+
+    def padded_on_tensor_cores(self, name: str) -> bool:
+        """Pad the contraction's m, n and k with zeros to the multiples of `templates.TENSOR_PADS` in
+        turn until a tensor-core template takes it; the pad copies and the copy of the result run as
+        pointwise kernels. False (tree unchanged) where none does."""
+        dims = templates.contraction_dims(self.tree.program, name)
+        if dims is None:
+            return False
+        kept = self.tree
+        for multiples in templates.TENSOR_PADS:
+            try:
+                self.tree = kept.pad(dict(zip(dims, multiples)), stage=name)
+            except ValueError:
+                return False
+            padded = f"{name}.pad"
+            candidates = [(d, t) for d, t in templates.contraction_candidates(self.tree, padded, self.gpu.tensor_cores
+                                                                              == "wgmma") if "tensor-core" in d]
+            for described, tree in candidates:
+                if tree.check()[0]:
+                    self.note(name, f"a contraction off the tensor cores' grid: operands padded with zeros to "
+                                    f"multiples of {multiples} (m, n, k), then {described}")
+                    self.tree = tree
+                    for stage in self.tree.program.stages:
+                        if stage.name.endswith(f".{name}.pad") or stage.name == name:
+                            self.pointwise(stage)
+                    return True
+        self.tree = kept
         return False
 
     def pointwise(self, stage: ir.Stage):

@@ -226,6 +226,11 @@ class LoopTree:
         values of `dim`, then `stage` over the partials (see `Schedule.rfactor`)."""
         return LoopTree(self.program, self.schedule.rfactor(self._stage(stage), dim, factor))
 
+    def pad(self, multiples: dict[str, int], stage: str | None = None) -> "LoopTree":
+        """Compute a sum of products on operands padded with zeros to whole `multiples` of the named
+        dims (see `Schedule.pad`): matrix instructions that take whole tiles then run at any size."""
+        return LoopTree(self.program, self.schedule.pad(self._stage(stage), multiples))
+
     def bind(self, loop: str, axis: str, stage: str | None = None) -> "LoopTree":
         """Map a loop's iterations onto GPU blocks or threads: axis 'block.x' ... 'thread.z'."""
         if axis not in GPU_AXES:

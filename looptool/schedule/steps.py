@@ -353,6 +353,34 @@ class Schedule:
                 stages.append((other, other_sched))
         return Schedule(program, tuple(stages), self.steps + (("rfactor", stage, dim, factor),))
 
+    def pad(self, stage: str, multiples: dict[str, int] | list) -> "Schedule":
+        """Compute the sum-of-products `stage` on its operands padded with zeros so that each dim in
+        `multiples` is a whole number of that many: every input it reads along a padded dim is first
+        copied into `<input>.<stage>.pad` (zeros past its end), the stage itself is computed into
+        `<stage>.pad` over the padded dims (its extra results computed and dropped), and `stage`
+        becomes a copy of the part of it inside the original sizes. Matrix instructions that take
+        only whole tiles (mma, wgmma) then run at any size. Comes before the stage's other steps."""
+        multiples = dict(multiples)
+        original = self.program.stage(stage)
+        if original.reduce_op != "sum" and set(multiples) & set(original.reduce_dims):
+            raise ValueError(f"pad: stage {stage} takes the {original.reduce_op} over "
+                             f"{original.reduce_dims}; zeros pad only a sum")
+        unknown = [d for d in multiples if d not in original.loop_dims]
+        if unknown or any(not isinstance(m, int) or m < 1 for m in multiples.values()):
+            raise ValueError(f"pad of stage {stage}: {multiples} must map its dims {original.loop_dims} to "
+                             f"positive integers")
+        if self.of(stage) != _default_stage(self.program, original) or self.placed_in(stage):
+            raise ValueError(f"pad of stage {stage} must come before its other steps")
+        program, new_stages = _padded(self.program, original, multiples)
+        stages = []
+        for other, other_sched in self.stages:
+            if other == stage:
+                stages += [(st.name, _default_stage(program, st)) for st in new_stages]
+            else:
+                stages.append((other, other_sched))
+        step = ("pad", stage, [[d, m] for d, m in multiples.items()])
+        return Schedule(program, tuple(stages), self.steps + (step,))
+
     def _reaches(self, stage: str, target: str) -> bool:
         consumer = self.of(stage).consumer
         return consumer is not None and (consumer == target or self._reaches(consumer, target))
@@ -373,7 +401,8 @@ class Schedule:
         sched = self
         for step in steps:
             op, *args = step
-            if op not in ("split", "reorder", "annotate", "tensorize", "place", "cache", "cache_write", "rfactor"):
+            if op not in ("split", "reorder", "annotate", "tensorize", "place", "cache", "cache_write", "rfactor",
+                          "pad"):
                 raise ValueError(f"unknown schedule step {op!r}")
             sched = getattr(sched, op)(*args)
         return sched
@@ -415,6 +444,63 @@ def _rfactored(original: ir.Stage, name: str, dim: str, outer: str, inner: str, 
                      ir.Load(name, ir.Affine.identity((outer,) + original.dims), partial.dtype), original.dtype,
                      original.dims + (outer,))
     return partial, final
+
+
+def _padded(program: Program, original: ir.Stage, multiples: dict[str, int]) -> tuple[Program, list[ir.Stage]]:
+    """The program with `original` computed over zero-padded operands (see `Schedule.pad`), and the
+    stages that replace it, in order."""
+    grown = {d: -(-program.size(d) // m) * m for d, m in multiples.items()}
+    grown = {d: n for d, n in grown.items() if n != program.size(d)}
+    names = {d: _fresh_dim(program, f"{d}_p") for d in grown}
+    sizes = program.sizes + tuple((names[d], n) for d, n in grown.items())
+    rename = {d: ir.Affine.var(names.get(d, d)) for d in original.loop_dims}
+    copies, redirected = [], {}
+    for load in dict.fromkeys(ir.loads(original.expr)):
+        dims = [_plain_dim(axis, load, original) for axis in load.index]
+        if not set(dims) & set(grown):
+            continue
+        name = f"{load.buffer}.{original.name}.pad"
+        inside = tuple(ir.Guard(ir.Affine.var(names[d]), 0, program.size(d)) for d in dims if d in grown)
+        body = ir.Load(load.buffer, tuple(rename[d] for d in dims), load.dtype, True)
+        padded_dims = tuple(names.get(d, d) for d in dims)
+        copies.append(ir.Stage(name, padded_dims, (), None, ir.Select(inside, body, ir.Const(0.0, load.dtype)),
+                               load.dtype, padded_dims))
+        redirected[load] = ir.Load(name, ir.Affine.identity(padded_dims), load.dtype)
+    expr = _replaced_loads(original.expr, redirected)
+    pad_name = f"{original.name}.pad"
+    compute = ir.Stage(pad_name, tuple(names.get(d, d) for d in original.dims),
+                       tuple(names.get(d, d) for d in original.reduce_dims), original.reduce_op,
+                       ir.substituted(expr, {d: ir.Affine.var(names[d]) for d in grown}),
+                       original.expr.dtype, tuple(names.get(d, d) for d in original.loop_dims))
+    inner: ir.Expr = ir.Load(pad_name, ir.Affine.identity(original.dims), compute.dtype)
+    if compute.dtype != original.dtype:
+        inner = ir.Cast(inner, original.dtype)
+    result = ir.Stage(original.name, original.dims, (), None, inner, original.dtype, original.dims)
+    new_stages = copies + [compute, result]
+    return replace(_replaced(program, original, new_stages), sizes=sizes), new_stages
+
+
+def _plain_dim(axis: ir.Affine, load: ir.Load, stage: ir.Stage) -> str:
+    """The one dim an index axis of a padded load reads (pad copies only plain reads)."""
+    if len(axis.terms) != 1 or axis.terms[0][1] != 1 or axis.const:
+        raise ValueError(f"pad of stage {stage.name}: {load.buffer} is read at {axis}; pad copies only reads "
+                         f"of one dim each")
+    return axis.terms[0][0]
+
+
+def _replaced_loads(expr: ir.Expr, loads: dict) -> ir.Expr:
+    """`expr` with each load in `loads` replaced by its value there."""
+    if isinstance(expr, ir.Load):
+        return loads.get(expr, expr)
+    if isinstance(expr, ir.Select):
+        return ir.Select(expr.guards, _replaced_loads(expr.then, loads), _replaced_loads(expr.otherwise, loads))
+    if isinstance(expr, ir.Unary):
+        return ir.Unary(expr.op, _replaced_loads(expr.x, loads))
+    if isinstance(expr, ir.Cast):
+        return ir.Cast(_replaced_loads(expr.x, loads), expr.dtype)
+    if isinstance(expr, ir.Binary):
+        return ir.Binary(expr.op, _replaced_loads(expr.a, loads), _replaced_loads(expr.b, loads))
+    return expr
 
 
 def _split_tail(tail: Tail, name: str, outer: str, inner: str, factor: int) -> Tail:

@@ -156,3 +156,15 @@ def test_a_schedule_the_legality_check_refuses_falls_back_to_the_next_rule(rng, 
     tree, _ = scheduled(sm)
     assert "fused rows: refused by the legality check" in tree.explain()
     assert_close(sm.numpy(tree), ref, 1e-5)
+
+
+@pytest.mark.parametrize("arch, instruction", [("sm_90", "wgmma"), ("sm_80", "mma.m16n8k16")])
+def test_half_precision_contractions_off_the_mma_grid_run_padded_on_tensor_cores(rng, arch, instruction):
+    a = rng.standard_normal((100, 70)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((70, 45)).astype(ml_dtypes.bfloat16)
+    m, k, n = lt.symbols("m k n")
+    c = (lt.Tensor(a).to(m, k) * lt.Tensor(b).to(k, n)).sum(k)
+    tree, module = scheduled(c, assumed_gpu(arch))
+    assert "padded with zeros" in tree.explain() and f"[{instruction}" in str(tree)
+    assert len(module.launches) == 4
+    assert_close(c.numpy(tree), a.astype(np.float64) @ b.astype(np.float64), 1e-5)

@@ -52,3 +52,27 @@ def test_rfactor_refuses_what_it_cannot_split(rng):
         total.loop_tree().rfactor("m", 0)
     with pytest.raises(ValueError, match="already reduces through t0.rf"):
         total.loop_tree().rfactor("m", 2).rfactor("m_o", 2)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, "bfloat16"])
+def test_pad_computes_a_contraction_on_zero_padded_operands(rng, dtype):
+    import ml_dtypes
+    dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype
+    a, b = rng.standard_normal((100, 70)).astype(dtype), rng.standard_normal((70, 45)).astype(dtype)
+    m, k, n = lt.symbols("m k n")
+    c = (lt.Tensor(a).to(m, k) * lt.Tensor(b).to(k, n)).sum(k)
+    tree = c.loop_tree().pad({"m": 16, "n": 8, "k": 16})
+    assert tree.check() == (True, "legal")
+    assert tree.buffers["in0.t0.pad"].shape == (112, 80) and tree.buffers["t0.pad"].shape == (112, 48)
+    assert_close(c.numpy(tree), a.astype(np.float64) @ b.astype(np.float64), 1e-5)
+    again = Schedule.from_json(tree.schedule.to_json(), c.loop_tree().program)
+    assert str(lt.LoopTree(again.program, again)) == str(tree)
+
+
+def test_pad_refuses_what_zeros_cannot_pad(rng):
+    x = rng.standard_normal((10, 4)).astype(np.float32)
+    m, n = lt.symbols("m n")
+    with pytest.raises(ValueError, match="zeros pad only a sum"):
+        lt.Tensor(x).to(m, n).max(m).loop_tree().pad({"m": 8})
+    with pytest.raises(ValueError, match="must map its dims"):
+        lt.Tensor(x).to(m, n).sum(m).loop_tree().pad({"q": 8})
