@@ -5,7 +5,8 @@ run as a new user would: `c.cuda()` with no schedule and no tuning database. Per
 - the first call's seconds (scheduling, legality check, code generation, module load);
 - the error of the kernels on a NaN-poisoned output against a float64 reference computed by torch;
 - the median time of `c.cuda()` calls (CUDA events around each call, so the call's host work counts
-  where it outlasts the kernels), of the compiled kernels alone, and of the torch baseline, timed in
+  where it outlasts the kernels), of the compiled kernels alone (launched by a prepared call, into
+  one output), and of the torch baseline, timed in
   turn in the same process, reported as ratios (torch / looptool: above 1 is faster than torch);
 - for memory-bound rows, the fraction of copy bandwidth (bytes moved over a device-to-device copy
   of the same bytes).
@@ -212,7 +213,8 @@ def run_row(torch, name: str, build, copy_ms_for) -> dict:
         ref = reference().double().cpu().numpy()
         diff = np.nan_to_num(got - ref, nan=1e30)
         row["rel_error"] = float(np.linalg.norm(diff) / max(np.linalg.norm(ref), 1e-30))
-        timed = {"looptool": lambda: tensor.cuda(), "kernels": lambda: kernel(arrays, out=out), "torch": baseline}
+        launch = kernel.prepare(arrays, out)       # the kernels alone: inputs checked once, as .cuda() does
+        timed = {"looptool": lambda: tensor.cuda(), "kernels": lambda: launch(out), "torch": baseline}
         if moved:
             timed["copy"] = copy_ms_for(moved)
         ms = interleaved_ms(timed)

@@ -1,7 +1,8 @@
 """GPU schedule templates: register tiles on CUDA cores (`register_tiled`, with inputs staged in
 shared memory and `transposed_ahead`), tensor-core tiles (`mma_tiled`, `wgmma_tiled`), and the
-template a one-stage contraction runs with when no schedule is given (`contraction_tree`), built
-from the fastest configuration `python -m bench.gpu` measured (`FLOAT32_TILES`, `TENSOR_START`).
+templates a contraction stage is offered when no schedule is given (`contraction_candidates`, which
+the automatic scheduler `gpu_rules` tries in turn), built from the fastest configurations
+`python -m bench.gpu` measured (`FLOAT32_TILES`, `TENSOR_START`).
 The GPU tuner draws the same templates' parameters (tuner.space)."""
 from __future__ import annotations
 
@@ -38,19 +39,6 @@ def contraction_dtype(program: ir.Program, stage: str | None = None) -> str | No
     buffers = {b.name: b.dtype for b in program.inputs} | {s.name: s.dtype for s in program.stages}
     dtypes = [buffers.get(load.buffer) for load in _loads(st)]
     return dtypes[0] if len(dtypes) == 2 and dtypes[0] is not None and dtypes[0] == dtypes[1] else None
-
-
-def contraction_tree(program: ir.Program, hopper: bool) -> LoopTree | None:
-    """The schedule of a one-stage contraction when none is given: the first of
-    `contraction_candidates` the legality check accepts; None for any other program."""
-    if contraction_dtype(program) is None:
-        return None
-    for _, tree in contraction_candidates(LoopTree(program), program.output.name, hopper):
-        legal, reason = tree.check()
-        if legal:
-            return tree
-        LOG.debug("contraction template refused: %s", reason)
-    return None
 
 
 def contraction_candidates(tree: LoopTree, stage: str, hopper: bool) -> list[tuple[str, LoopTree]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import threading
 import weakref
 from dataclasses import dataclass
 from typing import Callable
@@ -193,6 +194,50 @@ def tensor_map(copy: BulkCopy, pointer: int, shape: tuple[int, ...], strides: tu
     return bytes(encoded)
 
 
+class Launcher:
+    """Launches a module's kernels in order on CuPy's current stream through `cuLaunchKernel` (ctypes),
+    from one argument block whose fixed pointers (the inputs) are filled in once: a call writes the
+    other pointers and launches, some microseconds less than CuPy's `Function.__call__` a kernel.
+    Where the driver refuses (a thread with no current context, say) it launches through CuPy."""
+
+    def __init__(self, module: codegen_gpu.GpuModule, functions: list, fixed: dict):
+        self.params = module.params
+        self.values = (ctypes.c_uint64 * len(self.params))(*[fixed[n].data.ptr if n in fixed else 0
+                                                            for n in self.params])
+        base, size = ctypes.addressof(self.values), ctypes.sizeof(ctypes.c_uint64)
+        self.pointers = (ctypes.c_void_p * len(self.params))(*[base + i * size for i in range(len(self.params))])
+        self.varying = [(i, name) for i, name in enumerate(self.params) if name not in fixed]
+        self.fixed = fixed
+        self.kernels = [(function, launch.grid, launch.block, launch.dynamic_shared)
+                        for launch, function in zip(module.launches, functions)]
+        self.lock = threading.Lock()
+
+    def __call__(self, varying: dict):
+        """Launch every kernel with the `varying` buffers (name -> CuPy array) for the other parameters."""
+        stream = cupy().cuda.get_current_stream().ptr
+        launch = _cu_launch_kernel()
+        with self.lock:
+            for i, name in self.varying:
+                self.values[i] = varying[name].data.ptr
+            for number, (function, grid, block, shared) in enumerate(self.kernels):
+                if launch(function.ptr, *grid, *block, shared, stream, self.pointers, None):
+                    self.through_cupy(varying, number)
+                    return
+
+    def through_cupy(self, varying: dict, start: int):
+        args = tuple(self.fixed[name] if name in self.fixed else varying[name] for name in self.params)
+        for function, grid, block, shared in self.kernels[start:]:
+            function(grid, block, args, shared_mem=shared)
+
+
+@functools.cache
+def _cu_launch_kernel():
+    launch = _libcuda().cuLaunchKernel
+    launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+    launch.restype = ctypes.c_int
+    return launch
+
+
 @dataclass(frozen=True)
 class BufferSpec:
     """A buffer a GPU module is launched with: its name, shape, dtype and strides (in elements)."""
@@ -260,9 +305,8 @@ class ModuleRunner:
         memory.pop(self.output, None)
         fixed = {name: kernel_argument(array) for name, array in memory.items()}
         scratch = [(spec.name, spec.shape, spec.dtype) for spec in self.scratch]
-        params, output = module.params, self.output
-        launches = [(function, launch.grid, launch.block, launch.dynamic_shared)
-                    for launch, function in zip(module.launches, functions)]
+        output = self.output
+        launcher = Launcher(module, functions, fixed)
 
         def call(out=None):
             made = {name: device_empty(shape, dtype) for name, shape, dtype in scratch}
@@ -270,9 +314,7 @@ class ModuleRunner:
                 made[output] = out
             if maps_each_call:
                 made[codegen_gpu.TENSOR_MAPS] = self.tensor_maps(module.tensor_maps, {**memory, **made})
-            args = tuple(fixed[name] if name in fixed else kernel_argument(made[name]) for name in params)
-            for function, grid, block, shared in launches:
-                function(grid, block, args, shared_mem=shared)
+            launcher({name: kernel_argument(array) for name, array in made.items()})
             return made[output]
         return call
 
@@ -286,7 +328,7 @@ class ModuleRunner:
             if pointer % GLOBAL_ALIGN:
                 raise ValueError(f"input {copy.source} starts at address {pointer:#x}, not {GLOBAL_ALIGN}-byte aligned: "
                                  f"this kernel copies it with TMA, which needs aligned tensors (pass a fresh array)")
-        specs = {spec.name: spec for spec in self.inputs}
+        specs = {spec.name: spec for spec in self.inputs + self.scratch}
         encoded = b"".join(tensor_map(copy, pointer, specs[copy.source].shape, specs[copy.source].strides,
                                       memory[copy.source].itemsize) for copy, pointer in zip(copies, pointers))
         return cupy().asarray(np.frombuffer(encoded, dtype=np.uint8))
