@@ -5,8 +5,9 @@ import pytest
 
 # tests/ is a package (one subpackage per layer: frontend, ir, schedule, analysis, codegen, runtime,
 # export, notebook, tuner), so the shared helpers are imported as `tests.helpers`,
-# `tests.schedule_helpers`, `tests.gpu_helpers` and `tests.tuner_helpers`.  tests/ itself is not
-# put on sys.path: its folder tuner/ would shadow the tuner package.
+# `tests.schedule_helpers`, `tests.gpu_helpers`, `tests.tuner_helpers` and
+# `tests.random_program_helpers`.  tests/ itself is not put on sys.path: its folder tuner/ would
+# shadow the tuner package.
 
 
 @pytest.fixture
