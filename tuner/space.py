@@ -267,6 +267,8 @@ def _gpu_tiles(trial: optuna.Trial, tree: LoopTree, stage: str) -> LoopTree:
 
 def _gpu_rows(trial: optuna.Trial, tree: LoopTree) -> LoopTree:
     output = tree.program.output
+    if len(output.dims) < 2:
+        raise ValueError("the rows family needs an output with at least two dims")
     x = output.dims[-1]
     threads = _choose(trial, "gpu.rows.threads", [t for t in GPU_ROW_THREADS if t <= tree.program.size(x)])
     outer = [d for d in output.loop_dims if d not in output.reduce_dims and d != x]

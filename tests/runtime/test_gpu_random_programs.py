@@ -37,8 +37,6 @@ Without a GPU, `test_automatic_gpu_schedule_on_the_cpu` (not marked, so CI runs 
 `len(CPU_PROGRAMS)` programs, builds the automatic GPU schedule for sm_90 and sm_80, checks it is
 legal, runs it on the CPU (GPU-bound loops run as plain loops) into a NaN-filled output and
 compares, generates its PTX for that arch, and runs a few random legal GPU schedules the same way.
-Until issue 31 is fixed, it expects the scheduler's IndexError on programs with a scalar result
-(xfail, not strict, `SCALAR_XFAIL`): remove that mark with the fix.
 
 Tolerances: errors are measured against the largest magnitude computed on the way
 (tests/random_program_helpers.check): 1e-5 for float32 programs, half-precision inputs included (they
@@ -105,7 +103,6 @@ SCHEDULE_REFUSALS = (
     ("too much local memory", r"^buffer \S+ \(\d+ bytes\) is too large for a GPU thread's local memory"),
     ("too much shared memory", r"needs \d+ bytes of shared memory a block; this GPU allows \d+"),
 )
-SCALAR_XFAIL = "issue 31: scalar outputs crash the GPU scheduler"
 
 
 def refusal(err: BaseException, automatic: bool) -> str | None:
@@ -588,13 +585,11 @@ CPU_STATS = collections.Counter()
 
 
 @pytest.mark.parametrize("family, seed", CPU_PROGRAMS, ids=[f"{f or 'any'}-{s}" for f, s in CPU_PROGRAMS])
-def test_automatic_gpu_schedule_on_the_cpu(request, family, seed):
+def test_automatic_gpu_schedule_on_the_cpu(family, seed):
     """The automatic GPU schedule of a random program, for sm_90 and sm_80: legal, right on the CPU,
     and its PTX generated; then a few random GPU schedules, where legal, likewise (for sm_80)."""
     ch = RandomChooser(seed)
     drawn = draw_program(ch, np.random.default_rng(seed), family)
-    if drawn.scalar:
-        request.node.add_marker(pytest.mark.xfail(reason=SCALAR_XFAIL, raises=IndexError, strict=False))
     print(drawn.describe())
     program, arrays = ir.lower(drawn.tensor.node)
     for arch in ARCHS:
