@@ -401,11 +401,14 @@ def _other_thread(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str) -> isl.Ma
 
 def _combined_reduction(src: _Stmt, dst: _Stmt) -> bool:
     """Updates of one reduction under its outermost thread-bound loop, when that loop runs over a
-    reduction dim and holds no other thread-bound loop: the GPU backend combines their partials."""
+    reduction dim, holds no other thread-bound loop and no loop over the result's dims (each thread
+    then keeps one partial, of one element): the GPU backend combines their partials."""
     if src.node is not dst.node or src.node.kind != "update":
         return False
+    stage = src.node.stage
     bound = [k for k, n in enumerate(src.path) if thread_bound(n)]
-    return len(bound) == 1 and src.path[bound[0]].loop.dim in src.node.stage.reduce_dims
+    return len(bound) == 1 and src.path[bound[0]].loop.dim in stage.reduce_dims \
+        and all(n.loop.dim not in stage.dims for n in src.path[bound[0]:])
 
 
 def _check_gpu_threads(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, deps: isl.Map):
@@ -422,8 +425,8 @@ def _check_gpu_threads(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, deps
     crossing = deps.intersect(unsynchronized)
     if not crossing.is_empty():
         reduction = src.node.stage is dst.node.stage and src.node.kind == dst.node.kind == "update"
-        what = ("a reduction loop is bound to GPU blocks, or to threads nested in other thread-bound loops, "
-                "without a combine across them" if reduction else
+        what = ("a reduction loop is bound to GPU blocks, or to threads nested in other thread-bound loops or "
+                "around loops over the result's dims, without a combine across them" if reduction else
                 "no barrier orders them: they run in different blocks, or in one thread-bound loop")
         raise IllegalScheduleError(
             f"illegal GPU schedule: the dependence on buffer {buffer} from `{src.text()}` to "

@@ -637,15 +637,14 @@ class _GpuBuilder(FunctionBuilder):
         b.call(copy, [shared, global_])
 
     def combined_reductions(self, node: LoopNode) -> list[StmtNode]:
-        """Reduction updates under a thread-bound loop over one of their reduction dims, into a target
-        that does not depend on it (and with no other thread-bound loop inside)."""
-        inside = [current for current, _ in walk(node.body)]
-        if any(isinstance(current, LoopNode) and thread_bound(current) for current in inside):
+        """Reduction updates under a thread-bound loop over one of their reduction dims, into one target
+        element (no loop inside it runs over the result's dims; no other thread-bound loop inside)."""
+        inside = list(walk(node.body))
+        if any(isinstance(current, LoopNode) and thread_bound(current) for current, _ in inside):
             return []
-        return [stmt for stmt in inside if isinstance(stmt, StmtNode) and stmt.kind == "update"
+        return [stmt for stmt, path in inside if isinstance(stmt, StmtNode) and stmt.kind == "update"
                 and node.loop.dim in stmt.stage.reduce_dims
-                and not self.linear_offset(stmt.stage.name, Affine.identity(stmt.stage.dims), stmt)
-                .coeffs().get(node.loop.name)]
+                and all(lp.loop.dim not in stmt.stage.dims for lp in [node, *path])]
 
     def vector_statement(self, stmt: StmtNode, env: dict, lanes):
         if not self.copy_asynchronously(stmt, env, lanes):
