@@ -647,8 +647,17 @@ class _GpuBuilder(FunctionBuilder):
                 and all(lp.loop.dim not in stmt.stage.dims for lp in [node, *path])]
 
     def vector_statement(self, stmt: StmtNode, env: dict, lanes):
-        if not self.copy_asynchronously(stmt, env, lanes):
+        partial = self.partials.get(id(stmt))
+        if partial is not None:           # a combined reduction: the lanes' total goes into the partial
+            op, ty = stmt.stage.reduce_op, VALUE_TYPE[stmt.stage.dtype]
+            total = self.horizontal(op, self.vector_expr(stmt.stage.expr, stmt, env, lanes))
+            self.builder.store(self.binary(REDUCE_BINARY[op], self.builder.load(partial, typ=ty), total), partial)
+        elif not self.copy_asynchronously(stmt, env, lanes):
             super().vector_statement(stmt, env, lanes)
+
+    def is_vector_reduction(self, node: LoopNode) -> bool:
+        """As on the CPU, except for reductions combined across threads (they keep a partial instead)."""
+        return super().is_vector_reduction(node) and not any(id(stmt) in self.partials for stmt in node.body[0].body)
 
     def statement(self, stmt: StmtNode, env: dict):
         partial = self.partials.get(id(stmt))

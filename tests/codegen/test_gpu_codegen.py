@@ -131,3 +131,17 @@ def test_half_precision_results_and_shared_memory_reductions_in_ptx(rng, dtype):
     assert ".shared" in ptx and "bar.sync" in ptx
     assert re.search(r"st\.global\.b16", ptx)                   # the result stored as 16 bits
     assert_close(lt.interpret(rounded, tree).astype(np.float64), ref, 2.0 ** -7)
+
+
+def test_a_vectorized_loop_inside_a_combined_reduction_adds_into_the_threads_partial(rng):
+    """Found by the GPU random-program test: the vector path wrote each thread's lanes straight into
+    the result, racing with the combine (relative error 0.45 on an H100)."""
+    x = rng.standard_normal((37, 12)).astype(np.float32)
+    d1, d0 = lt.symbols("d1 d0")
+    total = lt.Tensor(x).to(d1, d0).min(d1, d0)
+    tree = total.loop_tree().split("d0", 4).vectorize("d0.1").bind("d1", "thread.x")
+    module = gpu.generate(tree, "sm_90")
+    stores = [line for line in module.ptx.splitlines() if "st.global" in line]
+    assert len(stores) == 2, stores         # the init and thread 0's fold of the total, no store per vector
+    assert "shfl.sync.bfly" in module.ptx
+    assert_close(total.numpy(tree), x.min(), 1e-6)
