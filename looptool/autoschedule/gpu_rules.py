@@ -131,33 +131,54 @@ class _Planner:
 
     # Rows: reductions placed inside the pointwise result over the same rows ---------------------------
     def fused_rows(self) -> LoopTree | None:
-        """Softmax-like programs as one kernel, or None where the program is not of that shape."""
+        """Softmax-like programs as one kernel: the stages just before the result that reduce over one
+        dim `row` (the result's, or the one it keeps) to dims the result has, placed inside the result's
+        loop over its rows; stages before them by their own rules. None where the program ends otherwise."""
         program = self.tree.program
-        result, earlier = program.output, program.stages[:-1]
-        if result.reduce_dims or not earlier or any(len(st.reduce_dims) != 1 for st in earlier):
+        result, earlier = program.output, list(program.stages[:-1])
+        if len(result.reduce_dims) > 1 or not earlier:
             return None
-        row, = {st.reduce_dims[0] for st in earlier} if len({st.reduce_dims[0] for st in earlier}) == 1 else (None,)
+        row = result.reduce_dims[0] if result.reduce_dims else \
+            (earlier[-1].reduce_dims[0] if len(earlier[-1].reduce_dims) == 1 else None)
         outer = [d for d in result.dims if d != row]
-        if row not in result.dims or any(not set(st.dims) <= set(outer) for st in earlier):
+        group = []
+        while earlier and earlier[-1].reduce_dims == (row,) and set(earlier[-1].dims) <= set(outer):
+            group.insert(0, earlier.pop())
+        if row is None or not group or (not result.reduce_dims and row not in result.dims):
             return None
-        if contiguous_dim(program, result) == row:
-            return self.rows_by_block(result, earlier, row, outer)
-        return self.rows_by_thread(result, earlier, row, outer)
+        for stage in earlier:
+            self.schedule_stage(stage.name)
+        shared = [d for d in outer if any(d in st.dims for st in group)]
+        inner = [d for d in outer if d not in shared]
+        if contiguous_dim(program, result) == row or not outer:
+            return self.rows_by_block(result, group, row, shared, inner)
+        return self.rows_by_thread(result, group, row, outer)
 
-    def rows_by_block(self, result: ir.Stage, earlier, row: str, outer: list[str]) -> LoopTree:
+    def rows_by_block(self, result: ir.Stage, group, row: str, shared: list[str], inner: list[str]) -> LoopTree:
+        """A block a row (the `shared` dims); the group's threads stride along it and combine. The result
+        does too where it is pointwise or reduces the row alone; where it also keeps `inner` dims, its
+        threads take the last of them and walk the row."""
         threads = self.row_threads(row)
-        self.tree = self.tree.reorder(*outer, row, stage=result.name)
-        depth = self.bind_grid(result.name, outer)
-        self.strided(result.name, row, threads)
-        for st in earlier:
-            self.tree = self.tree.place(st.name, result.name, depth)
+        name = result.name
+        self.tree = self.tree.reorder(*shared, *inner, row, stage=name)
+        depth = self.bind_grid(name, shared)
+        if result.reduce_dims and inner:
+            x = inner[-1]
+            across = min(MAX_BLOCK_THREADS, _pow2_at_least(self.size(x)))
+            self.tree = self.tree.split(x, across, stage=name).bind(f"{x}.1", "thread.x", stage=name)
+            how = f"its threads take {across} of {x} each and walk {row}"
+        else:
+            self.strided(name, row, threads)
+            how = f"{threads} threads striding along it"
+        for st in group:
+            self.tree = self.tree.place(st.name, name, depth)
             self.strided(st.name, row, threads)
-        self.note(result.name, f"one kernel: {', '.join(st.name for st in earlier)} placed in its rows, a block a "
-                               f"row of {self.size(row)}, {threads} threads striding along {row} (contiguous), "
-                               f"the reductions combined across them")
+        self.note(name, f"one kernel: {', '.join(st.name for st in group)} placed in its rows, a block a row "
+                        f"({row} contiguous, {self.size(row)} long), the reductions' {threads} threads striding "
+                        f"along it and combined; {how}")
         return self.tree
 
-    def rows_by_thread(self, result: ir.Stage, earlier, row: str, outer: list[str]) -> LoopTree:
+    def rows_by_thread(self, result: ir.Stage, group, row: str, outer: list[str]) -> LoopTree:
         x = result.dims[-1] if result.dims[-1] != row else outer[-1]
         threads = min(BLOCK_THREADS, _pow2_at_least(self.size(x)))
         self.tree = self.tree.split(x, threads, stage=result.name)
@@ -165,9 +186,9 @@ class _Planner:
         self.tree = self.tree.reorder(*rest, f"{x}.0", f"{x}.1", row, stage=result.name)
         depth = self.bind_grid(result.name, rest + [f"{x}.0"])
         self.tree = self.tree.bind(f"{x}.1", "thread.x", stage=result.name)
-        for st in earlier:
+        for st in group:
             self.tree = self.tree.place(st.name, result.name, depth + 1)
-        self.note(result.name, f"one kernel: {', '.join(st.name for st in earlier)} placed in its rows; {row} is not "
+        self.note(result.name, f"one kernel: {', '.join(st.name for st in group)} placed in its rows; {row} is not "
                                f"contiguous, so a thread takes one {x} ({threads} a block) and walks {row}")
         return self.tree
 

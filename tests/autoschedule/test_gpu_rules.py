@@ -168,3 +168,17 @@ def test_half_precision_contractions_off_the_mma_grid_run_padded_on_tensor_cores
     assert "padded with zeros" in tree.explain() and f"[{instruction}" in str(tree)
     assert len(module.launches) == 4
     assert_close(c.numpy(tree), a.astype(np.float64) @ b.astype(np.float64), 1e-5)
+
+
+def test_an_attention_head_runs_its_softmax_and_weighted_sum_as_one_kernel(rng):
+    q, k, v = (rng.standard_normal((256, 64)).astype(np.float32) for _ in range(3))
+    i, j, d = lt.symbols("i j d")
+    scores = (lt.Tensor(q).to(i, d) * lt.Tensor(k).to(j, d)).sum(d) * 0.125
+    e = (scores - scores.max(j)).exp()
+    out = (e / e.sum(j) * lt.Tensor(v).to(j, d)).sum(j)
+    tree, module = scheduled(out)
+    assert "t0: a contraction: register tiles" in tree.explain() and "t1, t2 placed in its rows" in tree.explain()
+    assert module.launches[-1].grid == (256, 1, 1) and len(module.launches) == 4
+    s = q.astype(np.float64) @ k.T.astype(np.float64) * 0.125
+    p = np.exp(s - s.max(1, keepdims=True))
+    assert_close(out.numpy(tree), p / p.sum(1, keepdims=True) @ v, 1e-5)
