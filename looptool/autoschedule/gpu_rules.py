@@ -30,6 +30,7 @@ from .structure import load_strides
 
 BLOCK_THREADS = 256          # 8 warps: 8 blocks fill an SM of 2048 threads, and a block's warps hide each other
 MAX_BLOCK_THREADS = 1024
+WALK_UNROLL = 4             # copies of a reduction loop's body a thread walking it alone runs at once
 SCALAR_RUN = 4               # elements a thread takes where rows hold no whole vectors
 VECTOR_BYTES = 16            # the widest global load and store (ld.global.v4.f32)
 ROW_ELEMENTS_PER_THREAD = 8  # a row's elements each thread takes per pass (loads in flight per thread)
@@ -166,6 +167,7 @@ class _Planner:
             x = inner[-1]
             across = min(MAX_BLOCK_THREADS, _pow2_at_least(self.size(x)))
             self.tree = self.tree.split(x, across, stage=name).bind(f"{x}.1", "thread.x", stage=name)
+            self.walked(name, row)
             how = f"its threads take {across} of {x} each and walk {row}"
         else:
             self.strided(name, row, threads)
@@ -201,6 +203,12 @@ class _Planner:
         """`threads` threads along `dim` of `stage`, each taking every `threads`-th element (coalesced)."""
         self.tree = self.tree.split(dim, threads, stage=stage).reorder(f"{dim}.1", f"{dim}.0", stage=stage) \
             .bind(f"{dim}.1", "thread.x", stage=stage)
+
+    def walked(self, stage: str, dim: str):
+        """A reduction loop a thread walks alone, unrolled WALK_UNROLL times where that divides it, so
+        that many loads are in flight (its accumulators stay in registers)."""
+        if self.size(dim) % WALK_UNROLL == 0 and self.size(dim) > WALK_UNROLL:
+            self.tree = self.tree.split(dim, WALK_UNROLL, stage=stage).unroll(f"{dim}.1", stage=stage)
 
     def bind_grid(self, stage: str, loops: list[str]) -> int:
         """Bind the stage's outermost `loops` (outer to inner) to block.x (the innermost), block.y and
@@ -386,6 +394,7 @@ class _Planner:
             lanes = [f"{x}.1.0", f"{x}.1.1"]
         self.tree = self.tree.reorder(*rest, f"{x}.0", lanes[0], *stage.reduce_dims, *lanes[1:], stage=name)
         self.tree = self.tree.bind(lanes[0], "thread.x", stage=name)
+        self.walked(name, stage.reduce_dims[-1])
         if vector > 1:
             self.tree = self.tree.vectorize(lanes[1], stage=name)
         self.bind_grid(name, rest + [f"{x}.0"])

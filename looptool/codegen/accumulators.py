@@ -178,6 +178,21 @@ class Accumulators:
                        stmt.stage.dtype, None, lanes.mask if lanes else None)
 
 
+def run_in_registers(builder: FunctionBuilder, node: LoopNode, env: dict, count: llir.Value) -> bool:
+    """Emit a plain reduction loop around a register tile with the tile's accumulators in registers
+    (loaded before it, stored once after); False, emitting nothing, where `Accumulators.of` refuses it."""
+    accumulators = Accumulators.of(builder, node)
+    if accumulators is None:
+        return False
+    outside = {**env, node.loop.name: ZERO}
+    accumulators.visit(node.body, outside, accumulators.load)
+    builder.counted_loop(ZERO, count, lambda i: accumulators.visit(node.body, {**env, node.loop.name: i},
+                                                                   accumulators.update), node.loop.name,
+                         builder.around_register_tile(node))
+    accumulators.visit(node.body, outside, accumulators.store)
+    return True
+
+
 def disjoint(keys: list[tuple[Key, int]]) -> bool:
     """Whether the results are one place each or do not overlap: per buffer, the same terms, and
     constants equal (one result) or at least a vector apart."""

@@ -14,7 +14,7 @@ import llvmlite.binding as llvm
 from llvmlite import ir as llir
 
 from ..schedule import LoopNode, LoopTree
-from .accumulators import Accumulators
+from .accumulators import run_in_registers
 from .llvm import I1, I32, I64, ITEM_BYTES, PTR, ZERO, FunctionBuilder, constant, kernel_params
 from .threadpool import declare_parallel_for
 
@@ -100,16 +100,8 @@ class CpuFunctionBuilder(FunctionBuilder):
     def plain_loop(self, node: LoopNode, env: dict, count: llir.Value):
         """A reduction loop around a register tile keeps the tile's accumulators in registers across it
         (`Accumulators`); other loops run as on every target."""
-        accumulators = Accumulators.of(self, node)
-        if accumulators is None:
+        if not run_in_registers(self, node, env, count):
             super().plain_loop(node, env, count)
-            return
-        outside = {**env, node.loop.name: ZERO}
-        accumulators.visit(node.body, outside, accumulators.load)
-        self.counted_loop(ZERO, count, lambda i: accumulators.visit(node.body, {**env, node.loop.name: i},
-                                                                    accumulators.update), node.loop.name,
-                          self.around_register_tile(node))
-        accumulators.visit(node.body, outside, accumulators.store)
 
     def parallel(self, node: LoopNode, env: dict, count: llir.Value):
         """Outline the loop into body(noalias buffers..., outer loop values..., start, end) and run

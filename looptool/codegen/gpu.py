@@ -57,6 +57,7 @@ from ..analysis.tma import BulkCopy, bulk_copies
 from ..ir import Affine
 from ..schedule import (GPU_AXES, TENSOR_INSTRUCTIONS, LoopNode, LoopTree, StmtNode, accesses, pipeline_copier,
                         pipeline_depth, tensor_role, thread_bound, walk)
+from .accumulators import run_in_registers
 from .llvm import (F32, F64, I16, I32, I64, IDENTITY, ITEM_BYTES, MEMORY_TYPE, REDUCE_BINARY, VALUE_TYPE, ZERO,
                    FunctionBuilder, Lanes, constant, element_type, kernel_params)
 
@@ -285,6 +286,7 @@ class _GpuBuilder(FunctionBuilder):
         self.partials: dict[int, llir.Value] = {}
         self.rotations: dict[str, llir.Value] = {}     # pipelined buffer -> element offset of the current copy
         self.asynchronous: set[str] = set()            # stages whose copies are being issued with cp.async
+        self.paths = {id(stmt): path for stmt, path in tree.statements()}
 
     def body(self, nodes: list, env: dict):
         """At block level, a barrier follows a node unless the next one touches none of the buffers
@@ -654,6 +656,26 @@ class _GpuBuilder(FunctionBuilder):
             self.builder.store(self.binary(REDUCE_BINARY[op], self.builder.load(partial, typ=ty), total), partial)
         elif not self.copy_asynchronously(stmt, env, lanes):
             super().vector_statement(stmt, env, lanes)
+
+    def plain_loop(self, node: LoopNode, env: dict, count: llir.Value):
+        """As on the CPU, a reduction loop around results it does not move keeps them in registers
+        (`run_in_registers`: a thread's own output walked over a row is not reloaded and stored each
+        step, which LLVM cannot do itself where other written buffers may alias it); reductions combined
+        across threads keep their partials instead."""
+        statements = [stmt for stmt, _ in walk(node.body) if isinstance(stmt, StmtNode)]
+        combined = any(id(stmt) in self.partials for stmt in statements)
+        if combined or self.reduced_around(node, statements) or not run_in_registers(self, node, env, count):
+            super().plain_loop(node, env, count)
+
+    def reduced_around(self, node: LoopNode, statements: list) -> bool:
+        """Whether a loop around `node` also runs over a reduction dim of its statements (a k loop
+        over staged tiles): their registers then live across it, which LLVM keeps without help."""
+        for stmt in statements:
+            path = self.paths[id(stmt)]
+            outer = path[:next(k for k, lp in enumerate(path) if lp is node)]
+            if any(lp.loop.dim in stmt.stage.reduce_dims for lp in outer):
+                return True
+        return False
 
     def is_vector_reduction(self, node: LoopNode) -> bool:
         """As on the CPU, except for reductions combined across threads (they keep a partial instead)."""
