@@ -26,24 +26,7 @@ import numpy as np
 import looptool as lt
 from looptool import ir
 from looptool.runtime import gpu as runtime_gpu
-
-REPEAT = 20
-
-
-def median_ms(fn, repeat: int = REPEAT) -> float:
-    """Median of `repeat` CUDA-event-timed calls of fn, after one warm-up call."""
-    cp = runtime_gpu.cupy()
-    fn()
-    cp.cuda.Stream.null.synchronize()
-    times = []
-    for _ in range(repeat):
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, stop))
-    return float(np.median(times))
+from bench.gpu import median_ms
 
 
 def interleaved_ms(fns: dict, rounds: int = 3) -> dict:
