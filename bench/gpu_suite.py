@@ -132,6 +132,19 @@ def workloads(torch, odd: bool):
                     None)
         return build
 
+    def conv(batch, channels, size, dtype):
+        def build():
+            x = rand(batch, channels, size, size, dtype=dtype)
+            w = rand(channels, channels, 3, 3, dtype=dtype)
+            sh, soh, skh, sw, sow, skw = lt.symbols("h oh kh w ow kw")
+            windows = named(x, "n c h w").window(sh, soh, skh, 3, padding=1).window(sw, sow, skw, 3, padding=1)
+            c = lt.symbols("c")[0]
+            y = (windows * named(w, "o c kh kw")).sum(c, skh, skw)          # dims (n, oh, ow, o)
+            conv2d = torch.nn.functional.conv2d
+            return (y, lambda: conv2d(x, w, padding=1),
+                    lambda: conv2d(x.double(), w.double(), padding=1).permute(0, 2, 3, 1), None)
+        return build
+
     def attention(length, width):
         def build():
             q, k, v = rand(length, width), rand(length, width), rand(length, width)
@@ -160,6 +173,8 @@ def workloads(torch, odd: bool):
         ("gelu(tanh) f32 8192x8192", gelu(8192, 8192)),
         ("mlp relu(xW+b) bf16 4096x4096x4096", mlp(4096, 4096, 4096)),
         ("attention head f32 1024x64", attention(1024, 64)),
+        ("conv 3x3 f32 8x64x56x56", conv(8, 64, 56, torch.float32)),
+        ("conv 3x3 bf16 8x64x56x56", conv(8, 64, 56, bf16)),
     ]
     odd_rows = [
         ("matmul f32 1000x1500x777", matmul(1000, 1500, 777, torch.float32)),

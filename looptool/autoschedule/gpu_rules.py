@@ -322,13 +322,15 @@ class _Planner:
                   + f", {threads_x * threads_y} threads a block")
 
     def reduction(self, stage: ir.Stage, split: bool):
-        """A block an output where the reduction runs along the contiguous dim of what it reads and
-        no read is contiguous along the output's own last dim; else a thread an output. Either is
+        """A block an output where the reduction runs along the contiguous dim of what it reads, at
+        least a warp long, and no read is contiguous along the output's own last dim; else a thread an
+        output (a convolution's 3-wide window rows, a matmul too small for its template). Either is
         split first (`split_reduction`) where it would leave the GPU idle."""
         pure = [d for d in stage.loop_dims if d not in stage.reduce_dims]
         outputs = math.prod(self.size(d) for d in pure)
         along = contiguous_dim(self.tree.program, stage)
-        if not pure or (along in stage.reduce_dims and not self.read_along(stage, stage.dims[-1])):
+        long_row = along in stage.reduce_dims and self.size(along) >= WARP_LANES
+        if not pure or (long_row and not self.read_along(stage, stage.dims[-1])):
             along = along if along in stage.reduce_dims else max(stage.reduce_dims, key=self.size)
             if split and outputs < 2 * self.gpu.sms and self.size(along) >= 2 * BLOCK_CHUNK:
                 self.split_reduction(stage, along, blocks_wanted=4 * self.gpu.sms, per_output_blocks=True)
@@ -392,12 +394,19 @@ class _Planner:
         if vector > 1:
             self.tree = self.tree.split(f"{x}.1", vector, stage=name)
             lanes = [f"{x}.1.0", f"{x}.1.1"]
-        self.tree = self.tree.reorder(*rest, f"{x}.0", lanes[0], *stage.reduce_dims, *lanes[1:], stage=name)
-        self.tree = self.tree.bind(lanes[0], "thread.x", stage=name)
+        blocks, threads_y = [f"{x}.0"], 1
+        if rest and threads < BLOCK_THREADS:          # a narrow output: its rows share a block
+            y = rest.pop()
+            threads_y = min(BLOCK_THREADS // threads, _pow2_at_least(self.size(y)))
+            self.tree = self.tree.split(y, threads_y, stage=name).bind(f"{y}.1", "thread.y", stage=name)
+            blocks, lanes = [f"{y}.0", f"{x}.0"], [f"{y}.1"] + lanes
+        self.tree = self.tree.reorder(*rest, *blocks, *lanes[:-1] if vector > 1 else lanes, *stage.reduce_dims,
+                                      *lanes[-1:] if vector > 1 else [], stage=name)
+        self.tree = self.tree.bind(lanes[-2] if vector > 1 else lanes[-1], "thread.x", stage=name)
         self.walked(name, stage.reduce_dims[-1])
         if vector > 1:
-            self.tree = self.tree.vectorize(lanes[1], stage=name)
-        self.bind_grid(name, rest + [f"{x}.0"])
+            self.tree = self.tree.vectorize(lanes[-1], stage=name)
+        self.bind_grid(name, rest + blocks)
         self.note(name, f"reduction along {', '.join(stage.reduce_dims)} (not contiguous): a thread "
-                        f"{'an output' if vector == 1 else f'{vector} outputs (a vector)'}, {threads} threads a "
-                        f"block along {x}")
+                        f"{'an output' if vector == 1 else f'{vector} outputs (a vector)'}, {threads * threads_y} "
+                        f"threads a block along {x}" + (f" and {y}" if threads_y > 1 else ""))
