@@ -36,6 +36,7 @@ VECTOR_BYTES = 16            # the widest global load and store (ld.global.v4.f3
 ROW_ELEMENTS_PER_THREAD = 8  # a row's elements each thread takes per pass (loads in flight per thread)
 BLOCK_CHUNK = BLOCK_THREADS * ROW_ELEMENTS_PER_THREAD   # the least a block's partial result sums
 THREAD_CHUNK = 8             # the least a thread's partial result sums
+ROW_SHARED_SHARE = 0.25      # of a block's shared memory, the most a row kept there may take
 GRID_LIMITS = {"block.x": 2 ** 31 - 1, "block.y": 65535, "block.z": 65535}
 ITEM_BYTES = {dtype.name: dtype.itemsize for dtype in SUPPORTED_DTYPES}
 
@@ -172,13 +173,36 @@ class _Planner:
         else:
             self.strided(name, row, threads)
             how = f"{threads} threads striding along it"
+        kept = self.row_in_shared(result, group, row, shared, depth, threads)
         for st in group:
             self.tree = self.tree.place(st.name, name, depth)
             self.strided(st.name, row, threads)
+        if kept:
+            how += f"; {kept} read once, its row kept in shared memory for every pass"
         self.note(name, f"one kernel: {', '.join(st.name for st in group)} placed in its rows, a block a row "
                         f"({row} contiguous, {self.size(row)} long), the reductions' {threads} threads striding "
                         f"along it and combined; {how}")
         return self.tree
+
+    def row_in_shared(self, result: ir.Stage, group, row: str, shared: list[str], depth: int,
+                      threads: int) -> str | None:
+        """Copy the row of the input every pass reads (one of the result's size along `row` and the
+        block's dims) into shared memory once, where it takes at most ROW_SHARED_SHARE of what a
+        block may use; the name of the input, or None."""
+        program, name = self.tree.program, result.name
+        readers = [st.name for st in group]
+        for load in sorted(ir.loads(result.expr), key=lambda ld: -math.prod(program.buffer_shape(ld.buffer))):
+            dims = program.buffer_dims(load.buffer)
+            passes = [r for r in readers if load.buffer in ir.loaded_buffers(program.stage(r).expr)]
+            row_bytes = self.size(row) * ITEM_BYTES[load.dtype]
+            if set(dims) != set(shared) | {row} or not passes or load.index != ir.Affine.identity(dims) \
+                    or row_bytes > self.gpu.shared_per_block * ROW_SHARED_SHARE:
+                continue
+            copy = f"{load.buffer}.{name}"
+            self.tree = self.tree.cache(load.buffer, stage=name, readers=passes).place(copy, name, depth)
+            self.strided(copy, row, threads)
+            return load.buffer
+        return None
 
     def rows_by_thread(self, result: ir.Stage, group, row: str, outer: list[str]) -> LoopTree:
         x = result.dims[-1] if result.dims[-1] != row else outer[-1]

@@ -211,10 +211,10 @@ class LoopTree:
         """Run the iterations of `loop` on several CPU threads."""
         return LoopTree(self.program, self.schedule.annotate(self._stage(stage), loop, "parallel"))
 
-    def cache(self, buffer: str, stage: str | None = None, order=None) -> "LoopTree":
-        """Read `buffer` in `stage` through a copy stage `<buffer>.<stage>` laid out in `order`
-        (then `place` the copy to pack just the tile a loop uses)."""
-        return LoopTree(self.program, self.schedule.cache(self._stage(stage), buffer, order))
+    def cache(self, buffer: str, stage: str | None = None, order=None, readers=()) -> "LoopTree":
+        """Read `buffer` in `stage` (and in the stages `readers`) through a copy stage `<buffer>.<stage>`
+        laid out in `order` (then `place` the copy to pack just the tile a loop uses)."""
+        return LoopTree(self.program, self.schedule.cache(self._stage(stage), buffer, order, tuple(readers)))
 
     def cache_write(self, stage: str | None = None) -> "LoopTree":
         """Compute `stage` into a new stage `<stage>.acc` and make `stage` a copy of it; place the
@@ -425,11 +425,17 @@ def _plan_buffers(program: Program, schedule: Schedule) -> dict[str, BufferPlan]
     return plans
 
 
+def _inside(schedule: Schedule, stage: str, consumer: str, depth: int) -> bool:
+    """Whether `stage` is `consumer`, or runs inside its first `depth` loops (placed there)."""
+    sched = schedule.of(stage)
+    return stage == consumer or (sched.consumer == consumer and sched.at >= depth)
+
+
 def _shrunk(program: Program, schedule: Schedule, stage: ir.Stage, plan: BufferPlan) -> BufferPlan | None:
     """The local buffer of a placed stage, or None when it must stay full size."""
     sched = schedule.of(stage.name)
     readers = program.readers(stage.name)
-    if [r.name for r in readers] != [sched.consumer]:
+    if not readers or any(not _inside(schedule, r.name, sched.consumer, sched.at) for r in readers):
         return None
     shared = schedule.effective_loops(stage.name)[:sched.at]
     own = schedule.effective_loops(stage.name)[sched.at:]

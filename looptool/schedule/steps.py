@@ -264,15 +264,19 @@ class Schedule:
     def _with_steps(self, steps: tuple) -> "Schedule":
         return Schedule(self.program, self.stages, steps)
 
-    def cache(self, stage: str, buffer: str, order: tuple[str, ...] | None = None) -> "Schedule":
-        """Read `buffer` in `stage` through a copy: a new stage `<buffer>.<stage>` with the dims in `order`.
+    def cache(self, stage: str, buffer: str, order: tuple[str, ...] | None = None,
+              readers: tuple[str, ...] = ()) -> "Schedule":
+        """Read `buffer` in `stage` (and in the stages `readers`) through a copy: a new stage
+        `<buffer>.<stage>` with the dims in `order`, before the first of them.
 
         Placed inside the stage's loops, the copy shrinks to the tile those loops
-        use: this packs a panel of a matrix or relayouts filters contiguously."""
-        consumer = self.program.stage(stage)
-        loads = [ld for ld in ir.loads(consumer.expr) if ld.buffer == buffer]
-        if not loads:
-            raise ValueError(f"cannot cache {buffer} in stage {stage}: the stage does not read it")
+        use: this packs a panel of a matrix or relayouts filters contiguously; with `readers` placed
+        there too, one copy of a row serves every stage that reads it."""
+        consumers = [self.program.stage(name) for name in (stage, *readers)]
+        loads = [ld for consumer in consumers for ld in ir.loads(consumer.expr) if ld.buffer == buffer]
+        unread = [c.name for c in consumers if buffer not in ir.loaded_buffers(c.expr)]
+        if unread:
+            raise ValueError(f"cannot cache {buffer} in stage {unread[0]}: the stage does not read it")
         dims = self.program.buffer_dims(buffer)
         order = tuple(order) if order else dims
         if sorted(order) != sorted(dims):
@@ -283,13 +287,18 @@ class Schedule:
         dtype = loads[0].dtype
         copy = ir.Stage(name, order, (), None, ir.Load(buffer, ir.Affine.identity(dims), dtype),
                         dtype, order)
-        rewired = ir.Stage(consumer.name, consumer.dims, consumer.reduce_dims, consumer.reduce_op,
-                           _redirect(consumer.expr, buffer, name, dims, order), consumer.dtype, consumer.loop_dims)
-        position = self.program.stages.index(consumer)
-        program = _replaced(self.program, consumer, [copy, rewired])
+        position = min(self.program.stages.index(c) for c in consumers)
+        program = self.program
+        for consumer in consumers:
+            rewired = ir.Stage(consumer.name, consumer.dims, consumer.reduce_dims, consumer.reduce_op,
+                               _redirect(consumer.expr, buffer, name, dims, order), consumer.dtype,
+                               consumer.loop_dims)
+            program = _replaced(program, consumer, [rewired])
+        program = replace(program, stages=program.stages[:position] + (copy,) + program.stages[position:])
         stages = list(self.stages)
         stages.insert(position, (name, _default_stage(program, copy)))
-        return Schedule(program, tuple(stages), self.steps + (("cache", stage, buffer, list(order)),))
+        step = ("cache", stage, buffer, list(order)) + ((list(readers),) if readers else ())
+        return Schedule(program, tuple(stages), self.steps + (step,))
 
     def cache_write(self, stage: str) -> "Schedule":
         """Compute `stage` into a new stage `<stage>.acc` that takes over its loops, and make

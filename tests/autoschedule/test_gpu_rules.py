@@ -63,6 +63,9 @@ def test_softmax_rows_run_as_one_kernel_with_a_block_a_row(rng):
     assert "one kernel" in tree.explain() and len(module.launches) == 1
     assert module.launches[0].grid == (37, 1, 1) and module.launches[0].block[0] % 32 == 0
     assert "shfl.sync.bfly" in module.ptx
+    assert "in0 read once, its row kept in shared memory" in tree.explain() and "in0.t2: f32[1, 1000] local" in str(tree)
+    global_reads = [line for line in module.ptx.splitlines() if "ld.global" in line]
+    assert len(global_reads) <= 8 and "ld.shared" in module.ptx      # one pass over the row in global memory
     assert_close(sm.numpy(tree), ref, 1e-5)
 
 

@@ -298,9 +298,10 @@ def test_place_softmax_rows(rng):
     case = softmax(rng, m=9, n=37)
     tree, _ = run_case(case, [("place", "t0", "t2", 1), ("place", "t1", "t2", 1)], rng)
     text = str(tree)
-    # t1 is read only by t2: one element per row; t0 is also read by t1, so it stays full size
+    # t1 is read only by t2: one element per row; t0 is also read by t1, placed in the same row of
+    # t2, so it shrinks too
     assert "t1: f32[1] local" in text
-    assert "t0: f32[9] temp" in text
+    assert "t0: f32[1] local" in text
     assert [ln for ln in text.splitlines() if not ln.startswith(" ") and ln.startswith("for")] == ["for m in 0..9"]
     assert update_path(tree, "t0") == ["m", "n"] and update_path(tree, "t1") == ["m", "n"]
 
@@ -464,9 +465,9 @@ def test_exact_tree_text_of_placed_softmax(rng):
                         ("vectorize", "n.1"), ("parallel", "m")])
     assert str(tree) == "\n".join([
         "in0: f32[5, 7] input",
-        "t0: f32[5] temp",
         "t2: f32[5, 7] output",
         "for m in 0..5  [parallel]",
+        "  t0: f32[1] local",
         "  t1: f32[1] local",
         "  t0[m] = -inf",
         "  for n in 0..7",
