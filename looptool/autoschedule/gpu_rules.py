@@ -404,11 +404,30 @@ class _Planner:
         self.note(name, f"reduction along {along} (contiguous): a block an output, {threads} threads striding "
                         f"along it, partials combined across the threads")
 
+    def coalesce_inputs(self, stage: ir.Stage, x: str):
+        """Inputs the stage reads along `x` (its threads' dim) with a stride, smaller than its output
+        (so each is read many times: a convolution's filters), copied ahead by a kernel of their own
+        into a layout with `x` last, so neighbouring threads read neighbouring elements."""
+        program = self.tree.program
+        outputs = math.prod(self.size(d) for d in stage.dims)
+        inputs = {b.name: b for b in program.inputs}
+        for load in dict.fromkeys(ir.loads(stage.expr)):
+            buffer = inputs.get(load.buffer)
+            stride = abs(load_strides(program, load).get(x, 1))
+            if buffer is None or stride in (0, 1) or x not in buffer.dims or math.prod(buffer.shape) >= outputs:
+                continue
+            order = tuple(d for d in buffer.dims if d != x) + (x,)
+            self.tree = self.tree.cache(load.buffer, stage=stage.name, order=order)
+            copy = f"{load.buffer}.{stage.name}"
+            self.note(stage.name, f"{load.buffer} is read with stride {stride} along {x}: copied ahead with {x} last")
+            self.pointwise(self.tree.program.stage(copy))
+
     def reduce_in_thread(self, stage: ir.Stage, pure: list[str]):
         """A thread an output (16-byte vectors of them where rows hold whole vectors), threads along the
         last pure dim (coalesced), the reduction walked in order."""
         name = stage.name
         x = stage.dims[-1]
+        self.coalesce_inputs(stage, x)
         width = VECTOR_BYTES // ITEM_BYTES[stage.expr.dtype]
         vector = width if self.size(x) % width == 0 and self.size(x) >= width * WARP_LANES else 1
         threads = min(BLOCK_THREADS, _pow2_at_least(-(-self.size(x) // vector)))

@@ -185,3 +185,14 @@ def test_an_attention_head_runs_its_softmax_and_weighted_sum_as_one_kernel(rng):
     s = q.astype(np.float64) @ k.T.astype(np.float64) * 0.125
     p = np.exp(s - s.max(1, keepdims=True))
     assert_close(out.numpy(tree), p / p.sum(1, keepdims=True) @ v, 1e-5)
+
+
+def test_a_convolution_reads_its_filters_coalesced(rng):
+    sn, sc, sh, sw, so, soh, sow, skh, skw = lt.symbols("n c h w o oh ow kh kw")
+    x, w = rng.standard_normal((2, 8, 9, 7)).astype(np.float32), rng.standard_normal((40, 8, 3, 3)).astype(np.float32)
+    windows = lt.Tensor(x).to(sn, sc, sh, sw).window(sh, soh, skh, 3, padding=1).window(sw, sow, skw, 3, padding=1)
+    conv = (windows * lt.Tensor(w).to(so, sc, skh, skw)).sum(sc, skh, skw)
+    tree, module = scheduled(conv)
+    assert "copied ahead with o last" in tree.explain() and "in1.t0: f32[8, 3, 3, 40] temp" in str(tree)
+    assert len(module.launches) == 2 and module.launches[1].block[0] * module.launches[1].block[1] >= 128
+    assert_close(conv.numpy(tree), conv.numpy(), 1e-5)
