@@ -106,9 +106,10 @@ def generate(tree: LoopTree, arch: str = "sm_90", aligned_params: bool = True,
     memory, whose size its Launch carries (the runtime opts the kernel in to that much)."""
     tiles = tensor_tiles(tree)
     copies = bulk_copies(tree, tiles)
-    text, launches, params, aligned = _module(tree, tiles, copies, aligned_params, dynamic=dynamic_shared)
+    module, launches, params, aligned = _module(tree, tiles, copies, aligned_params, dynamic=dynamic_shared)
     if not dynamic_shared and any(launch.dynamic_shared for launch in launches):
-        text, launches, params, aligned = _module(tree, tiles, copies, aligned_params, dynamic=True)
+        module, launches, params, aligned = _module(tree, tiles, copies, aligned_params, dynamic=True)
+    text = str(module)      # printing costs about what building does: a build that only sized shared memory isn't
     ptx = _compile(text, _arch_for(tiles, arch))
     if any(launch.dynamic_shared for launch in launches):
         ptx = _extern_shared(ptx, [launch.name for launch in launches])
@@ -149,7 +150,7 @@ def _extern_shared(ptx: str, kernels: list[str]) -> str:
 
 def _module(tree: LoopTree, tiles: dict[int, TensorTile], copies: dict[int, BulkCopy], aligned_params: bool,
             dynamic: bool):
-    """(LLVM IR text, launches, params, aligned params); a launch's dynamic_shared is the shared
+    """(LLVM module, launches, params, aligned params); a launch's dynamic_shared is the shared
     memory its kernel needs where that exceeds STATIC_SHARED (or, `dynamic`, all it needs)."""
     module = llir.Module(name="looptool_gpu")
     module.triple = TRIPLE
@@ -172,7 +173,7 @@ def _module(tree: LoopTree, tiles: dict[int, TensorTile], copies: dict[int, Bulk
         needed = builder.shared_bytes if dynamic or builder.shared_bytes > STATIC_SHARED else 0
         launches.append(Launch(name, grid, block, needed))
         _declare_block_size(module, fn, launches[-1].block)
-    return str(module), launches, params, tuple(sorted(aligned))
+    return module, launches, params, tuple(sorted(aligned))
 
 
 def _declare_block_size(module: llir.Module, fn: llir.Function, block: tuple[int, int, int]):
@@ -759,8 +760,7 @@ class _GpuBuilder(FunctionBuilder):
         swizzle = self.swizzles.get(buffer)
         if swizzle is not None and not clamp:
             offset = swizzle.apply(self.builder, self.affine(self.linear_offset(buffer, index, stmt), env))
-            pointer = self.builder.gep(self.pointers[buffer], [offset], inbounds=True,
-                                       source_etype=MEMORY_TYPE[self.tree.buffers[buffer].dtype])
+            pointer = self.element(self.pointers[buffer], offset, self.tree.buffers[buffer].dtype)
             return self.rotated(buffer, pointer)
         if private is None:
             pointer = super().access(buffer, index, clamp, stmt, env)
@@ -768,15 +768,13 @@ class _GpuBuilder(FunctionBuilder):
         linear = self.linear_offset(buffer, index, stmt)
         own = Affine.of({name: c for name, c in linear.terms if name not in self.thread_loops})
         offset = self.affine(own + (linear.const - private.low), env)
-        return self.builder.gep(self.pointers[buffer], [offset], source_etype=MEMORY_TYPE[self.tree.buffers[buffer].dtype],
-                                inbounds=True)
+        return self.element(self.pointers[buffer], offset, self.tree.buffers[buffer].dtype)
 
     def rotated(self, buffer: str, pointer: llir.Value) -> llir.Value:
         """A pipelined buffer's pointer moved to the copy of the current iteration."""
         if buffer not in self.rotations:
             return pointer
-        return self.builder.gep(pointer, [self.rotations[buffer]],
-                                source_etype=MEMORY_TYPE[self.tree.buffers[buffer].dtype], inbounds=True)
+        return self.element(pointer, self.rotations[buffer], self.tree.buffers[buffer].dtype)
 
     def alignment(self, buffer, index, stmt, env, lanes=None):
         """Up to 16 bytes where every term of the offset is a multiple of the lanes (so LLVM emits

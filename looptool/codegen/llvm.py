@@ -78,6 +78,7 @@ class FunctionBuilder:
         self.full: set[int] = set()
         self.holding: set[tuple[int, ir.Guard]] = set()
         self.offsets: dict = {}
+        self.memo_block, self.memo = None, {}
 
     def finish(self):
         """Free heap buffers and return."""
@@ -114,7 +115,7 @@ class FunctionBuilder:
         lp = node.loop
         if lp.annotation != "parallel":  # a parallel loop allocates its buffers in each thread
             self.allocate_placed(node)
-        count = self.trip_count(node, env)
+        count = constant(I64, lp.extent) if id(node) in self.full else self.trip_count(node, env)
         emit = {"unroll": self.unrolled, "vectorize": self.vectorized, "parallel": self.parallel}.get(lp.annotation,
                                                                                                      self.plain_loop)
         emit(node, env, count)
@@ -327,7 +328,7 @@ class FunctionBuilder:
                 if not self.known_within(ix, n, stmt):
                     at = self.smin(self.smax(at, ZERO), constant(I64, n - 1))
                 offset = b.add(offset, b.mul(at, constant(I64, stride)))
-        return self.builder.gep(self.pointers[buffer], [offset], source_etype=MEMORY_TYPE[plan.dtype], inbounds=True)
+        return self.element(self.pointers[buffer], offset, plan.dtype)
 
     def known_within(self, index: ir.Affine, size: int, stmt: StmtNode) -> bool:
         """Whether a guard known to hold here keeps `index` (over loop variables) in [0, size)."""
@@ -459,6 +460,11 @@ class FunctionBuilder:
         return vector
 
     def splat(self, scalar: llir.Value, width: int) -> llir.Value:
+        """`width` lanes of `scalar` (emitted once per basic block)."""
+        return self.once(("splat", id(scalar), width), lambda: self.broadcast(scalar, width))
+
+    def broadcast(self, scalar: llir.Value, width: int) -> llir.Value:
+        """A vector of `width` copies of `scalar`, built here."""
         b = self.builder
         vty = llir.VectorType(scalar.type, width)
         one = b.insert_element(constant(vty, None), scalar, ZERO)
@@ -599,7 +605,7 @@ class FunctionBuilder:
         """`pointer` as a pointer to `ty` where llvmlite typed it otherwise (allocas point to elements)."""
         if pointer.type.is_opaque or pointer.type.pointee == ty:
             return pointer
-        return self.builder.bitcast(pointer, ty.as_pointer())
+        return self.once(("bitcast", id(pointer), str(ty)), lambda: self.builder.bitcast(pointer, ty.as_pointer()))
 
     def widen(self, stored: llir.Value, dtype: str) -> llir.Value:
         """Elements as stored in memory -> the values they compute with (exact)."""
@@ -645,7 +651,45 @@ class FunctionBuilder:
 
     # Integer helpers ------------------------------------------------------------------
     def affine(self, a: ir.Affine, env: dict) -> llir.Value:
-        return llir_affine(self.builder, a, env)
+        """sum(coeff * value) + const as i64 arithmetic. Terms whose value is a constant (an unrolled
+        copy's) are folded here, and the constant is added where LLVM's folding would leave it, so
+        unrolled code is built with few instructions that optimize as before."""
+        pending, out = a.const, None
+        for v, c in a.terms:
+            value = env[v]
+            if isinstance(value, llir.Constant):
+                pending += c * value.constant
+                continue
+            term = value if c == 1 else self.integer("mul", value, constant(I64, c))
+            if out is not None and pending:
+                out, pending = self.integer("add", out, constant(I64, pending)), 0
+            out = term if out is None else self.integer("add", out, term)
+        if out is None:
+            return constant(I64, pending)
+        return self.integer("add", out, constant(I64, pending)) if pending else out
+
+    def integer(self, op: str, x: llir.Value, y: llir.Value) -> llir.Value:
+        """x `op` y (add or mul, no signed wrap) on i64 index values, emitted once per basic block."""
+        return self.once((op, id(x), id(y)), lambda: getattr(self.builder, op)(x, y, flags=("nsw",)))
+
+    def once(self, key: tuple, make) -> llir.Value:
+        """A pure value (no memory access, no side effect) emitted once per basic block: the one made
+        earlier in the current block for `key` (its operation and its operands' identities), else
+        make(). The builder only appends to its current block, so an earlier value there dominates
+        this use; sparing LLVM's CSE the copies of unrolled code spares building and printing them."""
+        block = self.builder.block
+        if block is not self.memo_block:
+            self.memo_block, self.memo = block, {}
+        value = self.memo.get(key)
+        if value is None:
+            value = self.memo[key] = make()
+        return value
+
+    def element(self, pointer: llir.Value, offset: llir.Value, dtype: str) -> llir.Value:
+        """The address of element `offset` of a `dtype` buffer at `pointer` (an inbounds GEP, emitted
+        once per basic block)."""
+        return self.once(("gep", id(pointer), id(offset)), lambda: self.builder.gep(
+            pointer, [offset], source_etype=MEMORY_TYPE[dtype], inbounds=True))
 
     def smin(self, x, y):
         return self.builder.select(self.builder.icmp_signed("<", x, y), x, y)
@@ -785,12 +829,3 @@ class TypedCallee:
 
     def get_reference(self):
         return self.ptr.get_reference()
-
-
-def llir_affine(b: llir.IRBuilder, a: ir.Affine, values: dict[str, llir.Value]) -> llir.Value:
-    """Emit sum(coeff * value) + const as i64 arithmetic."""
-    out: llir.Value = constant(I64, a.const)
-    for v, c in a.terms:
-        term = values[v] if c == 1 else b.mul(values[v], constant(I64, c), flags=("nsw",))
-        out = b.add(out, term, flags=("nsw",))
-    return out
