@@ -43,6 +43,7 @@ memory visible to the tensor cores (which read through the async proxy).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import re
@@ -57,8 +58,9 @@ from ..analysis.tma import BulkCopy, bulk_copies
 from ..ir import Affine
 from ..schedule import (GPU_AXES, TENSOR_INSTRUCTIONS, LoopNode, LoopTree, StmtNode, accesses, pipeline_copier,
                         pipeline_depth, tensor_role, thread_bound, walk)
+from .edges import clamped_outside, inside_buffer, register_tails, tail_host
 from .llvm import (F32, F64, I16, I32, I64, IDENTITY, ITEM_BYTES, MEMORY_TYPE, REDUCE_BINARY, VALUE_TYPE, ZERO,
-                   FunctionBuilder, Lanes, constant, element_type, kernel_params)
+                   FunctionBuilder, Lanes, constant, element_type, hoisted_tail_checks, kernel_params)
 
 TRIPLE = "nvptx64-nvidia-cuda"
 DATA_LAYOUT = "e-p:64:64:64-i64:64-i128:128-v16:16-v32:32-n16:32:64"
@@ -268,6 +270,12 @@ class _GpuBuilder(FunctionBuilder):
         self.partials: dict[int, llir.Value] = {}
         self.rotations: dict[str, llir.Value] = {}     # pipelined buffer -> element offset of the current copy
         self.asynchronous: set[str] = set()            # stages whose copies are being issued with cp.async
+        whole, self.edge_tails = register_tails(tree)
+        self.full |= whole                             # register tails that may run past their limits
+        self.hoisted = hoisted_tail_checks(tree, functools.partial(tail_host, whole, self.edge_tails))
+        self.predicate: llir.Value | None = None       # in an edge tile: where its statements take effect
+        self.paths = {id(stmt): path for stmt, path in tree.statements()}
+        self.edge_exprs: dict[int, ir.Expr] = {}
 
     def body(self, nodes: list, env: dict):
         """At block level, a barrier follows a node unless the next one touches none of the buffers
@@ -344,6 +352,10 @@ class _GpuBuilder(FunctionBuilder):
             return
         if axis == "parallel":
             raise ValueError(f"loop '{node.loop.name}' is marked parallel: on a GPU, bind it to blocks or threads")
+        if self.edge_tail(node):
+            self.allocate_placed(node)
+            self.edge_loop(node, env)
+            return
         if axis not in GPU_AXES:
             super().loop(node, env)
             return
@@ -631,10 +643,17 @@ class _GpuBuilder(FunctionBuilder):
                 .coeffs().get(node.loop.name)]
 
     def vector_statement(self, stmt: StmtNode, env: dict, lanes):
-        if not self.copy_asynchronously(stmt, env, lanes):
+        if lanes.mask is None and self.predicate is not None:
+            lanes = Lanes(lanes.name, lanes.width, self.splat(self.predicate, lanes.width))
+        if lanes.mask is not None:
+            self.masked_statement(stmt, env, lanes)
+        elif not self.copy_asynchronously(stmt, env, lanes):
             super().vector_statement(stmt, env, lanes)
 
     def statement(self, stmt: StmtNode, env: dict):
+        if self.predicate is not None:
+            self.guarded_statement(stmt, env)
+            return
         partial = self.partials.get(id(stmt))
         if partial is None:
             super().statement(stmt, env)
@@ -642,6 +661,102 @@ class _GpuBuilder(FunctionBuilder):
         old = self.builder.load(partial, typ=VALUE_TYPE[stmt.stage.dtype])
         value = self.accumulate(stmt.stage.reduce_op, old, stmt.stage.expr, lambda e: self.expr(e, stmt, env))
         self.builder.store(value, partial)
+
+    # Edge tiles: register tiles cut by a tail -------------------------------------------------
+    def edge_loop(self, node: LoopNode, env: dict):
+        """An unrolled or vectorized loop whose tail cuts a register tile, in an edge tile: every copy
+        (every lane) is run, its statements taking effect only where it is inside the loop's limits (a
+        rolled tail loop would index the tile by a variable, which moves it to local memory)."""
+        name, extent = node.loop.name, node.loop.extent
+        if node.loop.annotation == "unroll":
+            for k in range(extent):
+                with self.predicated(self.inside_limits(node, env, k)):
+                    self.body(node.body, {**env, name: constant(I64, k)})
+            return
+        mask = self.inside_limits(node, env, list(range(extent)))
+        if self.predicate is not None:
+            mask = self.builder.and_(mask, self.splat(self.predicate, extent))
+        for stmt in node.body:
+            self.vector_statement(stmt, env, Lanes(name, extent, mask))
+
+    def inside_limits(self, node: LoopNode, env: dict, values: int | list[int]) -> llir.Value:
+        """An i1 (a vector of them, for a list of values): the loop's value `values` satisfies its
+        limits, coeff * value + rest < bound, at the loop values in `env`."""
+        b, inside = self.builder, None
+        for lim in node.limits:
+            rest = self.affine(lim.rest, env)
+            if isinstance(values, list):
+                rest = self.splat(rest, len(values))
+                room = constant(rest.type, [lim.bound - lim.coeff * value for value in values])
+            else:
+                room = constant(I64, lim.bound - lim.coeff * values)
+            holds = b.icmp_signed("<", rest, room)
+            inside = holds if inside is None else b.and_(inside, holds)
+        return inside
+
+    def edge_tail(self, node: LoopNode) -> bool:
+        """Whether this copy of the code runs a register tile's tail loop as an edge tile: its tail is
+        not known to be full here."""
+        return id(node) in self.edge_tails and id(node) not in self.full
+
+    @contextlib.contextmanager
+    def predicated(self, condition: llir.Value | None):
+        """Statements emitted inside take effect only where `condition` (and any outer one) holds; None
+        lifts every condition."""
+        outer = self.predicate
+        if condition is not None and outer is not None:
+            condition = self.builder.and_(outer, condition)
+        self.predicate = condition
+        try:
+            yield
+        finally:
+            self.predicate = outer
+
+    def guarded_statement(self, stmt: StmtNode, env: dict):
+        """A statement of an edge tile: into a register tile, computed anyway (loads that may leave
+        their buffer clamped into it) and kept only where the predicate holds, by a select; otherwise
+        run under a branch."""
+        b, condition, stage = self.builder, self.predicate, stmt.stage
+        with self.predicated(None):
+            if not self.selects(stmt):
+                with b.if_then(condition):
+                    self.statement(stmt, env)
+                return
+            target = self.access(stage.name, Affine.identity(stage.dims), False, stmt, env)
+            old = self.load_value(target, stage.dtype)
+            new = self.stored_value(stmt, self.edge_expr(stmt), old, lambda e: self.expr(e, stmt, env))
+            self.store_value(b.select(condition, new, old), target, stage.dtype)
+
+    def masked_statement(self, stmt: StmtNode, env: dict, lanes: Lanes):
+        """A vector statement whose lanes take effect only where `lanes.mask` holds: into a packed
+        vector of a register tile, computed whole (as `guarded_statement`) and blended with the old one;
+        otherwise lane by lane, each under a branch."""
+        b, stage = self.builder, stmt.stage
+        whole = Lanes(lanes.name, lanes.width)
+        with self.predicated(None):
+            base, step, align = self.linear_address(stage.name, Affine.identity(stage.dims), stmt, env, whole)
+            if step == 1 and self.selects(stmt):
+                old = self.load_value(base, stage.dtype, align, lanes.width)
+                new = self.stored_value(stmt, self.edge_expr(stmt), old,
+                                        lambda e: self.vector_expr(e, stmt, env, whole), lanes.width)
+                self.store_value(b.select(lanes.mask, new, old), base, stage.dtype, align)
+                return
+            for k in range(lanes.width):
+                with b.if_then(b.extract_element(lanes.mask, constant(I32, k))):
+                    self.statement(stmt, {**env, lanes.name: constant(I64, k)})
+
+    def selects(self, stmt: StmtNode) -> bool:
+        """Whether an edge tile keeps a statement's result by a select: it writes a register tile (a
+        buffer its thread keeps), inside it for the whole extents of its loops, and no partial sum."""
+        stage = stmt.stage
+        return self.is_fragment(stage.name) and id(stmt) not in self.partials \
+            and inside_buffer(self.tree, stage.name, Affine.identity(stage.dims), stmt, self.paths[id(stmt)])
+
+    def edge_expr(self, stmt: StmtNode) -> ir.Expr:
+        """A statement's expression as an edge tile computes it past the tail (`clamped_outside`)."""
+        if id(stmt) not in self.edge_exprs:
+            self.edge_exprs[id(stmt)] = clamped_outside(self.tree, stmt, self.paths[id(stmt)])
+        return self.edge_exprs[id(stmt)]
 
     def combine_across_threads(self, stmt: StmtNode, node: LoopNode, tid: llir.Value, env: dict):
         """Tree-combine the threads' partials in shared memory; thread 0 folds the total into the target."""

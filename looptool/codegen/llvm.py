@@ -303,14 +303,21 @@ class FunctionBuilder:
         stage = stmt.stage
         target = self.access(stage.name, ir.Affine.identity(stage.dims), False, stmt, env)
         align = self.alignment(stage.name, ir.Affine.identity(stage.dims), stmt, env)
-        if stmt.kind == "init":
-            value = constant(VALUE_TYPE[stage.dtype], IDENTITY[stage.reduce_op])
-        elif stmt.kind == "update":
-            old = self.load_value(target, stage.dtype, align)
-            value = self.accumulate(stage.reduce_op, old, stage.expr, lambda e: self.expr(e, stmt, env))
-        else:
-            value = self.expr(stage.expr, stmt, env)
+        old = self.load_value(target, stage.dtype, align) if stmt.kind == "update" else None
+        value = self.stored_value(stmt, stage.expr, old, lambda e: self.expr(e, stmt, env))
         self.store_value(value, target, stage.dtype, align)
+
+    def stored_value(self, stmt: StmtNode, expr: ir.Expr, old: llir.Value | None, evaluate,
+                     width: int | None = None) -> llir.Value:
+        """What a statement stores: the identity (an init; `width` lanes of it), `old` combined with
+        `expr` (an update) or `expr` (its stage's expression, or a variant of it), each subexpression
+        computed by `evaluate`."""
+        stage = stmt.stage
+        if stmt.kind == "init":
+            return constant_like(shaped(VALUE_TYPE[stage.dtype], width), IDENTITY[stage.reduce_op])
+        if stmt.kind == "update":
+            return self.accumulate(stage.reduce_op, old, expr, evaluate)
+        return evaluate(expr)
 
     def access(self, buffer: str, index: tuple[ir.Affine, ...], clamp: bool, stmt: StmtNode,
                env: dict) -> llir.Value:
@@ -345,14 +352,8 @@ class FunctionBuilder:
         base, step, align = self.linear_address(stage.name, own, stmt, env, lanes)
         evaluate = lambda e: self.vector_expr(e, stmt, env, lanes)  # noqa: E731
         if step == 1:
-            if stmt.kind == "init":
-                value = constant(vty, [IDENTITY[stage.reduce_op]] * lanes.width)
-            elif stmt.kind == "update":
-                old = self.load_value(base, stage.dtype, align, lanes.width)
-                value = self.accumulate(stage.reduce_op, old, stage.expr, evaluate)
-            else:
-                value = evaluate(stage.expr)
-            self.store_value(value, base, stage.dtype, align)
+            old = self.load_value(base, stage.dtype, align, lanes.width) if stmt.kind == "update" else None
+            self.store_value(self.stored_value(stmt, stage.expr, old, evaluate, lanes.width), base, stage.dtype, align)
             return
         if stmt.kind == "init":
             value = constant(vty, [IDENTITY[stage.reduce_op]] * lanes.width)
@@ -706,24 +707,33 @@ def not_unrolled(module: llir.Module) -> llir.MDValue:
     return loop_id
 
 
-def hoisted_tail_checks(tree: LoopTree) -> dict[int, list]:
-    """For each tail limit of an unrolled or vectorized loop: the deepest plain loop among the loops it
-    depends on, with the largest value each unrolled/vectorized loop in between can add."""
+def hoisted_tail_checks(tree: LoopTree, host=None) -> dict[int, list]:
+    """For each tail limit of an unrolled or vectorized loop: the loop that tests it, at depth
+    `host(node, limit, path)` of its path (by default `dependent_host`), with the largest value each
+    loop in between can add."""
+    host = host or dependent_host
     hoisted: dict[int, list] = {}
     for node, path in tree.walk():
         if not isinstance(node, LoopNode) or node.loop.annotation not in ("unroll", "vectorize"):
             continue
         for lim in node.limits:
-            names = {v for v, _ in lim.rest.terms}
-            plain = [p for p in path if p.loop.name in names and p.loop.annotation not in ("unroll", "vectorize")]
-            if not plain:
+            depth = host(node, lim, path)
+            if depth is None:
                 continue
-            host = plain[-1]
-            inner = path[path.index(host) + 1:]
-            spans = [(p.loop.name, (p.loop.extent - 1) if lim.rest.coeffs().get(p.loop.name, 0) > 0 else 0)
-                     for p in inner if p.loop.name in names]
-            hoisted.setdefault(id(host), []).append((node, lim, spans))
+            coeffs = lim.rest.coeffs()
+            spans = [(p.loop.name, (p.loop.extent - 1) if coeffs[p.loop.name] > 0 else 0)
+                     for p in path[depth + 1:] if p.loop.name in coeffs]
+            hoisted.setdefault(id(path[depth]), []).append((node, lim, spans))
     return hoisted
+
+
+def dependent_host(node: LoopNode, lim: Limit, path: list[LoopNode]) -> int | None:
+    """The depth of the deepest loop in `path` that a tail limit depends on and that is neither
+    unrolled nor vectorized (None if there is none)."""
+    names = {v for v, _ in lim.rest.terms}
+    depths = [depth for depth, p in enumerate(path)
+              if p.loop.name in names and p.loop.annotation not in ("unroll", "vectorize")]
+    return depths[-1] if depths else None
 
 
 # A padding guard is tested once at the outermost plain loop over whose body its expression moves by
