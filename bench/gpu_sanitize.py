@@ -28,6 +28,7 @@ import optuna
 
 import looptool as lt
 from looptool import ir
+from looptool.frontend import dtypes
 from looptool.autoschedule import gpu_rules
 from looptool.runtime import gpu as runtime_gpu
 from looptool.runtime import resolve_schedule
@@ -82,6 +83,20 @@ def automatic_workloads() -> dict:
     g = rng.standard_normal((33, 1001), dtype=np.float32)
     out["pointwise 33x1001"] = ((lt.Tensor(g).to(m, n) * 2.0).exp(), np.exp(2.0 * g.astype(np.float64)))
     out["pointwise 33x1000"] = ((lt.Tensor(g[:, :1000]).to(m, n) * 2.0).exp(), np.exp(2.0 * g[:, :1000].astype(np.float64)))
+    s = lt.symbols("m k n")
+    a, b = rng.standard_normal((300, 100), dtype=np.float32), rng.standard_normal((100, 200), dtype=np.float32)
+    out["matmul on register tiles with edges 300x100x200"] = (
+        (lt.Tensor(a).to(s.m, s.k) * lt.Tensor(b).to(s.k, s.n)).sum(s.k), a.astype(np.float64) @ b)
+    a16, b16 = (v.astype(dtypes.bfloat16) for v in (a[:100, :70], b[:70, :45]))
+    out["bf16 matmul padded onto tensor cores 100x70x45"] = (
+        (lt.Tensor(a16).to(s.m, s.k) * lt.Tensor(b16).to(s.k, s.n)).sum(s.k),
+        a16.astype(np.float64) @ b16.astype(np.float64))
+    sn, sc, sh, sw, so, soh, sow, skh, skw = lt.symbols("n c h w o oh ow kh kw")
+    x, w = rng.standard_normal((2, 8, 9, 7), dtype=np.float32), rng.standard_normal((40, 8, 3, 3), dtype=np.float32)
+    windows = lt.Tensor(x).to(sn, sc, sh, sw).window(sh, soh, skh, 3, padding=1).window(sw, sow, skw, 3, padding=1)
+    padded = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    conv = np.einsum("ncijhw,ochw->nijo", np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(2, 3)), w)
+    out["conv 3x3 2x8x9x7 to 40"] = ((windows * lt.Tensor(w).to(so, sc, skh, skw)).sum(sc, skh, skw), conv)
     narrow = rng.standard_normal((513, 3), dtype=np.float32)
     out["pointwise 513x3"] = (lt.relu(lt.Tensor(narrow).to(m, n)), np.maximum(narrow, 0).astype(np.float64))
     return out

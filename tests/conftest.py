@@ -14,3 +14,11 @@ import pytest
 def rng(request):
     """A numpy Generator seeded deterministically from the test's node id."""
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def isolated_kernel_cache(tmp_path_factory):
+    """Compiled GPU modules go to a folder of this session's (LOOPTOOL_CACHE_DIR), never ~/.cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LOOPTOOL_CACHE_DIR", str(tmp_path_factory.mktemp("kernel-cache")))
+        yield

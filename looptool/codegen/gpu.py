@@ -43,6 +43,7 @@ memory visible to the tensor cores (which read through the async proxy).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import re
@@ -58,8 +59,9 @@ from ..ir import Affine
 from ..schedule import (GPU_AXES, TENSOR_INSTRUCTIONS, LoopNode, LoopTree, StmtNode, accesses, pipeline_copier,
                         pipeline_depth, tensor_role, thread_bound, walk)
 from .accumulators import run_in_registers
+from .edges import clamped_outside, inside_buffer, register_tails, tail_host
 from .llvm import (F32, F64, I16, I32, I64, IDENTITY, ITEM_BYTES, MEMORY_TYPE, REDUCE_BINARY, VALUE_TYPE, ZERO,
-                   FunctionBuilder, Lanes, constant, element_type, kernel_params)
+                   FunctionBuilder, Lanes, constant, element_type, hoisted_tail_checks, kernel_params)
 
 TRIPLE = "nvptx64-nvidia-cuda"
 DATA_LAYOUT = "e-p:64:64:64-i64:64-i128:128-v16:16-v32:32-n16:32:64"
@@ -107,9 +109,10 @@ def generate(tree: LoopTree, arch: str = "sm_90", aligned_params: bool = True,
     memory, whose size its Launch carries (the runtime opts the kernel in to that much)."""
     tiles = tensor_tiles(tree)
     copies = bulk_copies(tree, tiles)
-    text, launches, params, aligned = _module(tree, tiles, copies, aligned_params, dynamic=dynamic_shared)
+    module, launches, params, aligned = _module(tree, tiles, copies, aligned_params, dynamic=dynamic_shared)
     if not dynamic_shared and any(launch.dynamic_shared for launch in launches):
-        text, launches, params, aligned = _module(tree, tiles, copies, aligned_params, dynamic=True)
+        module, launches, params, aligned = _module(tree, tiles, copies, aligned_params, dynamic=True)
+    text = str(module)      # printing costs about what building does: a build that only sized shared memory isn't
     ptx = _compile(text, _arch_for(tiles, arch))
     if any(launch.dynamic_shared for launch in launches):
         ptx = _extern_shared(ptx, [launch.name for launch in launches])
@@ -150,7 +153,7 @@ def _extern_shared(ptx: str, kernels: list[str]) -> str:
 
 def _module(tree: LoopTree, tiles: dict[int, TensorTile], copies: dict[int, BulkCopy], aligned_params: bool,
             dynamic: bool):
-    """(LLVM IR text, launches, params, aligned params); a launch's dynamic_shared is the shared
+    """(LLVM module, launches, params, aligned params); a launch's dynamic_shared is the shared
     memory its kernel needs where that exceeds STATIC_SHARED (or, `dynamic`, all it needs)."""
     module = llir.Module(name="looptool_gpu")
     module.triple = TRIPLE
@@ -173,7 +176,7 @@ def _module(tree: LoopTree, tiles: dict[int, TensorTile], copies: dict[int, Bulk
         needed = builder.shared_bytes if dynamic or builder.shared_bytes > STATIC_SHARED else 0
         launches.append(Launch(name, grid, block, needed))
         _declare_block_size(module, fn, launches[-1].block)
-    return str(module), launches, params, tuple(sorted(aligned))
+    return module, launches, params, tuple(sorted(aligned))
 
 
 def _declare_block_size(module: llir.Module, fn: llir.Function, block: tuple[int, int, int]):
@@ -286,7 +289,12 @@ class _GpuBuilder(FunctionBuilder):
         self.partials: dict[int, llir.Value] = {}
         self.rotations: dict[str, llir.Value] = {}     # pipelined buffer -> element offset of the current copy
         self.asynchronous: set[str] = set()            # stages whose copies are being issued with cp.async
+        whole, self.edge_tails = register_tails(tree)
+        self.full |= whole                             # register tails that may run past their limits
+        self.hoisted = hoisted_tail_checks(tree, functools.partial(tail_host, whole, self.edge_tails))
+        self.predicate: llir.Value | None = None       # in an edge tile: where its statements take effect
         self.paths = {id(stmt): path for stmt, path in tree.statements()}
+        self.edge_exprs: dict[int, ir.Expr] = {}
 
     def body(self, nodes: list, env: dict):
         """At block level, a barrier follows a node unless the next one touches none of the buffers
@@ -363,6 +371,10 @@ class _GpuBuilder(FunctionBuilder):
             return
         if axis == "parallel":
             raise ValueError(f"loop '{node.loop.name}' is marked parallel: on a GPU, bind it to blocks or threads")
+        if self.edge_tail(node):
+            self.allocate_placed(node)
+            self.edge_loop(node, env)
+            return
         if axis not in GPU_AXES:
             super().loop(node, env)
             return
@@ -654,6 +666,11 @@ class _GpuBuilder(FunctionBuilder):
             op, ty = stmt.stage.reduce_op, VALUE_TYPE[stmt.stage.dtype]
             total = self.horizontal(op, self.vector_expr(stmt.stage.expr, stmt, env, lanes))
             self.builder.store(self.binary(REDUCE_BINARY[op], self.builder.load(partial, typ=ty), total), partial)
+            return
+        if lanes.mask is None and self.predicate is not None:
+            lanes = Lanes(lanes.name, lanes.width, self.splat(self.predicate, lanes.width))
+        if lanes.mask is not None:
+            self.masked_statement(stmt, env, lanes)
         elif not self.copy_asynchronously(stmt, env, lanes):
             super().vector_statement(stmt, env, lanes)
 
@@ -682,6 +699,9 @@ class _GpuBuilder(FunctionBuilder):
         return super().is_vector_reduction(node) and not any(id(stmt) in self.partials for stmt in node.body[0].body)
 
     def statement(self, stmt: StmtNode, env: dict):
+        if self.predicate is not None:
+            self.guarded_statement(stmt, env)
+            return
         partial = self.partials.get(id(stmt))
         if partial is None:
             super().statement(stmt, env)
@@ -689,6 +709,102 @@ class _GpuBuilder(FunctionBuilder):
         old = self.builder.load(partial, typ=VALUE_TYPE[stmt.stage.dtype])
         value = self.accumulate(stmt.stage.reduce_op, old, stmt.stage.expr, lambda e: self.expr(e, stmt, env))
         self.builder.store(value, partial)
+
+    # Edge tiles: register tiles cut by a tail -------------------------------------------------
+    def edge_loop(self, node: LoopNode, env: dict):
+        """An unrolled or vectorized loop whose tail cuts a register tile, in an edge tile: every copy
+        (every lane) is run, its statements taking effect only where it is inside the loop's limits (a
+        rolled tail loop would index the tile by a variable, which moves it to local memory)."""
+        name, extent = node.loop.name, node.loop.extent
+        if node.loop.annotation == "unroll":
+            for k in range(extent):
+                with self.predicated(self.inside_limits(node, env, k)):
+                    self.body(node.body, {**env, name: constant(I64, k)})
+            return
+        mask = self.inside_limits(node, env, list(range(extent)))
+        if self.predicate is not None:
+            mask = self.builder.and_(mask, self.splat(self.predicate, extent))
+        for stmt in node.body:
+            self.vector_statement(stmt, env, Lanes(name, extent, mask))
+
+    def inside_limits(self, node: LoopNode, env: dict, values: int | list[int]) -> llir.Value:
+        """An i1 (a vector of them, for a list of values): the loop's value `values` satisfies its
+        limits, coeff * value + rest < bound, at the loop values in `env`."""
+        b, inside = self.builder, None
+        for lim in node.limits:
+            rest = self.affine(lim.rest, env)
+            if isinstance(values, list):
+                rest = self.splat(rest, len(values))
+                room = constant(rest.type, [lim.bound - lim.coeff * value for value in values])
+            else:
+                room = constant(I64, lim.bound - lim.coeff * values)
+            holds = b.icmp_signed("<", rest, room)
+            inside = holds if inside is None else b.and_(inside, holds)
+        return inside
+
+    def edge_tail(self, node: LoopNode) -> bool:
+        """Whether this copy of the code runs a register tile's tail loop as an edge tile: its tail is
+        not known to be full here."""
+        return id(node) in self.edge_tails and id(node) not in self.full
+
+    @contextlib.contextmanager
+    def predicated(self, condition: llir.Value | None):
+        """Statements emitted inside take effect only where `condition` (and any outer one) holds; None
+        lifts every condition."""
+        outer = self.predicate
+        if condition is not None and outer is not None:
+            condition = self.builder.and_(outer, condition)
+        self.predicate = condition
+        try:
+            yield
+        finally:
+            self.predicate = outer
+
+    def guarded_statement(self, stmt: StmtNode, env: dict):
+        """A statement of an edge tile: into a register tile, computed anyway (loads that may leave
+        their buffer clamped into it) and kept only where the predicate holds, by a select; otherwise
+        run under a branch."""
+        b, condition, stage = self.builder, self.predicate, stmt.stage
+        with self.predicated(None):
+            if not self.selects(stmt):
+                with b.if_then(condition):
+                    self.statement(stmt, env)
+                return
+            target = self.access(stage.name, Affine.identity(stage.dims), False, stmt, env)
+            old = self.load_value(target, stage.dtype)
+            new = self.stored_value(stmt, self.edge_expr(stmt), old, lambda e: self.expr(e, stmt, env))
+            self.store_value(b.select(condition, new, old), target, stage.dtype)
+
+    def masked_statement(self, stmt: StmtNode, env: dict, lanes: Lanes):
+        """A vector statement whose lanes take effect only where `lanes.mask` holds: into a packed
+        vector of a register tile, computed whole (as `guarded_statement`) and blended with the old one;
+        otherwise lane by lane, each under a branch."""
+        b, stage = self.builder, stmt.stage
+        whole = Lanes(lanes.name, lanes.width)
+        with self.predicated(None):
+            base, step, align = self.linear_address(stage.name, Affine.identity(stage.dims), stmt, env, whole)
+            if step == 1 and self.selects(stmt):
+                old = self.load_value(base, stage.dtype, align, lanes.width)
+                new = self.stored_value(stmt, self.edge_expr(stmt), old,
+                                        lambda e: self.vector_expr(e, stmt, env, whole), lanes.width)
+                self.store_value(b.select(lanes.mask, new, old), base, stage.dtype, align)
+                return
+            for k in range(lanes.width):
+                with b.if_then(b.extract_element(lanes.mask, constant(I32, k))):
+                    self.statement(stmt, {**env, lanes.name: constant(I64, k)})
+
+    def selects(self, stmt: StmtNode) -> bool:
+        """Whether an edge tile keeps a statement's result by a select: it writes a register tile (a
+        buffer its thread keeps), inside it for the whole extents of its loops, and no partial sum."""
+        stage = stmt.stage
+        return self.is_fragment(stage.name) and id(stmt) not in self.partials \
+            and inside_buffer(self.tree, stage.name, Affine.identity(stage.dims), stmt, self.paths[id(stmt)])
+
+    def edge_expr(self, stmt: StmtNode) -> ir.Expr:
+        """A statement's expression as an edge tile computes it past the tail (`clamped_outside`)."""
+        if id(stmt) not in self.edge_exprs:
+            self.edge_exprs[id(stmt)] = clamped_outside(self.tree, stmt, self.paths[id(stmt)])
+        return self.edge_exprs[id(stmt)]
 
     def combine_across_threads(self, stmt: StmtNode, node: LoopNode, tid: llir.Value, env: dict):
         """Combine the threads' partials (by warp shuffles where the block is whole warps along x,
@@ -862,8 +978,7 @@ class _GpuBuilder(FunctionBuilder):
         swizzle = self.swizzles.get(buffer)
         if swizzle is not None and not clamp:
             offset = swizzle.apply(self.builder, self.affine(self.linear_offset(buffer, index, stmt), env))
-            pointer = self.builder.gep(self.pointers[buffer], [offset], inbounds=True,
-                                       source_etype=MEMORY_TYPE[self.tree.buffers[buffer].dtype])
+            pointer = self.element(self.pointers[buffer], offset, self.tree.buffers[buffer].dtype)
             return self.rotated(buffer, pointer)
         if private is None:
             pointer = super().access(buffer, index, clamp, stmt, env)
@@ -871,15 +986,13 @@ class _GpuBuilder(FunctionBuilder):
         linear = self.linear_offset(buffer, index, stmt)
         own = Affine.of({name: c for name, c in linear.terms if name not in self.thread_loops})
         offset = self.affine(own + (linear.const - private.low), env)
-        return self.builder.gep(self.pointers[buffer], [offset], source_etype=MEMORY_TYPE[self.tree.buffers[buffer].dtype],
-                                inbounds=True)
+        return self.element(self.pointers[buffer], offset, self.tree.buffers[buffer].dtype)
 
     def rotated(self, buffer: str, pointer: llir.Value) -> llir.Value:
         """A pipelined buffer's pointer moved to the copy of the current iteration."""
         if buffer not in self.rotations:
             return pointer
-        return self.builder.gep(pointer, [self.rotations[buffer]],
-                                source_etype=MEMORY_TYPE[self.tree.buffers[buffer].dtype], inbounds=True)
+        return self.element(pointer, self.rotations[buffer], self.tree.buffers[buffer].dtype)
 
     def alignment(self, buffer, index, stmt, env, lanes=None):
         """Up to 16 bytes where every term of the offset is a multiple of the lanes (so LLVM emits

@@ -78,6 +78,7 @@ class FunctionBuilder:
         self.full: set[int] = set()
         self.holding: set[tuple[int, ir.Guard]] = set()
         self.offsets: dict = {}
+        self.memo_block, self.memo = None, {}
 
     def finish(self):
         """Free heap buffers and return."""
@@ -114,7 +115,7 @@ class FunctionBuilder:
         lp = node.loop
         if lp.annotation != "parallel":  # a parallel loop allocates its buffers in each thread
             self.allocate_placed(node)
-        count = self.trip_count(node, env)
+        count = constant(I64, lp.extent) if id(node) in self.full else self.trip_count(node, env)
         emit = {"unroll": self.unrolled, "vectorize": self.vectorized, "parallel": self.parallel}.get(lp.annotation,
                                                                                                      self.plain_loop)
         emit(node, env, count)
@@ -302,14 +303,21 @@ class FunctionBuilder:
         stage = stmt.stage
         target = self.access(stage.name, ir.Affine.identity(stage.dims), False, stmt, env)
         align = self.alignment(stage.name, ir.Affine.identity(stage.dims), stmt, env)
-        if stmt.kind == "init":
-            value = constant(VALUE_TYPE[stage.dtype], IDENTITY[stage.reduce_op])
-        elif stmt.kind == "update":
-            old = self.load_value(target, stage.dtype, align)
-            value = self.accumulate(stage.reduce_op, old, stage.expr, lambda e: self.expr(e, stmt, env))
-        else:
-            value = self.expr(stage.expr, stmt, env)
+        old = self.load_value(target, stage.dtype, align) if stmt.kind == "update" else None
+        value = self.stored_value(stmt, stage.expr, old, lambda e: self.expr(e, stmt, env))
         self.store_value(value, target, stage.dtype, align)
+
+    def stored_value(self, stmt: StmtNode, expr: ir.Expr, old: llir.Value | None, evaluate,
+                     width: int | None = None) -> llir.Value:
+        """What a statement stores: the identity (an init; `width` lanes of it), `old` combined with
+        `expr` (an update) or `expr` (its stage's expression, or a variant of it), each subexpression
+        computed by `evaluate`."""
+        stage = stmt.stage
+        if stmt.kind == "init":
+            return constant_like(shaped(VALUE_TYPE[stage.dtype], width), IDENTITY[stage.reduce_op])
+        if stmt.kind == "update":
+            return self.accumulate(stage.reduce_op, old, expr, evaluate)
+        return evaluate(expr)
 
     def access(self, buffer: str, index: tuple[ir.Affine, ...], clamp: bool, stmt: StmtNode,
                env: dict) -> llir.Value:
@@ -327,7 +335,7 @@ class FunctionBuilder:
                 if not self.known_within(ix, n, stmt):
                     at = self.smin(self.smax(at, ZERO), constant(I64, n - 1))
                 offset = b.add(offset, b.mul(at, constant(I64, stride)))
-        return self.builder.gep(self.pointers[buffer], [offset], source_etype=MEMORY_TYPE[plan.dtype], inbounds=True)
+        return self.element(self.pointers[buffer], offset, plan.dtype)
 
     def known_within(self, index: ir.Affine, size: int, stmt: StmtNode) -> bool:
         """Whether a guard known to hold here keeps `index` (over loop variables) in [0, size)."""
@@ -344,14 +352,8 @@ class FunctionBuilder:
         base, step, align = self.linear_address(stage.name, own, stmt, env, lanes)
         evaluate = lambda e: self.vector_expr(e, stmt, env, lanes)  # noqa: E731
         if step == 1:
-            if stmt.kind == "init":
-                value = constant(vty, [IDENTITY[stage.reduce_op]] * lanes.width)
-            elif stmt.kind == "update":
-                old = self.load_value(base, stage.dtype, align, lanes.width)
-                value = self.accumulate(stage.reduce_op, old, stage.expr, evaluate)
-            else:
-                value = evaluate(stage.expr)
-            self.store_value(value, base, stage.dtype, align)
+            old = self.load_value(base, stage.dtype, align, lanes.width) if stmt.kind == "update" else None
+            self.store_value(self.stored_value(stmt, stage.expr, old, evaluate, lanes.width), base, stage.dtype, align)
             return
         if stmt.kind == "init":
             value = constant(vty, [IDENTITY[stage.reduce_op]] * lanes.width)
@@ -459,6 +461,11 @@ class FunctionBuilder:
         return vector
 
     def splat(self, scalar: llir.Value, width: int) -> llir.Value:
+        """`width` lanes of `scalar` (emitted once per basic block)."""
+        return self.once(("splat", id(scalar), width), lambda: self.broadcast(scalar, width))
+
+    def broadcast(self, scalar: llir.Value, width: int) -> llir.Value:
+        """A vector of `width` copies of `scalar`, built here."""
         b = self.builder
         vty = llir.VectorType(scalar.type, width)
         one = b.insert_element(constant(vty, None), scalar, ZERO)
@@ -599,7 +606,7 @@ class FunctionBuilder:
         """`pointer` as a pointer to `ty` where llvmlite typed it otherwise (allocas point to elements)."""
         if pointer.type.is_opaque or pointer.type.pointee == ty:
             return pointer
-        return self.builder.bitcast(pointer, ty.as_pointer())
+        return self.once(("bitcast", id(pointer), str(ty)), lambda: self.builder.bitcast(pointer, ty.as_pointer()))
 
     def widen(self, stored: llir.Value, dtype: str) -> llir.Value:
         """Elements as stored in memory -> the values they compute with (exact)."""
@@ -645,7 +652,45 @@ class FunctionBuilder:
 
     # Integer helpers ------------------------------------------------------------------
     def affine(self, a: ir.Affine, env: dict) -> llir.Value:
-        return llir_affine(self.builder, a, env)
+        """sum(coeff * value) + const as i64 arithmetic. Terms whose value is a constant (an unrolled
+        copy's) are folded here, and the constant is added where LLVM's folding would leave it, so
+        unrolled code is built with few instructions that optimize as before."""
+        pending, out = a.const, None
+        for v, c in a.terms:
+            value = env[v]
+            if isinstance(value, llir.Constant):
+                pending += c * value.constant
+                continue
+            term = value if c == 1 else self.integer("mul", value, constant(I64, c))
+            if out is not None and pending:
+                out, pending = self.integer("add", out, constant(I64, pending)), 0
+            out = term if out is None else self.integer("add", out, term)
+        if out is None:
+            return constant(I64, pending)
+        return self.integer("add", out, constant(I64, pending)) if pending else out
+
+    def integer(self, op: str, x: llir.Value, y: llir.Value) -> llir.Value:
+        """x `op` y (add or mul, no signed wrap) on i64 index values, emitted once per basic block."""
+        return self.once((op, id(x), id(y)), lambda: getattr(self.builder, op)(x, y, flags=("nsw",)))
+
+    def once(self, key: tuple, make) -> llir.Value:
+        """A pure value (no memory access, no side effect) emitted once per basic block: the one made
+        earlier in the current block for `key` (its operation and its operands' identities), else
+        make(). The builder only appends to its current block, so an earlier value there dominates
+        this use; sparing LLVM's CSE the copies of unrolled code spares building and printing them."""
+        block = self.builder.block
+        if block is not self.memo_block:
+            self.memo_block, self.memo = block, {}
+        value = self.memo.get(key)
+        if value is None:
+            value = self.memo[key] = make()
+        return value
+
+    def element(self, pointer: llir.Value, offset: llir.Value, dtype: str) -> llir.Value:
+        """The address of element `offset` of a `dtype` buffer at `pointer` (an inbounds GEP, emitted
+        once per basic block)."""
+        return self.once(("gep", id(pointer), id(offset)), lambda: self.builder.gep(
+            pointer, [offset], source_etype=MEMORY_TYPE[dtype], inbounds=True))
 
     def smin(self, x, y):
         return self.builder.select(self.builder.icmp_signed("<", x, y), x, y)
@@ -662,24 +707,33 @@ def not_unrolled(module: llir.Module) -> llir.MDValue:
     return loop_id
 
 
-def hoisted_tail_checks(tree: LoopTree) -> dict[int, list]:
-    """For each tail limit of an unrolled or vectorized loop: the deepest plain loop among the loops it
-    depends on, with the largest value each unrolled/vectorized loop in between can add."""
+def hoisted_tail_checks(tree: LoopTree, host=None) -> dict[int, list]:
+    """For each tail limit of an unrolled or vectorized loop: the loop that tests it, at depth
+    `host(node, limit, path)` of its path (by default `dependent_host`), with the largest value each
+    loop in between can add."""
+    host = host or dependent_host
     hoisted: dict[int, list] = {}
     for node, path in tree.walk():
         if not isinstance(node, LoopNode) or node.loop.annotation not in ("unroll", "vectorize"):
             continue
         for lim in node.limits:
-            names = {v for v, _ in lim.rest.terms}
-            plain = [p for p in path if p.loop.name in names and p.loop.annotation not in ("unroll", "vectorize")]
-            if not plain:
+            depth = host(node, lim, path)
+            if depth is None:
                 continue
-            host = plain[-1]
-            inner = path[path.index(host) + 1:]
-            spans = [(p.loop.name, (p.loop.extent - 1) if lim.rest.coeffs().get(p.loop.name, 0) > 0 else 0)
-                     for p in inner if p.loop.name in names]
-            hoisted.setdefault(id(host), []).append((node, lim, spans))
+            coeffs = lim.rest.coeffs()
+            spans = [(p.loop.name, (p.loop.extent - 1) if coeffs[p.loop.name] > 0 else 0)
+                     for p in path[depth + 1:] if p.loop.name in coeffs]
+            hoisted.setdefault(id(path[depth]), []).append((node, lim, spans))
     return hoisted
+
+
+def dependent_host(node: LoopNode, lim: Limit, path: list[LoopNode]) -> int | None:
+    """The depth of the deepest loop in `path` that a tail limit depends on and that is neither
+    unrolled nor vectorized (None if there is none)."""
+    names = {v for v, _ in lim.rest.terms}
+    depths = [depth for depth, p in enumerate(path)
+              if p.loop.name in names and p.loop.annotation not in ("unroll", "vectorize")]
+    return depths[-1] if depths else None
 
 
 # A padding guard is tested once at the outermost plain loop over whose body its expression moves by
@@ -785,12 +839,3 @@ class TypedCallee:
 
     def get_reference(self):
         return self.ptr.get_reference()
-
-
-def llir_affine(b: llir.IRBuilder, a: ir.Affine, values: dict[str, llir.Value]) -> llir.Value:
-    """Emit sum(coeff * value) + const as i64 arithmetic."""
-    out: llir.Value = constant(I64, a.const)
-    for v, c in a.terms:
-        term = values[v] if c == 1 else b.mul(values[v], constant(I64, c), flags=("nsw",))
-        out = b.add(out, term, flags=("nsw",))
-    return out

@@ -25,7 +25,7 @@ from ..codegen import gpu as codegen_gpu
 from ..frontend import dtypes
 from ..memo import BoundedMemo
 from ..schedule import LoopTree
-from . import tuning_db
+from . import ptx_cache, tuning_db
 from .cache import KernelCache
 from .schedules import resolve_schedule, schedule_steps
 
@@ -335,15 +335,16 @@ class ModuleRunner:
 
 
 class GpuKernel:
-    """A loop tree compiled to PTX and loaded on the current GPU."""
+    """A loop tree compiled to PTX (or its PTX read from the disk cache, `ptx_cache`) and loaded on
+    the current GPU."""
 
     def __init__(self, tree: LoopTree, arch: str | None = None):
         self.tree, self.arch = tree, arch or device_arch()
-        self.module = codegen_gpu.generate(tree, self.arch)
+        self.module = ptx_cache.generate(tree, self.arch)
         self.ptx, self.llvm_ir = self.module.ptx, self.module.llvm_ir
         self.runner = ModuleRunner(self.module, input_specs(tree.program), scratch_specs(tree),
                                    tree.program.output.name,
-                                   lambda: codegen_gpu.generate(tree, self.arch, aligned_params=False))
+                                   lambda: ptx_cache.generate(tree, self.arch, aligned_params=False))
 
     def __call__(self, arrays: list, out=None):
         """Run on device (or host, copied) arrays in `program.inputs` order, into `out` if given;

@@ -1,0 +1,81 @@
+"""Runs a GPU module's LLVM IR on this CPU, so GPU code generation is checked for results without a GPU.
+
+The IR of CUDA-core kernels is rewritten for the host: each kernel takes its thread and block
+indices and a barrier as extra parameters; shared memory becomes plain globals (blocks run one after
+another), block barriers pthread barriers, cp.async a synchronous copy (every wait then finds its
+copies done). Each thread of a block is an OS thread (ctypes releases the GIL while a kernel runs).
+Tensor-core and TMA kernels (inline PTX) are not supported."""
+import ctypes
+import re
+import threading
+
+import llvmlite.binding as llvm
+import numpy as np
+
+from looptool import ir
+
+SPECIAL = re.compile(r'(%\S+) = call i32 @"llvm\.nvvm\.read\.ptx\.sreg\.(tid|ctaid)\.([xyz])"\(\)')
+CP_ASYNC = re.compile(r'call void @"llvm\.nvvm\.cp\.async\.(?:cg|ca)\.shared\.global\.(\d+)"'
+                      r'\((ptr [^,]+), (ptr [^)]+)\)')
+EXTRA = ", ".join(f"i32 %__{kind}.{axis}" for kind in ("tid", "ctaid") for axis in "xyz") + ", ptr %__barrier"
+LIBC = ctypes.CDLL(None)
+BARRIER_BYTES = 128             # more than a pthread_barrier_t takes
+
+
+def host_ir(text: str) -> str:
+    """A GPU module's LLVM IR rewritten to run on this CPU (see the module's docstring)."""
+    if re.search(r"\basm\b", text):
+        raise ValueError("inline PTX (tensor cores, TMA) cannot run on the host")
+    text = re.sub(r" addrspace\(\d+\)", "", text).replace("addrspacecast", "bitcast").replace("ptx_kernel ", "")
+    text = re.sub(r"target triple = .*", f'target triple = "{llvm.get_process_triple()}"', text)
+    text = re.sub(r"target datalayout = .*\n", "", text)
+    text = re.sub(r'(define void @"looptool_k\d+"\([^)]*)\)', rf"\1, {EXTRA})", text)
+    text = SPECIAL.sub(r"\1 = add i32 %__\2.\3, 0", text)
+    text = text.replace('call void @"llvm.nvvm.barrier0"()', "call i32 @pthread_barrier_wait(ptr %__barrier)")
+    text = CP_ASYNC.sub(r"call void @llvm.memcpy.p0.p0.i64(\2, \3, i64 \1, i1 false)", text)
+    text = re.sub(r'\n\s*call void @"llvm\.nvvm\.cp\.async\.(commit|wait)\.group"\([^)]*\)', "", text)
+    text = re.sub(r'declare [^\n]*@"llvm\.nvvm[^\n]*\n', "", text)
+    return text + "\ndeclare i32 @pthread_barrier_wait(ptr)\ndeclare void @llvm.memcpy.p0.p0.i64(ptr, ptr, i64, i1)\n"
+
+
+def run(module, buffers: dict[str, np.ndarray]):
+    """Run every launch of a GPU module, in order, over `buffers` (parameter name -> C-contiguous
+    array, written in place)."""
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    machine = llvm.Target.from_triple(llvm.get_process_triple()).create_target_machine(opt=1)
+    ir_module = llvm.parse_assembly(host_ir(module.llvm_ir))
+    ir_module.verify()
+    engine = llvm.create_mcjit_compiler(ir_module, machine)
+    engine.finalize_object()
+    pointers = [ctypes.c_void_p(buffers[name].ctypes.data) for name in module.params]
+    signature = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * len(pointers), *[ctypes.c_int32] * 6, ctypes.c_void_p)
+    for launch in module.launches:
+        kernel = signature(engine.get_function_address(launch.name))
+        for block in np.ndindex(*reversed(launch.grid)):
+            _run_block(kernel, pointers, launch.block, tuple(reversed(block)))
+
+
+def _run_block(kernel, pointers: list, block: tuple[int, int, int], index: tuple[int, int, int]):
+    """One block: a thread per (x, y, z) of `block`, sharing a barrier."""
+    barrier = ctypes.create_string_buffer(BARRIER_BYTES)
+    LIBC.pthread_barrier_init(barrier, None, block[0] * block[1] * block[2])
+    threads = [threading.Thread(target=kernel, args=(*pointers, *thread[::-1], *index, barrier))
+               for thread in np.ndindex(*reversed(block))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    LIBC.pthread_barrier_destroy(barrier)
+
+
+def run_tree(c, tree, module) -> np.ndarray:
+    """The result of `tree` (a schedule of tensor `c`) computed by its GPU module on this CPU; the
+    temps and the output start as NaN."""
+    program, arrays = ir.lower(c.node)
+    buffers = {spec.name: np.ascontiguousarray(array) for spec, array in zip(program.inputs, arrays)}
+    for plan in tree.buffers.values():
+        if plan.kind in ("temp", "output"):
+            buffers[plan.name] = np.full(plan.shape, np.nan, dtype=plan.dtype)
+    run(module, buffers)
+    return buffers[program.output.name]
