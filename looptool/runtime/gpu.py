@@ -298,18 +298,21 @@ class ModuleRunner:
                                  f"{spec.strides}; got {device.shape}, {device.dtype}, {device.strides}")
             memory[spec.name] = device
         module, _, functions = self._for_alignment(memory)
-        # tensor maps of copies from temps (new memory each call) are encoded at each call
-        maps_each_call = any(copy.source not in memory for copy in module.tensor_maps)
+        # host arrays are copied again at each call (they may have changed); tensor maps of copies from
+        # them or from temps (new memory each call) are encoded at each call
+        host = {spec.name: array for spec, array in zip(self.inputs, arrays) if not is_device_array(array)}
+        maps_each_call = any(copy.source not in memory or copy.source in host for copy in module.tensor_maps)
         if module.tensor_maps and not maps_each_call:
             memory[codegen_gpu.TENSOR_MAPS] = self.tensor_maps(module.tensor_maps, memory)
         memory.pop(self.output, None)
-        fixed = {name: kernel_argument(array) for name, array in memory.items()}
+        fixed = {name: kernel_argument(array) for name, array in memory.items() if name not in host}
         scratch = [(spec.name, spec.shape, spec.dtype) for spec in self.scratch]
         output = self.output
         launcher = Launcher(module, functions, fixed)
 
         def call(out=None):
             made = {name: device_empty(shape, dtype) for name, shape, dtype in scratch}
+            made.update({name: as_device(array) for name, array in host.items()})
             if out is not None:
                 made[output] = out
             if maps_each_call:

@@ -144,3 +144,21 @@ def test_float16_cupy_arrays_in_and_out(rng):
     got = y.cuda(tree)
     assert isinstance(got, cp.ndarray) and got.dtype == np.float16
     assert np.array_equal(cp.asnumpy(got), y.numpy())
+
+
+@pytest.mark.gpu
+def test_repeated_cuda_calls_see_host_arrays_changed_in_place_and_strided_views(rng):
+    """A `.cuda()` call is prepared once per graph; host inputs are still copied at every call."""
+    cp = cupy_or_skip()
+    base = rng.standard_normal((6, 51)).astype(np.float32)
+    x = base[:, :50]                                   # a strided view: its row stride stays 51
+    m, n = lt.symbols("m n")
+    total = lt.Tensor(x).to(m, n).sum(n)
+    assert_close(cp.asnumpy(total.cuda()), x.astype(np.float64).sum(1), 1e-5)
+    base *= 2
+    assert_close(cp.asnumpy(total.cuda()), x.astype(np.float64).sum(1), 1e-5)
+    on_device = cp.asarray(base)
+    again = lt.Tensor(on_device).to(m, lt.symbols("k")[0]).sum(m)
+    first = cp.asnumpy(again.cuda())
+    on_device *= 3
+    assert_close(cp.asnumpy(again.cuda()), 3 * first, 1e-5)
