@@ -30,6 +30,7 @@ from .structure import load_strides
 
 BLOCK_THREADS = 256          # 8 warps: 8 blocks fill an SM of 2048 threads, and a block's warps hide each other
 MAX_BLOCK_THREADS = 1024
+UNROLL_WHOLE = 8            # inner reduction loops this short are unrolled whole when walked
 WALK_UNROLL = 4             # copies of a reduction loop's body a thread walking it alone runs at once
 SCALAR_RUN = 4               # elements a thread takes where rows hold no whole vectors
 VECTOR_BYTES = 16            # the widest global load and store (ld.global.v4.f32)
@@ -168,7 +169,7 @@ class _Planner:
             x = inner[-1]
             across = min(MAX_BLOCK_THREADS, _pow2_at_least(self.size(x)))
             self.tree = self.tree.split(x, across, stage=name).bind(f"{x}.1", "thread.x", stage=name)
-            self.walked(name, row)
+            self.walked(name, [row])
             how = f"its threads take {across} of {x} each and walk {row}"
         else:
             self.strided(name, row, threads)
@@ -228,21 +229,29 @@ class _Planner:
         self.tree = self.tree.split(dim, threads, stage=stage).reorder(f"{dim}.1", f"{dim}.0", stage=stage) \
             .bind(f"{dim}.1", "thread.x", stage=stage)
 
-    def walked(self, stage: str, dim: str):
-        """A reduction loop a thread walks alone, unrolled WALK_UNROLL times where that divides it, so
-        that many loads are in flight (its accumulators stay in registers)."""
+    def walked(self, stage: str, dims: list[str]):
+        """Reduction loops a thread walks alone (outer to inner): where the inner ones are short (a
+        window's taps) they are unrolled whole, else the innermost is unrolled WALK_UNROLL times where
+        that divides it, so several loads are in flight; either way the outermost loop's body is
+        unrolled code around the updates, whose results then stay in registers across it."""
+        inner = dims[1:]
+        if inner and all(self.size(d) <= UNROLL_WHOLE for d in inner):
+            for dim in inner:
+                self.tree = self.tree.unroll(dim, stage=stage)
+            return
+        dim = dims[-1]
         if self.size(dim) % WALK_UNROLL == 0 and self.size(dim) > WALK_UNROLL:
             self.tree = self.tree.split(dim, WALK_UNROLL, stage=stage).unroll(f"{dim}.1", stage=stage)
 
     def bind_grid(self, stage: str, loops: list[str]) -> int:
-        """Bind the stage's outermost `loops` (outer to inner) to block.x (the innermost), block.y and
-        block.z within their limits; loops left over stay serial around them. Returns how many
+        """Bind the stage's outermost `loops` (outer to inner) of more than one iteration to block.x (the
+        innermost), block.y and block.z within their limits; loops left over stay serial around them. Returns how many
         loops of the stage enclose its block-bound ones (its depth below the grid)."""
         axes = ["block.x", "block.y", "block.z"]
         bound = []
         for loop in reversed(loops):
             extent = self.extent(stage, loop)
-            if axes and extent <= GRID_LIMITS[axes[0]]:
+            if axes and 1 < extent <= GRID_LIMITS[axes[0]]:      # a loop of one needs no axis
                 self.tree = self.tree.bind(loop, axes.pop(0), stage=stage)
                 bound.append(loop)
         serial = [lp for lp in loops if lp not in bound]
@@ -446,7 +455,7 @@ class _Planner:
         self.tree = self.tree.reorder(*rest, *blocks, *lanes[:-1] if vector > 1 else lanes, *stage.reduce_dims,
                                       *lanes[-1:] if vector > 1 else [], stage=name)
         self.tree = self.tree.bind(lanes[-2] if vector > 1 else lanes[-1], "thread.x", stage=name)
-        self.walked(name, stage.reduce_dims[-1])
+        self.walked(name, list(stage.reduce_dims))
         if vector > 1:
             self.tree = self.tree.vectorize(lanes[-1], stage=name)
         self.bind_grid(name, rest + blocks)
