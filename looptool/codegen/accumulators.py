@@ -32,9 +32,10 @@ class Accumulators:
         self.slots: dict[Key, llir.Value] = {}
 
     @classmethod
-    def of(cls, builder: FunctionBuilder, node: LoopNode) -> "Accumulators | None":
-        """The accumulators of a plain loop around a register tile, or None for any other loop."""
-        if node.loop.annotation or builder.versioned(node) or not node.body:
+    def of(cls, builder: FunctionBuilder, node: LoopNode, versioned: bool = False) -> "Accumulators | None":
+        """The accumulators of a plain loop around a register tile, or None for any other loop (and for
+        one whose body has a guard-free copy, unless `versioned`: the caller chose the copy around it)."""
+        if node.loop.annotation or (builder.versioned(node) and not versioned) or not node.body:
             return None
         found = cls(builder, node.loop.name)
         keys: list[tuple[Key, int]] = []
@@ -178,10 +179,11 @@ class Accumulators:
                        stmt.stage.dtype, None, lanes.mask if lanes else None)
 
 
-def run_in_registers(builder: FunctionBuilder, node: LoopNode, env: dict, count: llir.Value) -> bool:
+def run_in_registers(builder: FunctionBuilder, node: LoopNode, env: dict, count: llir.Value,
+                     versioned: bool = False) -> bool:
     """Emit a plain reduction loop around a register tile with the tile's accumulators in registers
     (loaded before it, stored once after); False, emitting nothing, where `Accumulators.of` refuses it."""
-    accumulators = Accumulators.of(builder, node)
+    accumulators = Accumulators.of(builder, node, versioned)
     if accumulators is None:
         return False
     outside = {**env, node.loop.name: ZERO}

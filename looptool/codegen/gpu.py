@@ -681,8 +681,38 @@ class _GpuBuilder(FunctionBuilder):
         across threads keep their partials instead."""
         statements = [stmt for stmt, _ in walk(node.body) if isinstance(stmt, StmtNode)]
         combined = any(id(stmt) in self.partials for stmt in statements)
-        if combined or self.reduced_around(node, statements) or not run_in_registers(self, node, env, count):
+        if combined or self.reduced_around(node, statements):
             super().plain_loop(node, env, count)
+        elif self.guards_outside(node):
+            self.guard_free_or_not(node, env, lambda: run_in_registers(self, node, env, count, versioned=True)
+                                   or super(_GpuBuilder, self).plain_loop(node, env, count))
+        elif not run_in_registers(self, node, env, count):
+            super().plain_loop(node, env, count)
+
+    def guards_outside(self, node: LoopNode) -> bool:
+        """Whether the loop's body has a guard-free copy (padding guards tested once at it, no tails)
+        whose guards do not move with the loop itself, so the choice can be made once around it."""
+        checks = self.guard_checks.get(id(node), [])
+        return bool(checks) and id(node) not in self.hoisted and \
+            not any(check.expr.coeffs().get(node.loop.name) for check in checks)
+
+    def guard_free_or_not(self, node: LoopNode, env: dict, emit):
+        """Test the loop's guards once, before it, and `emit` the loop twice: where they hold
+        throughout (its statements free of them), and where they may not."""
+        b, checks = self.builder, self.guard_checks[id(node)]
+        fast = constant(llir.IntType(1), 1)
+        for check in checks:
+            fast = b.and_(fast, self.holds_throughout(check, {**env, node.loop.name: ZERO}))
+        inner = self.guard_checks.pop(id(node))      # the copies below are chosen here, not per iteration
+        with b.if_else(fast) as (then, otherwise):
+            with then:
+                saved = set(self.holding)
+                self.holding |= {(check.stmt, check.guard) for check in checks}
+                emit()
+                self.holding = saved
+            with otherwise:
+                emit()
+        self.guard_checks[id(node)] = inner
 
     def reduced_around(self, node: LoopNode, statements: list) -> bool:
         """Whether a loop around `node` also runs over a reduction dim of its statements (a k loop
