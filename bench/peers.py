@@ -1,0 +1,189 @@
+"""looptool's automatic schedules against XLA (`jax.jit` on the CPU) and PyTorch on the CPU, side by side:
+`python -m bench.peers` (peers from `pip install '.[bench]'`; a peer that is not installed is reported
+as missing, its rows skipped).
+
+For each workload of `bench.workloads` and each thread count (1 and every core this process may use),
+a child process is pinned to that many cores (`os.sched_setaffinity`), so XLA's and PyTorch's thread
+pools and looptool's see the same cores; PyTorch is also held to them with `torch.set_num_threads`,
+XLA with its intra-op flag (before jax is imported). In the child, looptool's kernel (the automatic
+schedule, no tuning database) and each peer's are checked against the float64 reference and timed
+interleaved in one process (`bench.timing.interleaved`). Ratios are peer time / looptool time: above 1
+looptool is faster. Writes `peers.json` and `peers.md` to `--out`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from . import timing
+from .workloads import select
+
+HERE = Path(__file__).resolve().parent
+TOLERANCE = 1e-4        # the peers' own float32 results (BLAS and XLA reassociate freely)
+
+
+def xla_functions(name: str):
+    """The workload as a jitted JAX function of its inputs dict, or None."""
+    import jax
+    import jax.numpy as jnp
+
+    def layernorm(x, g, b):
+        mu = x.mean(1, keepdims=True)
+        return (x - mu) / jnp.sqrt(((x - mu) ** 2).mean(1, keepdims=True) + 1e-5) * g + b
+
+    table = {
+        "matmul": lambda v: v["a"] @ v["b"],
+        "softmax": lambda v: jax.nn.softmax(v["x"], axis=1),
+        "layernorm": lambda v: layernorm(v["x"], v["g"], v["b"]),
+        "relu": lambda v: jnp.maximum(v["a"] * v["b"] + v["c"], 0),
+        "conv2d": lambda v: jax.lax.conv_general_dilated(v["x"], v["w"], (1, 1), ((1, 1), (1, 1))),
+    }
+    fn = table.get(name.split("_")[0])
+    if fn is None:
+        return None
+    jitted = jax.jit(fn)
+    return lambda inputs: jitted(inputs).block_until_ready()
+
+
+def torch_functions(name: str):
+    """The workload as a PyTorch (CPU, eager) function of its inputs dict, or None."""
+    import torch
+    functional = torch.nn.functional
+    table = {
+        "matmul": lambda v: v["a"] @ v["b"],
+        "softmax": lambda v: torch.softmax(v["x"], 1),
+        "layernorm": lambda v: functional.layer_norm(v["x"], (v["x"].shape[1],), v["g"], v["b"], 1e-5),
+        "relu": lambda v: torch.relu(v["a"] * v["b"] + v["c"]),
+        "conv2d": lambda v: functional.conv2d(v["x"], v["w"], padding=1),
+    }
+    return table.get(name.split("_")[0])
+
+
+def peer_inputs(peer: str, inputs: dict):
+    """The inputs as the peer's own arrays (copied once, outside the timing)."""
+    if peer == "xla":
+        import jax.numpy as jnp
+        return {k: jnp.asarray(v) for k, v in inputs.items()}
+    import torch
+    return {k: torch.from_numpy(v) for k, v in inputs.items()}
+
+
+def available() -> dict[str, str | None]:
+    """Each peer's version, or None where it is not installed."""
+    found = {}
+    for peer, module in (("xla", "jax"), ("torch", "torch")):
+        try:
+            found[peer] = __import__(module).__version__
+        except ImportError:
+            found[peer] = None
+    return found
+
+
+def child(threads: int, names: str | None, budget: float) -> list[dict]:
+    """Rows for one thread count, run in this (pinned) process."""
+    import looptool as lt
+    from looptool import ir
+    lt.set_num_threads(threads)
+    versions = available()
+    if versions["torch"]:
+        import torch
+        torch.set_num_threads(threads)
+    makers = {"xla": xla_functions, "torch": torch_functions}
+    rows = []
+    for workload in select(names):
+        inputs = workload.inputs(np.random.default_rng(0))
+        ref = workload.reference(inputs)
+        tensor = workload.build(inputs)
+        kernel = tensor.compile()
+        arrays = ir.lower(tensor.node)[1]
+        row = {"workload": workload.name, "title": workload.title, "threads": threads,
+               "looptool_error": relative_error(workload.to_ref(kernel(arrays)), ref)}
+        timed = {"looptool": lambda: kernel(arrays)}
+        for peer, make in makers.items():
+            fn = make(workload.name) if versions[peer] else None
+            if fn is None:
+                row[f"{peer}_note"] = "not installed" if not versions[peer] else "no implementation"
+                continue
+            given = peer_inputs(peer, inputs)
+            out = np.asarray(fn(given))
+            row[f"{peer}_error"] = relative_error(out, ref if out.shape == ref.shape else workload.to_ref(ref))
+            timed[peer] = lambda fn=fn, given=given: fn(given)
+        times = timing.interleaved(list(timed.values()), budget=budget)
+        for (name, _), measured in zip(timed.items(), times):
+            row[f"{name}_ms"] = measured.median * 1e3
+        for peer in makers:
+            if f"{peer}_ms" in row:
+                row[f"{peer}_ratio"] = row[f"{peer}_ms"] / row["looptool_ms"]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def relative_error(got, ref) -> float:
+    got = np.asarray(got, dtype=np.float64)
+    if got.shape != np.shape(ref):
+        return float("inf")
+    return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
+
+
+def table(rows: list[dict], versions: dict, cpu: str) -> str:
+    """The markdown table of all rows."""
+    lines = [f"looptool against XLA ({versions['xla'] or 'not installed'}) and PyTorch "
+             f"({versions['torch'] or 'not installed'}) on {cpu}; ratios: peer time / looptool time",
+             "", "| workload | threads | looptool ms | x XLA | x PyTorch |", "| --- | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        cells = [f"{r[f'{peer}_ratio']:.2f}" if f"{peer}_ratio" in r else r.get(f"{peer}_note", "")
+                 for peer in ("xla", "torch")]
+        lines.append(f"| {r['title']} | {r['threads']} | {r['looptool_ms']:.3f} | {cells[0]} | {cells[1]} |")
+    ratios = [r[f"{p}_ratio"] for r in rows for p in ("xla",) if f"{p}_ratio" in r]
+    if ratios:
+        lines += ["", f"geometric mean x XLA: {float(np.exp(np.mean(np.log(ratios)))):.2f}"]
+    return "\n".join(lines)
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default=None, help="comma-separated workload names (bench.workloads)")
+    parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--budget", type=float, default=2.0, help="seconds of timing a row")
+    parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child is not None:
+        child(args.child, args.only, args.budget)
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    rows = []
+    for threads in sorted({1, len(cores)}):
+        env = {**os.environ, "XLA_FLAGS": f"--xla_cpu_multi_thread_eigen={'true' if threads > 1 else 'false'} "
+                                         f"intra_op_parallelism_threads={threads}"}
+        command = [sys.executable, "-m", "bench.peers", "--child", str(threads), "--budget", str(args.budget)]
+        command += ["--only", args.only] if args.only else []
+        pinned = lambda threads=threads: os.sched_setaffinity(0, cores[:threads])  # noqa: E731
+        run = subprocess.run(command, env=env, capture_output=True, text=True, preexec_fn=pinned,
+                             cwd=HERE.parent)
+        if run.returncode:
+            raise SystemExit(f"the {threads}-thread child failed:\n{run.stderr[-3000:]}")
+        rows += [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    versions = available()
+    text = table(rows, versions, cpu_name())
+    print(text)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "peers.json").write_text(json.dumps({"cpu": cpu_name(), "versions": versions, "rows": rows}, indent=1))
+    (args.out / "peers.md").write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
