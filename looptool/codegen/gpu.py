@@ -697,22 +697,11 @@ class _GpuBuilder(FunctionBuilder):
             not any(check.expr.coeffs().get(node.loop.name) for check in checks)
 
     def guard_free_or_not(self, node: LoopNode, env: dict, emit):
-        """Test the loop's guards once, before it, and `emit` the loop twice: where they hold
-        throughout (its statements free of them), and where they may not."""
-        b, checks = self.builder, self.guard_checks[id(node)]
-        fast = constant(llir.IntType(1), 1)
-        for check in checks:
-            fast = b.and_(fast, self.holds_throughout(check, {**env, node.loop.name: ZERO}))
-        inner = self.guard_checks.pop(id(node))      # the copies below are chosen here, not per iteration
-        with b.if_else(fast) as (then, otherwise):
-            with then:
-                saved = set(self.holding)
-                self.holding |= {(check.stmt, check.guard) for check in checks}
-                emit()
-                self.holding = saved
-            with otherwise:
-                emit()
-        self.guard_checks[id(node)] = inner
+        """Test the loop's guards once, before it, and `emit` the loop twice (`guard_free_copy`): where
+        they hold throughout (its statements free of them), and where they may not."""
+        checks = self.guard_checks.pop(id(node))      # the copies below are chosen here, not per iteration
+        self.guard_free_copy([], checks, {**env, node.loop.name: ZERO}, emit)
+        self.guard_checks[id(node)] = checks
 
     def reduced_around(self, node: LoopNode, statements: list) -> bool:
         """Whether a loop around `node` also runs over a reduction dim of its statements (a k loop

@@ -191,6 +191,11 @@ class FunctionBuilder:
         if not tails and not guards:
             self.body(node.body, env)
             return
+        self.guard_free_copy(tails, guards, env, lambda: self.body(node.body, env))
+
+    def guard_free_copy(self, tails: list, guards: list, env: dict, emit):
+        """Test once whether the `tails` are all full and the `guards` hold throughout, and `emit` the
+        code twice: free of those checks where they are, as it is otherwise."""
         b = self.builder
         fast = constant(I1, 1)
         for limited, lim, spans in tails:
@@ -204,10 +209,10 @@ class FunctionBuilder:
                 saved = set(self.full), set(self.holding)
                 self.full |= {id(limited) for limited, _, _ in tails}
                 self.holding |= {(check.stmt, check.guard) for check in guards}
-                self.body(node.body, env)
+                emit()
                 self.full, self.holding = saved
             with otherwise:
-                self.body(node.body, env)
+                emit()
 
     def holds_throughout(self, check: "GuardCheck", env: dict) -> llir.Value:
         """An i1: the guard holds for every value of the loops inside the one testing it."""
