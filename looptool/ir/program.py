@@ -239,19 +239,26 @@ def guards(expr: Expr):
     return (g for e in subexpressions(expr) if isinstance(e, Select) for g in e.guards)
 
 
+def rewritten(expr: Expr, load, guard=lambda g: g) -> Expr:
+    """`expr` with every Load replaced by `load(it)` and every Guard of its Selects by `guard(it)`."""
+    if isinstance(expr, Load):
+        return load(expr)
+    if isinstance(expr, Select):
+        return Select(tuple(guard(g) for g in expr.guards), rewritten(expr.then, load, guard),
+                      rewritten(expr.otherwise, load, guard))
+    if isinstance(expr, Unary):
+        return Unary(expr.op, rewritten(expr.x, load, guard))
+    if isinstance(expr, Cast):
+        return Cast(rewritten(expr.x, load, guard), expr.dtype)
+    if isinstance(expr, Binary):
+        return Binary(expr.op, rewritten(expr.a, load, guard), rewritten(expr.b, load, guard))
+    return expr
+
+
 def substituted(expr: Expr, values: dict[str, Affine], clamp: bool = False) -> Expr:
     """`expr` with every index variable in `values` replaced by its affine expression, in loads and
     guards alike; with `clamp`, a load whose index changes is clamped (the caller guards it)."""
-    if isinstance(expr, Load):
-        index = tuple(a.substitute(values) for a in expr.index)
-        return Load(expr.buffer, index, expr.dtype, expr.clamped or (clamp and index != expr.index))
-    if isinstance(expr, Select):
-        kept = tuple(Guard(g.expr.substitute(values), g.lo, g.hi) for g in expr.guards)
-        return Select(kept, substituted(expr.then, values, clamp), substituted(expr.otherwise, values, clamp))
-    if isinstance(expr, Unary):
-        return Unary(expr.op, substituted(expr.x, values, clamp))
-    if isinstance(expr, Cast):
-        return Cast(substituted(expr.x, values, clamp), expr.dtype)
-    if isinstance(expr, Binary):
-        return Binary(expr.op, substituted(expr.a, values, clamp), substituted(expr.b, values, clamp))
-    return expr
+    def load(ld: Load) -> Load:
+        index = tuple(a.substitute(values) for a in ld.index)
+        return Load(ld.buffer, index, ld.dtype, ld.clamped or (clamp and index != ld.index))
+    return rewritten(expr, load, lambda g: Guard(g.expr.substitute(values), g.lo, g.hi))

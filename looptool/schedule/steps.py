@@ -475,7 +475,7 @@ def _padded(program: Program, original: ir.Stage, multiples: dict[str, int]) -> 
         copies.append(ir.Stage(name, padded_dims, (), None, ir.Select(inside, body, ir.Const(0.0, load.dtype)),
                                load.dtype, padded_dims))
         redirected[load] = ir.Load(name, ir.Affine.identity(padded_dims), load.dtype)
-    expr = _replaced_loads(original.expr, redirected)
+    expr = ir.rewritten(original.expr, lambda ld: redirected.get(ld, ld))
     pad_name = f"{original.name}.pad"
     compute = ir.Stage(pad_name, tuple(names.get(d, d) for d in original.dims),
                        tuple(names.get(d, d) for d in original.reduce_dims), original.reduce_op,
@@ -497,21 +497,6 @@ def _plain_dim(axis: ir.Affine, load: ir.Load, stage: ir.Stage) -> str:
     return axis.terms[0][0]
 
 
-def _replaced_loads(expr: ir.Expr, loads: dict) -> ir.Expr:
-    """`expr` with each load in `loads` replaced by its value there."""
-    if isinstance(expr, ir.Load):
-        return loads.get(expr, expr)
-    if isinstance(expr, ir.Select):
-        return ir.Select(expr.guards, _replaced_loads(expr.then, loads), _replaced_loads(expr.otherwise, loads))
-    if isinstance(expr, ir.Unary):
-        return ir.Unary(expr.op, _replaced_loads(expr.x, loads))
-    if isinstance(expr, ir.Cast):
-        return ir.Cast(_replaced_loads(expr.x, loads), expr.dtype)
-    if isinstance(expr, ir.Binary):
-        return ir.Binary(expr.op, _replaced_loads(expr.a, loads), _replaced_loads(expr.b, loads))
-    return expr
-
-
 def _split_tail(tail: Tail, name: str, outer: str, inner: str, factor: int) -> Tail:
     terms: dict[str, int] = {}
     for n, c in tail.terms:
@@ -529,19 +514,9 @@ def _default_stage(program: Program, stage: ir.Stage) -> StageSchedule:
 
 def _redirect(expr: ir.Expr, buffer: str, copy: str, dims: tuple[str, ...], order: tuple[str, ...]) -> ir.Expr:
     """`expr` with every load of `buffer` reading the copy (axes permuted to `order`) instead."""
-    if isinstance(expr, ir.Load):
-        if expr.buffer != buffer:
-            return expr
-        index = dict(zip(dims, expr.index))
-        return ir.Load(copy, tuple(index[d] for d in order), expr.dtype, expr.clamped)
-    if isinstance(expr, ir.Select):
-        return ir.Select(expr.guards, _redirect(expr.then, buffer, copy, dims, order),
-                         _redirect(expr.otherwise, buffer, copy, dims, order))
-    if isinstance(expr, ir.Unary):
-        return ir.Unary(expr.op, _redirect(expr.x, buffer, copy, dims, order))
-    if isinstance(expr, ir.Cast):
-        return ir.Cast(_redirect(expr.x, buffer, copy, dims, order), expr.dtype)
-    if isinstance(expr, ir.Binary):
-        return ir.Binary(expr.op, _redirect(expr.a, buffer, copy, dims, order),
-                         _redirect(expr.b, buffer, copy, dims, order))
-    return expr
+    def load(ld: ir.Load) -> ir.Load:
+        if ld.buffer != buffer:
+            return ld
+        index = dict(zip(dims, ld.index))
+        return ir.Load(copy, tuple(index[d] for d in order), ld.dtype, ld.clamped)
+    return ir.rewritten(expr, load)
