@@ -342,9 +342,7 @@ class Schedule:
                              f"{original.reduce_dims or 'nothing'})")
         if not isinstance(factor, int) or factor < 1:
             raise ValueError(f"rfactor of {dim} in stage {stage}: factor must be a positive integer, got {factor!r}")
-        if self.of(stage) != _default_stage(self.program, original) or self.placed_in(stage):
-            raise ValueError(f"rfactor of stage {stage} must come before its other steps (its loops are reshaped, "
-                             f"placed, or hold another stage)")
+        self._check_untouched(stage, "rfactor")
         name = f"{stage}.rf"
         if _has_stage(self.program, name):
             raise ValueError(f"stage {stage} already reduces through {name}")
@@ -354,13 +352,7 @@ class Schedule:
         partial, final = _rfactored(original, name, dim, outer, inner, factor, size)
         program = replace(_replaced(self.program, original, [partial, final]),
                           sizes=self.program.sizes + ((outer, -(-size // factor)), (inner, factor)))
-        stages = []
-        for other, other_sched in self.stages:
-            if other == stage:
-                stages += [(name, _default_stage(program, partial)), (stage, _default_stage(program, final))]
-            else:
-                stages.append((other, other_sched))
-        return Schedule(program, tuple(stages), self.steps + (("rfactor", stage, dim, factor),))
+        return self._replacing(stage, program, [partial, final], ("rfactor", stage, dim, factor))
 
     def pad(self, stage: str, multiples: dict[str, int] | list) -> "Schedule":
         """Compute the sum-of-products `stage` on its operands padded with zeros so that each dim in
@@ -378,16 +370,22 @@ class Schedule:
         if unknown or any(not isinstance(m, int) or m < 1 for m in multiples.values()):
             raise ValueError(f"pad of stage {stage}: {multiples} must map its dims {original.loop_dims} to "
                              f"positive integers")
-        if self.of(stage) != _default_stage(self.program, original) or self.placed_in(stage):
-            raise ValueError(f"pad of stage {stage} must come before its other steps")
+        self._check_untouched(stage, "pad")
         program, new_stages = _padded(self.program, original, multiples)
+        return self._replacing(stage, program, new_stages, ("pad", stage, [[d, m] for d, m in multiples.items()]))
+
+    def _check_untouched(self, stage: str, step: str):
+        """Refuse a step that rewrites `stage` in the program once its loops are reshaped or placed."""
+        if self.of(stage) != _default_stage(self.program, self.program.stage(stage)) or self.placed_in(stage):
+            raise ValueError(f"{step} of stage {stage} must come before its other steps (its loops are reshaped, "
+                             f"placed, or hold another stage)")
+
+    def _replacing(self, stage: str, program: Program, new_stages: list[ir.Stage], step: tuple) -> "Schedule":
+        """This schedule on `program`, where `new_stages` (with their default loops) replace `stage`."""
         stages = []
         for other, other_sched in self.stages:
-            if other == stage:
-                stages += [(st.name, _default_stage(program, st)) for st in new_stages]
-            else:
-                stages.append((other, other_sched))
-        step = ("pad", stage, [[d, m] for d, m in multiples.items()])
+            stages += [(st.name, _default_stage(program, st)) for st in new_stages] if other == stage \
+                else [(other, other_sched)]
         return Schedule(program, tuple(stages), self.steps + (step,))
 
     def _reaches(self, stage: str, target: str) -> bool:
