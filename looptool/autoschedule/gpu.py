@@ -9,12 +9,12 @@ from __future__ import annotations
 import logging
 
 from .. import ir
+from ..analysis.gpu_target import WARP_LANES
 from ..frontend.dtypes import SUPPORTED_DTYPES
 from ..schedule import TENSOR_INSTRUCTIONS, LoopTree
 
 LOG = logging.getLogger(__name__)
 ITEM_BYTES = {dtype.name: dtype.itemsize for dtype in SUPPORTED_DTYPES}
-WARP_LANES = 32
 UNROLL_LIMIT = 8
 # bench.gpu's fastest float32 schedule on an H100 (0.97-1.00x cuBLAS at 4096^3): A transposed ahead,
 # 128 x 128 block tiles of 8 x 8 a thread (rows in 2 runs of 4), k tiles of 32 of both inputs copied

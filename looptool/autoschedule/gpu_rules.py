@@ -23,7 +23,6 @@ import math
 
 from .. import ir
 from ..analysis.gpu_target import WARP_LANES, GpuTarget
-from ..frontend.dtypes import SUPPORTED_DTYPES
 from ..schedule import LoopTree
 from . import gpu as templates
 from .structure import load_strides
@@ -39,25 +38,24 @@ BLOCK_CHUNK = BLOCK_THREADS * ROW_ELEMENTS_PER_THREAD   # the least a block's pa
 THREAD_CHUNK = 8             # the least a thread's partial result sums
 ROW_SHARED_SHARE = 0.25      # of a block's shared memory, the most a row kept there may take
 GRID_LIMITS = {"block.x": 2 ** 31 - 1, "block.y": 65535, "block.z": 65535}
-ITEM_BYTES = {dtype.name: dtype.itemsize for dtype in SUPPORTED_DTYPES}
 
 
 def gpu_tree(program: ir.Program, gpu: GpuTarget) -> LoopTree:
     """The automatic schedule of `program` on `gpu`; `explain()` on the result gives the reasons."""
     reasons = [gpu.describe()]
     for rule in (_fused_rows, _per_stage):
-        planner = _Planner(program, gpu)
+        planner, label = _Planner(program, gpu), rule.__name__.strip("_").replace("_", " ")
         try:
             tree = rule(planner)
         except ValueError as err:          # a rule's transform that does not apply to this program
-            reasons.append(f"{rule.__name__.strip('_').replace('_', ' ')}: not applicable ({err})")
+            reasons.append(f"{label}: not applicable ({err})")
             continue
         if tree is None:
             continue
         legal, why = tree.check()
         if legal:
             return LoopTree(tree.program, tree.schedule, tuple(reasons + planner.reasons))
-        reasons.append(f"{rule.__name__.strip('_').replace('_', ' ')}: refused by the legality check ({why})")
+        reasons.append(f"{label}: refused by the legality check ({why})")
     reasons.append("one output element per thread: no rule applied")
     tree = default_gpu_tree(program)
     return LoopTree(tree.program, tree.schedule, tuple(reasons))
@@ -195,7 +193,7 @@ class _Planner:
         for load in sorted(ir.loads(result.expr), key=lambda ld: -math.prod(program.buffer_shape(ld.buffer))):
             dims = program.buffer_dims(load.buffer)
             passes = [r for r in readers if load.buffer in ir.loaded_buffers(program.stage(r).expr)]
-            row_bytes = self.size(row) * ITEM_BYTES[load.dtype]
+            row_bytes = self.size(row) * templates.ITEM_BYTES[load.dtype]
             if set(dims) != set(shared) | {row} or not passes or load.index != ir.Affine.identity(dims) \
                     or row_bytes > self.gpu.shared_per_block * ROW_SHARED_SHARE:
                 continue
@@ -327,7 +325,7 @@ class _Planner:
             self.note(stage.name, "a single value: one thread")
             return
         name, x = stage.name, stage.dims[-1]
-        width = VECTOR_BYTES // ITEM_BYTES[stage.dtype]
+        width = VECTOR_BYTES // templates.ITEM_BYTES[stage.dtype]
         vector = width if self.size(x) % width == 0 and self.size(x) >= width else 1
         along = -(-self.size(x) // vector)
         threads_x = min(BLOCK_THREADS, _pow2_at_least(along))
@@ -437,7 +435,7 @@ class _Planner:
         name = stage.name
         x = stage.dims[-1]
         self.coalesce_inputs(stage, x)
-        width = VECTOR_BYTES // ITEM_BYTES[stage.expr.dtype]
+        width = VECTOR_BYTES // templates.ITEM_BYTES[stage.expr.dtype]
         vector = width if self.size(x) % width == 0 and self.size(x) >= width * WARP_LANES else 1
         threads = min(BLOCK_THREADS, _pow2_at_least(-(-self.size(x) // vector)))
         rest = [d for d in pure if d != x]

@@ -53,6 +53,7 @@ import llvmlite.binding as llvm
 from llvmlite import ir as llir
 
 from .. import ir
+from ..analysis.gpu_target import STATIC_SHARED
 from ..analysis.tensorize import ATOM_ROWS, SWIZZLE_BYTES, WARP, SharedOperand, TensorTile, is_warpgroup, tensor_tiles
 from ..analysis.tma import BulkCopy, bulk_copies
 from ..ir import Affine
@@ -67,7 +68,6 @@ TRIPLE = "nvptx64-nvidia-cuda"
 DATA_LAYOUT = "e-p:64:64:64-i64:64-i128:128-v16:16-v32:32-n16:32:64"
 SREG = {"block": "ctaid", "thread": "tid"}
 LOCAL_LIMIT = 16 * 1024
-STATIC_SHARED = 48 * 1024       # shared memory a block may have without opting in (CUDA, every arch)
 MMA_TYPE = {"bfloat16": "bf16", "float16": "f16"}
 WGMMA_ALIGN = 1024              # bytes: a wgmma operand's swizzle atoms start on this boundary
 WGMMA_ARCHS = ("sm_90", "sm_90a")
