@@ -440,22 +440,21 @@ class _Planner:
         threads = min(BLOCK_THREADS, _pow2_at_least(-(-self.size(x) // vector)))
         rest = [d for d in pure if d != x]
         self.tree = self.tree.split(x, threads * vector, stage=name)
-        lanes = [f"{x}.1"]
+        thread_x, vector_loop = f"{x}.1", []
         if vector > 1:
             self.tree = self.tree.split(f"{x}.1", vector, stage=name)
-            lanes = [f"{x}.1.0", f"{x}.1.1"]
-        blocks, threads_y = [f"{x}.0"], 1
+            thread_x, vector_loop = f"{x}.1.0", [f"{x}.1.1"]
+        blocks, thread_loops, threads_y = [f"{x}.0"], [thread_x], 1
         if rest and threads < BLOCK_THREADS:          # a narrow output: its rows share a block
             y = rest.pop()
             threads_y = min(BLOCK_THREADS // threads, _pow2_at_least(self.size(y)))
             self.tree = self.tree.split(y, threads_y, stage=name).bind(f"{y}.1", "thread.y", stage=name)
-            blocks, lanes = [f"{y}.0", f"{x}.0"], [f"{y}.1"] + lanes
-        self.tree = self.tree.reorder(*rest, *blocks, *lanes[:-1] if vector > 1 else lanes, *stage.reduce_dims,
-                                      *lanes[-1:] if vector > 1 else [], stage=name)
-        self.tree = self.tree.bind(lanes[-2] if vector > 1 else lanes[-1], "thread.x", stage=name)
+            blocks, thread_loops = [f"{y}.0", f"{x}.0"], [f"{y}.1", thread_x]
+        self.tree = self.tree.reorder(*rest, *blocks, *thread_loops, *stage.reduce_dims, *vector_loop, stage=name)
+        self.tree = self.tree.bind(thread_x, "thread.x", stage=name)
         self.walked(name, list(stage.reduce_dims))
-        if vector > 1:
-            self.tree = self.tree.vectorize(lanes[-1], stage=name)
+        for loop in vector_loop:
+            self.tree = self.tree.vectorize(loop, stage=name)
         self.bind_grid(name, rest + blocks)
         self.note(name, f"reduction along {', '.join(stage.reduce_dims)} (not contiguous): a thread "
                         f"{'an output' if vector == 1 else f'{vector} outputs (a vector)'}, {threads * threads_y} "
