@@ -1,28 +1,66 @@
-"""The GPU scheduler's row and reduction rules against variants of their constants, checked and timed
-next to torch in one process: `python -m bench.gpu_rules_variants` on the GPU machine.
+"""The GPU scheduler's rules against variants of their constants, checked and timed next to torch in
+one process: `python -m bench.gpu_rules_variants [--knob NAME]` on the GPU machine.
 
-For each workload (softmax, layer norm, row and column sums, a dot product, at a large and an odd
-size) and each value of `gpu_rules.ROW_ELEMENTS_PER_THREAD` (the elements a thread takes per pass
-along a row, which sets the threads a row gets), the automatic schedule's kernels run on a NaN-poisoned
-output, are compared with torch in float64, and are timed interleaved with torch (median of CUDA-event
-timed calls, best of 3 rounds). Prints one line per variant: kernels' time, torch / kernels.
+Knobs (`KNOBS`): `row_elements`, `gpu_rules.ROW_ELEMENTS_PER_THREAD` (the elements a thread takes per
+pass along a row, which sets the threads a row gets) on softmax, row and column sums and dot products
+at a large and an odd size; `float32_blocks`, the register-tile template's block tile (rows, columns:
+`autoschedule.gpu.FLOAT32_BLOCKS` held to one) on float32 matmuls; `thread_tile_rows`,
+`gpu_rules.THREAD_TILE_ROWS` (outputs along a second dim a thread walking a reduction takes) on 3x3
+convolutions. For each
+workload and value, the automatic schedule's kernels run on a NaN-poisoned output, are compared with
+torch in float64, and are timed interleaved with torch (median of CUDA-event timed calls, best of 3
+rounds). Prints one line per variant: kernels' time, torch / kernels.
 """
 from __future__ import annotations
 
+import argparse
 import json
 
 import numpy as np
 
 import looptool as lt
 from looptool import ir
+from looptool.autoschedule import gpu as templates
 from looptool.autoschedule import gpu_rules
 from looptool.runtime import gpu as runtime_gpu
 from bench.gpu_suite import interleaved_ms
 
-VARIANTS = (8, 16, 32)
+KNOBS = {
+    "thread_tile_rows": (lambda v: setattr(gpu_rules, "THREAD_TILE_ROWS", v), (1, 2, 4, 7, 8), "conv_cases"),
+    "row_elements": (lambda v: setattr(gpu_rules, "ROW_ELEMENTS_PER_THREAD", v), (8, 16, 32), "row_cases"),
+    "float32_blocks": (lambda v: setattr(templates, "FLOAT32_BLOCKS", (v,)), ((128, 128), (64, 128), (128, 64), (64, 64)),
+                       "matmul_cases"),
+}
 
 
-def cases(torch):
+def conv_cases(torch):
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    out = []
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(8, 64, 56, 56, device="cuda", generator=gen).to(dtype)
+        w = torch.randn(64, 64, 3, 3, device="cuda", generator=gen).to(dtype)
+        sh, soh, skh, sw, sow, skw = lt.symbols("h oh kh w ow kw")
+        windows = lt.Tensor(x).to(*lt.symbols("n c h w")).window(sh, soh, skh, 3, padding=1) \
+            .window(sw, sow, skw, 3, padding=1)
+        y = (windows * lt.Tensor(w).to(*lt.symbols("o c kh kw"))).sum(lt.symbols("c")[0], skh, skw)
+        conv2d = torch.nn.functional.conv2d
+        out.append((f"conv 3x3 {dtype} 8x64x56x56", y, lambda x=x, w=w: conv2d(x, w, padding=1),
+                    lambda x=x, w=w: conv2d(x.double(), w.double(), padding=1).permute(0, 2, 3, 1)))
+    return out
+
+
+def matmul_cases(torch):
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    out = []
+    for m, k, n in ((1024, 1024, 1024), (1000, 1500, 777), (4096, 4096, 4096), (512, 512, 512)):
+        a, b = torch.randn(m, k, device="cuda", generator=gen), torch.randn(k, n, device="cuda", generator=gen)
+        sm, sk, sn = lt.symbols("m k n")
+        c = (lt.Tensor(a).to(sm, sk) * lt.Tensor(b).to(sk, sn)).sum(sk)
+        out.append((f"matmul f32 {m}x{k}x{n}", c, lambda a=a, b=b: a @ b, lambda a=a, b=b: a.double() @ b.double()))
+    return out
+
+
+def row_cases(torch):
     gen = torch.Generator(device="cuda").manual_seed(1)
 
     def rand(*shape):
@@ -55,13 +93,19 @@ def cases(torch):
             column_sum(8192, 8192), column_sum(3001, 1000), dot(1 << 24), dot(10 ** 7 + 1)]
 
 
-def main():
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--knob", choices=sorted(KNOBS), default="row_elements")
+    args = parser.parse_args(argv)
     import torch
-    for name, tensor, baseline, reference in cases(torch):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    apply, values, cases = KNOBS[args.knob]
+    for name, tensor, baseline, reference in globals()[cases](torch):
         program, arrays = ir.lower(tensor.node)
         ref = reference().cpu().numpy()
-        for elements in VARIANTS:
-            gpu_rules.ROW_ELEMENTS_PER_THREAD = elements
+        for value in values:
+            apply(value)
             tree = gpu_rules.gpu_tree(program, runtime_gpu.gpu_target())
             kernel = runtime_gpu.GpuKernel(tree)
             out = runtime_gpu.cupy().full(tuple(ref.shape), np.nan, dtype=np.float32)
@@ -69,7 +113,7 @@ def main():
             error = float(np.linalg.norm(np.nan_to_num(got - ref, nan=1e30)) / np.linalg.norm(ref))
             launch = kernel.prepare(arrays, out)
             ms = interleaved_ms({"kernels": lambda: launch(out), "torch": baseline})
-            print(json.dumps({"case": name, "row_elements": elements, "kernels_ms": round(ms["kernels"], 4),
+            print(json.dumps({"case": name, args.knob: value, "kernels_ms": round(ms["kernels"], 4),
                               "x_torch": round(ms["torch"] / ms["kernels"], 3), "rel_error": error,
                               "launches": [(l.grid, l.block) for l in kernel.module.launches]}), flush=True)
 

@@ -7,6 +7,7 @@ The GPU tuner draws the same templates' parameters (tuner.space)."""
 from __future__ import annotations
 
 import logging
+import math
 
 from .. import ir
 from ..analysis.gpu_target import WARP_LANES
@@ -21,11 +22,16 @@ UNROLL_LIMIT = 8
 # by cp.async one k tile ahead
 FLOAT32_TILES = {"x_threads": 16, "x_groups": 2, "vector": 4, "y_threads": 16, "y_tile": 8, "y_groups": 2,
                  "k_tile": 32, "stages": 2}
+# the block tiles (rows, columns) that template takes, largest first, for problems too small to fill
+# the GPU with 128 x 128 (bench.gpu_rules_variants --knob float32_tiles: 1024^3 0.61 -> 0.87x torch)
+FLOAT32_BLOCKS = ((128, 128), (128, 64), (64, 64))
 # the multiples (m, n, k) a half-precision contraction off the mma grid is padded to, tried in turn: the
 # wgmma template's warpgroup tiles (64 rows, its 256 columns, its 64-deep k tiles), then mma's 16 x 8 x 16
 TENSOR_PADS = ((64, 256, 64), (16, 8, 16))
 # and its fastest half-precision schedules: (block, teams, k tile, stages, copier) of each tensor-core family
 TENSOR_START = {"wgmma": ((128, 256), (2, 1), 64, 3, "tma"), "mma": ((128, 256), (2, 4), 64, 2, "cp.async")}
+# the wgmma template's block tiles, largest first, for problems its 128 x 256 leaves SMs idle on
+WGMMA_BLOCKS = ((128, 256), (128, 128))
 
 
 def contraction_dtype(program: ir.Program, stage: str | None = None) -> str | None:
@@ -41,17 +47,20 @@ def contraction_dtype(program: ir.Program, stage: str | None = None) -> str | No
     return dtypes[0] if len(dtypes) == 2 and dtypes[0] is not None and dtypes[0] == dtypes[1] else None
 
 
-def contraction_candidates(tree: LoopTree, stage: str, hopper: bool) -> list[tuple[str, LoopTree]]:
+def contraction_candidates(tree: LoopTree, stage: str, hopper: bool, sms: int | None = None) \
+        -> list[tuple[str, LoopTree]]:
     """(description, tree) for each template that fits the contraction `stage`, best first: half
     precision on tensor cores (`TENSOR_START`: wgmma on a Hopper GPU, then mma, which takes narrower
     edges) where its sizes are whole mma tiles; then register tiles on CUDA cores (`FLOAT32_TILES`, 2-D inputs with k last
-    transposed ahead), where its matrices hold a block tile. The legality check still has the last
-    word (wgmma's wide tiles, for one, take no tail)."""
+    transposed ahead), where its matrices hold a block tile, the tile chosen for a GPU of `sms` SMs
+    (`least_work_block`; so is the wgmma template's). The legality check still has the last word (wgmma's wide tiles, for one, take no tail)."""
     dtype = contraction_dtype(tree.program, stage)
     candidates = []
     if dtype in ("bfloat16", "float16") and tensor_tiles_fit(tree.program, stage):
         for family, build in (("wgmma", wgmma_tiled), ("mma", mma_tiled))[0 if hopper else 1:]:
             block, teams, k_tile, stages, copier = TENSOR_START[family]
+            if family == "wgmma":
+                block = least_work_block(tree.program, stage, sms, WGMMA_BLOCKS)
             try:
                 described = f"{family} tensor-core tiles {block[0]}x{block[1]}x{k_tile}, {stages} stages by {copier}"
                 candidates.append((described, build(tree, stage, block, teams, k_tile, stages, copier)))
@@ -59,8 +68,9 @@ def contraction_candidates(tree: LoopTree, stage: str, hopper: bool) -> list[tup
                 LOG.debug("no %s template for %s: %s", family, stage, err)
     if dtype in ("float32", "bfloat16", "float16"):
         try:
-            candidates.append(("register tiles on CUDA cores (inputs with k last transposed ahead), cp.async k tiles",
-                               _float32_tree(tree, stage)))
+            block = least_work_block(tree.program, stage, sms, FLOAT32_BLOCKS)
+            candidates.append((f"register tiles on CUDA cores, {block[0]}x{block[1]} a block (inputs with k last "
+                               f"transposed ahead), cp.async k tiles", _float32_tree(tree, stage, block)))
         except ValueError as err:
             LOG.debug("no register-tile template for %s: %s", stage, err)
     return candidates
@@ -85,9 +95,35 @@ def tensor_tiles_fit(program: ir.Program, stage: str) -> bool:
         and program.size(k) % shape["k"] == 0
 
 
-def _float32_tree(tree: LoopTree, stage: str) -> LoopTree:
+def least_work_block(program: ir.Program, stage: str, sms: int | None,
+                     blocks: tuple[tuple[int, int], ...]) -> tuple[int, int]:
+    """The block tile (rows, columns) of `blocks` that leaves an SM the least work: blocks come in waves
+    of one a SM, so an SM computes (waves x tile) outputs; on a tie the larger tile (more reuse of each
+    load). Without an SM count, the first."""
+    x, y, others = tile_dims(program.stage(stage))
+    if sms is None or y is None:
+        return blocks[0]
+    batch = math.prod(program.size(d) for d in others)
+
+    def work(block):
+        blocks = batch * -(-program.size(y) // block[0]) * -(-program.size(x) // block[1])
+        return -(-blocks // sms) * block[0] * block[1]
+    return min(blocks, key=lambda block: (work(block), -block[0] * block[1]))
+
+
+def float32_tiles(block: tuple[int, int]) -> dict:
+    """FLOAT32_TILES for a block tile of (rows, columns): the same 16 x 16 threads, fewer registers each."""
+    rows, columns = block
+    tiles = dict(FLOAT32_TILES)
+    threads = tiles["x_threads"] * tiles["vector"]
+    tiles.update(x_groups=columns // threads, y_tile=rows // tiles["y_threads"],
+                 y_groups=tiles["y_groups"] if rows == FLOAT32_BLOCKS[0][0] else 1)
+    return tiles
+
+
+def _float32_tree(tree: LoopTree, stage: str, block: tuple[int, int] = FLOAT32_BLOCKS[0]) -> LoopTree:
     st = tree.program.stage(stage)
-    p = FLOAT32_TILES
+    p = float32_tiles(block)
     x, y, _ = tile_dims(st)
     size = tree.program.size
     if y is None or size(x) < p["x_threads"] * p["x_groups"] * p["vector"] or size(y) < p["y_threads"] * p["y_tile"] \

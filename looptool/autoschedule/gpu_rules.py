@@ -31,6 +31,7 @@ BLOCK_THREADS = 256          # 8 warps: 8 blocks fill an SM of 2048 threads, and
 MAX_BLOCK_THREADS = 1024
 UNROLL_WHOLE = 8            # inner reduction loops this short are unrolled whole when walked
 WALK_UNROLL = 4             # copies of a reduction loop's body a thread walking it alone runs at once
+THREAD_TILE_ROWS = 4         # outputs along a second dim a thread walking a reduction takes at once
 SCALAR_RUN = 4               # elements a thread takes where rows hold no whole vectors
 VECTOR_BYTES = 16            # the widest global load and store (ld.global.v4.f32)
 ROW_ELEMENTS_PER_THREAD = 8  # a row's elements each thread takes per pass (loads in flight per thread)
@@ -158,9 +159,14 @@ class _Planner:
     def rows_by_block(self, result: ir.Stage, group, row: str, shared: list[str], inner: list[str]) -> LoopTree:
         """A block a row (the `shared` dims); the group's threads stride along it and combine. The result
         does too where it is pointwise or reduces the row alone; where it also keeps `inner` dims, its
-        threads take the last of them and walk the row."""
+        threads take the last of them and walk the row, the factor of its product that leaves them out
+        (attention's softmax) computed once for the row first (`hoist`), into shared memory."""
         threads = self.row_threads(row)
         name = result.name
+        passes = list(group)
+        if result.reduce_dims and inner:
+            factor = self.hoisted_factor(name)
+            passes += [self.tree.program.stage(factor)] if factor else []
         self.tree = self.tree.reorder(*shared, *inner, row, stage=name)
         depth = self.bind_grid(name, shared)
         if result.reduce_dims and inner:
@@ -172,8 +178,11 @@ class _Planner:
         else:
             self.strided(name, row, threads)
             how = f"{threads} threads striding along it"
-        kept = self.row_in_shared(result, group, row, shared, depth, threads)
-        for st in group:
+        if len(passes) > len(group):
+            how += f", reading {passes[-1].name} (the factor of its product that leaves out {x}, computed " \
+                   f"once for the row by the threads striding along it)"
+        kept = self.row_in_shared([self.tree.program.stage(name), *passes], row, shared, depth, threads)
+        for st in passes:
             self.tree = self.tree.place(st.name, name, depth)
             self.strided(st.name, row, threads)
         if kept:
@@ -183,22 +192,32 @@ class _Planner:
                         f"along it and combined; {how}")
         return self.tree
 
-    def row_in_shared(self, result: ir.Stage, group, row: str, shared: list[str], depth: int,
+    def hoisted_factor(self, stage: str) -> str | None:
+        """`hoist` the factor of the stage's product that leaves out some of its dims; its new stage's
+        name, or None where it has none."""
+        try:
+            self.tree = self.tree.hoist(stage)
+        except ValueError:
+            return None
+        return f"{stage}.f"
+
+    def row_in_shared(self, stages: list[ir.Stage], row: str, shared: list[str], depth: int,
                       threads: int) -> str | None:
         """Copy the row of the input every pass reads (one of the result's size along `row` and the
         block's dims) into shared memory once, where it takes at most ROW_SHARED_SHARE of what a
-        block may use; the name of the input, or None."""
-        program, name = self.tree.program, result.name
-        readers = [st.name for st in group]
-        for load in sorted(ir.loads(result.expr), key=lambda ld: -math.prod(program.buffer_shape(ld.buffer))):
+        block may use; the name of the input, or None. `stages`: the result, then the passes in its rows."""
+        program, name = self.tree.program, stages[0].name
+        own = {st.name for st in stages}
+        loads = [ld for st in stages for ld in ir.loads(st.expr) if ld.buffer not in own]
+        for load in sorted(loads, key=lambda ld: -math.prod(program.buffer_shape(ld.buffer))):
             dims = program.buffer_dims(load.buffer)
-            passes = [r for r in readers if load.buffer in ir.loaded_buffers(program.stage(r).expr)]
+            readers = [st.name for st in stages if load.buffer in ir.loaded_buffers(st.expr)]
             row_bytes = self.size(row) * templates.ITEM_BYTES[load.dtype]
-            if set(dims) != set(shared) | {row} or not passes or load.index != ir.Affine.identity(dims) \
+            if set(dims) != set(shared) | {row} or len(readers) < 2 or load.index != ir.Affine.identity(dims) \
                     or row_bytes > self.gpu.shared_per_block * ROW_SHARED_SHARE:
                 continue
-            copy = f"{load.buffer}.{name}"
-            self.tree = self.tree.cache(load.buffer, stage=name, readers=passes).place(copy, name, depth)
+            copy = f"{load.buffer}.{readers[0]}"
+            self.tree = self.tree.cache(load.buffer, stage=readers[0], readers=readers[1:]).place(copy, name, depth)
             self.strided(copy, row, threads)
             return load.buffer
         return None
@@ -279,7 +298,7 @@ class _Planner:
                 and self.padded_on_tensor_cores(name):
             return True
         refused = []
-        for described, tree in templates.contraction_candidates(self.tree, name, hopper):
+        for described, tree in templates.contraction_candidates(self.tree, name, hopper, self.gpu.sms):
             legal, why = tree.check()
             if legal:
                 self.note(name, f"a contraction: {described}" + "".join(f"; not {r}" for r in refused))
@@ -304,8 +323,8 @@ class _Planner:
             except ValueError:
                 return False
             padded = f"{name}.pad"
-            candidates = [(d, t) for d, t in templates.contraction_candidates(self.tree, padded, self.gpu.tensor_cores
-                                                                              == "wgmma") if "tensor-core" in d]
+            candidates = [(d, t) for d, t in templates.contraction_candidates(
+                self.tree, padded, self.gpu.tensor_cores == "wgmma", self.gpu.sms) if "tensor-core" in d]
             for described, tree in candidates:
                 if tree.check()[0]:
                     self.note(name, f"a contraction off the tensor cores' grid: operands padded with zeros to "
@@ -411,6 +430,17 @@ class _Planner:
         self.note(name, f"reduction along {along} (contiguous): a block an output, {threads} threads striding "
                         f"along it, partials combined across the threads")
 
+    def tile_rows(self, stage: ir.Stage, rest: list[str]) -> int:
+        """Outputs along the pure dim before the contiguous one that a thread walking the reduction takes
+        at once where some read does not move along it, so that read serves them all (a convolution's
+        filters): THREAD_TILE_ROWS, halved until it divides the dim (no ragged tile); else 1."""
+        if not rest or all(rest[-1] in {v for a in load.index for v, _ in a.terms} for load in ir.loads(stage.expr)):
+            return 1
+        rows = THREAD_TILE_ROWS
+        while rows > 1 and self.size(rest[-1]) % rows:
+            rows //= 2
+        return rows
+
     def coalesce_inputs(self, stage: ir.Stage, x: str):
         """Inputs the stage reads along `x` (its threads' dim) with a stride, smaller than its output
         (so each is read many times: a convolution's filters), copied ahead by a kernel of their own
@@ -435,27 +465,38 @@ class _Planner:
         name = stage.name
         x = stage.dims[-1]
         self.coalesce_inputs(stage, x)
-        width = VECTOR_BYTES // templates.ITEM_BYTES[stage.expr.dtype]
-        vector = width if self.size(x) % width == 0 and self.size(x) >= width * WARP_LANES else 1
-        threads = min(BLOCK_THREADS, _pow2_at_least(-(-self.size(x) // vector)))
         rest = [d for d in pure if d != x]
+        rows = self.tile_rows(stage, rest)
+        width = VECTOR_BYTES // templates.ITEM_BYTES[stage.expr.dtype]
+        least = width * (WARP_LANES // 2 if rows > 1 else WARP_LANES)
+        vector = width if self.size(x) % width == 0 and self.size(x) >= least else 1
+        threads = min(BLOCK_THREADS, _pow2_at_least(-(-self.size(x) // vector)))
         self.tree = self.tree.split(x, threads * vector, stage=name)
-        thread_x, vector_loop = f"{x}.1", []
+        thread_x, vector_loop, tile_loop = f"{x}.1", [], []
         if vector > 1:
             self.tree = self.tree.split(f"{x}.1", vector, stage=name)
             thread_x, vector_loop = f"{x}.1.0", [f"{x}.1.1"]
+        if rows > 1:
+            y = rest[-1]
+            self.tree = self.tree.split(y, rows, stage=name)
+            rest, tile_loop = rest[:-1] + [f"{y}.0"], [f"{y}.1"]
         blocks, thread_loops, threads_y = [f"{x}.0"], [thread_x], 1
         if rest and threads < BLOCK_THREADS:          # a narrow output: its rows share a block
             y = rest.pop()
-            threads_y = min(BLOCK_THREADS // threads, _pow2_at_least(self.size(y)))
+            threads_y = min(BLOCK_THREADS // threads, _pow2_at_least(self.extent(name, y)))
             self.tree = self.tree.split(y, threads_y, stage=name).bind(f"{y}.1", "thread.y", stage=name)
             blocks, thread_loops = [f"{y}.0", f"{x}.0"], [f"{y}.1", thread_x]
-        self.tree = self.tree.reorder(*rest, *blocks, *thread_loops, *stage.reduce_dims, *vector_loop, stage=name)
+        self.tree = self.tree.reorder(*rest, *blocks, *thread_loops, *stage.reduce_dims, *tile_loop, *vector_loop,
+                                      stage=name)
         self.tree = self.tree.bind(thread_x, "thread.x", stage=name)
         self.walked(name, list(stage.reduce_dims))
+        for loop in tile_loop:
+            self.tree = self.tree.unroll(loop, stage=name)
         for loop in vector_loop:
             self.tree = self.tree.vectorize(loop, stage=name)
         self.bind_grid(name, rest + blocks)
+        tile = f" x {rows} along {tile_loop[0].split('.')[0]} (registers, each read of what does not move along it " \
+               f"serving all {rows})" if rows > 1 else ""
         self.note(name, f"reduction along {', '.join(stage.reduce_dims)} (not contiguous): a thread "
-                        f"{'an output' if vector == 1 else f'{vector} outputs (a vector)'}, {threads * threads_y} "
+                        f"{'an output' if vector == 1 else f'{vector} outputs (a vector)'}{tile}, {threads * threads_y} "
                         f"threads a block along {x}" + (f" and {y}" if threads_y > 1 else ""))

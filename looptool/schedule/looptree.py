@@ -226,6 +226,11 @@ class LoopTree:
         values of `dim`, then `stage` over the partials (see `Schedule.rfactor`)."""
         return LoopTree(self.program, self.schedule.rfactor(self._stage(stage), dim, factor))
 
+    def hoist(self, stage: str | None = None) -> "LoopTree":
+        """Compute the factor of a reduction's product that leaves out some of its dims once, into a
+        new stage `<stage>.f` (see `Schedule.hoist`): softmax values, not once per output column."""
+        return LoopTree(self.program, self.schedule.hoist(self._stage(stage)))
+
     def pad(self, multiples: dict[str, int], stage: str | None = None) -> "LoopTree":
         """Compute a sum of products on operands padded with zeros to whole `multiples` of the named
         dims (see `Schedule.pad`): matrix instructions that take whole tiles then run at any size."""

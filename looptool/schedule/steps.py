@@ -374,6 +374,25 @@ class Schedule:
         program, new_stages = _padded(self.program, original, multiples)
         return self._replacing(stage, program, new_stages, ("pad", stage, [[d, m] for d, m in multiples.items()]))
 
+    def hoist(self, stage: str) -> "Schedule":
+        """Compute once the factor of `stage`'s product that does not vary along all of its loop dims:
+        a new stage `<stage>.f` over the dims that factor uses (in `stage`'s loop order), which `stage`
+        then reads. An attention head's weighted sum, sum over j of softmax(s)[i, j] * v[j, d], then
+        takes each softmax value once, not once for every d as well. Comes before the stage's other steps."""
+        original = self.program.stage(stage)
+        factor, other = _hoistable_factor(original)
+        self._check_untouched(stage, "hoist")
+        name = f"{stage}.f"
+        if _has_stage(self.program, name):
+            raise ValueError(f"stage {stage} already reads its hoisted factor {name}")
+        used = _expr_dims(factor)
+        dims = tuple(d for d in original.loop_dims if d in used)
+        hoisted = ir.Stage(name, dims, (), None, factor, factor.dtype, dims)
+        product = ir.Binary("mul", ir.Load(name, ir.Affine.identity(dims), factor.dtype), other)
+        rewritten = replace(original, expr=product)
+        program = _replaced(self.program, original, [hoisted, rewritten])
+        return self._replacing(stage, program, [hoisted, rewritten], ("hoist", stage))
+
     def _check_untouched(self, stage: str, step: str):
         """Refuse a step that rewrites `stage` in the program once its loops are reshaped or placed."""
         if self.of(stage) != _default_stage(self.program, self.program.stage(stage)) or self.placed_in(stage):
@@ -409,7 +428,7 @@ class Schedule:
         for step in steps:
             op, *args = step
             if op not in ("split", "reorder", "annotate", "tensorize", "place", "cache", "cache_write", "rfactor",
-                          "pad"):
+                          "pad", "hoist"):
                 raise ValueError(f"unknown schedule step {op!r}")
             sched = getattr(sched, op)(*args)
         return sched
@@ -423,6 +442,26 @@ def _replaced(program: Program, stage: ir.Stage, new_stages: list[ir.Stage]) -> 
     """`program` with `stage` replaced by `new_stages`, in its place."""
     position = program.stages.index(stage)
     return replace(program, stages=program.stages[:position] + tuple(new_stages) + program.stages[position + 1:])
+
+
+def _expr_dims(expr: ir.Expr) -> set[str]:
+    """The index variables an expression's loads and guards use."""
+    affines = [a for ld in ir.loads(expr) for a in ld.index] + [g.expr for g in ir.guards(expr)]
+    return {v for a in affines for v, _ in a.terms}
+
+
+def _hoistable_factor(stage: ir.Stage) -> tuple[ir.Expr, ir.Expr]:
+    """(the factor `Schedule.hoist` computes once, the other factor) of a reduction stage whose
+    expression is a product; a ValueError saying why where there is none."""
+    expr = stage.expr
+    if not stage.reduce_dims or not isinstance(expr, ir.Binary) or expr.op != "mul":
+        raise ValueError(f"hoist: stage {stage.name} is not a reduction of a product")
+    for factor, other in ((expr.a, expr.b), (expr.b, expr.a)):
+        computed = not isinstance(factor, ir.Load | ir.Const)
+        if computed and _expr_dims(factor) < set(stage.loop_dims):
+            return factor, other
+    raise ValueError(f"hoist: neither factor of stage {stage.name}'s product is computed from loads that "
+                     f"leave out one of its dims {stage.loop_dims} (nothing would be computed fewer times)")
 
 
 def _fresh_dim(program: Program, name: str) -> str:

@@ -1,6 +1,8 @@
 """The automatic GPU scheduler's choices, on any machine: each workload family gets the rule it should
 (read from the tree and `explain()`), the legality check accepts it, the CPU runs it (GPU-bound loops
 as plain loops) against a float64 reference, and its PTX builds for the GPU it was made for."""
+import dataclasses
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -182,10 +184,29 @@ def test_an_attention_head_runs_its_softmax_and_weighted_sum_as_one_kernel(rng):
     out = (e / e.sum(j) * lt.Tensor(v).to(j, d)).sum(j)
     tree, module = scheduled(out)
     assert "t0: a contraction: register tiles" in tree.explain() and "t1, t2 placed in its rows" in tree.explain()
+    assert "reading t3.f (the factor of its product that leaves out d" in tree.explain()
+    assert "t3.f: f32[1, 256] local" in str(tree) and "exp" not in str(tree).split("t3[i, d] += ")[1]
     assert module.launches[-1].grid == (256, 1, 1) and len(module.launches) == 4
     s = q.astype(np.float64) @ k.T.astype(np.float64) * 0.125
     p = np.exp(s - s.max(1, keepdims=True))
     assert_close(out.numpy(tree), p / p.sum(1, keepdims=True) @ v, 1e-5)
+
+
+@pytest.mark.parametrize("m, n, sms, block", [(1024, 1024, 132, (128, 64)), (4096, 4096, 132, (128, 128)),
+                                               (512, 512, 132, (64, 64)), (1024, 1024, 16, (128, 128)),
+                                               (1000, 777, 108, (128, 64))])
+def test_float32_matmuls_take_the_block_tile_that_leaves_each_sm_least_work(rng, m, n, sms, block):
+    """Blocks run in waves of one an SM: 64 tiles of 128 x 128 leave half of 132 SMs idle, 128 of 128 x 64
+    do not; a GPU of 16 SMs is filled by the largest tile."""
+    a, b = rng.standard_normal((m, 40)).astype(np.float32), rng.standard_normal((40, n)).astype(np.float32)
+    sm, sk, sn = lt.symbols("m k n")
+    c = (lt.Tensor(a).to(sm, sk) * lt.Tensor(b).to(sk, sn)).sum(sk)
+    gpu = dataclasses.replace(H100, sms=sms)
+    tree = gpu_rules.gpu_tree(c.loop_tree().program, gpu)
+    assert f"register tiles on CUDA cores, {block[0]}x{block[1]} a block" in tree.explain()
+    assert tree.check() == (True, "legal")
+    if m <= 1024:
+        assert_close(c.numpy(tree), a.astype(np.float64) @ b, 1e-5)
 
 
 def test_a_convolution_reads_its_filters_coalesced(rng):
@@ -199,3 +220,22 @@ def test_a_convolution_reads_its_filters_coalesced(rng):
     conv_kernel = module.ptx.split(".entry looptool_k1")[1]
     assert conv_kernel.count("st.global") == 2      # the result stays in a register over c (both copies)
     assert_close(run_tree(conv, tree, module), conv.numpy(), 1e-5)
+
+
+def test_a_convolution_thread_takes_a_register_tile_of_outputs(rng):
+    """Each thread keeps 4 outputs along o (a vector) x 4 along ow in registers, so a filter vector read
+    serves 4 output columns and an input element 4 filters; computed by the GPU module on this CPU."""
+    sn, sc, sh, sw, so, soh, sow, skh, skw = lt.symbols("n c h w o oh ow kh kw")
+    x, w = rng.standard_normal((2, 8, 5, 28)).astype(np.float32), rng.standard_normal((64, 8, 3, 3)).astype(np.float32)
+    windows = lt.Tensor(x).to(sn, sc, sh, sw).window(sh, soh, skh, 3, padding=1).window(sw, sow, skw, 3, padding=1)
+    conv = (windows * lt.Tensor(w).to(so, sc, skh, skw)).sum(sc, skh, skw)
+    tree, module = scheduled(conv)
+    assert "a thread 4 outputs (a vector) x 4 along ow (registers" in tree.explain()
+    conv_kernel = module.ptx.split(".entry looptool_k1")[1]
+    assert ".local" not in conv_kernel and conv_kernel.count("fma.rn.f32") >= 4 * 4 * 9
+    padded = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    ref = np.zeros((2, 5, 28, 64))
+    for kh in range(3):
+        for kw in range(3):
+            ref += np.einsum("nchw,oc->nhwo", padded[:, :, kh:kh + 5, kw:kw + 28], w[:, :, kh, kw])
+    assert_close(run_tree(conv, tree, module), ref, 1e-5)
