@@ -6,7 +6,9 @@ pass along a row, which sets the threads a row gets) on softmax, row and column 
 at a large and an odd size; `float32_blocks`, the register-tile template's block tile (rows, columns:
 `autoschedule.gpu.FLOAT32_BLOCKS` held to one) on float32 matmuls; `thread_tile_rows`,
 `gpu_rules.THREAD_TILE_ROWS` (outputs along a second dim a thread walking a reduction takes) on 3x3
-convolutions. For each
+convolutions; `row_walk_unroll`, `gpu_rules.ROW_WALK_UNROLL` on attention heads; `strided_unroll`,
+`gpu_rules.STRIDED_UNROLL` on softmax, layer norm and attention; `scalar_run`, `gpu_rules.SCALAR_RUN`
+on pointwise chains whose rows hold no whole vectors. For each
 workload and value, the automatic schedule's kernels run on a NaN-poisoned output, are compared with
 torch in float64, and are timed interleaved with torch (median of CUDA-event timed calls, best of 3
 rounds). Prints one line per variant: kernels' time, torch / kernels.
@@ -26,11 +28,59 @@ from looptool.runtime import gpu as runtime_gpu
 from bench.gpu_suite import interleaved_ms
 
 KNOBS = {
+    "scalar_run": (lambda v: setattr(gpu_rules, "SCALAR_RUN", v), (4, 8, 16), "pointwise_cases"),
+    "strided_unroll": (lambda v: setattr(gpu_rules, "STRIDED_UNROLL", v), (0, 8), "strided_cases"),
+    "row_walk_unroll": (lambda v: setattr(gpu_rules, "ROW_WALK_UNROLL", v), (4, 8, 16, 32), "attention_cases"),
     "thread_tile_rows": (lambda v: setattr(gpu_rules, "THREAD_TILE_ROWS", v), (1, 2, 4, 7, 8), "conv_cases"),
     "row_elements": (lambda v: setattr(gpu_rules, "ROW_ELEMENTS_PER_THREAD", v), (8, 16, 32), "row_cases"),
     "float32_blocks": (lambda v: setattr(templates, "FLOAT32_BLOCKS", (v,)), ((128, 128), (64, 128), (128, 64), (64, 64)),
                        "matmul_cases"),
 }
+
+
+def attention_cases(torch):
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    out = []
+    for length in (1024, 1000, 4096):
+        q, k, v = (torch.randn(length, 64, device="cuda", generator=gen) for _ in range(3))
+        si, sj, sd = lt.symbols("i j d")
+        scores = (lt.Tensor(q).to(si, sd) * lt.Tensor(k).to(sj, sd)).sum(sd) * 0.125
+        e = (scores - scores.max(sj)).exp()
+        head = (e / e.sum(sj) * lt.Tensor(v).to(sj, sd)).sum(sj)
+
+        def eager(q=q, k=k, v=v):
+            return torch.softmax(q @ k.T * 0.125, dim=1) @ v
+        out.append((f"attention {length}x64", head, eager,
+                    lambda eager=eager, q=q, k=k, v=v: eager(q.double(), k.double(), v.double())))
+    return out
+
+
+def pointwise_cases(torch):
+    out = []
+    for rows, cols in ((1000, 3001), (8192, 8191)):
+        x = torch.randn(rows, cols, device="cuda")
+        xt = lt.Tensor(x).to(*lt.symbols("m n"))
+        inner = (xt + xt * xt * xt * 0.044715) * 0.7978845608028654
+        y = xt * 0.5 * (2.0 - 2.0 / ((inner * 2.0).minimum(40.0).exp() + 1.0))
+        gelu = torch.nn.functional.gelu
+        out.append((f"gelu(tanh) {rows}x{cols}", y, lambda x=x: gelu(x, approximate="tanh"),
+                    lambda x=x: gelu(x.double(), approximate="tanh")))
+    return out
+
+
+def strided_cases(torch):
+    return [case for case in row_cases(torch) if case[0].startswith("softmax")] + attention_cases(torch)[:2] \
+        + [layer_norm(torch, *shape) for shape in ((8192, 8192), (1000, 3001))]
+
+
+def layer_norm(torch, rows, cols):
+    x = torch.randn(rows, cols, device="cuda")
+    xt = lt.Tensor(x).to(*lt.symbols("m n"))
+    n = lt.symbols("n")[0]
+    centred = xt - xt.mean(n)
+    y = centred / lt.sqrt((centred * centred).mean(n) + 1e-5)
+    ln = torch.nn.functional.layer_norm
+    return f"layer norm {rows}x{cols}", y, lambda: ln(x, (cols,), eps=1e-5), lambda: ln(x.double(), (cols,), eps=1e-5)
 
 
 def conv_cases(torch):

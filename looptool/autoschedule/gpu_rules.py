@@ -31,6 +31,8 @@ BLOCK_THREADS = 256          # 8 warps: 8 blocks fill an SM of 2048 threads, and
 MAX_BLOCK_THREADS = 1024
 UNROLL_WHOLE = 8            # inner reduction loops this short are unrolled whole when walked
 WALK_UNROLL = 4             # copies of a reduction loop's body a thread walking it alone runs at once
+STRIDED_UNROLL = 8          # elements a thread striding along a row takes, at most, to have them unrolled
+ROW_WALK_UNROLL = 16        # ... where the walk is a whole row (attention's p . v): its loads come from L2
 THREAD_TILE_ROWS = 4         # outputs along a second dim a thread walking a reduction takes at once
 SCALAR_RUN = 4               # elements a thread takes where rows hold no whole vectors
 VECTOR_BYTES = 16            # the widest global load and store (ld.global.v4.f32)
@@ -173,7 +175,7 @@ class _Planner:
             x = inner[-1]
             across = min(MAX_BLOCK_THREADS, _pow2_at_least(self.size(x)))
             self.tree = self.tree.split(x, across, stage=name).bind(f"{x}.1", "thread.x", stage=name)
-            self.walked(name, [row])
+            self.walked(name, [row], ROW_WALK_UNROLL)
             how = f"its threads take {across} of {x} each and walk {row}"
         else:
             self.strided(name, row, threads)
@@ -242,14 +244,18 @@ class _Planner:
         return max(WARP_LANES, min(MAX_BLOCK_THREADS, wanted))
 
     def strided(self, stage: str, dim: str, threads: int):
-        """`threads` threads along `dim` of `stage`, each taking every `threads`-th element (coalesced)."""
+        """`threads` threads along `dim` of `stage`, each taking every `threads`-th element (coalesced);
+        where that is at most STRIDED_UNROLL elements a thread, unrolled (a row a thread keeps to itself
+        then lives in registers, not local memory)."""
         self.tree = self.tree.split(dim, threads, stage=stage).reorder(f"{dim}.1", f"{dim}.0", stage=stage) \
             .bind(f"{dim}.1", "thread.x", stage=stage)
+        if self.extent(stage, f"{dim}.0") <= STRIDED_UNROLL:
+            self.tree = self.tree.unroll(f"{dim}.0", stage=stage)
 
-    def walked(self, stage: str, dims: list[str]):
+    def walked(self, stage: str, dims: list[str], unroll: int = WALK_UNROLL):
         """Reduction loops a thread walks alone (outer to inner): where the inner ones are short (a
-        window's taps) they are unrolled whole, else the innermost is unrolled WALK_UNROLL times where
-        that divides it, so several loads are in flight; either way the outermost loop's body is
+        window's taps) they are unrolled whole, else the innermost is unrolled `unroll` times (halved
+        until it divides the loop), so several loads are in flight; either way the outermost loop's body is
         unrolled code around the updates, whose results then stay in registers across it."""
         inner = dims[1:]
         if inner and all(self.size(d) <= UNROLL_WHOLE for d in inner):
@@ -257,8 +263,10 @@ class _Planner:
                 self.tree = self.tree.unroll(dim, stage=stage)
             return
         dim = dims[-1]
-        if self.size(dim) % WALK_UNROLL == 0 and self.size(dim) > WALK_UNROLL:
-            self.tree = self.tree.split(dim, WALK_UNROLL, stage=stage).unroll(f"{dim}.1", stage=stage)
+        while unroll > 1 and (self.size(dim) % unroll or self.size(dim) <= unroll):
+            unroll //= 2
+        if unroll > 1:
+            self.tree = self.tree.split(dim, unroll, stage=stage).unroll(f"{dim}.1", stage=stage)
 
     def bind_grid(self, stage: str, loops: list[str]) -> int:
         """Bind the stage's outermost `loops` (outer to inner) of more than one iteration to block.x (the
