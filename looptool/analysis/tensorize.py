@@ -95,7 +95,7 @@ def _copy_tile(tree: LoopTree, root, stmt: StmtNode, path: list[LoopNode], instr
     """A copy of an accumulator whose (m, n) loops are tensorized: each lane copies its fragment."""
     stage = stmt.stage
     names = "', '".join(node.loop.name for node in loops.values())
-    source = _operand_load(stage.expr) if not isinstance(stage.expr, ir.Cast) else _operand_load(stage.expr.x)
+    source = _accumulator_load(tree, stage.expr)
     if source is None or len(loops) != 2:
         raise IllegalScheduleError(f"loops '{names}' of stage {stage.name} are tensorized, but it is neither a sum "
                                    f"(a * b).sum(k) nor a copy of an accumulator over its (m, n) loops: "
@@ -214,6 +214,15 @@ def _operands(tree: LoopTree, stage: ir.Stage, instruction: str, loops: dict) ->
     raise IllegalScheduleError(f"{instruction} multiplies an m x k by a k x n matrix (batched or not); in stage "
                                f"{stage.name}, {pair[0].buffer} runs over {sorted(_dims_of(pair[0]))} and {pair[1].buffer} over "
                                f"{sorted(_dims_of(pair[1]))} (m, n, k = '{m}', '{n}', '{k}')")
+
+
+def _accumulator_load(tree: LoopTree, e: ir.Expr) -> ir.Load | None:
+    """The load of the accumulator a copy tile writes back: the expression's one buffer summed by a
+    stage of the program (the rest of the expression, an epilogue such as a bias and a relu, is
+    computed on each of its elements), else None."""
+    sums = {st.name for st in tree.program.stages if st.reduce_op == "sum"}
+    found = {ld for ld in ir.loads(e) if ld.buffer in sums and not ld.clamped}
+    return found.pop() if len(found) == 1 else None
 
 
 def _operand_load(e: ir.Expr) -> ir.Load | None:

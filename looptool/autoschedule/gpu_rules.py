@@ -291,10 +291,28 @@ class _Planner:
         stage = self.tree.program.stage(name)
         if self.contraction_template(name):
             return
+        if not stage.reduce_dims and self.fused_epilogue(name):
+            return
         if not stage.reduce_dims:
             self.pointwise(stage)
         else:
             self.reduction(stage, split=True)
+
+    def fused_epilogue(self, name: str) -> bool:
+        """Compute a pointwise stage that reads a contraction's results in the contraction's write-back
+        (`epilogue`: a bias, relu, scale or cast applied to the register or tensor-core tile, no kernel
+        of its own), where the legality check accepts it."""
+        try:
+            fused = self.tree.epilogue(name)
+        except ValueError:
+            return False
+        legal, why = fused.check()
+        if not legal:
+            self.note(name, f"not fused into the contraction's write-back ({why})")
+            return False
+        self.tree = fused
+        self.note(name, "fused into the contraction's write-back: computed on its tile of results, no kernel of its own")
+        return True
 
     def contraction_template(self, name: str) -> bool:
         """Put a contraction stage on the first template of `autoschedule.gpu` that the legality check

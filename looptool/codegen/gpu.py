@@ -1071,16 +1071,37 @@ class _GpuBuilder(FunctionBuilder):
         (`fragment_places`, moved to the thread's place, `lane_place`). A buffer each thread keeps
         (an accumulator placed in the kernel) holds them as a fragment instead, at the places
         thread 0's elements have: constant offsets, so they stay in registers."""
-        b = self.builder
         m, n = tile.loops["m"].loop.name, tile.loops["n"].loop.name
-        places = fragment_places(tile.instruction)
         if self.is_fragment(buffer):
             return [self.access(buffer, index, False, stmt, {**env, m: constant(I64, row), n: constant(I64, col)})
-                    for row, col in places]
+                    for row, col in fragment_places(tile.instruction)]
+        return [self.access(buffer, index, False, stmt, place) for place in self.element_envs(tile, env, lane)]
+
+    def element_envs(self, tile: TensorTile, env: dict, lane: llir.Value) -> list[dict]:
+        """`env` with the tile's m and n loops at each of the thread's elements, in register order."""
+        b = self.builder
+        m, n = tile.loops["m"].loop.name, tile.loops["n"].loop.name
         first_row, first_col = self.lane_place(lane)
-        return [self.access(buffer, index, False, stmt, {**env, m: b.add(first_row, constant(I64, row)),
-                                                           n: b.add(first_col, constant(I64, col))})
-                for row, col in places]
+        return [{**env, m: b.add(first_row, constant(I64, row)), n: b.add(first_col, constant(I64, col))}
+                for row, col in fragment_places(tile.instruction)]
+
+    def written_back(self, e: ir.Expr, accumulator: ir.Load, value: llir.Value, stmt: StmtNode, env: dict):
+        """A copy tile's expression at one element: `value` (its accumulator element, from the lane's
+        fragment) where it reads the accumulator, everything else (an epilogue's bias) at `env`."""
+        def evaluate(sub):
+            if sub == accumulator:
+                return value
+            if isinstance(sub, ir.Cast):
+                return self.convert(evaluate(sub.x), sub.dtype)
+            if isinstance(sub, ir.Unary):
+                return self.unary(sub.op, evaluate(sub.x))
+            if isinstance(sub, ir.Binary):
+                return self.combine(sub, evaluate)
+            if isinstance(sub, ir.Select):
+                return self.builder.select(self.guards_hold(sub.guards, stmt, env), evaluate(sub.then),
+                                           evaluate(sub.otherwise))
+            return self.expr(sub, stmt, env)
+        return evaluate(e)
 
     def lane(self, instruction: str) -> llir.Value:
         """The thread's index in the warp (0-31) or, for wgmma, in the warpgroup (0-127: the warp is
@@ -1129,8 +1150,8 @@ class _GpuBuilder(FunctionBuilder):
         if tile.b is None:
             sources = self.tile_elements(tile.a.buffer, tile.a.index, tile, stmt, base, lane)
             values = [self.load_value(source, tile.dtype) for source in sources]
-            if isinstance(stage.expr, ir.Cast):
-                values = [self.convert(value, stage.expr.dtype) for value in values]
+            places = self.element_envs(tile, base, lane)
+            values = [self.written_back(stage.expr, tile.a, value, stmt, env) for value, env in zip(values, places)]
             self.store_tile(values, targets, tile, stmt, base)
             return
         if is_warpgroup(tile.instruction):

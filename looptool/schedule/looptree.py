@@ -231,6 +231,11 @@ class LoopTree:
         new stage `<stage>.f` (see `Schedule.hoist`): softmax values, not once per output column."""
         return LoopTree(self.program, self.schedule.hoist(self._stage(stage)))
 
+    def epilogue(self, stage: str | None = None) -> "LoopTree":
+        """Compute a pointwise stage in the write-back of the accumulator it reads (a contraction's bias,
+        relu, scale or cast on the register tile, no second kernel; see `Schedule.epilogue`)."""
+        return LoopTree(self.program, self.schedule.epilogue(self._stage(stage)))
+
     def pad(self, multiples: dict[str, int], stage: str | None = None) -> "LoopTree":
         """Compute a sum of products on operands padded with zeros to whole `multiples` of the named
         dims (see `Schedule.pad`): matrix instructions that take whole tiles then run at any size."""

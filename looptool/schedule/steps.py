@@ -393,6 +393,35 @@ class Schedule:
         program = _replaced(self.program, original, [hoisted, rewritten])
         return self._replacing(stage, program, [hoisted, rewritten], ("hoist", stage))
 
+    def epilogue(self, stage: str) -> "Schedule":
+        """Compute the pointwise `stage` in the write-back of the accumulator it reads: where `stage`
+        reads, over its own dims, the copy `c` that `cache_write` made of `c.acc` (and nothing else
+        reads `c`), `stage` reads `c.acc` instead and takes over `c`'s loops, `c.acc` is placed in it
+        as it was in `c`, and `c` is gone. A contraction's bias, relu, scaling or cast then happen on
+        the tile of results while it is in registers, with no second kernel. Comes before `stage`'s
+        other steps."""
+        consumer = self.program.stage(stage)
+        copy = _written_back(self.program, consumer)
+        self._check_untouched(stage, "epilogue")
+        acc = f"{copy.name}.acc"
+        program = self.program
+
+        def load(ld: ir.Load) -> ir.Load:
+            return ir.Load(acc, ld.index, program.stage(acc).dtype) if ld.buffer == copy.name else ld
+        fused = replace(consumer, expr=ir.rewritten(consumer.expr, load))
+        program = replace(program, stages=tuple(fused if st.name == stage else st
+                                                for st in program.stages if st.name != copy.name))
+        stages = []
+        for name, sched in self.stages:
+            if name == copy.name:
+                continue
+            if name == stage:
+                sched = self.of(copy.name)
+            elif sched.consumer == copy.name:
+                sched = replace(sched, consumer=stage)
+            stages.append((name, sched))
+        return Schedule(program, tuple(stages), self.steps + (("epilogue", stage),))
+
     def _check_untouched(self, stage: str, step: str):
         """Refuse a step that rewrites `stage` in the program once its loops are reshaped or placed."""
         if self.of(stage) != _default_stage(self.program, self.program.stage(stage)) or self.placed_in(stage):
@@ -428,7 +457,7 @@ class Schedule:
         for step in steps:
             op, *args = step
             if op not in ("split", "reorder", "annotate", "tensorize", "place", "cache", "cache_write", "rfactor",
-                          "pad", "hoist"):
+                          "pad", "hoist", "epilogue"):
                 raise ValueError(f"unknown schedule step {op!r}")
             sched = getattr(sched, op)(*args)
         return sched
@@ -442,6 +471,25 @@ def _replaced(program: Program, stage: ir.Stage, new_stages: list[ir.Stage]) -> 
     """`program` with `stage` replaced by `new_stages`, in its place."""
     position = program.stages.index(stage)
     return replace(program, stages=program.stages[:position] + tuple(new_stages) + program.stages[position + 1:])
+
+
+def _written_back(program: Program, consumer: ir.Stage) -> ir.Stage:
+    """The copy of an accumulator (`cache_write`) that the pointwise `consumer` reads at its own
+    dims, which nothing else reads and which is not placed; a ValueError saying why where none."""
+    if consumer.reduce_dims:
+        raise ValueError(f"epilogue: stage {consumer.name} reduces over {consumer.reduce_dims}; only a pointwise "
+                         f"stage can run in an accumulator's write-back")
+    for ld in ir.loads(consumer.expr):
+        copy = next((st for st in program.stages if st.name == ld.buffer), None)
+        if copy is None or copy.expr != ir.Load(f"{copy.name}.acc", ir.Affine.identity(copy.dims), copy.expr.dtype):
+            continue
+        readers = {st.name for st in program.readers(copy.name)}
+        same_reads = all(other.index == ir.Affine.identity(consumer.dims)
+                         for other in ir.loads(consumer.expr) if other.buffer == copy.name)
+        if copy.dims == consumer.dims and readers == {consumer.name} and same_reads and copy is not program.output:
+            return copy
+    raise ValueError(f"epilogue: stage {consumer.name} reads no accumulator's write-back (a stage that cache_write "
+                     f"made a copy of <stage>.acc) over its own dims {consumer.dims} that it alone reads")
 
 
 def _expr_dims(expr: ir.Expr) -> set[str]:

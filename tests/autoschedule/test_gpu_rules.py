@@ -151,9 +151,24 @@ def test_contractions_in_larger_programs_get_their_template(rng):
     bias = rng.standard_normal(256).astype(np.float32)
     m, k, n = lt.symbols("m k n")
     y = lt.relu((lt.Tensor(x).to(m, k) * lt.Tensor(w).to(k, n)).sum(k) + lt.Tensor(bias).to(n))
-    tree, _ = scheduled(y)
-    assert "t0: a contraction: register tiles" in tree.explain() and "t1: pointwise" in tree.explain()
-    assert_close(y.numpy(tree), np.maximum(x.astype(np.float64) @ w + bias, 0), 1e-5)
+    tree, module = scheduled(y)
+    assert "t0: a contraction: register tiles" in tree.explain()
+    assert "t1: fused into the contraction's write-back" in tree.explain() and len(module.launches) == 2
+    ref = np.maximum(x.astype(np.float64) @ w + bias, 0)
+    assert_close(y.numpy(tree), ref, 1e-5)
+    assert_close(run_tree(y, tree, module), ref, 1e-5)
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
+def test_a_tensor_core_contraction_takes_its_bias_relu_and_cast_in_its_write_back(rng, arch):
+    x, w = rng.standard_normal((256, 64)).astype(ml_dtypes.bfloat16), rng.standard_normal((64, 256)).astype(ml_dtypes.bfloat16)
+    bias = rng.standard_normal(256).astype(np.float32)
+    m, k, n = lt.symbols("m k n")
+    y = lt.relu((lt.Tensor(x).to(m, k) * lt.Tensor(w).to(k, n)).sum(k) + lt.Tensor(bias).to(n)).astype(lt.bfloat16)
+    tree, module = scheduled(y, assumed_gpu(arch))
+    assert "fused into the contraction's write-back" in tree.explain() and len(module.launches) == 1
+    ref = np.maximum(x.astype(np.float64) @ w.astype(np.float64) + bias, 0)
+    assert_close(y.numpy(tree).astype(np.float64), ref, 2.0 ** -7)
 
 
 def test_a_schedule_the_legality_check_refuses_falls_back_to_the_next_rule(rng, monkeypatch):

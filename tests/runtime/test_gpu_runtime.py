@@ -20,14 +20,14 @@ def test_the_default_gpu_schedule_gives_every_stage_blocks_and_threads(rng):
 
 
 def test_an_untuned_float32_contraction_gets_register_tiles_with_a_transposed_ahead(rng):
-    c, ref = matmul(rng, 150, 70, 200)                    # tails of the 128 x 128 x 32 tiles in every dim
+    c, ref = matmul(rng, 150, 70, 200)        # 12 blocks of 64 x 64 on 108 SMs: tails in every dim
     tree = gpu.automatic_tree(c.loop_tree().program, "sm_80")
     assert len(tree.root) == 2 and "in0.t0[k, m] = in0[m, k]" in str(tree) and "[pipeline.2.0]" in str(tree)
-    assert "t0.acc: f32[128, 128] local" in str(tree) and tree.check() == (True, "legal")
+    assert "t0.acc: f32[64, 64] local" in str(tree) and tree.check() == (True, "legal")
     assert_close(lt.interpret(c, tree), ref, 1e-5)
 
 
-@pytest.mark.parametrize("arch, instruction", [("sm_90", "wgmma.m64n256k16"), ("sm_80", "mma.m16n8k16")])
+@pytest.mark.parametrize("arch, instruction", [("sm_90", "wgmma.m64n128k16"), ("sm_80", "mma.m16n8k16")])
 def test_an_untuned_half_precision_contraction_runs_on_tensor_cores(rng, arch, instruction):
     c, _ = matmul(rng, 256, 128, 256, dtype=lt.bfloat16)
     tree = gpu.automatic_tree(c.loop_tree().program, arch)
@@ -162,3 +162,18 @@ def test_repeated_cuda_calls_see_host_arrays_changed_in_place_and_strided_views(
     first = cp.asnumpy(again.cuda())
     on_device *= 3
     assert_close(cp.asnumpy(again.cuda()), 3 * first, 1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, tolerance", [(np.float32, 1e-5), (lt.bfloat16, 2.0 ** -7)])
+def test_a_contraction_with_its_bias_relu_and_cast_fused_runs_as_one_kernel(rng, dtype, tolerance):
+    cp = cupy_or_skip()
+    x = rng.standard_normal((300, 136)).astype(dtype)
+    w = rng.standard_normal((136, 264)).astype(dtype)
+    bias = rng.standard_normal(264).astype(np.float32)
+    m, k, n = lt.symbols("m k n")
+    y = lt.relu((lt.Tensor(x).to(m, k) * lt.Tensor(w).to(k, n)).sum(k) * 0.5 + lt.Tensor(bias).to(n)).astype(dtype)
+    tree = gpu.automatic_tree(y.loop_tree().program)
+    assert "fused into the contraction's write-back" in tree.explain()
+    ref = np.maximum(x.astype(np.float64) @ w.astype(np.float64) * 0.5 + bias, 0)
+    assert_close(gpu.to_host(y.cuda()).astype(np.float64), ref, tolerance)

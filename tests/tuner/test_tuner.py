@@ -9,7 +9,6 @@ measuring worker is a spawned process, so every tune() costs a second or two of 
 """
 from __future__ import annotations
 
-import glob
 import json
 import os
 import signal
@@ -241,17 +240,27 @@ def test_a_compile_past_the_time_limit_fails_the_trial_and_a_new_compile_process
         assert measurer.measure(tiled.schedule.steps).relative_error < TOL
 
 
-def _child_states() -> list[str]:
-    """The states (R, S, T, ...) of this process's children, from /proc."""
+def _states(pids) -> list[str]:
+    """The states (R, S, T, ...) of the processes `pids`, from /proc (children other tests left running
+    are not looked at)."""
     states = []
-    for stat in glob.glob("/proc/[0-9]*/stat"):
+    for pid in pids:
         try:
-            fields = open(stat).read().rsplit(")", 1)[1].split()
+            states.append(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0])
         except OSError:
             continue
-        if int(fields[1]) == os.getpid():
-            states.append(fields[0])
     return states
+
+
+def _settled(pids, holds, seconds: float = 5.0) -> bool:
+    """Whether the processes' states come to satisfy `holds` within `seconds` (a signal is delivered
+    when the process is next scheduled, later on a busy machine)."""
+    deadline = time.monotonic() + seconds
+    while not holds(_states(pids)):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc to read process states")
@@ -263,8 +272,8 @@ def test_the_compile_process_is_stopped_while_a_kernel_is_timed():
         compiler.submit(tiled.schedule.steps)
         assert compiler.take(tiled.schedule.steps, 120) is not None       # the process is up
         with worker.stopped(compiler.pids):
-            assert "T" in _child_states()
-        assert "T" not in _child_states()
+            assert _settled(compiler.pids, lambda states: states and set(states) == {"T"})
+        assert _settled(compiler.pids, lambda states: "T" not in states)
     finally:
         compiler.close(kill=True)
 
