@@ -58,18 +58,18 @@ def workloads(torch, odd: bool):
             return c, lambda: a @ b, lambda: a.double() @ b.double(), None
         return build
 
-    def batched(bsz, m, k, n, dtype, rounded=False):
+    def batched(bsz, m, k, n, dtype, rounded=False):        # rounded: the result cast to bfloat16, as torch's
         def build():
             a, b = rand(bsz, m, k, dtype=dtype), rand(bsz, k, n, dtype=dtype)
             c = (named(a, "b m k") * named(b, "b k n")).sum(lt.symbols("k")[0])
-            return (c.astype(dtype) if rounded else c), lambda: torch.bmm(a, b), \
+            return (c.astype(lt.bfloat16) if rounded else c), lambda: torch.bmm(a, b), \
                 lambda: torch.bmm(a.double(), b.double()), None
         return build
 
-    def matmul_rounded(m, k, n, dtype):
+    def matmul_rounded(m, k, n):
         def build():
-            c, baseline, reference, moved = matmul(m, k, n, dtype)()
-            return c.astype(dtype), baseline, reference, moved
+            c, baseline, reference, moved = matmul(m, k, n, torch.bfloat16)()
+            return c.astype(lt.bfloat16), baseline, reference, moved
         return build
 
     def softmax(rows, cols, dtype):
@@ -172,7 +172,7 @@ def workloads(torch, odd: bool):
         ("matmul f32 1024^3", matmul(1024, 1024, 1024, torch.float32)),
         ("matmul bf16 4096^3", matmul(4096, 4096, 4096, bf16)),
         ("batched matmul bf16 16x1024x64x1024", batched(16, 1024, 64, 1024, bf16)),
-        ("matmul bf16 4096^3, bf16 result", matmul_rounded(4096, 4096, 4096, bf16)),
+        ("matmul bf16 4096^3, bf16 result", matmul_rounded(4096, 4096, 4096)),
         ("batched matmul bf16 16x1024x64x1024, bf16 result", batched(16, 1024, 64, 1024, bf16, rounded=True)),
         ("softmax f32 8192x8192", softmax(8192, 8192, torch.float32)),
         ("layer norm f32 8192x8192", layer_norm(8192, 8192)),

@@ -165,12 +165,15 @@ def test_repeated_cuda_calls_see_host_arrays_changed_in_place_and_strided_views(
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype, tolerance", [(np.float32, 1e-5), (lt.bfloat16, 2.0 ** -7)])
-def test_a_contraction_with_its_bias_relu_and_cast_fused_runs_as_one_kernel(rng, dtype, tolerance):
-    cp = cupy_or_skip()
-    x = rng.standard_normal((300, 136)).astype(dtype)
-    w = rng.standard_normal((136, 264)).astype(dtype)
-    bias = rng.standard_normal(264).astype(np.float32)
+@pytest.mark.parametrize("dtype, shape, tolerance", [(np.float32, (300, 136, 264), 1e-5),
+                                                    (lt.bfloat16, (256, 128, 512), 2.0 ** -7)])
+def test_a_contraction_with_its_bias_relu_and_cast_fused_runs_as_one_kernel(rng, dtype, shape, tolerance):
+    """Register tiles with tails in every dim; wgmma (or mma) tiles on a size they take whole."""
+    cupy_or_skip()
+    rows, depth, columns = shape
+    x = rng.standard_normal((rows, depth)).astype(dtype)
+    w = rng.standard_normal((depth, columns)).astype(dtype)
+    bias = rng.standard_normal(columns).astype(np.float32)
     m, k, n = lt.symbols("m k n")
     y = lt.relu((lt.Tensor(x).to(m, k) * lt.Tensor(w).to(k, n)).sum(k) * 0.5 + lt.Tensor(bias).to(n)).astype(dtype)
     tree = gpu.automatic_tree(y.loop_tree().program)
