@@ -28,6 +28,7 @@ DEFAULT_L3 = 8 * 1024 * 1024
 SYSCONF_NAMES = {1: "SC_LEVEL1_DCACHE_SIZE", 2: "SC_LEVEL2_CACHE_SIZE", 3: "SC_LEVEL3_CACHE_SIZE"}
 DEFAULTS = {1: DEFAULT_L1, 2: DEFAULT_L2, 3: DEFAULT_L3}
 DEFAULT_L1_WAYS = 8
+DEFAULT_LINE = 64
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class Target:
     l3: int
     cores: int
     l1_ways: int = DEFAULT_L1_WAYS
+    line: int = DEFAULT_LINE      # bytes of a cache line
 
     @property
     def cache_bytes(self) -> tuple[int, int, int]:
@@ -116,6 +118,18 @@ def l1_ways(root: Path = SYSFS_CACHE) -> int:
         return DEFAULT_L1_WAYS
 
 
+def line_size(root: Path = SYSFS_CACHE) -> int:
+    """The L1 data cache's line in bytes: sysfs first, then os.sysconf, then DEFAULT_LINE."""
+    try:
+        return int((root / "index0" / "coherency_line_size").read_text()) or DEFAULT_LINE
+    except (OSError, ValueError):
+        pass
+    try:
+        return os.sysconf("SC_LEVEL1_DCACHE_LINESIZE") or DEFAULT_LINE
+    except (ValueError, OSError):
+        return DEFAULT_LINE
+
+
 def _sysconf_cache_size(level: int) -> int:
     try:
         return max(0, os.sysconf(SYSCONF_NAMES[level]))
@@ -145,4 +159,5 @@ def host() -> Target:
     bits, registers = vector_file(triple, features)
     sizes = cache_sizes()
     fma = bool(features.get("fma") or features.get("neon") or triple.startswith(("aarch64", "arm64")))
-    return Target(triple.split("-")[0], bits, registers, fma, sizes[1], sizes[2], sizes[3], _cores(), l1_ways())
+    return Target(triple.split("-")[0], bits, registers, fma, sizes[1], sizes[2], sizes[3], _cores(), l1_ways(),
+                  line_size())
