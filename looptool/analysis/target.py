@@ -3,8 +3,8 @@
 Everything is read from LLVM and the operating system, never from a table of CPU names:
 the vector width and the number of vector registers from LLVM's host features (AVX-512:
 32 registers of 512 bits; AVX/AVX2: 16 of 256; SSE2: 16 of 128; AArch64 NEON: 32 of 128),
-cache sizes and L1's associativity from sysfs (`/sys/devices/system/cpu/cpu0/cache/index*/{level,
-type,size,ways_of_associativity}`, then `os.sysconf`, then the defaults below), and the cores this
+cache sizes, L1's associativity and line size from sysfs (`/sys/devices/system/cpu/cpu0/cache/index*/{level,
+type,size,ways_of_associativity,coherency_line_size}`, then `os.sysconf`, then the defaults below), and the cores this
 process may run on from
 `os.sched_getaffinity`.  `Target` is a plain dataclass, so tests build fake ones.
 """
@@ -104,38 +104,34 @@ def _sysfs_cache_sizes(root: Path) -> dict[int, int]:
 
 def l1_ways(root: Path = SYSFS_CACHE) -> int:
     """The L1 data cache's associativity: sysfs first, then os.sysconf, then DEFAULT_L1_WAYS."""
-    for index in sorted(root.glob("index*")):
-        try:
-            if int((index / "level").read_text()) == 1 and (index / "type").read_text().strip() == "Data":
-                ways = int((index / "ways_of_associativity").read_text())
-                if ways > 0:
-                    return ways
-        except (OSError, ValueError):
-            continue
-    try:
-        return os.sysconf("SC_LEVEL1_DCACHE_ASSOC") or DEFAULT_L1_WAYS
-    except (ValueError, OSError):
-        return DEFAULT_L1_WAYS
+    return _l1_data(root, "ways_of_associativity") or _sysconf("SC_LEVEL1_DCACHE_ASSOC") or DEFAULT_L1_WAYS
 
 
 def line_size(root: Path = SYSFS_CACHE) -> int:
     """The L1 data cache's line in bytes: sysfs first, then os.sysconf, then DEFAULT_LINE."""
-    try:
-        return int((root / "index0" / "coherency_line_size").read_text()) or DEFAULT_LINE
-    except (OSError, ValueError):
-        pass
-    try:
-        return os.sysconf("SC_LEVEL1_DCACHE_LINESIZE") or DEFAULT_LINE
-    except (ValueError, OSError):
-        return DEFAULT_LINE
+    return _l1_data(root, "coherency_line_size") or _sysconf("SC_LEVEL1_DCACHE_LINESIZE") or DEFAULT_LINE
 
 
-def _sysconf_cache_size(level: int) -> int:
+def _l1_data(root: Path, field: str) -> int:
+    """A positive number from the sysfs file `field` of the L1 data cache, or 0."""
+    for index in sorted(root.glob("index*")):
+        try:
+            if int((index / "level").read_text()) == 1 and (index / "type").read_text().strip() == "Data":
+                return max(0, int((index / field).read_text()))
+        except (OSError, ValueError):
+            continue
+    return 0
+
+
+def _sysconf(name: str) -> int:
     try:
-        return max(0, os.sysconf(SYSCONF_NAMES[level]))
+        return max(0, os.sysconf(name))
     except (ValueError, OSError):
         return 0
 
+
+def _sysconf_cache_size(level: int) -> int:
+    return _sysconf(SYSCONF_NAMES[level])
 
 def parse_size(text: str) -> int:
     """'32K', '512K', '32768K', '1M' or '4096' as bytes."""
