@@ -2,13 +2,15 @@
 `python -m bench.peers` (peers from `pip install '.[bench]'`; a peer that is not installed is reported
 as missing, its rows skipped).
 
-For each workload of `bench.workloads` and each thread count (1 and every core this process may use),
+For each workload of the suite (`bench.models.SUITE`: `bench.workloads.WORKLOADS` and issue #27's model
+workloads) and each thread count (1 and every core this process may use),
 a child process is pinned to that many cores (`os.sched_setaffinity`), so XLA's and PyTorch's thread
 pools and looptool's see the same cores; PyTorch is also held to them with `torch.set_num_threads`,
 XLA with its intra-op flag (before jax is imported). In the child, looptool's kernel (the automatic
 schedule, no tuning database) and each peer's are checked against the float64 reference and timed
 interleaved in one process (`bench.timing.interleaved`). Ratios are peer time / looptool time: above 1
-looptool is faster. Writes `peers.json` and `peers.md` to `--out`.
+looptool is faster. Writes `peers.json` and `peers.md` to `--out`. `--quick` times each row for 0.5 s
+instead of 2 (the whole suite, 1 and 2 threads, in about 2 minutes on a 2-core machine, against about 4).
 """
 from __future__ import annotations
 
@@ -27,6 +29,10 @@ from .workloads import Workload, select
 
 HERE = Path(__file__).resolve().parent
 PEERS = ("xla", "torch")
+# PyTorch's OpenMP workers spin for a while after each of its calls; timed interleaved, they spun on the
+# core that the next call's threads (ours, XLA's or its own) needed: 2-thread matmul 1024³ read 24.6 ms
+# for looptool and 31.6 for PyTorch against 19.2 and 22.6 with them passive (XLA 20.4 either way).
+QUIET_WORKERS = {"OMP_WAIT_POLICY": "PASSIVE"}
 QUICK_BUDGET = 0.5      # seconds of timing a row with --quick
 
 
@@ -150,7 +156,7 @@ def main(argv=None):
     rows = []
     for threads in sorted({1, len(cores)}):
         env = {**os.environ, "XLA_FLAGS": f"--xla_cpu_multi_thread_eigen={'true' if threads > 1 else 'false'} "
-                                         f"intra_op_parallelism_threads={threads}"}
+                                         f"intra_op_parallelism_threads={threads}", **QUIET_WORKERS}
         command = [sys.executable, "-m", "bench.peers", "--child", str(threads), "--budget", str(args.budget)]
         command += ["--only", args.only] if args.only else []
         pinned = lambda threads=threads: os.sched_setaffinity(0, cores[:threads])  # noqa: E731
