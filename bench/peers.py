@@ -133,10 +133,14 @@ def table(rows: list[dict], versions: dict, cpu: str) -> str:
 
 
 def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
+    """The CPU as /proc/cpuinfo names it, with LLVM's name for its core and the target model's vector
+    registers and cores (a virtual machine often says only 'AMD EPYC')."""
+    import llvmlite.binding as llvm
+    from looptool.analysis.target import host
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), "unknown CPU")
+    target = host()
+    return f"{model} ({llvm.get_host_cpu_name()}, {target.vector_bits}-bit vectors, {target.cores} cores)"
 
 
 def main(argv=None):
