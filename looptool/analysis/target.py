@@ -3,8 +3,8 @@
 Everything is read from LLVM and the operating system, never from a table of CPU names:
 the vector width and the number of vector registers from LLVM's host features (AVX-512:
 32 registers of 512 bits; AVX/AVX2: 16 of 256; SSE2: 16 of 128; AArch64 NEON: 32 of 128),
-cache sizes, L1's associativity and line size from sysfs (`/sys/devices/system/cpu/cpu0/cache/index*/{level,
-type,size,ways_of_associativity,coherency_line_size}`, then `os.sysconf`, then the defaults below), and the cores this
+cache sizes and L1's associativity from sysfs (`/sys/devices/system/cpu/cpu0/cache/index*/{level,
+type,size,ways_of_associativity}`, then `os.sysconf`, then the defaults below), and the cores this
 process may run on from
 `os.sched_getaffinity`.  `Target` is a plain dataclass, so tests build fake ones.
 """
@@ -28,7 +28,6 @@ DEFAULT_L3 = 8 * 1024 * 1024
 SYSCONF_NAMES = {1: "SC_LEVEL1_DCACHE_SIZE", 2: "SC_LEVEL2_CACHE_SIZE", 3: "SC_LEVEL3_CACHE_SIZE"}
 DEFAULTS = {1: DEFAULT_L1, 2: DEFAULT_L2, 3: DEFAULT_L3}
 DEFAULT_L1_WAYS = 8
-DEFAULT_LINE = 64
 
 
 @dataclass(frozen=True)
@@ -44,7 +43,6 @@ class Target:
     l3: int
     cores: int
     l1_ways: int = DEFAULT_L1_WAYS
-    line: int = DEFAULT_LINE      # bytes of a cache line
 
     @property
     def cache_bytes(self) -> tuple[int, int, int]:
@@ -107,11 +105,6 @@ def l1_ways(root: Path = SYSFS_CACHE) -> int:
     return _l1_data(root, "ways_of_associativity") or _sysconf("SC_LEVEL1_DCACHE_ASSOC") or DEFAULT_L1_WAYS
 
 
-def line_size(root: Path = SYSFS_CACHE) -> int:
-    """The L1 data cache's line in bytes: sysfs first, then os.sysconf, then DEFAULT_LINE."""
-    return _l1_data(root, "coherency_line_size") or _sysconf("SC_LEVEL1_DCACHE_LINESIZE") or DEFAULT_LINE
-
-
 def _l1_data(root: Path, field: str) -> int:
     """A positive number from the sysfs file `field` of the L1 data cache, or 0."""
     for index in sorted(root.glob("index*")):
@@ -155,5 +148,4 @@ def host() -> Target:
     bits, registers = vector_file(triple, features)
     sizes = cache_sizes()
     fma = bool(features.get("fma") or features.get("neon") or triple.startswith(("aarch64", "arm64")))
-    return Target(triple.split("-")[0], bits, registers, fma, sizes[1], sizes[2], sizes[3], _cores(), l1_ways(),
-                  line_size())
+    return Target(triple.split("-")[0], bits, registers, fma, sizes[1], sizes[2], sizes[3], _cores(), l1_ways())

@@ -67,14 +67,3 @@ def test_the_host_target_is_consistent_with_this_process():
 def test_parse_size_reads_sysfs_units():
     assert [target.parse_size(t) for t in ("32K", "1M", "4096", "2G")] == [32768, 1 << 20, 4096, 2 << 30]
 
-
-def test_the_line_size_is_read_from_the_l1_data_cache_or_falls_back(tmp_path, monkeypatch):
-    write_cache(tmp_path, 0, 1, "Instruction", "32K")
-    write_cache(tmp_path, 1, 1, "Data", "48K")
-    (tmp_path / "index0" / "coherency_line_size").write_text("32\n")
-    (tmp_path / "index1" / "coherency_line_size").write_text("128\n")
-    assert target.line_size(tmp_path) == 128
-    monkeypatch.setattr(target.os, "sysconf", lambda name: 0)
-    assert target.line_size(tmp_path / "missing") == target.DEFAULT_LINE
-    monkeypatch.setattr(target.os, "sysconf", lambda name: 256 if name == "SC_LEVEL1_DCACHE_LINESIZE" else 0)
-    assert target.line_size(tmp_path / "missing") == 256
