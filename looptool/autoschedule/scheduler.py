@@ -126,6 +126,7 @@ class Builder:
     def schedule_stage(self, name: str):
         """Place the stage inside its consumer if the rules allow, else give it loops of its own."""
         stage = self.program.stage(name)
+        self.explain_shared(stage)
         if self.placed(stage):
             self.streamed(stage, threads=False)
             return
@@ -136,6 +137,14 @@ class Builder:
             self.tiled(stage, found)
         else:
             self.streamed(stage, threads=self.allowed.threads)
+
+    def explain_shared(self, stage: ir.Stage):
+        """Say why a stage holds a transcendental value alone: the CPU's lowering computes one that two
+        reductions read once, at full vector width (`ir.lower(..., share_transcendentals=True)`)."""
+        readers = [r.name for r in self.program.readers(stage.name) if r.reduce_op]
+        if isinstance(stage.expr, ir.Unary) and stage.expr.op in ir.TRANSCENDENTAL and len(readers) > 1:
+            self.note(stage.name, f"its {stage.expr.op} is read by the reductions {', '.join(readers)}: computed once "
+                                  f"here, at full vector width, not inside each of them (lowered as its own stage)")
 
     # Placement -----------------------------------------------------------------------
     def placed(self, stage: ir.Stage) -> bool:
@@ -193,9 +202,11 @@ class Builder:
         width = self.decide(f"{stage.name}.{vector}.lanes", width,
                             choices.halves_and_doubles(width, extent, min(lanes, extent)))
         kind = "reduction, kept as vector partial sums" if vector in stage.reduce_dims else "pure"
+        scattered = structure.scatter_cost(self.program, stage, vector)
         self.note(stage.name, f"vectorize {vector} by {width} lanes ({kind}): "
                               f"{structure.unit_stride_count(self.program, stage, vector)} of its accesses "
-                              f"are contiguous along it; {lanes} lanes per register")
+                              f"are contiguous along it{f', {scattered} lane-by-lane (fewest)' if scattered else ''}; "
+                              f"{lanes} lanes per register")
         if vector in stage.reduce_dims:
             outer, inner = self.split(stage.name, vector, width)
             order, free = pure + reductions + [outer, inner], pure

@@ -47,6 +47,8 @@ def test_a_transcendental_read_by_two_reductions_is_a_stage_of_its_own_on_the_cp
     assert len(shared.stages) == len(inlined.stages) + 1
     readers = [s.name for s in shared.stages if exps[0].name in ir.loaded_buffers(s.expr)]
     assert len(readers) == 2                                     # the row sum and the weighted sum
+    assert f"{exps[0].name}: its exp is read by the reductions {', '.join(readers)}: computed once" \
+        in out.loop_tree().auto().explain()
     assert_close(out.numpy(), ref, 1e-5)
 
 
