@@ -2,13 +2,15 @@
 `python -m bench.peers` (peers from `pip install '.[bench]'`; a peer that is not installed is reported
 as missing, its rows skipped).
 
-For each workload of `bench.workloads` and each thread count (1 and every core this process may use),
+For each workload of the suite (`bench.models.SUITE`: `bench.workloads.WORKLOADS` and issue #27's model
+workloads) and each thread count (1 and every core this process may use),
 a child process is pinned to that many cores (`os.sched_setaffinity`), so XLA's and PyTorch's thread
 pools and looptool's see the same cores; PyTorch is also held to them with `torch.set_num_threads`,
 XLA with its intra-op flag (before jax is imported). In the child, looptool's kernel (the automatic
 schedule, no tuning database) and each peer's are checked against the float64 reference and timed
 interleaved in one process (`bench.timing.interleaved`). Ratios are peer time / looptool time: above 1
-looptool is faster. Writes `peers.json` and `peers.md` to `--out`.
+looptool is faster. Writes `peers.json` and `peers.md` to `--out`. `--quick` times each row for 0.5 s
+instead of 2 (the whole suite, 1 and 2 threads, in about 2 minutes on a 2-core machine, against about 4).
 """
 from __future__ import annotations
 
@@ -22,47 +24,29 @@ from pathlib import Path
 import numpy as np
 
 from . import timing
-from .workloads import select
+from .models import SUITE
+from .workloads import Workload, select
 
 HERE = Path(__file__).resolve().parent
-TOLERANCE = 1e-4        # the peers' own float32 results (BLAS and XLA reassociate freely)
+PEERS = ("xla", "torch")
+# PyTorch's OpenMP workers spin for a while after each of its calls; timed interleaved, they spun on the
+# core that the next call's threads (ours, XLA's or its own) needed: 2-thread matmul 1024³ read 24.6 ms
+# for looptool and 31.6 for PyTorch against 19.2 and 22.6 with them passive (XLA 20.4 either way).
+QUIET_WORKERS = {"OMP_WAIT_POLICY": "PASSIVE"}
+QUICK_BUDGET = 0.5      # seconds of timing a row with --quick
 
 
-def xla_functions(name: str):
-    """The workload as a jitted JAX function of its inputs dict, or None."""
-    import jax
-    import jax.numpy as jnp
-
-    def layernorm(x, g, b):
-        mu = x.mean(1, keepdims=True)
-        return (x - mu) / jnp.sqrt(((x - mu) ** 2).mean(1, keepdims=True) + 1e-5) * g + b
-
-    table = {
-        "matmul": lambda v: v["a"] @ v["b"],
-        "softmax": lambda v: jax.nn.softmax(v["x"], axis=1),
-        "layernorm": lambda v: layernorm(v["x"], v["g"], v["b"]),
-        "relu": lambda v: jnp.maximum(v["a"] * v["b"] + v["c"], 0),
-        "conv2d": lambda v: jax.lax.conv_general_dilated(v["x"], v["w"], (1, 1), ((1, 1), (1, 1))),
-    }
-    fn = table.get(name.split("_")[0])
-    if fn is None:
+def peer_function(peer: str, workload: Workload):
+    """The workload as the peer's function of its inputs dict (XLA: jitted, waited for), or None."""
+    form = getattr(workload, peer)
+    if form is None:
         return None
-    jitted = jax.jit(fn)
+    if peer == "torch":
+        import torch
+        return lambda inputs: form(torch, inputs)
+    import jax
+    jitted = jax.jit(lambda inputs: form(jax, inputs))
     return lambda inputs: jitted(inputs).block_until_ready()
-
-
-def torch_functions(name: str):
-    """The workload as a PyTorch (CPU, eager) function of its inputs dict, or None."""
-    import torch
-    functional = torch.nn.functional
-    table = {
-        "matmul": lambda v: v["a"] @ v["b"],
-        "softmax": lambda v: torch.softmax(v["x"], 1),
-        "layernorm": lambda v: functional.layer_norm(v["x"], (v["x"].shape[1],), v["g"], v["b"], 1e-5),
-        "relu": lambda v: torch.relu(v["a"] * v["b"] + v["c"]),
-        "conv2d": lambda v: functional.conv2d(v["x"], v["w"], padding=1),
-    }
-    return table.get(name.split("_")[0])
 
 
 def peer_inputs(peer: str, inputs: dict):
@@ -94,9 +78,8 @@ def child(threads: int, names: str | None, budget: float) -> list[dict]:
     if versions["torch"]:
         import torch
         torch.set_num_threads(threads)
-    makers = {"xla": xla_functions, "torch": torch_functions}
     rows = []
-    for workload in select(names):
+    for workload in select(names, SUITE):
         inputs = workload.inputs(np.random.default_rng(0))
         ref = workload.reference(inputs)
         tensor = workload.build(inputs)
@@ -105,8 +88,8 @@ def child(threads: int, names: str | None, budget: float) -> list[dict]:
         row = {"workload": workload.name, "title": workload.title, "threads": threads,
                "looptool_error": relative_error(workload.to_ref(kernel(arrays)), ref)}
         timed = {"looptool": lambda: kernel(arrays)}
-        for peer, make in makers.items():
-            fn = make(workload.name) if versions[peer] else None
+        for peer in PEERS:
+            fn = peer_function(peer, workload) if versions[peer] else None
             if fn is None:
                 row[f"{peer}_note"] = "not installed" if not versions[peer] else "no implementation"
                 continue
@@ -117,7 +100,7 @@ def child(threads: int, names: str | None, budget: float) -> list[dict]:
         times = timing.interleaved(list(timed.values()), budget=budget)
         for (name, _), measured in zip(timed.items(), times):
             row[f"{name}_ms"] = measured.median * 1e3
-        for peer in makers:
+        for peer in PEERS:
             if f"{peer}_ms" in row:
                 row[f"{peer}_ratio"] = row[f"{peer}_ms"] / row["looptool_ms"]
         rows.append(row)
@@ -136,11 +119,13 @@ def table(rows: list[dict], versions: dict, cpu: str) -> str:
     """The markdown table of all rows."""
     lines = [f"looptool against XLA ({versions['xla'] or 'not installed'}) and PyTorch "
              f"({versions['torch'] or 'not installed'}) on {cpu}; ratios: peer time / looptool time",
-             "", "| workload | threads | looptool ms | x XLA | x PyTorch |", "| --- | ---: | ---: | ---: | ---: |"]
+             "", "| workload | threads | looptool ms | rel. error | x XLA | x PyTorch |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         cells = [f"{r[f'{peer}_ratio']:.2f}" if f"{peer}_ratio" in r else r.get(f"{peer}_note", "")
                  for peer in ("xla", "torch")]
-        lines.append(f"| {r['title']} | {r['threads']} | {r['looptool_ms']:.3f} | {cells[0]} | {cells[1]} |")
+        lines.append(f"| {r['title']} | {r['threads']} | {r['looptool_ms']:.3f} | {r['looptool_error']:.1e} | "
+                     f"{cells[0]} | {cells[1]} |")
     ratios = [r[f"{p}_ratio"] for r in rows for p in ("xla",) if f"{p}_ratio" in r]
     if ratios:
         lines += ["", f"geometric mean x XLA: {float(np.exp(np.mean(np.log(ratios)))):.2f}"]
@@ -148,10 +133,14 @@ def table(rows: list[dict], versions: dict, cpu: str) -> str:
 
 
 def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
+    """The CPU as /proc/cpuinfo names it, with LLVM's name for its core and the target model's vector
+    registers and cores (a virtual machine often says only 'AMD EPYC')."""
+    import llvmlite.binding as llvm
+    from looptool.analysis.target import host
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), "unknown CPU")
+    target = host()
+    return f"{model} ({llvm.get_host_cpu_name()}, {target.vector_bits}-bit vectors, {target.cores} cores)"
 
 
 def main(argv=None):
@@ -159,8 +148,11 @@ def main(argv=None):
     parser.add_argument("--only", default=None, help="comma-separated workload names (bench.workloads)")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--budget", type=float, default=2.0, help="seconds of timing a row")
+    parser.add_argument("--quick", action="store_true", help=f"{QUICK_BUDGET} s of timing a row (noisier ratios)")
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.quick:
+        args.budget = QUICK_BUDGET
     if args.child is not None:
         child(args.child, args.only, args.budget)
         return
@@ -168,7 +160,7 @@ def main(argv=None):
     rows = []
     for threads in sorted({1, len(cores)}):
         env = {**os.environ, "XLA_FLAGS": f"--xla_cpu_multi_thread_eigen={'true' if threads > 1 else 'false'} "
-                                         f"intra_op_parallelism_threads={threads}"}
+                                         f"intra_op_parallelism_threads={threads}", **QUIET_WORKERS}
         command = [sys.executable, "-m", "bench.peers", "--child", str(threads), "--budget", str(args.budget)]
         command += ["--only", args.only] if args.only else []
         pinned = lambda threads=threads: os.sched_setaffinity(0, cores[:threads])  # noqa: E731

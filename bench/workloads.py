@@ -21,7 +21,8 @@ class Workload:
     ours.  `flops` (for GFLOP/s) or `bytes` (for GB/s, minimal DRAM traffic) describe the
     work.  `baseline_threads(n)` is the BLAS thread count the baseline gets in the n-thread
     row.  `target` is the ratio the best schedule should reach in the rows for
-    `target_threads`."""
+    `target_threads`. `xla(jax, inputs)` and `torch(torch, inputs)` are the same computation in
+    JAX (jitted by bench.peers) and PyTorch, on the inputs as the peer's arrays (None: no such form)."""
 
     name: str
     title: str
@@ -37,10 +38,17 @@ class Workload:
     target_threads: tuple[int, ...] = (1, 2)
     to_ref: Callable[[np.ndarray], np.ndarray] = field(default=lambda out: out)
     note: str = ""
+    xla: Callable | None = None
+    torch: Callable | None = None
 
 
 def _f32(rng, *shape) -> np.ndarray:
     return rng.standard_normal(shape, dtype=np.float32)
+
+
+def f32_inputs(shapes: dict[str, tuple]) -> Callable[[np.random.Generator], Arrays]:
+    """Inputs of standard normal float32 values of the given shapes, in order."""
+    return lambda rng: {name: _f32(rng, *shape) for name, shape in shapes.items()}
 
 
 def _f64(inputs: Arrays) -> Arrays:
@@ -62,7 +70,8 @@ def matmul(m: int, k: int, n: int, target: float, name: str | None = None) -> Wo
         build=build,
         reference=lambda x: x["a"].astype(np.float64) @ x["b"].astype(np.float64),
         baseline=lambda x: x["a"] @ x["b"],
-        flops=2.0 * m * k * n, target=target)
+        flops=2.0 * m * k * n, target=target,
+        xla=lambda jax, v: v["a"] @ v["b"], torch=lambda torch, v: v["a"] @ v["b"])
 
 
 # row softmax / layer norm ---------------------------------------------------------------
@@ -86,16 +95,18 @@ def softmax(rows: int = 4096, cols: int = 1024) -> Workload:
         reference=lambda x: _softmax_np(x["x"].astype(np.float64)),
         baseline=lambda x: _softmax_np(x["x"]),
         bytes=2.0 * rows * cols * 4, baseline_threads=lambda n: 1, target=2.0, target_threads=(2,),
-        note="NumPy single-threaded")
+        note="NumPy single-threaded",
+        xla=lambda jax, v: jax.nn.softmax(v["x"], axis=1), torch=lambda torch, v: torch.softmax(v["x"], 1))
 
 
 EPS = 1e-5
 
 
-def _layernorm_np(x, g, b):
+def _layernorm_np(x, g, b, xp=np):
+    """Layer norm over axis 1 with the array module `xp` (NumPy, or jax.numpy for XLA)."""
     mu = x.mean(1, keepdims=True)
     var = x.var(1, keepdims=True)
-    return (x - mu) / np.sqrt(var + EPS) * g + b
+    return (x - mu) / xp.sqrt(var + EPS) * g + b
 
 
 def layernorm(rows: int = 4096, cols: int = 1024) -> Workload:
@@ -114,7 +125,8 @@ def layernorm(rows: int = 4096, cols: int = 1024) -> Workload:
         reference=lambda x: _layernorm_np(*(_f64(x)[k] for k in ("x", "g", "b"))),
         baseline=lambda x: _layernorm_np(x["x"], x["g"], x["b"]),
         bytes=2.0 * rows * cols * 4, baseline_threads=lambda n: 1, target=2.0, target_threads=(2,),
-        note="NumPy single-threaded")
+        note="NumPy single-threaded", xla=lambda jax, v: _layernorm_np(v["x"], v["g"], v["b"], jax.numpy),
+        torch=lambda torch, v: torch.nn.functional.layer_norm(v["x"], (cols,), v["g"], v["b"], EPS))
 
 
 # pointwise --------------------------------------------------------------------------------
@@ -132,17 +144,21 @@ def relu_fma(size: int = 1 << 24) -> Workload:
         reference=lambda x: np.maximum(x["a"].astype(np.float64) * x["b"] + x["c"], 0),
         baseline=lambda x: np.maximum(x["a"] * x["b"] + x["c"], 0),
         bytes=4.0 * size * 4, baseline_threads=lambda n: 1, target=1.5, target_threads=(2,),
-        note="NumPy single-threaded")
+        note="NumPy single-threaded", xla=lambda jax, v: jax.numpy.maximum(v["a"] * v["b"] + v["c"], 0),
+        torch=lambda torch, v: torch.relu(v["a"] * v["b"] + v["c"]))
 
 
 # conv2d ------------------------------------------------------------------------------------
-def _conv_im2col(x, w, pad: int):
-    """NCHW conv, stride 1: sliding windows of the padded input, reshaped to columns, then one matmul."""
+def conv_reference(x, w, stride: int = 1, pad: int = 1, depthwise: bool = False):
+    """NCHW convolution: sliding windows of the padded input, reshaped to columns, then one matmul
+    (depthwise: one filter a channel, w of shape (c, 1, kh, kw), a product summed over the window)."""
     n, c, h, wd = x.shape
     o, _, kh, kw = w.shape
     xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
-    win = sliding_window_view(xp, (kh, kw), axis=(2, 3))            # n, c, oh, ow, kh, kw
+    win = sliding_window_view(xp, (kh, kw), axis=(2, 3))[:, :, ::stride, ::stride]   # n, c, oh, ow, kh, kw
     oh, ow = win.shape[2], win.shape[3]
+    if depthwise:
+        return np.einsum("ncpqij,cij->ncpq", win, w[:, 0])
     cols = win.transpose(0, 1, 4, 5, 2, 3).reshape(n, c * kh * kw, oh * ow)
     return (w.reshape(o, c * kh * kw) @ cols).reshape(n, o, oh, ow)
 
@@ -159,10 +175,12 @@ def conv2d(n: int = 1, c: int = 64, hw: int = 56, o: int = 64, k: int = 3) -> Wo
         name="conv2d", title=f"conv2d {n}×{c}×{hw}² o{o} {k}×{k}",
         inputs=lambda rng: {"x": _f32(rng, n, c, hw, hw), "w": _f32(rng, o, c, k, k)},
         build=build,
-        reference=lambda x: _conv_im2col(x["x"].astype(np.float64), x["w"].astype(np.float64), 1),
-        baseline=lambda x: _conv_im2col(x["x"], x["w"], 1),
+        reference=lambda x: conv_reference(x["x"].astype(np.float64), x["w"].astype(np.float64)),
+        baseline=lambda x: conv_reference(x["x"], x["w"]),
         flops=2.0 * n * o * hw * hw * c * k * k, baseline_threads=lambda n: 1, target=1.0, target_threads=(2,),
-        to_ref=lambda out: out.transpose(0, 3, 1, 2), note="im2col + 1-thread BLAS")
+        to_ref=lambda out: out.transpose(0, 3, 1, 2), note="im2col + 1-thread BLAS",
+        xla=lambda jax, v: jax.lax.conv_general_dilated(v["x"], v["w"], (1, 1), ((1, 1), (1, 1))),
+        torch=lambda torch, v: torch.nn.functional.conv2d(v["x"], v["w"], padding=1))
 
 
 WORKLOADS: list[Workload] = [
@@ -176,13 +194,15 @@ WORKLOADS: list[Workload] = [
 ]
 
 
-def select(names: str | None) -> list[Workload]:
-    """Workloads named in a comma-separated list (a name also selects `name_*`, e.g. `matmul`)."""
+def select(names: str | None, among: list[Workload] | None = None) -> list[Workload]:
+    """Workloads of `among` (default WORKLOADS) named in a comma-separated list (a name also selects
+    `name_*`, e.g. `matmul`)."""
+    among = WORKLOADS if among is None else among
     if not names:
-        return list(WORKLOADS)
+        return list(among)
     wanted = [n.strip() for n in names.split(",") if n.strip()]
-    chosen = [w for w in WORKLOADS if any(w.name == n or w.name.startswith(n + "_") for n in wanted)]
-    unknown = [n for n in wanted if not any(w.name == n or w.name.startswith(n + "_") for w in WORKLOADS)]
+    chosen = [w for w in among if any(w.name == n or w.name.startswith(n + "_") for n in wanted)]
+    unknown = [n for n in wanted if not any(w.name == n or w.name.startswith(n + "_") for w in among)]
     if unknown:
-        raise SystemExit(f"unknown workload(s) {unknown}; known: {[w.name for w in WORKLOADS]}")
+        raise SystemExit(f"unknown workload(s) {unknown}; known: {[w.name for w in among]}")
     return chosen

@@ -6,14 +6,14 @@ which installs the hooks through which `Tensor.numpy()` reaches the runtime and
 from . import analysis, autoschedule, ir, runtime
 from .errors import ArtifactError, IllegalScheduleError
 from .export import export, load
-from .frontend import (Symbol, Symbols, Tensor, abs, bfloat16, concat, exp, float16, float32, float64, log, maximum,
-                       minimum, reciprocal, relu, sqrt, symbols)
+from .frontend import (Symbol, Symbols, Tensor, abs, bfloat16, concat, erf, exp, float16, float32, float64, log,
+                       maximum, minimum, reciprocal, relu, sqrt, symbols, tanh)
 from .runtime import Kernel, auto_schedule, cache_info, clear_cache, get_num_threads, interpret, set_num_threads
 from .schedule import LoopTree, Schedule
 from .version import __version__
 
 __all__ = [
-    "Symbol", "Symbols", "Tensor", "symbols", "concat", "exp", "log", "sqrt", "abs", "reciprocal", "relu",
+    "Symbol", "Symbols", "Tensor", "symbols", "concat", "exp", "log", "tanh", "erf", "sqrt", "abs", "reciprocal", "relu",
     "maximum", "minimum", "float16", "bfloat16", "float32", "float64", "LoopTree", "Schedule",
     "IllegalScheduleError", "ArtifactError", "export", "load", "auto_schedule",
     "Kernel", "cache_info", "clear_cache", "interpret", "set_num_threads", "get_num_threads", "analysis",

@@ -14,6 +14,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+import math
+
 import numpy as np
 from hypothesis import HealthCheck
 
@@ -78,7 +80,7 @@ class Builder:
 
     def unary(self, depth: int) -> Term:
         x = self.term(depth - 1)
-        op = self.ch.choice(["exp", "log", "sqrt", "abs", "reciprocal", "relu", "neg"])
+        op = self.ch.choice(["exp", "log", "sqrt", "abs", "reciprocal", "relu", "neg", "tanh", "erf"])
         t, v = x.tensor, x.value
         if op == "exp":      # bounded, so that float32 cannot overflow where float64 does not
             return made(t.maximum(-4.0).minimum(4.0).exp(), np.exp(np.clip(v, -4.0, 4.0)), x.dims, x)
@@ -92,6 +94,10 @@ class Builder:
             return made(lt.relu(t), np.maximum(v, 0.0), x.dims, x)
         if op == "neg":
             return made(-t, -v, x.dims, x)
+        if op == "tanh":
+            return made(lt.tanh(t), np.tanh(v), x.dims, x)
+        if op == "erf":
+            return made(t.erf(), np.vectorize(math.erf)(v), x.dims, x)
         return made(t.abs(), np.abs(v), x.dims, x)
 
     def binary(self, depth: int) -> Term:

@@ -32,7 +32,7 @@ from looptool.runtime import tuning_db
 from looptool.schedule import LoopTree, Schedule
 
 from . import costmodel, scheduler, space
-from .worker import MeasureError, Measurer
+from .worker import MeasureError, Measurer, lowered
 
 log = logging.getLogger("looptool.tuner")
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -235,7 +235,7 @@ class Tuning:
         self.node, self.storage_url, self.study_name = node, storage_url, study_name
         self.settings = {"sampler": sampler, "seed": seed, "threads": threads, "repeats": repeats, "device": device,
                          "transfer": transfer}
-        self.program = ir.lower(node)[0]
+        self.program = lowered(node, device)[0]
         self.storage, self.device, self.progress = make_storage(storage_url), device, progress
         self.transfer = sampler == "costmodel" and transfer
         self.measurer = Measurer(node, repeats=repeats, threads=threads, seed=seed or 0, device=device)
@@ -317,7 +317,7 @@ def open_tuning(tensor, storage: str | None = None, study_name: str | None = Non
     """Create (or resume) the tensor's study and open its `Tuning` (`settings` are its arguments), with
     the default schedule measured.  A new study's first trial is the space's centre (`start_from_automatic`)
     unless not `from_automatic` (bench.tune_quality leaves it out so that every sampler starts cold)."""
-    program = ir.lower(tensor.node)[0]
+    program = lowered(tensor.node, device)[0]
     name = study_name or study_name_for(program, threads, device)
     tuning = Tuning(tensor.node, storage or default_storage(), name, threads=threads, device=device, **settings)
     _describe_workload(tuning.study, program, target_name(device))

@@ -89,15 +89,22 @@ def _wrong_result(got: np.ndarray, expected: np.ndarray, dtype: str, reference: 
     return error, {"error": f"wrong result: relative error {error:.3g} against the {reference}"}
 
 
+def lowered(node, device: str = "cpu"):
+    """(program, input arrays) of `node` as the runtime of `device` lowers them: the CPU computes a
+    transcendental value that two reductions read once, in a stage of its own; the GPU inlines it."""
+    from looptool import ir, runtime
+    return runtime.lower_on_host(node) if device == "cpu" else ir.lower(node)
+
+
 def _cpu_trials(node, repeats: int, seed: int, calibrate: bool):
     """Trials on the CPU: random input sets in turn, each checked against the default schedule's
     result on it (computed once per set), each timed against the yardstick (the module docstring).
     Returns the trial function and the yardstick's calibrated seconds (None unless `calibrate`)."""
-    from looptool import autoschedule, ir, runtime
+    from looptool import autoschedule, runtime
     from looptool.analysis.target import host
     from looptool.schedule import LoopTree, Schedule
 
-    program, arrays = ir.lower(node)
+    program, arrays = lowered(node)
     threads = runtime.get_num_threads()
     reference_kernel = runtime.Kernel(LoopTree(program), threads)
     yardstick = runtime.Kernel(autoschedule.auto_tree(program, host().with_cores(threads)), threads)
@@ -327,11 +334,11 @@ def _compiler_main(conn, node, threads):
     """The compile process: compile each (key, steps) received, in order, and answer (key, object
     code), or (key, None) where it does not compile; stop at None or when the parent is gone."""
     import looptool
-    from looptool import ir, runtime
+    from looptool import runtime
     from looptool.schedule import LoopTree, Schedule
     if threads:
         looptool.set_num_threads(threads)
-    program = ir.lower(node)[0]
+    program = lowered(node)[0]
     while True:
         try:
             request = conn.recv()

@@ -102,26 +102,29 @@ def _sysfs_cache_sizes(root: Path) -> dict[int, int]:
 
 def l1_ways(root: Path = SYSFS_CACHE) -> int:
     """The L1 data cache's associativity: sysfs first, then os.sysconf, then DEFAULT_L1_WAYS."""
+    return _l1_data(root, "ways_of_associativity") or _sysconf("SC_LEVEL1_DCACHE_ASSOC") or DEFAULT_L1_WAYS
+
+
+def _l1_data(root: Path, field: str) -> int:
+    """A positive number from the sysfs file `field` of the L1 data cache, or 0."""
     for index in sorted(root.glob("index*")):
         try:
             if int((index / "level").read_text()) == 1 and (index / "type").read_text().strip() == "Data":
-                ways = int((index / "ways_of_associativity").read_text())
-                if ways > 0:
-                    return ways
+                return max(0, int((index / field).read_text()))
         except (OSError, ValueError):
             continue
-    try:
-        return os.sysconf("SC_LEVEL1_DCACHE_ASSOC") or DEFAULT_L1_WAYS
-    except (ValueError, OSError):
-        return DEFAULT_L1_WAYS
+    return 0
 
 
-def _sysconf_cache_size(level: int) -> int:
+def _sysconf(name: str) -> int:
     try:
-        return max(0, os.sysconf(SYSCONF_NAMES[level]))
+        return max(0, os.sysconf(name))
     except (ValueError, OSError):
         return 0
 
+
+def _sysconf_cache_size(level: int) -> int:
+    return _sysconf(SYSCONF_NAMES[level])
 
 def parse_size(text: str) -> int:
     """'32K', '512K', '32768K', '1M' or '4096' as bytes."""

@@ -111,6 +111,17 @@ def vector_width(target: Target, dtype: str, extent: int) -> int:
     return min(lanes * INDEPENDENT_VECTORS, extent // lanes * lanes)
 
 
+def accumulator_block(target: Target, itemsize: int, extent: int, width: int) -> int:
+    """Columns per pass of a reduction over an outer dim (vectorized along a kept dim): as many
+    accumulators as fit in the share of L1 the model allows, so that each pass reads whole stretches
+    of rows and its accumulators stay in L1; a multiple of the vector `width`, and no more than
+    extent / cores, so that every core gets a block."""
+    most = target.l1 // CACHE_SHARE // itemsize
+    if target.cores > 1:
+        most = min(most, -(-extent // target.cores))
+    return balanced(extent, most, width)
+
+
 def worth_threads(target: Target, iterations: int, work: int) -> bool:
     """Whether a loop of `iterations` over `work` scalar iterations in all should run on the cores."""
     if target.cores < 2 or iterations < target.cores or work < WORK_PER_THREAD * target.cores:

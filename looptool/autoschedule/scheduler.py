@@ -126,6 +126,7 @@ class Builder:
     def schedule_stage(self, name: str):
         """Place the stage inside its consumer if the rules allow, else give it loops of its own."""
         stage = self.program.stage(name)
+        self.explain_shared(stage)
         if self.placed(stage):
             self.streamed(stage, threads=False)
             return
@@ -136,6 +137,14 @@ class Builder:
             self.tiled(stage, found)
         else:
             self.streamed(stage, threads=self.allowed.threads)
+
+    def explain_shared(self, stage: ir.Stage):
+        """Say why a stage holds a transcendental value alone: the CPU's lowering computes one that two
+        reductions read once, at full vector width (`ir.lower(..., share_transcendentals=True)`)."""
+        readers = [r.name for r in self.program.readers(stage.name) if r.reduce_op]
+        if isinstance(stage.expr, ir.Unary) and stage.expr.op in ir.TRANSCENDENTAL and len(readers) > 1:
+            self.note(stage.name, f"its {stage.expr.op} is read by the reductions {', '.join(readers)}: computed once "
+                                  f"here, at full vector width, not inside each of them (lowered as its own stage)")
 
     # Placement -----------------------------------------------------------------------
     def placed(self, stage: ir.Stage) -> bool:
@@ -171,32 +180,78 @@ class Builder:
         vector = structure.vector_dim(self.program, stage, tuple(own))
         pure = structure.by_stride(self.program, stage, [d for d in own if d not in stage.reduce_dims and d != vector])
         reductions = structure.by_stride(self.program, stage, [d for d in own if d in stage.reduce_dims and d != vector])
-        outer = None
         if vector is None:
-            order = pure + reductions
+            order, outer = pure + reductions, []
         else:
-            extent, lanes = self.program.size(vector), self.target.lanes(stage.dtype)
-            width = model.vector_width(self.target, stage.dtype, extent)
-            width = self.decide(f"{stage.name}.{vector}.lanes", width,
-                                choices.halves_and_doubles(width, extent, min(lanes, extent)))
-            outer, inner = self.split(stage.name, vector, width)
-            if vector in stage.reduce_dims:
-                order = pure + reductions + [outer, inner]
-            else:
-                order = pure + [outer] + reductions + [inner]
-            self.schedule = self.schedule.annotate(stage.name, inner, "vectorize")
-            kind = "reduction, kept as vector partial sums" if vector in stage.reduce_dims else "pure"
-            self.note(stage.name, f"vectorize {vector} by {width} lanes ({kind}): "
-                                  f"{structure.unit_stride_count(self.program, stage, vector)} of its accesses "
-                                  f"are contiguous along it; {lanes} lanes per register")
+            order, outer = self.vector_loops(stage, vector, pure, reductions)
         self.reorder(stage.name, [lp for lp in order if lp])
         if not threads:
             return
         work = math.prod(self.program.size(d) for d in stage.loop_dims)
-        vector_outer = [outer] if outer and vector not in stage.reduce_dims else []
-        loop = self.parallel(stage.name, {lp: lp for lp in pure + vector_outer}, work)
+        loop = self.parallel(stage.name, {lp: lp for lp in outer}, work)
         if loop:
             self.schedule = self.schedule.annotate(stage.name, loop, "parallel")
+
+    def vector_loops(self, stage: ir.Stage, vector: str, pure: list[str], reductions: list[str]):
+        """Split and vectorize `vector`; (the stage's loop order, the loops outside its reductions that
+        threads may take, outer first)."""
+        extent, lanes = self.program.size(vector), self.target.lanes(stage.dtype)
+        along = structure.gathered_along(self.program, stage, vector) if not reductions else None
+        # Gathered lanes load one by one: more vectors in flight would only spread more lines.
+        width = min(lanes, extent) if along in pure else model.vector_width(self.target, stage.dtype, extent)
+        width = self.decide(f"{stage.name}.{vector}.lanes", width,
+                            choices.halves_and_doubles(width, extent, min(lanes, extent)))
+        kind = "reduction, kept as vector partial sums" if vector in stage.reduce_dims else "pure"
+        scattered = structure.scatter_cost(self.program, stage, vector)
+        self.note(stage.name, f"vectorize {vector} by {width} lanes ({kind}): "
+                              f"{structure.unit_stride_count(self.program, stage, vector)} of its accesses "
+                              f"are contiguous along it{f', {scattered} lane-by-lane (fewest)' if scattered else ''}; "
+                              f"{lanes} lanes per register")
+        if vector in stage.reduce_dims:
+            outer, inner = self.split(stage.name, vector, width)
+            order, free = pure + reductions + [outer, inner], pure
+        elif reductions:
+            block, rest = self.accumulators(stage, vector, width)
+            outer, inner = self.split(stage.name, rest, width)
+            order, free = pure + [block] + reductions + [outer, inner], pure + [block]
+        else:
+            outer, inner = self.split(stage.name, vector, width)
+            rows, block = self.gather_block(stage, vector, width, along, pure)
+            order, free = rows + [outer, block] + [inner], rows + [outer]
+        self.schedule = self.schedule.annotate(stage.name, inner, "vectorize")
+        return order, [lp for lp in free if lp]
+
+    def accumulators(self, stage: ir.Stage, vector: str, width: int) -> tuple[str | None, str | None]:
+        """A reduction over outer dims, vectorized along a kept dim: block the kept dim so that the
+        accumulators of one pass fill the share of L1 the model allows ((block loop, the rest))."""
+        extent, itemsize = self.program.size(vector), np.dtype(stage.dtype).itemsize
+        block = model.accumulator_block(self.target, itemsize, extent, width)
+        block = self.decide(f"{stage.name}.{vector}.block", block, choices.halves_and_doubles(block, extent, width))
+        outer, rest = self.split(stage.name, vector, block)
+        self.note(stage.name, f"reduction over outer dims: {vector} in blocks of {block}, whose {block * itemsize // 1024} "
+                              f"KiB of accumulators stay in L1 (at most half of its {self.target.l1 // 1024} KiB"
+                              f"{', one block a core at least' if self.target.cores > 1 else ''}) while each pass "
+                              f"reads {block}-long stretches of rows")
+        return outer, rest
+
+    def gather_block(self, stage: ir.Stage, vector: str, width: int, along: str | None,
+                     pure: list[str]) -> tuple[list[str], str | None]:
+        """Where the vector's loads are gathers (a transpose, vectorized along its contiguous store), block
+        `along`, the dim along which they are contiguous, inside the vector's outer loop, so that the
+        `width` gathered rows of a block fill the share of L1 the model allows and each of their lines is
+        read once: (the outer loops, the block's loop or None)."""
+        if along not in pure:
+            return pure, None
+        itemsize = np.dtype(stage.dtype).itemsize
+        block = model.balanced(self.program.size(along), self.target.l1 // model.CACHE_SHARE // (width * itemsize))
+        block = self.decide(f"{stage.name}.{along}.block", block,
+                            choices.halves_and_doubles(block, self.program.size(along)))
+        outer, inner = self.split(stage.name, along, block)
+        self.note(stage.name, f"{vector}'s loads are gathered, one vector of {width} lanes at a time; {along}, along "
+                              f"which they are contiguous, in blocks of {block} inside {vector}'s outer loop: the "
+                              f"{width}x{block} slice they read takes {width * block * itemsize // 1024} KiB, half of "
+                              f"L1 at most, so each of its lines is read once")
+        return [outer if d == along else d for d in pure], inner
 
     # Contractions ------------------------------------------------------------------------
     def tiled(self, stage: ir.Stage, found: structure.Contraction):

@@ -40,11 +40,40 @@ def store_strides(program: Program, stage: ir.Stage) -> dict[str, int]:
     return dict(zip(stage.dims, buffer_strides(program, stage.name)))
 
 
+def inner_loads(program: Program, stage: ir.Stage) -> list[ir.Load]:
+    """The loads of the stage's innermost loop: all of them, except that a reduction reads once per
+    result, outside its reduction loops, what none of its reduction dims moves (softmax's row maximum)."""
+    loads = list(ir.loads(stage.expr))
+    if stage.reduce_op is None:
+        return loads
+    return [load for load in loads if set(load_strides(program, load)) & set(stage.reduce_dims)]
+
+
 def unit_stride_count(program: Program, stage: ir.Stage, dim: str) -> int:
-    """Accesses in the stage's innermost loop that are contiguous along `dim`: its loads, and its store
-    when it is pure (a reduction stores once per result, outside its reduction loops)."""
-    count = sum(1 for load in ir.loads(stage.expr) if abs(load_strides(program, load).get(dim, 0)) == 1)
+    """Accesses in the stage's innermost loop that are contiguous along `dim`: its inner loads, and its
+    store when it is pure (a reduction stores once per result, outside its reduction loops)."""
+    count = sum(1 for load in inner_loads(program, stage) if abs(load_strides(program, load).get(dim, 0)) == 1)
     return count + (stage.reduce_op is None and store_strides(program, stage).get(dim) == 1)
+
+
+def scatter_cost(program: Program, stage: ir.Stage, dim: str) -> int:
+    """What running `dim` as SIMD lanes costs in lanes gathered one by one: 1 for each inner load strided
+    along it (a gather), 2 for a pure stage's store strided along it (a scatter: each lane writes part of
+    another cache line, which the cache must read in first, where a contiguous store fills its lines)."""
+    gathers = sum(1 for load in inner_loads(program, stage) if abs(load_strides(program, load).get(dim, 0)) > 1)
+    return gathers + 2 * (stage.reduce_op is None and abs(store_strides(program, stage).get(dim, 0)) > 1)
+
+
+def gathered_along(program: Program, stage: ir.Stage, vector: str) -> str | None:
+    """For a vector dim whose inner loads are gathers, the other dim of the stage along which those loads
+    are contiguous (a transpose's rows), or None: blocking it keeps each gathered line for a whole line."""
+    for load in inner_loads(program, stage):
+        strides = load_strides(program, load)
+        if abs(strides.get(vector, 0)) > 1:
+            dim = next((d for d, s in strides.items() if abs(s) == 1 and d != vector), None)
+            if dim is not None and dim in stage.dims:
+                return dim
+    return None
 
 
 def largest_stride(program: Program, stage: ir.Stage, dim: str) -> int:
@@ -88,13 +117,14 @@ def contraction(program: Program, stage: ir.Stage) -> Contraction | None:
 
 
 def vector_dim(program: Program, stage: ir.Stage, dims: tuple[str, ...]) -> str | None:
-    """Among `dims`, the one to run as SIMD lanes: the most accesses contiguous along it, pure dims
-    (a contiguous store) before reduction dims, inner dims before outer ones; None if all have size 1."""
+    """Among `dims`, the one to run as SIMD lanes: the fewest lanes gathered or scattered (`scatter_cost`),
+    then the most accesses contiguous along it, pure dims (a contiguous store) before reduction dims,
+    inner dims before outer ones; None if all have size 1."""
     candidates = [d for d in dims if program.size(d) > 1]
     if not candidates:
         return None
-    return max(candidates, key=lambda d: (unit_stride_count(program, stage, d), d not in stage.reduce_dims,
-                                          stage.loop_dims.index(d)))
+    return max(candidates, key=lambda d: (-scatter_cost(program, stage, d), unit_stride_count(program, stage, d),
+                                          d not in stage.reduce_dims, stage.loop_dims.index(d)))
 
 
 def by_stride(program: Program, stage: ir.Stage, dims) -> list[str]:

@@ -61,7 +61,7 @@ from ..schedule import (GPU_AXES, TENSOR_INSTRUCTIONS, LoopNode, LoopTree, StmtN
                         pipeline_depth, tensor_role, thread_bound, walk)
 from .accumulators import run_in_registers
 from .edges import clamped_outside, inside_buffer, register_tails, tail_host
-from .llvm import (F32, F64, I16, I32, I64, IDENTITY, ITEM_BYTES, MEMORY_TYPE, REDUCE_BINARY, VALUE_TYPE, ZERO,
+from .llvm import (F32, F64, I16, I32, I64, IDENTITY, INLINE_F32, ITEM_BYTES, MEMORY_TYPE, REDUCE_BINARY, VALUE_TYPE, ZERO,
                    FunctionBuilder, Lanes, constant, element_type, hoisted_tail_checks, kernel_params)
 
 TRIPLE = "nvptx64-nvidia-cuda"
@@ -1326,8 +1326,10 @@ class _GpuBuilder(FunctionBuilder):
         return b.or_(halves[0], b.shl(halves[1], constant(I32, 16)))
 
     def unary(self, op: str, x):
-        if op in ("log",) or (op == "exp" and element_type(x.type) == F64):
-            raise ValueError(f"{op} of {element_type(x.type)} is not supported on the GPU backend yet")
+        """As the shared builder, but float64 exp, log, tanh and erf are refused: they would need libm."""
+        if op in INLINE_F32 and element_type(x.type) == F64:
+            raise ValueError(f"{op} of float64 is not supported on the GPU backend (NVPTX has no libm; "
+                             f"float32 {op} is inline): compute it in float32")
         return super().unary(op, x)
 
 

@@ -48,7 +48,28 @@ ITEM_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 FAST = ("nsz",)
 REASSOCIATE = ("reassoc", "nsz")
 IDENTITY = ir.REDUCE_IDENTITY
-INTRINSIC_UNARY = {"exp": "llvm.exp", "log": "llvm.log", "sqrt": "llvm.sqrt", "abs": "llvm.fabs"}
+INTRINSIC_UNARY = {"exp": "llvm.exp", "log": "llvm.log", "tanh": "llvm.tanh", "sqrt": "llvm.sqrt", "abs": "llvm.fabs"}
+# exp, log, tanh and erf of float32 are inline polynomials (below), so loops that use them stay in
+# vector registers on the CPU and need no libm on the GPU; docs/frontend.md gives their accuracy.
+INLINE_F32 = ("exp", "log", "tanh", "erf")
+LIBM_ONLY = ("erf",)   # float64 ops with no LLVM intrinsic: a libm call per lane
+# Polynomial coefficients, highest degree first. exp, log and tanh: Cephes' expf, logf and tanhf;
+# erf: least-squares fits in float64, rounded to float32 (x + x*P(x*x) below ERF_SPLIT, and
+# log(erfc(t)) as a polynomial in t = |x| from there to ERF_ONE, past which erf rounds to 1).
+EXP_COEFFS = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1,
+              5.0000001201e-1)
+LOG_COEFFS = (7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1, -1.2420140846e-1, 1.4249322787e-1,
+              -1.6668057665e-1, 2.0000714765e-1, -2.4999993993e-1, 3.3333331174e-1)
+TANH_COEFFS = (-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1, -3.33332819422e-1)
+EXP_LOW, EXP_HIGH = -104.0, 88.72284   # exp(-104) rounds to 0; exp(88.72284) is float32's largest finite
+TANH_SPLIT = 0.625
+ERF_SMALL = (8.47742339828983e-05, -0.0008168499916791916, 0.005203345324844122, -0.026860348880290985,
+             0.11283712834119797, -0.37612634897232056, 0.12837916612625122)
+ERF_LARGE = (1.6293822682200698e-06, -4.588020237861201e-05, 0.0005950948689132929, -0.004750560037791729,
+             0.026392484083771706, -0.11002429574728012, -0.631891131401062, -1.1301919221878052,
+             0.0003090462414547801)
+ERF_SPLIT, ERF_ONE = 0.921875, 4.0
+MIN_NORMAL_F32 = 1.17549435e-38
 INTRINSIC_BINARY = {"maximum": "llvm.maximum", "minimum": "llvm.minimum"}
 ARITH = {"add": "fadd", "sub": "fsub", "mul": "fmul", "div": "fdiv"}
 REDUCE_BINARY = {"sum": "add", "max": "maximum", "min": "minimum"}
@@ -529,6 +550,7 @@ class FunctionBuilder:
         return self.builder.call(self.intrinsic("llvm.fma", x.type, 3), [x, y, z], fastmath=FAST)
 
     def unary(self, op: str, x: llir.Value) -> llir.Value:
+        """`op` of a scalar or vector value: inline for float32's transcendental functions."""
         b = self.builder
         if op == "neg":
             return b.fneg(x)
@@ -536,35 +558,96 @@ class FunctionBuilder:
             return b.fdiv(constant_like(x.type, 1.0), x, flags=FAST)
         if op == "relu":
             return self.binary("maximum", x, constant_like(x.type, 0.0))
-        if op == "exp" and element_type(x.type) == F32:
-            return self.exp_f32(x)
+        if op in INLINE_F32 and element_type(x.type) == F32:
+            return getattr(self, f"{op}_f32")(x)
+        if op in LIBM_ONLY:
+            return self.libm_lanes(op, x)
         return b.call(self.intrinsic(INTRINSIC_UNARY[op], x.type, 1), [x], fastmath=FAST)
 
-    def exp_f32(self, x: llir.Value) -> llir.Value:
-        """e**x for float32 scalars or vectors, inline: Cephes' range reduction and polynomial (~1 ulp).
+    def libm_lanes(self, name: str, x: llir.Value) -> llir.Value:
+        """libm's function `name` of a float64 scalar, or of each lane of a vector in turn."""
+        b, ty = self.builder, element_type(x.type)
+        fn = self.declare(name, ty, [ty])
+        if not isinstance(x.type, llir.VectorType):
+            return b.call(fn, [x])
+        result = constant(x.type, None)
+        for lane in range(x.type.count):
+            index = constant(I32, lane)
+            result = b.insert_element(result, b.call(fn, [b.extract_element(x, index)]), index)
+        return result
 
-        libm's expf cannot be vectorized by LLVM here, so this keeps exp-heavy loops in SIMD
-        registers. Below -87.3 it gives 0, above 88.7 inf, and NaN stays NaN."""
+    def horner(self, x: llir.Value, coeffs) -> llir.Value:
+        """The polynomial with `coeffs` (highest degree first) at x, by fused multiply-adds."""
+        result = constant_like(x.type, coeffs[0])
+        for coeff in coeffs[1:]:
+            result = self.fma(result, x, constant_like(x.type, coeff))
+        return result
+
+    def exp_f32(self, x: llir.Value) -> llir.Value:
+        """e**x for float32 scalars or vectors, inline: Cephes' range reduction and polynomial.
+
+        Results below float32's least normal number are subnormal (2**n applied in two halves, so only
+        the last product rounds); below -104 it gives 0, above 88.7 inf, and NaN stays NaN."""
         b, ty = self.builder, x.type
 
         def c(v):
             return constant_like(ty, v)
-        clamped = self.binary("minimum", self.binary("maximum", x, c(-87.33654)), c(88.72284))
+        clamped = self.binary("minimum", self.binary("maximum", x, c(EXP_LOW)), c(EXP_HIGH))
         n = b.call(self.intrinsic("llvm.rint", ty, 1), [b.fmul(clamped, c(1.44269504088896341))])
         r = b.fsub(b.fsub(clamped, b.fmul(n, c(0.693359375))), b.fmul(n, c(-2.12194440e-4)))
-        poly = c(1.9875691500e-4)
-        for coeff in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
-            poly = b.fadd(b.fmul(poly, r), c(coeff))
-        y = b.fadd(b.fadd(b.fmul(poly, b.fmul(r, r)), r), c(1.0))
-        ity = llir.VectorType(llir.IntType(32), ty.count) if isinstance(ty, llir.VectorType) else llir.IntType(32)
+        y = b.fadd(self.fma(self.horner(r, EXP_COEFFS), b.fmul(r, r), r), c(1.0))
+        ity = int_like(ty)
         whole = b.fptosi(n, ity)
         half = b.ashr(whole, constant_like(ity, 1))
         for part in (half, b.sub(whole, half)):
             y = b.fmul(y, b.bitcast(b.shl(b.add(part, constant_like(ity, 127)), constant_like(ity, 23)), ty))
-        result = y
-        result = b.select(b.fcmp_ordered("<", x, c(-87.33654)), c(0.0), result)
-        result = b.select(b.fcmp_ordered(">", x, c(88.72284)), c(float("inf")), result)
+        result = b.select(b.fcmp_ordered("<", x, c(EXP_LOW)), c(0.0), y)
+        result = b.select(b.fcmp_ordered(">", x, c(EXP_HIGH)), c(float("inf")), result)
         return b.select(b.fcmp_unordered("uno", x, x), x, result)
+
+    def log_f32(self, x: llir.Value) -> llir.Value:
+        """Natural log of float32 scalars or vectors, inline: x = m * 2**e with m in [sqrt(1/2), sqrt(2)),
+        Cephes' polynomial in m - 1, plus e*ln 2 in two parts. Subnormals are scaled up first;
+        log(0) is -inf, log(inf) inf, and negative numbers and NaN give NaN."""
+        b, ty, ity = self.builder, x.type, int_like(x.type)
+        tiny = b.fcmp_ordered("<", x, constant_like(ty, MIN_NORMAL_F32))
+        bits = b.bitcast(b.select(tiny, b.fmul(x, constant_like(ty, 2.0 ** 23)), x), ity)
+        bias = b.select(tiny, constant_like(ity, 126 + 23), constant_like(ity, 126))
+        m = b.bitcast(b.or_(b.and_(bits, constant_like(ity, 0x007FFFFF)), constant_like(ity, 0x3F000000)), ty)
+        low = b.fcmp_ordered("<", m, constant_like(ty, 0.707106781186547524))
+        e = b.sitofp(b.sub(b.sub(b.lshr(bits, constant_like(ity, 23)), bias), b.zext(low, ity)), ty)
+        f = b.fsub(b.select(low, b.fadd(m, m), m), constant_like(ty, 1.0))
+        z = b.fmul(f, f)
+        y = self.fma(e, constant_like(ty, -2.12194440e-4), b.fmul(b.fmul(f, z), self.horner(f, LOG_COEFFS)))
+        result = self.fma(e, constant_like(ty, 0.693359375), b.fadd(f, self.fma(z, constant_like(ty, -0.5), y)))
+        result = b.select(b.fcmp_ordered("==", x, constant_like(ty, 0.0)), constant_like(ty, float("-inf")), result)
+        result = b.select(b.fcmp_ordered("==", x, constant_like(ty, float("inf"))), x, result)
+        return b.select(b.fcmp_unordered("<", x, constant_like(ty, 0.0)), constant_like(ty, float("nan")), result)
+
+    def tanh_f32(self, x: llir.Value) -> llir.Value:
+        """tanh of float32 scalars or vectors, inline: Cephes' odd polynomial below |x| = 0.625, else
+        1 - 2/(exp(2|x|) + 1) with the sign of x (±1 at ±inf; NaN stays NaN)."""
+        b, ty = self.builder, x.type
+        size = b.call(self.intrinsic("llvm.fabs", ty, 1), [x])
+        square = b.fmul(x, x)
+        small = self.fma(b.fmul(self.horner(square, TANH_COEFFS), square), x, x)
+        grown = b.fadd(self.exp_f32(b.fadd(size, size)), constant_like(ty, 1.0))
+        large = b.fsub(constant_like(ty, 1.0), b.fdiv(constant_like(ty, 2.0), grown))
+        return self.odd(x, b.select(b.fcmp_ordered("<", size, constant_like(ty, TANH_SPLIT)), small, large))
+
+    def erf_f32(self, x: llir.Value) -> llir.Value:
+        """erf of float32 scalars or vectors, inline: x + x*P(x*x) below |x| = ERF_SPLIT, else
+        1 - exp(Q(|x|)) with the sign of x, where Q fits log(erfc) up to ERF_ONE (±1 beyond; NaN stays NaN)."""
+        b, ty = self.builder, x.type
+        small = self.fma(self.horner(b.fmul(x, x), ERF_SMALL), x, x)
+        size = b.call(self.intrinsic("llvm.fabs", ty, 1), [x])
+        tail = self.exp_f32(self.horner(self.binary("minimum", size, constant_like(ty, ERF_ONE)), ERF_LARGE))
+        large = b.fsub(constant_like(ty, 1.0), tail)
+        return self.odd(x, b.select(b.fcmp_ordered("<", size, constant_like(ty, ERF_SPLIT)), small, large))
+
+    def odd(self, x: llir.Value, value: llir.Value) -> llir.Value:
+        """`value` with the sign of x: an odd function's result from its value at |x| (tanh(-0) is -0)."""
+        return self.builder.call(self.intrinsic("llvm.copysign", x.type, 2), [value, x])
 
     def binary(self, op: str, x: llir.Value, y: llir.Value) -> llir.Value:
         if op in ARITH:
@@ -827,6 +910,11 @@ def is_product(e: ir.Expr) -> bool:
 
 def element_type(ty: llir.Type) -> llir.Type:
     return ty.element if isinstance(ty, llir.VectorType) else ty
+
+
+def int_like(ty: llir.Type) -> llir.Type:
+    """The 32-bit integer type of a float32 scalar or vector's shape (for bit manipulation)."""
+    return llir.VectorType(I32, ty.count) if isinstance(ty, llir.VectorType) else I32
 
 
 def constant_like(ty: llir.Type, value: float | int) -> llir.Constant:

@@ -10,7 +10,7 @@ import numpy as np
 
 from . import dtypes
 
-UNARY_OPS = ("neg", "exp", "log", "sqrt", "abs", "reciprocal", "relu")
+UNARY_OPS = ("neg", "exp", "log", "tanh", "erf", "sqrt", "abs", "reciprocal", "relu")
 BINARY_OPS = ("add", "sub", "mul", "div", "maximum", "minimum")
 REDUCE_OPS = ("sum", "max", "min")
 

@@ -145,6 +145,14 @@ class Tensor:
         """Elementwise natural logarithm."""
         return self._map("log")
 
+    def tanh(self) -> "Tensor":
+        """Elementwise hyperbolic tangent."""
+        return self._map("tanh")
+
+    def erf(self) -> "Tensor":
+        """Elementwise error function, 2/sqrt(pi) times the integral of exp(-t*t) from 0 to x."""
+        return self._map("erf")
+
     def sqrt(self) -> "Tensor":
         """Elementwise square root."""
         return self._map("sqrt")
@@ -268,7 +276,8 @@ def _unary(op: str):
     return fn
 
 
-exp, log, sqrt, abs, reciprocal, relu = (_unary(op) for op in ("exp", "log", "sqrt", "abs", "reciprocal", "relu"))
+exp, log, tanh, erf, sqrt, abs, reciprocal, relu = (
+    _unary(op) for op in ("exp", "log", "tanh", "erf", "sqrt", "abs", "reciprocal", "relu"))
 
 
 def maximum(a, b) -> Tensor:

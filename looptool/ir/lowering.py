@@ -7,6 +7,10 @@ from ..frontend import dtypes, graph
 from .program import (Affine, Buffer, Cast, Const, Expr, Guard, Load, Program, Select, Stage, Unary, Binary)
 
 
+# Pointwise functions that cost tens of operations a value, where a load, add or multiply costs one.
+TRANSCENDENTAL = ("exp", "log", "tanh", "erf")
+
+
 def element_strides(array) -> tuple[int, ...]:
     """An array's strides counted in elements, not bytes."""
     return tuple(s // array.itemsize for s in array.strides)
@@ -15,8 +19,8 @@ def element_strides(array) -> tuple[int, ...]:
 class _Lowering:
     """Turns a graph into a Program, collecting the input arrays it reads."""
 
-    def __init__(self, prepare_input):
-        self.prepare_input = prepare_input
+    def __init__(self, prepare_input, shared: set[int] = frozenset()):
+        self.prepare_input, self.shared = prepare_input, shared
         self.inputs: list[Buffer] = []
         self.arrays: list[np.ndarray] = []
         self.input_ids: dict[int, str] = {}
@@ -54,9 +58,11 @@ class _Lowering:
             return Load(buf.name, tuple(index[d] for d in node.dims), dtype, guarded)
         if isinstance(node, graph.Scalar):
             return Const(node.value, dtype)
+        if isinstance(node, graph.Map) and id(node) in self.shared:
+            stage = self.shared_stage(node)
+            return Load(stage.name, tuple(index[d] for d in node.dims), dtype, guarded)
         if isinstance(node, graph.Map):
-            args = [self.cast(self.expr(a, index, guarded), dtype) for a in node.args]
-            return Unary(node.op, *args) if len(args) == 1 else Binary(node.op, *args)
+            return self.pointwise(node, index, guarded)
         if isinstance(node, graph.Cast):
             return self.cast(self.expr(node.src, index, guarded), dtype)
         if isinstance(node, graph.Reduce):
@@ -75,6 +81,20 @@ class _Lowering:
         if isinstance(node, graph.Concat):
             return self.concat(node, index, guarded)
         raise TypeError(f"cannot lower graph node {type(node).__name__}")
+
+    def pointwise(self, node: graph.Map, index: dict[str, Affine], guarded: bool) -> Expr:
+        """The value of a pointwise operation at `index`, its operands inlined."""
+        args = [self.cast(self.expr(a, index, guarded), node.dtype.name) for a in node.args]
+        return Unary(node.op, *args) if len(args) == 1 else Binary(node.op, *args)
+
+    def shared_stage(self, node: graph.Map) -> Stage:
+        """The pure stage that computes a shared transcendental value once (`shared_transcendentals`)."""
+        if id(node) not in self.stage_ids:
+            expr = self.pointwise(node, {d: Affine.var(d) for d in node.dims}, False)
+            stage = Stage(f"t{len(self.stages)}", node.dims, (), None, expr, node.dtype.name, node.dims)
+            self.stages.append(stage)
+            self.stage_ids[id(node)] = stage
+        return self.stage_ids[id(node)]
 
     def concat(self, node: graph.Concat, index: dict[str, Affine], guarded: bool) -> Expr:
         dtype = node.dtype.name
@@ -101,12 +121,57 @@ def whole_aligned_elements(array) -> bool:
     return aligned and not any(s % array.itemsize for s in array.strides)
 
 
-def lower(node: graph.Node, prepare_input=None) -> tuple[Program, list]:
+def shared_transcendentals(root: graph.Node) -> set[int]:
+    """The pointwise nodes whose value involves a transcendental function (exp, log, tanh, erf) that the
+    bodies of two or more reductions read (an attention head's exp(scores - max), read by the row sum and
+    by the weighted sum of values). Inlined, each reduction would compute them again, and inside a
+    contraction once per register tile; lowered as a stage of their own they are computed once, at full
+    vector width. The ids of those nodes (never the root's)."""
+    readers: dict[int, set[int]] = {}
+    reductions = [n for n in graph_nodes(root) if isinstance(n, graph.Reduce)]
+    for reduction in reductions:
+        for node in pointwise_body(reduction.src):
+            if isinstance(node, graph.Map) and node.op in TRANSCENDENTAL:
+                readers.setdefault(id(node), set()).add(id(reduction))
+    return {node for node, by in readers.items() if len(by) > 1 and node != id(root)}
+
+
+def graph_nodes(root: graph.Node) -> list[graph.Node]:
+    """Every node of the graph below `root` (and `root`), each once."""
+    seen, order, todo = set(), [], [root]
+    while todo:
+        node = todo.pop()
+        if id(node) not in seen:
+            seen.add(id(node))
+            order.append(node)
+            todo.extend(node.children())
+    return order
+
+
+def pointwise_body(node: graph.Node) -> list[graph.Node]:
+    """The nodes a stage's expression inlines from `node` down: every node above a reduction's result."""
+    body, seen, todo = [], set(), [node]
+    while todo:
+        here = todo.pop()
+        if id(here) in seen:
+            continue
+        seen.add(id(here))
+        body.append(here)
+        if not isinstance(here, graph.Reduce):
+            todo.extend(here.children())
+    return body
+
+
+def lower(node: graph.Node, prepare_input=None, share_transcendentals: bool = False) -> tuple[Program, list]:
     """Lower a graph to a Program plus the input arrays, in the order of `Program.inputs`.
 
     `prepare_input(array)`, when given, replaces each input array first (the runtime uses it
-    to bring device arrays to the host); the IR itself knows nothing of devices."""
-    lowering = _Lowering(prepare_input or (lambda array: array))
+    to bring device arrays to the host); the IR itself knows nothing of devices. With
+    `share_transcendentals`, a transcendental value that two reductions read is a stage of its own
+    (`shared_transcendentals`): the CPU runtime lowers so; the GPU's rules fuse such programs (an
+    attention head's softmax and weighted sum) into one kernel instead, and want them inlined."""
+    shared = shared_transcendentals(node) if share_transcendentals else set()
+    lowering = _Lowering(prepare_input or (lambda array: array), shared)
     if isinstance(node, graph.Reduce):
         lowering.stage_for(node)
     else:

@@ -184,8 +184,9 @@ def clear_cache():
 
 
 def lower_on_host(node: graph.Node) -> tuple[ir.Program, list[np.ndarray]]:
-    """Lower a graph for the CPU: its Program and input arrays, device arrays copied to the host."""
-    return ir.lower(node, to_host)
+    """Lower a graph for the CPU: its Program and input arrays, device arrays copied to the host, a
+    transcendental value that two reductions read computed once, in a stage of its own."""
+    return ir.lower(node, to_host, share_transcendentals=True)
 
 
 def loop_tree_of(node: graph.Node, schedule=None) -> LoopTree:

@@ -9,6 +9,8 @@ the brute-force side of the legality check's tests.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import ir
@@ -19,7 +21,8 @@ VECTOR_LIMIT = 1 << 18
 IDENTITY = {"sum": 0.0, "max": -np.inf, "min": np.inf}
 REDUCE_AT = {"sum": np.add.at, "max": np.maximum.at, "min": np.minimum.at}
 UNARY = {
-    "neg": np.negative, "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "abs": np.abs,
+    "neg": np.negative, "exp": np.exp, "log": np.log, "tanh": np.tanh, "sqrt": np.sqrt, "abs": np.abs,
+    "erf": lambda x: np.vectorize(math.erf, otypes=[np.float64])(x).astype(x.dtype),
     "reciprocal": np.reciprocal, "relu": lambda x: np.maximum(x, x.dtype.type(0)),
 }
 BINARY = {

@@ -66,3 +66,4 @@ def test_the_host_target_is_consistent_with_this_process():
 
 def test_parse_size_reads_sysfs_units():
     assert [target.parse_size(t) for t in ("32K", "1M", "4096", "2G")] == [32768, 1 << 20, 4096, 2 << 30]
+

@@ -1,6 +1,8 @@
 """Pointwise ops, scalars, reductions, broadcasting by name, dtype promotion
 and non-contiguous inputs, all checked against float64 NumPy references."""
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -15,6 +17,8 @@ DTYPES = [np.float32, np.float64]
 UNARY = {
     "exp": (lambda t: t.exp(), lambda t: lt.exp(t), np.exp, False),
     "log": (lambda t: t.log(), lambda t: lt.log(t), np.log, True),
+    "tanh": (lambda t: t.tanh(), lambda t: lt.tanh(t), np.tanh, False),
+    "erf": (lambda t: t.erf(), lambda t: lt.erf(t), np.vectorize(math.erf), False),
     "sqrt": (lambda t: t.sqrt(), lambda t: lt.sqrt(t), np.sqrt, True),
     "abs": (lambda t: t.abs(), lambda t: lt.abs(t), np.abs, False),
     "reciprocal": (lambda t: t.reciprocal(), lambda t: lt.reciprocal(t), lambda x: 1.0 / x, True),

@@ -1,0 +1,95 @@
+"""The rules for stages with no register reuse (issue #27), each from the target's facts and tested on fake
+AVX2 and AVX-512 targets: a reduction over an outer dim keeps a block of accumulators in L1; a transpose
+is vectorized along its contiguous store, one register of gathered lanes, the gathered dim blocked for L1;
+a reduction vectorizes the dim its streamed loads are contiguous along, not one it reads once per result.
+Every schedule is also run and checked against float64."""
+import numpy as np
+import pytest
+
+import looptool as lt
+from looptool.autoschedule import auto_tree
+from looptool.runtime import lower_on_host
+from tests.autoschedule.test_rules import fake
+from tests.helpers import assert_close
+
+TARGETS = {"avx2": dict(registers=16, bits=256), "avx512": dict(registers=32, bits=512)}
+
+
+def loops(tree, stage="t0") -> dict:
+    return {lp.name: (lp.extent, lp.annotation) for lp in tree.schedule.of(stage).loops}
+
+
+def order(tree, stage="t0") -> list:
+    return [lp.name for lp in tree.schedule.of(stage).loops]
+
+
+def outer_max(rows=64, cols=16384):
+    x = np.random.default_rng(0).standard_normal((rows, cols), dtype=np.float32)
+    m, n = lt.symbols("m n")
+    return lt.Tensor(x).to(m, n).max(m), x.astype(np.float64).max(0)
+
+
+@pytest.mark.parametrize("kind", TARGETS)
+@pytest.mark.parametrize("cores", [1, 2, 8])
+def test_an_outer_reduction_keeps_half_of_l1_of_accumulators_one_block_a_core_at_least(kind, cores):
+    c, ref = outer_max(cols=8192)
+    target = fake(cores=cores, l1=32 * 1024, **TARGETS[kind])
+    tree = auto_tree(lower_on_host(c.node)[0], target)
+    lanes = target.lanes("float32")
+    found = loops(tree)
+    block = 8192 // found["n.0"][0]
+    assert block == min(32 * 1024 // 2 // 4, 8192 // cores)          # 16 KiB of accumulators, or a core's share
+    assert order(tree) == ["n.0", "m", "n.1.0", "n.1.1"] and found["n.1.1"] == (4 * lanes, "vectorize")
+    assert (found["n.0"][1] == "parallel") == (cores > 1)
+    assert f"reduction over outer dims: n in blocks of {block}" in tree.explain()
+    assert_close(c.numpy(tree), ref, 1e-6)
+
+
+@pytest.mark.parametrize("l1", [8 * 1024, 32 * 1024, 64 * 1024])
+def test_the_accumulator_block_follows_the_l1_size(l1):
+    c, _ = outer_max()
+    tree = auto_tree(lower_on_host(c.node)[0], fake(32, 512, l1=l1))
+    assert 16384 // loops(tree)["n.0"][0] == l1 // 2 // 4
+
+
+def transpose(rows=4096, cols=1024):
+    x = np.random.default_rng(0).standard_normal((rows, cols), dtype=np.float32)
+    m, n = lt.symbols("m n")
+    return lt.Tensor(np.zeros(cols, np.float32)).to(n) + lt.Tensor(x).to(m, n), x.T.astype(np.float64)
+
+
+@pytest.mark.parametrize("kind", TARGETS)
+def test_a_transpose_stores_contiguously_and_blocks_its_gathered_rows_for_l1(kind):
+    c, ref = transpose()
+    target = fake(l1=32 * 1024, **TARGETS[kind])
+    tree = auto_tree(lower_on_host(c.node)[0], target)
+    lanes = target.lanes("float32")
+    found = loops(tree)
+    assert found["m.1"] == (lanes, "vectorize")                         # along the store: one register
+    block = 32 * 1024 // 2 // (lanes * 4)                                 # lanes rows x block: half of L1
+    assert found["n.1"] == (block, "") and order(tree) == ["n.0", "m.0", "n.1", "m.1"]
+    assert f"in blocks of {block} inside m's outer loop" in tree.explain()
+    np.testing.assert_array_equal(c.numpy(tree), ref)
+
+
+def test_a_pointwise_stage_with_contiguous_loads_and_store_is_unchanged():
+    x = np.random.default_rng(0).standard_normal((64, 256), dtype=np.float32)
+    m, n = lt.symbols("m n")
+    c = (lt.Tensor(x).to(m, n) * 2.0).exp()
+    tree = auto_tree(lower_on_host(c.node)[0], fake(32, 512))
+    assert order(tree) == ["m", "n.0", "n.1"] and loops(tree)["n.1"] == (64, "vectorize")
+    assert "gathered" not in tree.explain()
+
+
+def test_a_row_sum_of_a_shifted_exp_vectorizes_the_row_not_the_shift():
+    """exp(s[i, j] - max[i]) summed over j: max[i] is read once per row, so j (along which s streams) is
+    the vector dim, not i (a gather of s per lane)."""
+    s = np.random.default_rng(0).standard_normal((128, 256), dtype=np.float32)
+    i, j = lt.symbols("i j")
+    t = lt.Tensor(s).to(i, j)
+    total = (t - t.max(j)).exp().sum(j)
+    tree = auto_tree(lower_on_host(total.node)[0], fake(32, 512))
+    sums = tree.schedule.of("t1").loops
+    assert [lp.dim for lp in sums if lp.annotation == "vectorize"] == ["j"]
+    ref = np.exp(s - s.max(1, keepdims=True)).sum(1)
+    assert_close(total.numpy(tree), ref, 1e-6)
