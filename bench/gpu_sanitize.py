@@ -97,6 +97,31 @@ def automatic_workloads() -> dict:
     padded = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
     conv = np.einsum("ncijhw,ochw->nijo", np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(2, 3)), w)
     out["conv 3x3 2x8x9x7 to 40"] = ((windows * lt.Tensor(w).to(so, sc, skh, skw)).sum(sc, skh, skw), conv)
+    x, w = rng.standard_normal((2, 8, 5, 28), dtype=np.float32), rng.standard_normal((64, 8, 3, 3), dtype=np.float32)
+    windows = lt.Tensor(x).to(sn, sc, sh, sw).window(sh, soh, skh, 3, padding=1).window(sw, sow, skw, 3, padding=1)
+    padded = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    conv = np.einsum("ncijhw,ochw->nijo", np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(2, 3)), w)
+    out["conv 3x3 2x8x5x28 to 64, 4x4 outputs a thread"] = (
+        (windows * lt.Tensor(w).to(so, sc, skh, skw)).sum(sc, skh, skw), conv)
+    q, k, v = (rng.standard_normal((100, 24), dtype=np.float32) for _ in range(3))
+    si, sj, sd = lt.symbols("i j d")
+    scores = (lt.Tensor(q).to(si, sd) * lt.Tensor(k).to(sj, sd)).sum(sd) * 0.25
+    e = (scores - scores.max(sj)).exp()
+    p = np.exp(q.astype(np.float64) @ k.T * 0.25 - (q.astype(np.float64) @ k.T * 0.25).max(1, keepdims=True))
+    out["attention head 100x24"] = ((e / e.sum(sj) * lt.Tensor(v).to(sj, sd)).sum(sj), p / p.sum(1, keepdims=True) @ v)
+    bias = rng.standard_normal(200, dtype=np.float32)
+    a, b = rng.standard_normal((300, 100), dtype=np.float32), rng.standard_normal((100, 200), dtype=np.float32)
+    out["matmul with bias and relu fused 300x100x200"] = (
+        lt.relu((lt.Tensor(a).to(s.m, s.k) * lt.Tensor(b).to(s.k, s.n)).sum(s.k) + lt.Tensor(bias).to(s.n)),
+        np.maximum(a.astype(np.float64) @ b + bias, 0))
+    a16, b16 = (v.astype(dtypes.bfloat16) for v in (rng.standard_normal((256, 64)), rng.standard_normal((64, 256))))
+    fused = lt.relu((lt.Tensor(a16).to(s.m, s.k) * lt.Tensor(b16).to(s.k, s.n)).sum(s.k) * 0.5)
+    out["bf16 matmul on tensor cores, relu and scale fused 256x64x256"] = (
+        fused, np.maximum(a16.astype(np.float64) @ b16.astype(np.float64) * 0.5, 0))
+    xt = lt.Tensor(g).to(m, n)
+    shifted = xt - xt.max(n)
+    g64 = g.astype(np.float64) - g.astype(np.float64).max(1, keepdims=True)
+    out["log-softmax 33x1001"] = (shifted - shifted.exp().sum(n).log(), g64 - np.log(np.exp(g64).sum(1, keepdims=True)))
     narrow = rng.standard_normal((513, 3), dtype=np.float32)
     out["pointwise 513x3"] = (lt.relu(lt.Tensor(narrow).to(m, n)), np.maximum(narrow, 0).astype(np.float64))
     return out
@@ -105,7 +130,7 @@ def automatic_workloads() -> dict:
 def automatic_draws() -> list[dict]:
     """The automatic GPU schedule of each of `automatic_workloads()`, as draws."""
     target = runtime_gpu.gpu_target()
-    return [{"workload": name, "schedule": gpu_rules.gpu_tree(tensor.loop_tree().program, target).schedule.to_json()}
+    return [{"workload": name, "schedule": gpu_rules.gpu_tree(ir.lower(tensor.node)[0], target).schedule.to_json()}
             for name, (tensor, _) in automatic_workloads().items()]
 
 
@@ -122,7 +147,7 @@ def draw_for(name: str, count: int, seed: int) -> list[str]:
     """Distinct legal GPU schedules (JSON) of one workload, from up to 20 * count draws."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
-    tree, seen = workloads()[name][0].loop_tree(), []
+    tree, seen = LoopTree(ir.lower(workloads()[name][0].node)[0]), []      # the program .cuda() lowers
     for _ in range(count * 20):
         if len(seen) == count:
             break
