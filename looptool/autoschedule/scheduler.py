@@ -348,9 +348,12 @@ class Builder:
     def sweep_fits(self, found: structure.Contraction, reduce_outer: str | None, itemsize: int) -> bool:
         """Whether a parallel column loop may move outside the reduction blocks: there each thread
         re-reads the whole broadcast operand once per column tile, which stays in cache only if it
-        fits in the share of L2 the model allows (else each reduction block gets its own region)."""
+        fits in half of this thread's share of L3, where the model keeps what is re-read by column tile
+        (`model.panel_caches`); else each reduction block gets its own parallel region. (Held to half
+        of L2 before, 1024³ opened 14 regions a call: 2 threads on the Zen 4 EPYC, interleaved, 12.9 ms
+        against 11.7 ms outermost, XLA 10.5; 512³ 1.58 against 1.27 ms.)"""
         size = math.prod(self.program.buffer_shape(found.broadcast)) * itemsize
-        return reduce_outer is None or size <= self.target.l2 // model.CACHE_SHARE
+        return reduce_outer is None or size <= self.target.l3 // self.target.cores // model.CACHE_SHARE
 
     def splits_broadcast(self, stage: ir.Stage, found: structure.Contraction, loop: str) -> bool:
         """Whether the parallel loop's dim indexes the broadcast operand: each thread then reads only
