@@ -90,8 +90,9 @@ def _wrong_result(got: np.ndarray, expected: np.ndarray, dtype: str, reference: 
 
 
 def lowered(node, device: str = "cpu"):
-    """(program, input arrays) of `node` as the runtime of `device` lowers them: the CPU computes a
-    transcendental value that two reductions read once, in a stage of its own; the GPU inlines it."""
+    """(program, input arrays) of `node` as the runtime of `device` lowers them: the CPU computes costly
+    values that reductions re-read once, in stages of their own (`ir.lower`'s `separate_costly`); the
+    GPU inlines them."""
     from looptool import ir, runtime
     return runtime.lower_on_host(node) if device == "cpu" else ir.lower(node)
 

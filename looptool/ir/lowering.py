@@ -9,6 +9,9 @@ from .program import (Affine, Buffer, Cast, Const, Expr, Guard, Load, Program, S
 
 # Pointwise functions that cost tens of operations a value, where a load, add or multiply costs one.
 TRANSCENDENTAL = ("exp", "log", "tanh", "erf")
+# What a value costs many times a multiply for: those, and a division (one scalar division costs as much
+# as a vector one, several cycles where a multiply-add issues twice a cycle).
+COSTLY = TRANSCENDENTAL + ("div",)
 
 
 def element_strides(array) -> tuple[int, ...]:
@@ -88,7 +91,7 @@ class _Lowering:
         return Unary(node.op, *args) if len(args) == 1 else Binary(node.op, *args)
 
     def shared_stage(self, node: graph.Map) -> Stage:
-        """The pure stage that computes a shared transcendental value once (`shared_transcendentals`)."""
+        """The pure stage that computes a costly value once (`separate_stages`)."""
         if id(node) not in self.stage_ids:
             expr = self.pointwise(node, {d: Affine.var(d) for d in node.dims}, False)
             stage = Stage(f"t{len(self.stages)}", node.dims, (), None, expr, node.dtype.name, node.dims)
@@ -121,19 +124,46 @@ def whole_aligned_elements(array) -> bool:
     return aligned and not any(s % array.itemsize for s in array.strides)
 
 
+def separate_stages(root: graph.Node) -> set[int]:
+    """The ids of the pointwise nodes lowered as stages of their own (never the root): shared
+    transcendental values (`shared_transcendentals`) and costly factors of contractions (`costly_factors`)."""
+    return (shared_transcendentals(root) | costly_factors(root)) - {id(root)}
+
+
 def shared_transcendentals(root: graph.Node) -> set[int]:
     """The pointwise nodes whose value involves a transcendental function (exp, log, tanh, erf) that the
     bodies of two or more reductions read (an attention head's exp(scores - max), read by the row sum and
-    by the weighted sum of values). Inlined, each reduction would compute them again, and inside a
-    contraction once per register tile; lowered as a stage of their own they are computed once, at full
-    vector width. The ids of those nodes (never the root's)."""
+    by the weighted sum of values). Inlined, each reduction would compute them again; lowered as a stage
+    of their own they are computed once, at full vector width."""
     readers: dict[int, set[int]] = {}
-    reductions = [n for n in graph_nodes(root) if isinstance(n, graph.Reduce)]
-    for reduction in reductions:
+    for reduction in reductions(root):
         for node in pointwise_body(reduction.src):
             if isinstance(node, graph.Map) and node.op in TRANSCENDENTAL:
                 readers.setdefault(id(node), set()).add(id(reduction))
-    return {node for node, by in readers.items() if len(by) > 1 and node != id(root)}
+    return {node for node, by in readers.items() if len(by) > 1}
+
+
+def costly_factors(root: graph.Node) -> set[int]:
+    """The factors of summed products (a contraction's operands) that are pointwise values costing a
+    division or a transcendental function, and that the sum reads again for every value of one of its
+    result's dims (they lack it): an attention head's exp(scores - max) / rowsum, the factor of its
+    weighted sum of values. Inlined, the register tile would compute them one scalar at a time, once per
+    column tile; lowered as a stage of their own they are computed once, at full vector width."""
+    found = set()
+    for reduction in reductions(root):
+        product = reduction.src
+        if reduction.op != "sum" or not isinstance(product, graph.Map) or product.op != "mul":
+            continue
+        for factor in product.args:
+            reused = isinstance(factor, graph.Map) and set(reduction.dims) - set(factor.dims)
+            if reused and any(isinstance(n, graph.Map) and n.op in COSTLY for n in pointwise_body(factor)):
+                found.add(id(factor))
+    return found
+
+
+def reductions(root: graph.Node) -> list[graph.Reduce]:
+    """The reductions of the graph below `root`."""
+    return [n for n in graph_nodes(root) if isinstance(n, graph.Reduce)]
 
 
 def graph_nodes(root: graph.Node) -> list[graph.Node]:
@@ -162,15 +192,16 @@ def pointwise_body(node: graph.Node) -> list[graph.Node]:
     return body
 
 
-def lower(node: graph.Node, prepare_input=None, share_transcendentals: bool = False) -> tuple[Program, list]:
+def lower(node: graph.Node, prepare_input=None, separate_costly: bool = False) -> tuple[Program, list]:
     """Lower a graph to a Program plus the input arrays, in the order of `Program.inputs`.
 
     `prepare_input(array)`, when given, replaces each input array first (the runtime uses it
     to bring device arrays to the host); the IR itself knows nothing of devices. With
-    `share_transcendentals`, a transcendental value that two reductions read is a stage of its own
-    (`shared_transcendentals`): the CPU runtime lowers so; the GPU's rules fuse such programs (an
-    attention head's softmax and weighted sum) into one kernel instead, and want them inlined."""
-    shared = shared_transcendentals(node) if share_transcendentals else set()
+    `separate_costly`, a transcendental value that two reductions read and a costly factor of a
+    contraction are stages of their own (`separate_stages`): the CPU runtime lowers so; the GPU's
+    rules fuse such programs (an attention head's softmax and weighted sum) into one kernel instead,
+    and want them inlined."""
+    shared = separate_stages(node) if separate_costly else set()
     lowering = _Lowering(prepare_input or (lambda array: array), shared)
     if isinstance(node, graph.Reduce):
         lowering.stage_for(node)

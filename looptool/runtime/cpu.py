@@ -185,8 +185,9 @@ def clear_cache():
 
 def lower_on_host(node: graph.Node) -> tuple[ir.Program, list[np.ndarray]]:
     """Lower a graph for the CPU: its Program and input arrays, device arrays copied to the host, a
-    transcendental value that two reductions read computed once, in a stage of its own."""
-    return ir.lower(node, to_host, share_transcendentals=True)
+    transcendental value that two reductions read and a costly factor of a contraction computed once,
+    in stages of their own (`ir.lower`'s `separate_costly`)."""
+    return ir.lower(node, to_host, separate_costly=True)
 
 
 def loop_tree_of(node: graph.Node, schedule=None) -> LoopTree:

@@ -36,20 +36,37 @@ def _attention(rng, rows=24, width=8):
     return out, (p / p.sum(1, keepdims=True)) @ f64(v)
 
 
-def test_a_transcendental_read_by_two_reductions_is_a_stage_of_its_own_on_the_cpu(rng):
+def test_attention_s_exp_and_its_normalized_factor_are_stages_of_their_own_on_the_cpu(rng):
+    """exp(s - max) is read by two reductions (the row sum and the weighted sum); exp(s - max) / rowsum,
+    a division, is the factor of the weighted sum that it reads again for every column of v: on the CPU
+    each is a pure stage, the weighted sum a plain product of two loads. The GPU's lowering inlines both."""
     from looptool import ir
     from looptool.runtime import lower_on_host
     out, ref = _attention(rng)
-    shared, _ = lower_on_host(out.node)
+    separate, _ = lower_on_host(out.node)
     inlined, _ = ir.lower(out.node)
-    exps = [s for s in shared.stages if isinstance(s.expr, ir.Unary) and s.expr.op == "exp"]
-    assert len(exps) == 1 and exps[0].reduce_op is None and exps[0].dims == ("i", "j")
-    assert len(shared.stages) == len(inlined.stages) + 1
-    readers = [s.name for s in shared.stages if exps[0].name in ir.loaded_buffers(s.expr)]
-    assert len(readers) == 2                                     # the row sum and the weighted sum
-    assert f"{exps[0].name}: its exp is read by the reductions {', '.join(readers)}: computed once" \
-        in out.loop_tree().auto().explain()
+    pure = {s.expr.op: s for s in separate.stages[:-1] if s.reduce_op is None}
+    assert set(pure) == {"exp", "div"} and len(separate.stages) == len(inlined.stages) + 2
+    exp_readers = [s.name for s in separate.stages if pure["exp"].name in ir.loaded_buffers(s.expr)]
+    assert len(exp_readers) == 2                                 # the row sum and the division
+    weighted = separate.output
+    assert weighted.reduce_op == "sum" and isinstance(weighted.expr, ir.Binary) and weighted.expr.op == "mul"
+    assert all(isinstance(x, ir.Load) for x in (weighted.expr.a, weighted.expr.b))
+    explained = out.loop_tree().auto().explain()
+    assert f"{pure['div'].name}: its div is computed once here, at full vector width, for the reduction " \
+           f"{weighted.name}" in explained and f"{pure['exp'].name}: its exp is computed once here" in explained
     assert_close(out.numpy(), ref, 1e-5)
+
+
+def test_a_cheap_factor_of_a_contraction_stays_inlined(rng):
+    import looptool as lt
+    from looptool.runtime import lower_on_host
+    a, b = rng.standard_normal((12, 8)).astype(np.float32), rng.standard_normal((8, 10)).astype(np.float32)
+    m, k, n = lt.symbols("m k n")
+    c = ((lt.Tensor(a).to(m, k) * 2.0 + 1.0) * lt.Tensor(b).to(k, n)).sum(k)
+    program, _ = lower_on_host(c.node)
+    assert len(program.stages) == 1
+    assert_close(c.numpy(), (f64(a) * 2 + 1) @ f64(b), 1e-6)
 
 
 def test_a_transcendental_read_by_one_reduction_stays_inlined(rng):
