@@ -202,7 +202,7 @@ def register_tiled(tree: LoopTree, stage: str, x_threads: int, x_groups: int, ve
         reduce_outer.append(f"{dim}.0")
         reduce_inner.append(f"{dim}.1")
     tree = tree.reorder(*reduce_outer, *threads, *reduce_inner, *registers, stage=acc)
-    tree = _bind_tile(tree, acc, [], threads, registers, vector)
+    tree = _bind_tile(tree, acc, [], threads, registers, vector, every=True)
     if unroll_k:
         for loop in reduce_inner:
             tree = tree.unroll(loop, stage=acc)
@@ -251,7 +251,7 @@ def tile_dims(stage) -> tuple[str, str | None, list[str]]:
     return x, y, [d for d in pure if d not in (x, y)]
 
 
-def _bind_tile(tree, stage, blocks, threads, registers, vector):
+def _bind_tile(tree, stage, blocks, threads, registers, vector, every=False):
     for loop, axis in zip(reversed(blocks), ("block.x", "block.y", "block.z")):
         tree = tree.bind(loop, axis, stage=stage)
     for loop, axis in zip(reversed(threads), ("thread.x", "thread.y")):
@@ -259,8 +259,8 @@ def _bind_tile(tree, stage, blocks, threads, registers, vector):
     for loop in registers:
         if loop == registers[-1] and vector > 1:
             tree = tree.vectorize(loop, stage=stage)
-        elif _extent(tree, stage, loop) > 1:
-            tree = tree.unroll(loop, stage=stage)
+        elif _extent(tree, stage, loop) > 1 or every:    # `every`: a loop of one too (left a loop, it cuts
+            tree = tree.unroll(loop, stage=stage)          # an unrolled k step into tiny loops LLVM is slow on)
     return tree
 
 
