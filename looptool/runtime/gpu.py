@@ -439,7 +439,7 @@ def evaluate(node, schedule) -> object:
         generation, call = _PREPARED.get(node, (None, None))
         if generation == tuning_db.generation():
             return call()
-    program, arrays = ir.lower(node)
+    program, arrays = lowered_for(node, schedule)
     chosen = chosen_schedule(program) if schedule is None else schedule
     kernel = CACHE.get_for(program, schedule_steps(chosen), lambda: LoopTree(program, resolve_schedule(program, chosen)))
     call = kernel.prepare(arrays)
@@ -449,6 +449,18 @@ def evaluate(node, schedule) -> object:
 
 
 _PREPARED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()     # graph -> (db generation, call)
+
+
+def lowered_for(node, schedule=None) -> tuple[ir.Program, list]:
+    """The program `.cuda()` runs, and its inputs: the GPU's lowering (an attention head's softmax
+    inlined into its weighted sum, which the GPU rules fuse), or the CPU's (costly values in stages of
+    their own: what `c.loop_tree()` shows) where `schedule` is a loop tree made on that one."""
+    program, arrays = ir.lower(node)
+    if isinstance(schedule, LoopTree) and schedule.program != program:
+        separate, same_inputs = ir.lower(node, separate_costly=True)
+        if separate == schedule.program:
+            return separate, same_inputs
+    return program, arrays
 
 
 def to_host(array) -> np.ndarray:

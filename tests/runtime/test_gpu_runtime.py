@@ -180,3 +180,33 @@ def test_a_contraction_with_its_bias_relu_and_cast_fused_runs_as_one_kernel(rng,
     assert "fused into the contraction's write-back" in tree.explain()
     ref = np.maximum(x.astype(np.float64) @ w.astype(np.float64) * 0.5 + bias, 0)
     assert_close(gpu.to_host(y.cuda()).astype(np.float64), ref, tolerance)
+
+
+def test_a_tree_from_loop_tree_runs_on_the_program_it_was_made_on(rng):
+    """`c.loop_tree()` shows the CPU's lowering (attention's exp a stage of its own); a schedule made
+    on it is run on that program, while the automatic one runs on the GPU's (the softmax inlined)."""
+    q, k, v = (rng.standard_normal((40, 8)).astype(np.float32) for _ in range(3))
+    i, j, d = lt.symbols("i j d")
+    scores = (lt.Tensor(q).to(i, d) * lt.Tensor(k).to(j, d)).sum(d)
+    e = (scores - scores.max(j)).exp()
+    out = (e / e.sum(j) * lt.Tensor(v).to(j, d)).sum(j)
+    shown = out.loop_tree()
+    program, arrays = gpu.lowered_for(out.node, shown)
+    assert program == shown.program and len(arrays) == 3
+    inlined, _ = gpu.lowered_for(out.node)
+    assert len(inlined.stages) < len(shown.program.stages)
+    assert gpu.lowered_for(out.node, gpu.automatic_tree(inlined, "sm_90"))[0] == inlined
+
+
+@pytest.mark.gpu
+def test_an_attention_head_runs_on_the_gpu_under_a_schedule_made_on_its_loop_tree(rng):
+    cp = cupy_or_skip()
+    q, k, v = (rng.standard_normal((40, 8)).astype(np.float32) for _ in range(3))
+    i, j, d = lt.symbols("i j d")
+    scores = (lt.Tensor(q).to(i, d) * lt.Tensor(k).to(j, d)).sum(d)
+    e = (scores - scores.max(j)).exp()
+    out = (e / e.sum(j) * lt.Tensor(v).to(j, d)).sum(j)
+    tree = gpu_rules.default_gpu_tree(out.loop_tree().program)
+    s = q.astype(np.float64) @ k.T.astype(np.float64)
+    p = np.exp(s - s.max(1, keepdims=True))
+    assert_close(cp.asnumpy(out.cuda(tree)), p / p.sum(1, keepdims=True) @ v, 1e-5)
