@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import gc
 import math
 import os
@@ -25,6 +26,9 @@ from .gpu import to_host
 from .schedules import resolve_schedule, schedule_steps
 
 ALIGNMENT = 64
+# a made buffer this small is not aligned to ALIGNMENT: aligning costs 1.3 us a call over np.empty's
+# 0.2 (numpy's own blocks are 16-byte aligned), more than split cache lines cost its stores
+ALIGNED_FROM_BYTES = 1 << 16
 _THREADS = [os.cpu_count() or 1]
 
 
@@ -96,8 +100,10 @@ class Kernel:
         self._engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), codegen_cpu.HostTarget.get().new_machine())
         self._engine.add_object_file(llvm.ObjectFileRef.from_data(compiled.code))
         self._engine.finalize_object()
-        address = self._engine.get_function_address("kernel")
-        self._fn = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * len(self.params))(address)
+        address = self._address = self._engine.get_function_address("kernel")
+        self._array_entry = None
+        # the compiled function, called with the buffers' addresses in `params` order
+        self.entry = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * len(self.params))(address)
         program = tree.program
         # Per call only these are compared and allocated (a call of a small kernel is dominated by it).
         self._inputs = [(buf, np.dtype(buf.dtype), tuple(s * np.dtype(buf.dtype).itemsize for s in buf.strides))
@@ -106,6 +112,15 @@ class Kernel:
                       if plan.kind in ("temp", "output")]
         self._output = program.output.name
         self.compile_seconds = compiled.seconds + time.perf_counter() - start
+
+    @property
+    def array_entry(self):
+        """The compiled function called with the NumPy arrays themselves (in `params` order): a shim
+        reads each one's data pointer, a few nanoseconds where `ndarray.ctypes.data` costs a microsecond.
+        The caller vouches that every argument is an ndarray of the shape, dtype and strides compiled for."""
+        if self._array_entry is None:
+            self._array_entry = _array_shim(self._engine, self._address, len(self.params))
+        return self._array_entry
 
     @property
     def assembly(self) -> str:
@@ -130,12 +145,45 @@ class Kernel:
                 raise _input_mismatch(buf, array)
             memory[buf.name] = array
         for name, shape, dtype in self._made:
-            memory[name] = aligned_empty(shape, dtype)
+            memory[name] = buffer_array(shape, dtype)
         if out is not None:
-            _check_output(self.tree.buffers[self._output], out, dict(zip(self.tree.program.inputs, arrays)))
+            check_output(self.tree.buffers[self._output], out,
+                         {buf.name: array for buf, array in zip(self.tree.program.inputs, arrays)})
             memory[self._output] = out
-        self._fn(*[memory[name].ctypes.data for name in self.params])
+        self.entry(*[memory[name].ctypes.data for name in self.params])
         return memory[self._output]
+
+
+def _array_shim(engine, kernel_address: int, count: int):
+    """A function of `count` ndarray objects that calls the kernel at `kernel_address` with their data
+    pointers (read at `_data_offset()` in each object), as a ctypes function of `py_object`s."""
+    args = ", ".join(f"ptr %a{i}" for i in range(count))
+    body = "".join(f"  %g{i} = getelementptr i8, ptr %a{i}, i64 {_data_offset()}\n  %d{i} = load ptr, ptr %g{i}\n"
+                   for i in range(count))
+    call = ", ".join(f"ptr %d{i}" for i in range(count))
+    text = (f"define void @kernel_arrays({args}) {{\n{body}  %f = inttoptr i64 {kernel_address} to ptr\n"
+            f"  call void %f({call})\n  ret void\n}}\n")
+    module = llvm.parse_assembly(text)
+    module.triple = codegen_cpu.HostTarget.get().triple
+    engine.add_module(module)
+    engine.finalize_object()
+    return ctypes.CFUNCTYPE(None, *[ctypes.py_object] * count)(engine.get_function_address("kernel_arrays"))
+
+
+_DATA_OFFSET: list[int] = []
+
+
+def _data_offset() -> int:
+    """Where an ndarray object keeps its data pointer (after the object header: 16 bytes on CPython's
+    usual builds), found by looking, not assumed: the one offset that holds the data pointer of
+    several arrays."""
+    if not _DATA_OFFSET:
+        arrays = [np.empty(n, dtype=np.uint8) for n in (7, 1000, 3)]
+        pointer = ctypes.sizeof(ctypes.c_void_p)
+        _DATA_OFFSET.append(next(
+            offset for offset in range(pointer, 16 * pointer, pointer)
+            if all(ctypes.c_void_p.from_address(id(a) + offset).value == a.ctypes.data for a in arrays)))
+    return _DATA_OFFSET[0]
 
 
 def _input_mismatch(buf: ir.Buffer, array: np.ndarray) -> ValueError:
@@ -145,9 +193,9 @@ def _input_mismatch(buf: ir.Buffer, array: np.ndarray) -> ValueError:
                       f"{array.strides}, aligned: {array.flags.aligned}")
 
 
-def _check_output(plan, out: np.ndarray, inputs: dict):
+def check_output(plan, out: np.ndarray, inputs: dict[str, np.ndarray]):
     """`out` must be a writeable, aligned, C-contiguous array of the output's shape and dtype that
-    shares no memory with an input (the kernel writes it while it still reads them)."""
+    shares no memory with an input (by name; the kernel writes it while it still reads them)."""
     if out.shape != plan.shape or out.dtype.name != plan.dtype or not out.flags.c_contiguous \
             or not out.flags.aligned:
         raise ValueError(f"out must be an aligned, C-contiguous {plan.dtype} array of shape {plan.shape}; got "
@@ -155,9 +203,9 @@ def _check_output(plan, out: np.ndarray, inputs: dict):
                          f"{out.flags.aligned})")
     if not out.flags.writeable:
         raise ValueError(f"out (shape {out.shape}) is read-only: the kernel writes its result there")
-    for buf, array in inputs.items():
-        if np.shares_memory(out, array):
-            raise ValueError(f"out shares memory with input {buf.name} (shape {array.shape}): the kernel would "
+    for name, array in inputs.items():
+        if np.may_share_memory(out, array) and np.shares_memory(out, array):
+            raise ValueError(f"out shares memory with input {name} (shape {array.shape}): the kernel would "
                              f"overwrite the input while reading it; pass a separate array")
 
 
@@ -165,9 +213,26 @@ def aligned_empty(shape: tuple[int, ...], dtype: str) -> np.ndarray:
     """An uninitialized C-contiguous array whose data starts on a 64-byte boundary."""
     dtype = np.dtype(dtype)
     count = math.prod(shape)
-    raw = np.empty(count * dtype.itemsize + ALIGNMENT, dtype=np.uint8)
-    start = -raw.ctypes.data % ALIGNMENT
-    return raw[start:start + count * dtype.itemsize].view(dtype).reshape(shape)
+    raw = np.empty(count + -(-ALIGNMENT // dtype.itemsize), dtype=dtype)
+    start = (-data_address(raw) % ALIGNMENT) // dtype.itemsize
+    return raw[start:start + count].reshape(shape)
+
+
+def buffer_array(shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """A temp or output buffer of a call: `aligned_empty` from ALIGNED_FROM_BYTES up, else np.empty."""
+    small = math.prod(shape) * _item_size(dtype) < ALIGNED_FROM_BYTES
+    return np.empty(shape, dtype) if small else aligned_empty(shape, dtype)
+
+
+@functools.cache
+def _item_size(dtype: str) -> int:
+    return np.dtype(dtype).itemsize
+
+
+def data_address(array: np.ndarray) -> int:
+    """The address of an ndarray's data, read from the object (`_data_offset`): a fifth of the time
+    `array.ctypes.data` takes."""
+    return ctypes.c_void_p.from_address(id(array) + _data_offset()).value
 
 
 CACHE = KernelCache(lambda tree: Kernel(tree, _THREADS[0]), lambda: _THREADS[0])
@@ -217,8 +282,13 @@ def automatic_tree(program: ir.Program) -> LoopTree:
 def chosen_schedule(program: ir.Program):
     """What runs when no schedule is given: the tuned schedule stored for this workload and CPU,
     else the automatic one."""
+    return chosen_tree(program).schedule
+
+
+def chosen_tree(program: ir.Program) -> LoopTree:
+    """`chosen_schedule` as a loop tree: the automatic one keeps its `explain()`."""
     tuned = tuning_db.lookup(program, codegen_cpu.HostTarget.get().name)
-    return tuned if tuned is not None else automatic_tree(program).schedule
+    return LoopTree(program, resolve_schedule(program, tuned)) if tuned is not None else automatic_tree(program)
 
 
 def kernel_for(node: graph.Node, schedule=None) -> Kernel:

@@ -1,0 +1,169 @@
+"""Compiled functions: `lt.function` turns a Python function of named tensors into one that takes
+arrays, traces it once per signature of its arguments (shapes, dtypes, strides) and then calls the
+compiled kernel directly: the arguments are checked by one tuple comparison and passed by address,
+with no lowering, graph or dictionary per call.
+
+    m, k, n = lt.symbols("m k n")
+
+    @lt.function
+    def matmul(a: lt.In[m, k], b: lt.In[k, n]):
+        return (a * b).sum(k)
+
+    c = matmul(a_np, b_np)
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+
+import numpy as np
+
+from ..frontend import Tensor
+from ..schedule import LoopTree
+from . import gpu
+from .cpu import Kernel, buffer_array, check_output, chosen_tree, kernel_for, lower_on_host
+
+
+class In:
+    """A parameter's dims, as its annotation: `a: lt.In[m, k]` (the symbols, outermost first)."""
+
+    def __init__(self, dims: tuple):
+        self.dims = dims
+
+    def __class_getitem__(cls, dims) -> "In":
+        return cls(dims if isinstance(dims, tuple) else (dims,))
+
+    def __repr__(self):
+        return f"lt.In[{', '.join(str(d) for d in self.dims)}]"
+
+
+def function(fn) -> "Function":
+    """`fn`, a function of named tensors whose parameters are annotated with their dims (`lt.In[...]`),
+    as a compiled function of arrays (see the module's docstring)."""
+    return Function(fn, sys._getframe(1).f_locals)
+
+
+class Function:
+    """A traced, compiled function: call it with arrays (NumPy, or anything `np.asarray` takes) in the
+    order of its parameters, and optionally `out=` (an aligned C-contiguous array of the result's
+    shape and dtype). Each new signature (shapes, dtypes, strides of the arguments) is traced once and
+    compiled with the tuned schedule stored for it, else the automatic one, as `Tensor.numpy()` does."""
+
+    def __init__(self, fn, scope: dict | None = None):
+        # `scope`: the names where `fn` was decorated, for annotations kept as strings
+        # (`from __future__ import annotations`) that name symbols local to a function
+        annotations = inspect.get_annotations(fn, eval_str=True, locals=scope)
+        self.fn = fn
+        self.params: list[tuple[str, In]] = []
+        for name in inspect.signature(fn).parameters:
+            spec = annotations.get(name)
+            if not isinstance(spec, In):
+                raise TypeError(f"lt.function: parameter {name!r} of {fn.__name__} needs its dims as an annotation, "
+                                f"e.g. {name}: lt.In[m, k]")
+            self.params.append((name, spec))
+        self._calls: dict[tuple, _Call] = {}
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *arrays, out=None):
+        if len(arrays) != len(self.params):
+            raise TypeError(f"{self.fn.__name__} takes {len(self.params)} arrays "
+                            f"({', '.join(name for name, _ in self.params)}), got {len(arrays)}")
+        for a in arrays:
+            if type(a) is not np.ndarray:
+                arrays = [self._as_array(a, name) for a, (name, _) in zip(arrays, self.params)]
+                break
+        key = tuple([(a.shape, a.dtype, a.strides) for a in arrays])
+        call = self._calls.get(key)
+        if call is None:
+            call = self._calls[key] = self._traced(arrays)
+        return call(arrays, out)
+
+    def tensor(self, *arrays) -> Tensor:
+        """The function's result on these arrays, as a lazy tensor (traced, not run)."""
+        if len(arrays) != len(self.params):
+            raise TypeError(f"{self.fn.__name__} takes {len(self.params)} arrays, got {len(arrays)}")
+        result = self.fn(*[self._named(a, name, spec) for a, (name, spec) in zip(arrays, self.params)])
+        if not isinstance(result, Tensor):
+            raise TypeError(f"{self.fn.__name__} must return an lt.Tensor, got {type(result).__name__}")
+        return result
+
+    def loop_tree(self, *arrays) -> LoopTree:
+        """The loop tree that runs for arrays of these arrays' signature: the tuned one stored for it,
+        else the automatic one (its `explain()` says why)."""
+        return chosen_tree(lower_on_host(self.tensor(*arrays).node)[0])
+
+    def explain(self, *arrays) -> str:
+        """Why the loop tree that runs for these arrays' signature looks as it does."""
+        return self.loop_tree(*arrays).explain()
+
+    def kernel(self, *arrays) -> Kernel:
+        """The compiled kernel for arrays of these arrays' signature (`.llvm_ir`, `.assembly`, `.loop_tree`)."""
+        return kernel_for(self.tensor(*arrays).node)
+
+    def _named(self, data, name: str, spec: In) -> Tensor:
+        try:
+            return Tensor(self._as_array(data, name)).to(*spec.dims)
+        except ValueError as err:
+            raise ValueError(f"{self.fn.__name__}, argument {name} ({spec!r}): {err}") from None
+
+    def _as_array(self, data, name: str) -> np.ndarray:
+        if gpu.is_device_array(data):
+            raise NotImplementedError(f"{self.fn.__name__}: argument {name} is a device array; lt.function runs on "
+                                      f"the CPU so far (use lt.Tensor(...).cuda() for the GPU)")
+        return np.asarray(data)
+
+    def _traced(self, arrays: list[np.ndarray]) -> "_Call":
+        views = [a.view() for a in arrays]             # distinct objects: each parameter found among the inputs
+        node = self.tensor(*views).node
+        program, inputs = lower_on_host(node)
+        kernel = kernel_for(node)
+        slots = {buf.name: _slot(array, views) for buf, array in zip(program.inputs, inputs)}
+        return _Call(kernel, slots, [name for name, _ in self.params])
+
+
+def _slot(array: np.ndarray, views: list[np.ndarray]):
+    """A kernel input's source: the index of the argument it is, or the array itself (a constant the
+    function captured)."""
+    return next((index for index, view in enumerate(views) if view is array), array)
+
+
+class _Call:
+    """One signature's compiled call: the kernel's arguments in its parameter order (the caller's
+    arrays, captured constants, buffers made per call), passed as array objects to the kernel's
+    `array_entry`; the signature was already checked (shape, dtype, strides), alignment is here."""
+
+    def __init__(self, kernel: Kernel, slots: dict, names: list[str]):
+        self.kernel, self.entry, self.names = kernel, kernel.array_entry, names
+        plans = kernel.tree.buffers
+        self.output = kernel.tree.program.output.name
+        self.order = []                  # per kernel parameter: argument index, constant, or buffer to make
+        for name in kernel.params:
+            if name in slots:
+                self.order.append(slots[name])
+            else:
+                self.order.append((plans[name].shape, plans[name].dtype, name == self.output))
+        self.arguments = sorted({s for s in self.order if isinstance(s, int)})
+
+    def __call__(self, arrays: list[np.ndarray], out=None) -> np.ndarray:
+        for index in self.arguments:
+            if not arrays[index].flags.aligned:
+                raise ValueError(f"argument {self.names[index]} (shape {arrays[index].shape}) is not aligned to "
+                                 f"its {arrays[index].dtype} elements")
+        result, objects = None, []
+        for slot in self.order:
+            if type(slot) is int:
+                objects.append(arrays[slot])
+            elif type(slot) is tuple:
+                shape, dtype, is_output = slot
+                if is_output and out is not None:
+                    check_output(self.kernel.tree.buffers[self.output], out, dict(zip(self.names, arrays)))
+                    made = out
+                else:
+                    made = buffer_array(shape, dtype)
+                result = made if is_output else result
+                objects.append(made)
+            else:
+                objects.append(slot)
+        self.entry(*objects)
+        return result

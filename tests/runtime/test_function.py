@@ -1,0 +1,98 @@
+"""lt.function: a Python function of named tensors traced once per signature of its arrays (shapes,
+dtypes, strides), then called through the compiled kernel; results against float64, bad input
+refused by type and message."""
+import numpy as np
+import pytest
+
+import looptool as lt
+from tests.helpers import assert_close
+
+m, k, n = lt.symbols("m k n")
+
+
+def counted_matmul():
+    traces = []
+
+    @lt.function
+    def matmul(a: lt.In[m, k], b: lt.In[k, n]):
+        traces.append(a.shape)
+        return (a * b).sum(k)
+    return matmul, traces
+
+
+def test_a_function_traces_once_per_signature_and_computes_each_call(rng):
+    matmul, traces = counted_matmul()
+    a, b = rng.standard_normal((30, 20)).astype(np.float32), rng.standard_normal((20, 17)).astype(np.float32)
+    for _ in range(3):
+        assert_close(matmul(a, b), a.astype(np.float64) @ b, 1e-5)
+    other = rng.standard_normal((30, 20)).astype(np.float32)          # same signature, other data
+    assert_close(matmul(other, b), other.astype(np.float64) @ b, 1e-5)
+    assert len(traces) == 1
+    wide = rng.standard_normal((20, 40)).astype(np.float32)
+    assert_close(matmul(a, wide), a.astype(np.float64) @ wide, 1e-5)
+    transposed = np.asfortranarray(a)                                  # same shape, other strides
+    assert_close(matmul(transposed, b), a.astype(np.float64) @ b, 1e-5)
+    assert len(traces) == 3
+    assert_close(matmul(a.tolist(), b), a.astype(np.float64) @ b, 1e-5)     # anything np.asarray takes
+
+
+def test_out_receives_the_result_and_is_checked(rng):
+    matmul, _ = counted_matmul()
+    a, b = rng.standard_normal((8, 5)).astype(np.float32), rng.standard_normal((5, 6)).astype(np.float32)
+    out = np.full((8, 6), np.nan, dtype=np.float32)
+    assert matmul(a, b, out=out) is out
+    assert_close(out, a.astype(np.float64) @ b, 1e-5)
+    with pytest.raises(ValueError, match=r"out must be an aligned, C-contiguous float32 array of shape \(8, 6\)"):
+        matmul(a, b, out=np.empty((6, 8), np.float32))
+    square = rng.standard_normal((6, 6)).astype(np.float32)
+    with pytest.raises(ValueError, match="out shares memory with input a"):
+        matmul(square, square, out=square)
+
+
+def test_constants_the_function_captures_stay_in_its_kernel(rng):
+    bias = rng.standard_normal(6).astype(np.float32)
+
+    @lt.function
+    def layer(x: lt.In[m, k], w: lt.In[k, n]):
+        return lt.relu((x * w).sum(k) + lt.Tensor(bias).to(n))
+    x, w = rng.standard_normal((9, 4)).astype(np.float32), rng.standard_normal((4, 6)).astype(np.float32)
+    for _ in range(2):
+        assert_close(layer(x, w), np.maximum(x.astype(np.float64) @ w + bias, 0), 1e-5)
+
+
+def test_the_same_array_for_two_parameters(rng):
+    @lt.function
+    def gram(a: lt.In[m, k], b: lt.In[k, n]):
+        return (a * b).sum(k)
+    square = rng.standard_normal((7, 7)).astype(np.float32)
+    assert_close(gram(square, square), square.astype(np.float64) @ square, 1e-5)
+
+
+def test_a_function_reports_its_loop_tree_explain_and_kernel(rng):
+    matmul, _ = counted_matmul()
+    a, b = rng.standard_normal((64, 48)).astype(np.float32), rng.standard_normal((48, 32)).astype(np.float32)
+    assert "register tile" in matmul.explain(a, b) and matmul.loop_tree(a, b).check() == (True, "legal")
+    kernel = matmul.kernel(a, b)
+    assert "define" in kernel.llvm_ir and kernel.loop_tree.program == matmul.loop_tree(a, b).program
+    assert matmul.__name__ == "matmul"
+
+
+def test_bad_calls_are_refused_in_words(rng):
+    matmul, _ = counted_matmul()
+    a = rng.standard_normal((4, 3)).astype(np.float32)
+    with pytest.raises(TypeError, match=r"matmul takes 2 arrays \(a, b\), got 1"):
+        matmul(a)
+    with pytest.raises(ValueError, match="k"):                       # a's k is 3, b's k is 5
+        matmul(a, rng.standard_normal((5, 2)).astype(np.float32))
+    with pytest.raises(ValueError, match=r"matmul, argument a \(lt.In\[m, k\]\): .*3 dimensions \(2, 3, 4\)"):
+        matmul(rng.standard_normal((2, 3, 4)).astype(np.float32), a.T.copy())
+    with pytest.raises(TypeError, match=r"parameter 'x' of f needs its dims as an annotation, e.g. x: lt.In\[m, k\]"):
+        @lt.function
+        def f(x):
+            return x
+
+    @lt.function
+    def not_a_tensor(x: lt.In[m, k]):
+        return 3.0
+    with pytest.raises(TypeError, match="not_a_tensor must return an lt.Tensor, got float"):
+        not_a_tensor(a)
