@@ -8,7 +8,7 @@ from . import gpu
 from .cpu import (CACHE, Kernel, KernelObject, aligned_empty, auto_schedule, cache_info, chosen_schedule, clear_cache,
                   compile_object, evaluate, get_num_threads, interpret, kernel_for, loop_tree_of, lower_on_host,
                   set_num_threads)
-from .function import Function, In, function
+from .functions import Function, In, function
 from .schedules import resolve_schedule, schedule_steps
 
 BACKEND.install(SimpleNamespace(evaluate=evaluate, evaluate_on_gpu=gpu.evaluate, loop_tree_of=loop_tree_of,

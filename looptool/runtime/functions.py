@@ -20,6 +20,7 @@ import sys
 import numpy as np
 
 from ..frontend import Tensor
+from ..ir.lowering import graph_nodes
 from ..schedule import LoopTree
 from . import gpu
 from .cpu import Kernel, buffer_array, check_output, chosen_tree, kernel_for, lower_on_host
@@ -83,7 +84,10 @@ class Function:
         """The function's result on these arrays, as a lazy tensor (traced, not run)."""
         if len(arrays) != len(self.params):
             raise TypeError(f"{self.fn.__name__} takes {len(self.params)} arrays, got {len(arrays)}")
-        result = self.fn(*[self._named(a, name, spec) for a, (name, spec) in zip(arrays, self.params)])
+        return self._result([self._named(a, name, spec) for a, (name, spec) in zip(arrays, self.params)])
+
+    def _result(self, tensors: list[Tensor]) -> Tensor:
+        result = self.fn(*tensors)
         if not isinstance(result, Tensor):
             raise TypeError(f"{self.fn.__name__} must return an lt.Tensor, got {type(result).__name__}")
         return result
@@ -115,11 +119,17 @@ class Function:
 
     def _traced(self, arrays: list[np.ndarray]) -> "_Call":
         views = [a.view() for a in arrays]             # distinct objects: each parameter found among the inputs
-        node = self.tensor(*views).node
+        tensors = [self._named(view, name, spec) for view, (name, spec) in zip(views, self.params)]
+        node = self._result(tensors).node
         program, inputs = lower_on_host(node)
-        kernel = kernel_for(node)
         slots = {buf.name: _slot(array, views) for buf, array in zip(program.inputs, inputs)}
-        return _Call(kernel, slots, [name for name, _ in self.params])
+        found = {slot for slot in slots.values() if isinstance(slot, int)}
+        used = {id(each) for each in graph_nodes(node)}
+        for index, ((name, _), tensor) in enumerate(zip(self.params, tensors)):
+            if id(tensor.node) in used and index not in found:    # copied while lowering: frozen into the kernel
+                raise RuntimeError(f"{self.fn.__name__}: argument {name} was copied while lowering, so later calls "
+                                   f"could not pass it by address")
+        return _Call(kernel_for(node), slots, [name for name, _ in self.params])
 
 
 def _slot(array: np.ndarray, views: list[np.ndarray]):

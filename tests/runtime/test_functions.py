@@ -96,3 +96,19 @@ def test_bad_calls_are_refused_in_words(rng):
         return 3.0
     with pytest.raises(TypeError, match="not_a_tensor must return an lt.Tensor, got float"):
         not_a_tensor(a)
+
+
+def test_an_argument_copied_while_lowering_is_refused_not_frozen_into_the_kernel(rng, monkeypatch):
+    """Arguments reach the kernel by address; one the lowering had copied would be the first call's
+    data for every later call, so the trace refuses it."""
+    from looptool.runtime import functions as module
+    real = module.lower_on_host
+
+    def copying(node):
+        program, arrays = real(node)
+        return program, [array.copy() for array in arrays]
+    monkeypatch.setattr(module, "lower_on_host", copying)
+    matmul, _ = counted_matmul()
+    a, b = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((3, 2)).astype(np.float32)
+    with pytest.raises(RuntimeError, match="matmul: argument a was copied while lowering"):
+        matmul(a, b)
