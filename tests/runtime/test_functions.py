@@ -112,3 +112,14 @@ def test_an_argument_copied_while_lowering_is_refused_not_frozen_into_the_kernel
     a, b = rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal((3, 2)).astype(np.float32)
     with pytest.raises(RuntimeError, match="matmul: argument a was copied while lowering"):
         matmul(a, b)
+
+
+def test_the_notebook_editor_takes_a_functions_traced_tensor(rng):
+    """`matmul.tensor(a, b)` is the lazy tensor the function compiles: the editor works on it as on any
+    tensor, over the program the function's kernel runs."""
+    from looptool.notebook import ScheduleEditor
+    matmul, _ = counted_matmul()
+    a, b = rng.standard_normal((12, 8)).astype(np.float32), rng.standard_normal((8, 16)).astype(np.float32)
+    editor = ScheduleEditor(matmul.tensor(a, b), measure=False)
+    assert editor.tree.program == matmul.loop_tree(a, b).program
+    assert editor.current.legal
