@@ -301,7 +301,8 @@ class Builder:
         outer = [roles[role] for role in order.split() if roles.get(role)]
         if len(outer) != len(present):
             raise ValueError(f"loop order {order!r} of stage {name} does not name its loops {list(roles)}")
-        work = math.prod(size(d) for d in stage.loop_dims)
+        # in vector instructions (a multiply-add of `tile.lanes` lanes each), the unit WORK_PER_THREAD counts
+        work = math.prod(size(d) for d in stage.loop_dims) // tile.lanes
         parallel = self.parallel(name, {role: roles[role] for role in order.split()
                                         if roles.get(role) and roles[role] != reduce_outer}, work)
         if parallel and parallel not in (row_blocks, row_tiles) and (

@@ -114,6 +114,17 @@ def test_threads_only_with_several_cores_and_enough_work():
     assert "parallel" not in annotations(auto_tree(tiny, fake(cores=4)))
 
 
+@pytest.mark.parametrize("bits, size, threads", [(512, 64, False), (256, 64, False), (512, 128, True),
+                                                 (256, 128, True), (512, 96, False), (256, 96, False)])
+def test_a_contractions_work_is_counted_in_vector_instructions(bits, size, threads):
+    """A 64^3 matmul is 16384 multiply-adds of 16 lanes on AVX-512: less than two threads' start and join
+    are worth (WORK_PER_THREAD each), so it runs on one (it ran 2.2x slower on two). 128^3 is worth it."""
+    _, program, _ = matmul_program(size, size, size)
+    parallel = [lp for lp in auto_tree(program, fake(32, bits, cores=2)).schedule.of("t0").loops
+                if lp.annotation == "parallel"]
+    assert bool(parallel) is threads
+
+
 def test_a_parallel_loop_over_the_rows_of_a_large_image_runs_outermost(rng):
     """A 3x3 conv's 2-thread schedule: its output rows (oh) go to the threads; the image is larger than
     half of L2, but each row reads only its own input rows, so the parallel loop is the outermost (one
@@ -136,7 +147,7 @@ def test_a_parallel_loop_over_the_rows_of_a_large_image_runs_outermost(rng):
 
 def test_a_refused_choice_falls_back_and_says_so_at_debug_level(monkeypatch, caplog):
     """Threads refused (as if isl had found a race): the schedule without them is used, and logged."""
-    c, program, ref = matmul_program(64, 64, 64)
+    c, program, ref = matmul_program(128, 64, 256)
     real_check = LoopTree.check
 
     def no_threads(tree):
