@@ -96,18 +96,11 @@ def workloads(torch, odd: bool):
                     lambda: ln(x.double(), (cols,), g.double(), bias.double(), 1e-5), 2 * x.numel() * 4)
         return build
 
-    def row_sum(rows, cols):
+    def axis_sum(rows, cols, axis):            # axis 1: the sum of each row, 0: of each column
         def build():
             x = rand(rows, cols)
-            return (named(x, "m n").sum(lt.symbols("n")[0]), lambda: x.sum(1), lambda: x.double().sum(1),
-                    x.numel() * 4)
-        return build
-
-    def column_sum(rows, cols):
-        def build():
-            x = rand(rows, cols)
-            return (named(x, "m n").sum(lt.symbols("m")[0]), lambda: x.sum(0), lambda: x.double().sum(0),
-                    x.numel() * 4)
+            return (named(x, "m n").sum(lt.symbols("m n")[axis]), lambda: x.sum(axis),
+                    lambda: x.double().sum(axis), x.numel() * 4)
         return build
 
     def dot(n):
@@ -176,8 +169,8 @@ def workloads(torch, odd: bool):
         ("batched matmul bf16 16x1024x64x1024, bf16 result", batched(16, 1024, 64, 1024, bf16, rounded=True)),
         ("softmax f32 8192x8192", softmax(8192, 8192, torch.float32)),
         ("layer norm f32 8192x8192", layer_norm(8192, 8192)),
-        ("row sum f32 8192x8192", row_sum(8192, 8192)),
-        ("column sum f32 8192x8192", column_sum(8192, 8192)),
+        ("row sum f32 8192x8192", axis_sum(8192, 8192, 1)),
+        ("column sum f32 8192x8192", axis_sum(8192, 8192, 0)),
         ("dot f32 2^24", dot(1 << 24)),
         ("gelu(tanh) f32 8192x8192", gelu(8192, 8192)),
         ("mlp relu(xW+b) bf16 4096x4096x4096", mlp(4096, 4096, 4096)),
@@ -190,8 +183,8 @@ def workloads(torch, odd: bool):
         ("matmul bf16 1000x1000x1000", matmul(1000, 1000, 1000, bf16)),
         ("softmax f32 1000x3001", softmax(1000, 3001, torch.float32)),
         ("layer norm f32 1000x3001", layer_norm(1000, 3001)),
-        ("row sum f32 1000x3001", row_sum(1000, 3001)),
-        ("column sum f32 3001x1000", column_sum(3001, 1000)),
+        ("row sum f32 1000x3001", axis_sum(1000, 3001, 1)),
+        ("column sum f32 3001x1000", axis_sum(3001, 1000, 0)),
         ("dot f32 10^7+1", dot(10 ** 7 + 1)),
         ("gelu(tanh) f32 1000x3001", gelu(1000, 3001)),
         ("attention head f32 1000x64", attention(1000, 64)),

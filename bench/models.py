@@ -11,7 +11,7 @@ import numpy as np
 
 import looptool as lt
 
-from .workloads import WORKLOADS, Arrays, Workload, conv_reference, f32_inputs, matmul
+from .workloads import WORKLOADS, Workload, conv_reference, f32_inputs, matmul
 
 EPS = 1e-5
 GELU_TANH = math.sqrt(2.0 / math.pi)

@@ -136,6 +136,16 @@ def softmax_ref(x, axis):
     return e / e.sum(axis=axis, keepdims=True)
 
 
+def row_softmax(x_np):
+    """Softmax over the last dim of a 2-D array, exp(x - max) / sum, as a tensor over (m, n), and its
+    float64 reference."""
+    import looptool as lt
+    m, n = lt.symbols("m n")
+    x = lt.Tensor(x_np).to(m, n)
+    e = (x - x.max(n)).exp()
+    return e / e.sum(n), softmax_ref(x_np, 1)
+
+
 def layernorm_ref(x, gamma, beta, eps=1e-5):
     x = f64(x)
     mu = x.mean(axis=1, keepdims=True)

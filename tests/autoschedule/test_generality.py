@@ -9,7 +9,7 @@ import looptool as lt
 from looptool.analysis.target import Target, host
 from looptool.autoschedule import auto_tree
 from looptool.runtime import lower_on_host
-from tests.helpers import assert_close
+from tests.helpers import assert_close, row_softmax
 
 SMALL_AVX512 = Target("x86_64", 512, 32, True, l1=4096, l2=16384, l3=1 << 20, cores=4)
 
@@ -90,13 +90,7 @@ def pointwise_chain(rng):
 
 
 def softmax(rng):
-    x = f32(rng, 40, 130)
-    m, n = lt.symbols("m n")
-    t = lt.Tensor(x).to(m, n)
-    e = (t - t.max(n)).exp()
-    x64 = x.astype(np.float64)
-    ref = np.exp(x64 - x64.max(1, keepdims=True))
-    return e / e.sum(n), ref / ref.sum(1, keepdims=True)
+    return row_softmax(f32(rng, 40, 130))
 
 
 def layernorm(rng):

@@ -13,7 +13,7 @@ from looptool.analysis.gpu_target import GpuTarget, assumed_gpu
 from looptool.autoschedule import gpu_rules
 from looptool.codegen import gpu as codegen_gpu
 from tests.gpu_host import run_tree
-from tests.helpers import assert_close
+from tests.helpers import assert_close, row_softmax
 
 H100 = assumed_gpu("sm_90")
 
@@ -22,15 +22,6 @@ def scheduled(tensor, gpu=H100):
     tree = gpu_rules.gpu_tree(ir.lower(tensor.node)[0], gpu)      # the program the GPU runtime lowers
     assert tree.check() == (True, "legal"), tree.explain()
     return tree, codegen_gpu.generate(tree, gpu.arch)
-
-
-def softmax(x_np):
-    m, n = lt.symbols("m n")
-    x = lt.Tensor(x_np).to(m, n)
-    e = (x - x.max(n)).exp()
-    x64 = x_np.astype(np.float64)
-    ref = np.exp(x64 - x64.max(1, keepdims=True))
-    return e / e.sum(n), ref / ref.sum(1, keepdims=True)
 
 
 def test_the_assumed_gpus_follow_their_architecture():
@@ -62,7 +53,7 @@ def test_a_small_reduction_to_a_scalar_runs_in_one_block(rng, dtype):
 
 
 def test_softmax_rows_run_as_one_kernel_with_a_block_a_row(rng):
-    sm, ref = softmax(rng.standard_normal((37, 1000)).astype(np.float32))
+    sm, ref = row_softmax(rng.standard_normal((37, 1000)).astype(np.float32))
     tree, module = scheduled(sm)
     assert "one kernel" in tree.explain() and len(module.launches) == 1
     assert module.launches[0].grid == (37, 1, 1) and module.launches[0].block[0] % 32 == 0
@@ -173,7 +164,7 @@ def test_a_tensor_core_contraction_takes_its_bias_relu_and_cast_in_its_write_bac
 
 
 def test_a_schedule_the_legality_check_refuses_falls_back_to_the_next_rule(rng, monkeypatch):
-    sm, ref = softmax(rng.standard_normal((5, 40)).astype(np.float32))
+    sm, ref = row_softmax(rng.standard_normal((5, 40)).astype(np.float32))
     monkeypatch.setattr(gpu_rules._Planner, "fused_rows", lambda self: self.tree.bind("n", "block.x", stage="t0"))
     tree, _ = scheduled(sm)
     assert "fused rows: refused by the legality check" in tree.explain()
