@@ -876,17 +876,13 @@ class _GpuBuilder(FunctionBuilder):
     def shuffle_xor(self, value: llir.Value, offset: int) -> llir.Value:
         """The value of lane (this lane XOR offset); float64 as two 32-bit halves."""
         b = self.builder
-        args = [constant(I32, 0xFFFFFFFF), None, constant(I32, offset), constant(I32, WARP - 1)]
         if value.type in (F32, I32):
             kind = "f32" if value.type == F32 else "i32"
             shuffle = self.declare(f"llvm.nvvm.shfl.sync.bfly.{kind}", value.type, [I32, value.type, I32, I32])
-            return b.call(shuffle, [args[0], value, *args[2:]])
-        shuffle = self.declare("llvm.nvvm.shfl.sync.bfly.i32", I32, [I32, I32, I32, I32])
+            return b.call(shuffle, [constant(I32, 0xFFFFFFFF), value, constant(I32, offset), constant(I32, WARP - 1)])
         halves = b.bitcast(value, llir.VectorType(I32, 2))
-        moved = [b.call(shuffle, [args[0], b.extract_element(halves, constant(I32, i)), *args[2:]]) for i in (0, 1)]
-        pair = b.insert_element(b.insert_element(llir.Constant(llir.VectorType(I32, 2), None), moved[0],
-                                                 constant(I32, 0)), moved[1], constant(I32, 1))
-        return b.bitcast(pair, value.type)
+        moved = [self.shuffle_xor(b.extract_element(halves, constant(I32, i)), offset) for i in (0, 1)]
+        return b.bitcast(self.packed(moved), value.type)
 
     def combine_in_shared(self, value: llir.Value, stage, extent: int, tid: llir.Value) -> llir.Value:
         """A tree over the loop's threads' partials in shared memory; the total is read by every thread."""
@@ -1166,24 +1162,21 @@ class _GpuBuilder(FunctionBuilder):
         stage, n = stmt.stage, tile.loops["n"].loop
         index = Affine.identity(stage.dims)
         moving = {tile.loops["m"].loop.name, n.name}      # set per element from the thread's place
+        fixed = {k: v for k, v in base.items() if k not in moving}
         paired = not self.is_fragment(stage.name) \
             and self.linear_offset(stage.name, index, stmt).coeffs().get(n.name) == 1 \
-            and self.alignment(stage.name, index, stmt, {k: v for k, v in base.items() if k not in moving},
-                               Lanes(n.name, 2)) == 2 * ITEM_BYTES[stage.dtype]
+            and self.alignment(stage.name, index, stmt, fixed, Lanes(n.name, 2)) == 2 * ITEM_BYTES[stage.dtype]
         if not paired:
             for value, target in zip(values, targets):
                 self.store_value(value, target, stage.dtype)
             return
         if ITEM_BYTES[stage.dtype] == 2 and len(values) % 8 == 0 and \
-                self.alignment(stage.name, index, stmt, {k: v for k, v in base.items() if k not in moving},
-                               Lanes(n.name, 4)) == 8:
+                self.alignment(stage.name, index, stmt, fixed, Lanes(n.name, 4)) == 8:
             self.store_quads(values, targets, stage.dtype)
             return
         for first in range(0, len(values), 2):
-            pair = constant(llir.VectorType(values[first].type, 2), None)
-            for lane_index in (0, 1):
-                pair = self.builder.insert_element(pair, values[first + lane_index], constant(I32, lane_index))
-            self.store_value(pair, targets[first], stage.dtype, align=2 * ITEM_BYTES[stage.dtype])
+            self.store_value(self.packed(values[first:first + 2]), targets[first], stage.dtype,
+                             align=2 * ITEM_BYTES[stage.dtype])
 
     def store_quads(self, values: list, targets: list[llir.Value], dtype: str):
         """Store a copy tile's 2-byte elements 8 bytes at a time: in each pair of 8-column blocks, a lane
@@ -1198,18 +1191,10 @@ class _GpuBuilder(FunctionBuilder):
                 mine, next_block = words[block + half], words[block + 2 + half]
                 theirs = self.shuffle_xor(b.select(odd, mine, next_block), 1)
                 low, high = b.select(odd, theirs, mine), b.select(odd, next_block, theirs)
-                quad = b.insert_element(b.insert_element(constant(llir.VectorType(I32, 2), None), low,
-                                                         constant(I32, 0)), high, constant(I32, 1))
+                quad = self.packed([low, high])
                 first = targets[2 * (block + half)]
                 earlier = b.gep(targets[2 * (block + 2 + half)], [constant(I64, -2)], source_etype=MEMORY_TYPE[dtype])
                 b.store(quad, b.select(odd, earlier, first), align=8)
-
-    def packed(self, pair: list) -> llir.Value:
-        """Two computed values as a 2-element vector."""
-        vector = constant(llir.VectorType(pair[0].type, 2), None)
-        for index, value in enumerate(pair):
-            vector = self.builder.insert_element(vector, value, constant(I32, index))
-        return vector
 
     def mma_sync(self, tile: TensorTile, stmt: StmtNode, base: dict, targets: list[llir.Value], lane: llir.Value):
         """One mma.sync on the warp: the lane's fragments of A and B, its four accumulators in and out."""

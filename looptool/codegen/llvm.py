@@ -479,11 +479,13 @@ class FunctionBuilder:
 
     def per_lane(self, e: ir.Expr, stmt: StmtNode, env: dict, lanes: "Lanes") -> llir.Value:
         """Gathered loads and guarded selects: each lane computed as a scalar, then packed."""
-        b = self.builder
-        vector = constant(llir.VectorType(VALUE_TYPE[e.dtype], lanes.width), None)
-        for k in range(lanes.width):
-            lane_env = {**env, lanes.name: constant(I64, k)}
-            vector = b.insert_element(vector, self.expr(e, stmt, lane_env), constant(I64, k))
+        return self.packed([self.expr(e, stmt, {**env, lanes.name: constant(I64, k)}) for k in range(lanes.width)])
+
+    def packed(self, values: list) -> llir.Value:
+        """Scalars of one type as a vector, in order."""
+        vector = constant(llir.VectorType(values[0].type, len(values)), None)
+        for index, value in enumerate(values):
+            vector = self.builder.insert_element(vector, value, constant(I64, index))
         return vector
 
     def splat(self, scalar: llir.Value, width: int) -> llir.Value:
