@@ -1,8 +1,8 @@
 """What a call costs through `lt.function` (issue 28): `python -m bench.function_calls [--out DIR]`.
 
 A 64³ float32 matmul on one thread, timed interleaved in batches of CALLS calls (median of the
-batches): through `lt.function`, the same compiled kernel called with raw addresses (`Kernel.entry`:
-the kernel alone), `Kernel.__call__` with a list of arrays, `c.numpy()` on a built expression, and
+batches): through `lt.function`, the same compiled kernel called directly with the three arrays
+(`Kernel.array_entry`: the kernel alone), `Kernel.__call__` with a list of arrays, `c.numpy()` on a built expression, and
 NumPy's `a @ b` (BLAS held to one thread). The call overhead is the function's time less the kernel
 alone's. Writes function_calls.json and .md to `--out`.
 """
@@ -53,10 +53,9 @@ def main(argv=None):
     error = float(np.abs(matmul(a, b) - a.astype(np.float64) @ b).max() / np.abs(a.astype(np.float64) @ b).max())
     kernel = matmul.kernel(a, b)
     out = np.empty((SIZE, SIZE), np.float32)
-    addresses = [a.ctypes.data, b.ctypes.data, out.ctypes.data]
     expression = (lt.Tensor(a).to(m, k) * lt.Tensor(b).to(k, n)).sum(k)
     with threadpool_limits(1):
-        us = per_call_us({"lt.function": lambda: matmul(a, b), "kernel alone": lambda: kernel.entry(*addresses),
+        us = per_call_us({"lt.function": lambda: matmul(a, b), "kernel alone": lambda: kernel.array_entry(a, b, out),
                           "Kernel(arrays)": lambda: kernel([a, b]), "c.numpy()": expression.numpy,
                           "NumPy a @ b": lambda: a @ b})
     result = {"cpu": cpu_name(), "size": SIZE, "max_rel_error": error, "us_per_call": us,

@@ -100,10 +100,8 @@ class Kernel:
         self._engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), codegen_cpu.HostTarget.get().new_machine())
         self._engine.add_object_file(llvm.ObjectFileRef.from_data(compiled.code))
         self._engine.finalize_object()
-        address = self._address = self._engine.get_function_address("kernel")
+        self._address = self._engine.get_function_address("kernel")
         self._array_entry = None
-        # the compiled function, called with the buffers' addresses in `params` order
-        self.entry = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * len(self.params))(address)
         program = tree.program
         # Per call only these are compared and allocated (a call of a small kernel is dominated by it).
         self._inputs = [(buf, np.dtype(buf.dtype), tuple(s * np.dtype(buf.dtype).itemsize for s in buf.strides))
@@ -115,9 +113,10 @@ class Kernel:
 
     @property
     def array_entry(self):
-        """The compiled function called with the NumPy arrays themselves (in `params` order): a shim
+        """The compiled function, called with the NumPy arrays themselves (in `params` order): a shim
         reads each one's data pointer, a few nanoseconds where `ndarray.ctypes.data` costs a microsecond.
-        The caller vouches that every argument is an ndarray of the shape, dtype and strides compiled for."""
+        The caller vouches that every argument is an ndarray of the shape, dtype and strides compiled for
+        (`__call__` checks them). Built on first use (about 3 ms)."""
         if self._array_entry is None:
             self._array_entry = _array_shim(self._engine, self._address, len(self.params))
         return self._array_entry
@@ -141,7 +140,8 @@ class Kernel:
             raise ValueError(f"kernel takes {len(self._inputs)} input arrays, got {len(arrays)}")
         memory = {}
         for (buf, dtype, strides), array in zip(self._inputs, arrays):
-            if array.shape != buf.shape or array.dtype != dtype or array.strides != strides or not array.flags.aligned:
+            if not isinstance(array, np.ndarray) or array.shape != buf.shape or array.dtype != dtype \
+                    or array.strides != strides or not array.flags.aligned:
                 raise _input_mismatch(buf, array)
             memory[buf.name] = array
         for name, shape, dtype in self._made:
@@ -150,7 +150,7 @@ class Kernel:
             check_output(self.tree.buffers[self._output], out,
                          {buf.name: array for buf, array in zip(self.tree.program.inputs, arrays)})
             memory[self._output] = out
-        self.entry(*[memory[name].ctypes.data for name in self.params])
+        self.array_entry(*[memory[name] for name in self.params])
         return memory[self._output]
 
 
@@ -188,6 +188,8 @@ def _data_offset() -> int:
 
 def _input_mismatch(buf: ir.Buffer, array: np.ndarray) -> ValueError:
     """The error for an input array that is not the buffer the kernel was compiled for."""
+    if not isinstance(array, np.ndarray):
+        return ValueError(f"kernel input {buf.name} must be a NumPy array, got {type(array).__name__}")
     return ValueError(f"kernel input {buf.name} expects shape {buf.shape}, dtype {buf.dtype}, strides "
                       f"{buf.strides}, aligned; got shape {array.shape}, dtype {array.dtype}, strides "
                       f"{array.strides}, aligned: {array.flags.aligned}")
@@ -196,6 +198,8 @@ def _input_mismatch(buf: ir.Buffer, array: np.ndarray) -> ValueError:
 def check_output(plan, out: np.ndarray, inputs: dict[str, np.ndarray]):
     """`out` must be a writeable, aligned, C-contiguous array of the output's shape and dtype that
     shares no memory with an input (by name; the kernel writes it while it still reads them)."""
+    if not isinstance(out, np.ndarray):
+        raise ValueError(f"out must be a NumPy array, got {type(out).__name__}")
     if out.shape != plan.shape or out.dtype.name != plan.dtype or not out.flags.c_contiguous \
             or not out.flags.aligned:
         raise ValueError(f"out must be an aligned, C-contiguous {plan.dtype} array of shape {plan.shape}; got "

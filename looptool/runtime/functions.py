@@ -67,9 +67,7 @@ class Function:
         functools.update_wrapper(self, fn)
 
     def __call__(self, *arrays, out=None):
-        if len(arrays) != len(self.params):
-            raise TypeError(f"{self.fn.__name__} takes {len(self.params)} arrays "
-                            f"({', '.join(name for name, _ in self.params)}), got {len(arrays)}")
+        self._check_count(arrays)
         for a in arrays:
             if type(a) is not np.ndarray:
                 arrays = [self._as_array(a, name) for a, (name, _) in zip(arrays, self.params)]
@@ -82,9 +80,13 @@ class Function:
 
     def tensor(self, *arrays) -> Tensor:
         """The function's result on these arrays, as a lazy tensor (traced, not run)."""
-        if len(arrays) != len(self.params):
-            raise TypeError(f"{self.fn.__name__} takes {len(self.params)} arrays, got {len(arrays)}")
+        self._check_count(arrays)
         return self._result([self._named(a, name, spec) for a, (name, spec) in zip(arrays, self.params)])
+
+    def _check_count(self, arrays):
+        if len(arrays) != len(self.params):
+            raise TypeError(f"{self.fn.__name__} takes {len(self.params)} arrays "
+                            f"({', '.join(name for name, _ in self.params)}), got {len(arrays)}")
 
     def _result(self, tensors: list[Tensor]) -> Tensor:
         result = self.fn(*tensors)
