@@ -209,11 +209,11 @@ def _operands(tree: LoopTree, stage: ir.Stage, instruction: str, loops: dict) ->
     m, n, k = (loops[role].loop.dim for role in "mnk")
     batch = set(stage.dims) - {m, n}          # dims outside the tile, fixed in each
     for a, b in (pair, pair[::-1]):
-        if _dims_of(a) - batch == {m, k} and _dims_of(b) - batch == {k, n}:
+        if ir.index_vars(a) - batch == {m, k} and ir.index_vars(b) - batch == {k, n}:
             return a, b
     raise IllegalScheduleError(f"{instruction} multiplies an m x k by a k x n matrix (batched or not); in stage "
-                               f"{stage.name}, {pair[0].buffer} runs over {sorted(_dims_of(pair[0]))} and {pair[1].buffer} over "
-                               f"{sorted(_dims_of(pair[1]))} (m, n, k = '{m}', '{n}', '{k}')")
+                               f"{stage.name}, {pair[0].buffer} runs over {sorted(ir.index_vars(pair[0]))} and {pair[1].buffer} over "
+                               f"{sorted(ir.index_vars(pair[1]))} (m, n, k = '{m}', '{n}', '{k}')")
 
 
 def _accumulator_load(tree: LoopTree, e: ir.Expr) -> ir.Load | None:
@@ -230,10 +230,6 @@ def _operand_load(e: ir.Expr) -> ir.Load | None:
     if isinstance(e, ir.Cast) and e.dtype == "float32":
         e = e.x
     return e if isinstance(e, ir.Load) and not e.clamped else None
-
-
-def _dims_of(load: ir.Load) -> set[str]:
-    return {v for ix in load.index for v, _ in ix.terms}
 
 
 def is_warpgroup(instruction: str) -> bool:

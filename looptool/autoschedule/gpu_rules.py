@@ -165,24 +165,23 @@ class _Planner:
         (attention's softmax) computed once for the row first (`hoist`), into shared memory."""
         threads = self.row_threads(row)
         name = result.name
-        passes = list(group)
-        if result.reduce_dims and inner:
-            factor = self.hoisted_factor(name)
-            passes += [self.tree.program.stage(factor)] if factor else []
+        weighted = bool(result.reduce_dims and inner)
+        factor = self.hoisted_factor(name) if weighted else None     # before the stage's other steps
+        passes = list(group) + ([self.tree.program.stage(factor)] if factor else [])
         self.tree = self.tree.reorder(*shared, *inner, row, stage=name)
         depth = self.bind_grid(name, shared)
-        if result.reduce_dims and inner:
+        if weighted:
             x = inner[-1]
             across = min(MAX_BLOCK_THREADS, _pow2_at_least(self.size(x)))
             self.tree = self.tree.split(x, across, stage=name).bind(f"{x}.1", "thread.x", stage=name)
             self.walked(name, [row], ROW_WALK_UNROLL)
             how = f"its threads take {across} of {x} each and walk {row}"
+            if factor:
+                how += f", reading {factor} (the factor of its product that leaves out {x}, computed once " \
+                       f"for the row by the threads striding along it)"
         else:
             self.strided(name, row, threads)
             how = f"{threads} threads striding along it"
-        if len(passes) > len(group):
-            how += f", reading {passes[-1].name} (the factor of its product that leaves out {x}, computed " \
-                   f"once for the row by the threads striding along it)"
         kept = self.row_in_shared([self.tree.program.stage(name), *passes], row, shared, depth, threads)
         for st in passes:
             self.tree = self.tree.place(st.name, name, depth)
@@ -460,7 +459,7 @@ class _Planner:
         """Outputs along the pure dim before the contiguous one that a thread walking the reduction takes
         at once where some read does not move along it, so that read serves them all (a convolution's
         filters): THREAD_TILE_ROWS, halved until it divides the dim (no ragged tile); else 1."""
-        if not rest or all(rest[-1] in {v for a in load.index for v, _ in a.terms} for load in ir.loads(stage.expr)):
+        if not rest or all(rest[-1] in ir.index_vars(load) for load in ir.loads(stage.expr)):
             return 1
         rows = THREAD_TILE_ROWS
         while rows > 1 and self.size(rest[-1]) % rows:
@@ -502,10 +501,10 @@ class _Planner:
         if vector > 1:
             self.tree = self.tree.split(f"{x}.1", vector, stage=name)
             thread_x, vector_loop = f"{x}.1.0", [f"{x}.1.1"]
-        if rows > 1:
-            y = rest[-1]
-            self.tree = self.tree.split(y, rows, stage=name)
-            rest, tile_loop = rest[:-1] + [f"{y}.0"], [f"{y}.1"]
+        tiled = rest[-1] if rows > 1 else None
+        if tiled:
+            self.tree = self.tree.split(tiled, rows, stage=name)
+            rest, tile_loop = rest[:-1] + [f"{tiled}.0"], [f"{tiled}.1"]
         blocks, thread_loops, threads_y = [f"{x}.0"], [thread_x], 1
         if rest and threads < BLOCK_THREADS:          # a narrow output: its rows share a block
             y = rest.pop()
@@ -521,8 +520,8 @@ class _Planner:
         for loop in vector_loop:
             self.tree = self.tree.vectorize(loop, stage=name)
         self.bind_grid(name, rest + blocks)
-        tile = f" x {rows} along {tile_loop[0].split('.')[0]} (registers, each read of what does not move along it " \
-               f"serving all {rows})" if rows > 1 else ""
+        tile = f" x {rows} along {tiled} (registers, each read of what does not move along it " \
+               f"serving all {rows})" if tiled else ""
         self.note(name, f"reduction along {', '.join(stage.reduce_dims)} (not contiguous): a thread "
                         f"{'an output' if vector == 1 else f'{vector} outputs (a vector)'}{tile}, {threads * threads_y} "
                         f"threads a block along {x}" + (f" and {y}" if threads_y > 1 else ""))

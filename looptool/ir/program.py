@@ -239,6 +239,12 @@ def guards(expr: Expr):
     return (g for e in subexpressions(expr) if isinstance(e, Select) for g in e.guards)
 
 
+def index_vars(expr: Expr) -> set[str]:
+    """The index variables an expression's loads and guards use."""
+    affines = [a for ld in loads(expr) for a in ld.index] + [g.expr for g in guards(expr)]
+    return {v for a in affines for v, _ in a.terms}
+
+
 def rewritten(expr: Expr, load, guard=lambda g: g) -> Expr:
     """`expr` with every Load replaced by `load(it)` and every Guard of its Selects by `guard(it)`."""
     if isinstance(expr, Load):

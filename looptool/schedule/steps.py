@@ -385,7 +385,7 @@ class Schedule:
         name = f"{stage}.f"
         if _has_stage(self.program, name):
             raise ValueError(f"stage {stage} already reads its hoisted factor {name}")
-        used = _expr_dims(factor)
+        used = ir.index_vars(factor)
         dims = tuple(d for d in original.loop_dims if d in used)
         hoisted = ir.Stage(name, dims, (), None, factor, factor.dtype, dims)
         product = ir.Binary("mul", ir.Load(name, ir.Affine.identity(dims), factor.dtype), other)
@@ -492,12 +492,6 @@ def _written_back(program: Program, consumer: ir.Stage) -> ir.Stage:
                      f"made a copy of <stage>.acc) over its own dims {consumer.dims} that it alone reads")
 
 
-def _expr_dims(expr: ir.Expr) -> set[str]:
-    """The index variables an expression's loads and guards use."""
-    affines = [a for ld in ir.loads(expr) for a in ld.index] + [g.expr for g in ir.guards(expr)]
-    return {v for a in affines for v, _ in a.terms}
-
-
 def _hoistable_factor(stage: ir.Stage) -> tuple[ir.Expr, ir.Expr]:
     """(the factor `Schedule.hoist` computes once, the other factor) of a reduction stage whose
     expression is a product; a ValueError saying why where there is none."""
@@ -506,7 +500,7 @@ def _hoistable_factor(stage: ir.Stage) -> tuple[ir.Expr, ir.Expr]:
         raise ValueError(f"hoist: stage {stage.name} is not a reduction of a product")
     for factor, other in ((expr.a, expr.b), (expr.b, expr.a)):
         computed = not isinstance(factor, ir.Load | ir.Const)
-        if computed and _expr_dims(factor) < set(stage.loop_dims):
+        if computed and ir.index_vars(factor) < set(stage.loop_dims):
             return factor, other
     raise ValueError(f"hoist: neither factor of stage {stage.name}'s product is computed from loads that "
                      f"leave out one of its dims {stage.loop_dims} (nothing would be computed fewer times)")
