@@ -422,6 +422,33 @@ class Schedule:
             stages.append((name, sched))
         return Schedule(program, tuple(stages), self.steps + (("epilogue", stage),))
 
+    def inline(self, stage: str) -> "Schedule":
+        """Compute the pointwise `stage` where it is read: each load of it in another stage becomes its
+        expression at that index, and the stage (and its buffer) is gone. A zero-padded operand copy
+        (`pad`) inlined into the shared-memory copy of a wgmma tile becomes a TMA copy of the operand
+        itself, its edges zero-filled by TMA. Comes before `stage`'s other steps."""
+        original = self.program.stage(stage)
+        if original.reduce_dims:
+            raise ValueError(f"inline: stage {stage} reduces over {original.reduce_dims}; only a pointwise stage "
+                             f"can be computed where it is read")
+        if original is self.program.output:
+            raise ValueError(f"inline: stage {stage} is the result; only a stage that another stage reads can be "
+                             f"computed where it is read")
+        self._check_untouched(stage, "inline")
+        placed = [name for name, sched in self.stages if sched.consumer == stage]
+        if placed:
+            raise ValueError(f"inline: stages {placed} are placed in stage {stage}'s loops")
+
+        def load(ld: ir.Load) -> ir.Expr:
+            if ld.buffer != stage:
+                return ld
+            values = dict(zip(original.dims, ld.index))
+            return ir.substituted(original.expr, values, clamp=ld.clamped)
+        program = replace(self.program, stages=tuple(replace(st, expr=ir.rewritten(st.expr, load))
+                                                     for st in self.program.stages if st.name != stage))
+        stages = tuple((name, sched) for name, sched in self.stages if name != stage)
+        return Schedule(program, stages, self.steps + (("inline", stage),))
+
     def _check_untouched(self, stage: str, step: str):
         """Refuse a step that rewrites `stage` in the program once its loops are reshaped or placed."""
         if self.of(stage) != _default_stage(self.program, self.program.stage(stage)) or self.placed_in(stage):
@@ -457,7 +484,7 @@ class Schedule:
         for step in steps:
             op, *args = step
             if op not in ("split", "reorder", "annotate", "tensorize", "place", "cache", "cache_write", "rfactor",
-                          "pad", "hoist", "epilogue"):
+                          "pad", "hoist", "epilogue", "inline"):
                 raise ValueError(f"unknown schedule step {op!r}")
             sched = getattr(sched, op)(*args)
         return sched
