@@ -38,9 +38,12 @@ def _isl():
     return islpy
 
 
+_PARSED_MAPS = BoundedMemo(4096)     # isl maps by their text: a scheduler's candidate trees share most statements
+
+
 def _isl_map(text: str) -> "isl.Map":
-    """An isl map parsed from text."""
-    return _isl().Map(text)
+    """An isl map parsed from text (parsed once: a parse costs about half a millisecond)."""
+    return _PARSED_MAPS.get(text, lambda: _isl().Map(text))
 
 
 @dataclass
