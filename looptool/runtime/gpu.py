@@ -92,6 +92,10 @@ class BFloat16Array:
         """The device memory (CuPy's MemoryPointer, with `.ptr`)."""
         return self.bits.data
 
+    def reshape(self, shape: tuple[int, ...]) -> "BFloat16Array":
+        """The same elements in another shape (a view where CuPy's reshape gives one)."""
+        return BFloat16Array(self.bits.reshape(shape))
+
     def get(self) -> np.ndarray:
         """A NumPy bfloat16 copy on the host."""
         return cupy().asnumpy(self.bits).view(dtypes.bfloat16)
@@ -322,11 +326,11 @@ class ModuleRunner:
         a CuPy array (a `BFloat16Array` for a bfloat16 result)."""
         return self.prepare(arrays, out)(out)
 
-    def prepare(self, arrays: list, out=None) -> Callable:
+    def prepare(self, arrays: list, out=None, shape: tuple[int, ...] | None = None) -> Callable:
         """Check these inputs once and return a call that only allocates the temps and the output
-        (from CuPy's memory pool, unless it is given `out`, as aligned as the `out` here) and launches
-        the kernels: the inputs' device views, the module for their alignment and the TMA tensor maps
-        are worked out here, not on every call."""
+        (from CuPy's memory pool, in `shape` if given: the elements are the same, unless it is given
+        `out`, as aligned as the `out` here) and launches the kernels: the inputs' device views, the
+        module for their alignment and the TMA tensor maps are worked out here, not on every call."""
         memory = {} if out is None else {self.output: out}
         for spec, array in zip(self.inputs, arrays):
             device = as_device(array)
@@ -359,7 +363,7 @@ class ModuleRunner:
             for name, array in host:
                 kept.append(kernel_argument(as_device(array)))
                 pointers[name] = kept[-1].data.ptr
-            result = device_empty(output.shape, output.dtype) if out is None else out
+            result = device_empty(shape or output.shape, output.dtype) if out is None else out
             pointers[self.output] = kernel_argument(result).data.ptr
             if maps_each_call:
                 kept.append(self.tensor_maps(module.tensor_maps, {**fixed, **pointers}))
@@ -403,13 +407,14 @@ class GpuKernel:
         returns a CuPy array (a `BFloat16Array` for a bfloat16 result)."""
         return self.prepare(arrays, out)(out)
 
-    def prepare(self, arrays: list, out=None) -> Callable:
-        """A call of this kernel on these arrays that does the least work each time (`ModuleRunner.prepare`)."""
+    def prepare(self, arrays: list, out=None, shape: tuple[int, ...] | None = None) -> Callable:
+        """A call of this kernel on these arrays that does the least work each time (`ModuleRunner.prepare`;
+        the result in `shape` where given)."""
         empty = [dim for dim, size in self.tree.program.sizes if size == 0]
         if empty:
             raise ValueError(f"GPU kernels do not run over dimensions of size 0 yet ({empty}); "
                              f"use .numpy() on the CPU, which returns NumPy's empty result")
-        return self.runner.prepare(arrays, out)
+        return self.runner.prepare(arrays, out, shape)
 
 
 def input_specs(program: ir.Program) -> list[BufferSpec]:
@@ -496,10 +501,10 @@ def prepared_call(node) -> Callable:
     generation, call = _PREPARED.get(node, (None, None))
     if generation == tuning_db.generation():
         return call
-    program, arrays = ir.lower(node)
+    program, arrays = lowered_for(node)
     chosen = chosen_schedule(program)
     kernel = CACHE.get_for(program, schedule_steps(chosen), lambda: LoopTree(program, resolve_schedule(program, chosen)))
-    call = kernel.prepare(arrays)
+    call = kernel.prepare(arrays, shape=tuple(node.sizes[dim] for dim in node.dims))
     _PREPARED[node] = (tuning_db.generation(), call)
     return call
 
@@ -508,15 +513,28 @@ _PREPARED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()     # graph
 
 
 def lowered_for(node, schedule=None) -> tuple[ir.Program, list]:
-    """The program `.cuda()` runs, and its inputs: the GPU's lowering (an attention head's softmax
-    inlined into its weighted sum, which the GPU rules fuse), or the CPU's (costly values in stages of
-    their own: what `c.loop_tree()` shows) where `schedule` is a loop tree made on that one."""
+    """The program `.cuda()` runs, and its inputs: with no schedule given (or the tuner's), the GPU's
+    lowering (an attention head's softmax inlined into its weighted sum, which the GPU rules fuse) with
+    a pointwise program's two innermost dims flattened into one where every array lays them out so
+    (`ir.flattened`: the inputs are viewed flat, no copy); or the CPU's (costly values in stages of their
+    own: what `c.loop_tree()` shows) where `schedule` is a loop tree made on that one."""
     program, arrays = ir.lower(node)
+    if schedule is None:
+        flat = ir.flattened(program)
+        return flat, [_viewed(array, buffer.shape) for array, buffer in zip(arrays, flat.inputs)]
     if isinstance(schedule, LoopTree) and schedule.program != program:
         separate, same_inputs = ir.lower(node, separate_costly=True)
         if separate == schedule.program:
             return separate, same_inputs
     return program, arrays
+
+
+def _viewed(array, shape: tuple[int, ...]):
+    """`array` in `shape`, a view of the same elements (a device array from `as_device`; a host array stays
+    on the host, copied at each call)."""
+    if tuple(array.shape) == shape:
+        return array
+    return array.reshape(shape) if isinstance(array, np.ndarray) else as_device(array).reshape(shape)
 
 
 def to_host(array) -> np.ndarray:

@@ -348,7 +348,7 @@ class Schedule:
             raise ValueError(f"stage {stage} already reduces through {name}")
         size = self.program.size(dim)
         factor = min(factor, max(size, 1))
-        outer, inner = _fresh_dim(self.program, f"{dim}_o"), _fresh_dim(self.program, f"{dim}_i")
+        outer, inner = self.program.fresh_dim(f"{dim}_o"), self.program.fresh_dim(f"{dim}_i")
         partial, final = _rfactored(original, name, dim, outer, inner, factor, size)
         program = replace(_replaced(self.program, original, [partial, final]),
                           sizes=self.program.sizes + ((outer, -(-size // factor)), (inner, factor)))
@@ -533,15 +533,6 @@ def _hoistable_factor(stage: ir.Stage) -> tuple[ir.Expr, ir.Expr]:
                      f"leave out one of its dims {stage.loop_dims} (nothing would be computed fewer times)")
 
 
-def _fresh_dim(program: Program, name: str) -> str:
-    """`name`, or `name` with a number added where the program already has a dim of that name."""
-    taken = {dim for dim, _ in program.sizes}
-    fresh, number = name, 1
-    while fresh in taken:
-        fresh, number = f"{name}{number}", number + 1
-    return fresh
-
-
 def _rfactored(original: ir.Stage, name: str, dim: str, outer: str, inner: str, factor: int,
                size: int) -> tuple[ir.Stage, ir.Stage]:
     """(the stage of partial results over `outer`, the stage reducing them) that replace `original`."""
@@ -566,7 +557,7 @@ def _padded(program: Program, original: ir.Stage, multiples: dict[str, int]) -> 
     stages that replace it, in order."""
     grown = {d: -(-program.size(d) // m) * m for d, m in multiples.items()}
     grown = {d: n for d, n in grown.items() if n != program.size(d)}
-    names = {d: _fresh_dim(program, f"{d}_p") for d in grown}
+    names = {d: program.fresh_dim(f"{d}_p") for d in grown}
     sizes = program.sizes + tuple((names[d], n) for d, n in grown.items())
     rename = {d: ir.Affine.var(names.get(d, d)) for d in original.loop_dims}
     copies, redirected = [], {}
