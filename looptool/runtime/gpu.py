@@ -159,6 +159,14 @@ def device_empty(shape: tuple[int, ...], dtype: str):
     return cp.empty(shape, dtype=dtype)
 
 
+def _empty_maker(shape: tuple[int, ...], dtype: str) -> Callable:
+    """A function of no arguments that makes an uninitialized device array (`device_empty`), with the
+    dtype looked up once."""
+    if dtype == dtypes.bfloat16.name:
+        return lambda: BFloat16Array(cupy().empty(shape, dtype=np.uint16))
+    return functools.partial(cupy().empty, shape, np.dtype(dtype))
+
+
 def kernel_argument(array):
     """What a kernel launch is given for a device array: the CuPy array (of bits, for bfloat16)."""
     return array.bits if isinstance(array, BFloat16Array) else array
@@ -209,8 +217,9 @@ class Launcher:
     filled in once: a call writes the stream and the other pointers and makes one foreign call.
     Where the driver refuses (a thread with no current context, say) it launches through CuPy."""
 
-    def __init__(self, loaded: "LoadedModule", fixed: dict[str, int], owners: list):
-        # owners: the arrays the fixed pointers point into, kept alive as long as the launcher
+    def __init__(self, loaded: "LoadedModule", fixed: dict[str, int], varying: list[str], owners: list):
+        # varying: the parameters a call passes, in its order; owners: the arrays the fixed pointers point
+        # into, kept alive as long as the launcher
         self.loaded, self.params, self.owners = loaded, loaded.module.params, owners
         count = len(self.params)
         self.block = (ctypes.c_uint64 * gpu_launch.launch_block_words(count))()
@@ -219,17 +228,15 @@ class Launcher:
             self.block[1 + i] = fixed.get(name, 0)
             self.block[1 + count + i] = base + (1 + i) * word
         self.address = ctypes.c_void_p(base)
-        self.varying = [name for name in self.params if name not in fixed]
-        self.slots = [1 + i for i, name in enumerate(self.params) if name not in fixed]
+        self.slots = [1 + self.params.index(name) for name in varying]
+        self.current_stream = cupy().cuda.get_current_stream
         self.lock = threading.Lock()
 
     def __call__(self, pointers: list[int]):
-        """Launch every kernel with `pointers` (device addresses, in the order of `varying`) for the
-        parameters that are not fixed."""
-        stream = cupy().cuda.get_current_stream().ptr
+        """Launch every kernel with `pointers` (device addresses, in the order of `varying`)."""
         block = self.block
         with self.lock:
-            block[0] = stream
+            block[0] = self.current_stream().ptr
             for slot, pointer in zip(self.slots, pointers):
                 block[slot] = pointer
             refused = self.loaded.launch_all(self.address)
@@ -351,24 +358,26 @@ class ModuleRunner:
         if module.tensor_maps and not maps_each_call:
             memory[codegen_gpu.TENSOR_MAPS] = self.tensor_maps(module.tensor_maps, fixed)
             fixed[codegen_gpu.TENSOR_MAPS] = memory[codegen_gpu.TENSOR_MAPS].data.ptr
-        launcher = Launcher(loaded, fixed, owners=list(memory.values()))
         specs = {spec.name: spec for spec in self.scratch}
         output = specs.pop(self.output)
-        temps = [(name, math.prod(spec.shape) * codegen_gpu.ITEM_BYTES[spec.dtype]) for name, spec in specs.items()]
-        order = launcher.varying
+        temps = [(name, math.prod(spec.shape) * codegen_gpu.ITEM_BYTES[spec.dtype]) for name, spec in specs.items()
+                 if name in module.params]
+        maps = [codegen_gpu.TENSOR_MAPS] if maps_each_call else []
+        varying = [name for name, _ in temps] + [name for name, _ in host] + [self.output] + maps
+        launcher = Launcher(loaded, fixed, varying, owners=list(memory.values()))
+        temp_bytes, host_arrays = [nbytes for _, nbytes in temps], [array for _, array in host]
+        new_output = _empty_maker(shape or output.shape, output.dtype)
 
         def call(out=None):
-            kept = [cupy().cuda.alloc(max(nbytes, 1)) for _, nbytes in temps]     # alive until launched
-            pointers = {name: memory.ptr for (name, _), memory in zip(temps, kept)}
-            for name, array in host:
-                kept.append(kernel_argument(as_device(array)))
-                pointers[name] = kept[-1].data.ptr
-            result = device_empty(shape or output.shape, output.dtype) if out is None else out
-            pointers[self.output] = kernel_argument(result).data.ptr
-            if maps_each_call:
-                kept.append(self.tensor_maps(module.tensor_maps, {**fixed, **pointers}))
-                pointers[codegen_gpu.TENSOR_MAPS] = kept[-1].data.ptr
-            launcher([pointers[name] for name in order])
+            result = new_output() if out is None else out
+            kept = [cupy().cuda.alloc(max(nbytes, 1)) for nbytes in temp_bytes]      # alive until launched
+            kept += [kernel_argument(as_device(array)) for array in host_arrays]
+            pointers = [each.ptr for each in kept[:len(temp_bytes)]] + [each.data.ptr for each in kept[len(temp_bytes):]]
+            pointers.append(kernel_argument(result).data.ptr)
+            if maps:
+                kept.append(self.tensor_maps(module.tensor_maps, {**fixed, **dict(zip(varying, pointers))}))
+                pointers.append(kept[-1].data.ptr)
+            launcher(pointers)
             return result
         return call
 
