@@ -282,13 +282,29 @@ class Tuning:
                                                                       self.measurer.measure(steps)))
         return self.study.user_attrs["default_seconds"]
 
+    def automatic_seconds(self) -> float:
+        """On a GPU, the automatic schedule's time (`runtime.gpu.automatic_tree`: the GPU space cannot draw
+        it, as a CPU study draws its own first), measured once per study by this worker and kept as a study
+        attribute: a tuned schedule is stored only where it beats it."""
+        if "automatic_seconds" not in self.study.user_attrs:
+            steps = runtime_gpu.automatic_tree(self.program).schedule.steps
+            self.study.set_user_attr("automatic_seconds", study_seconds(self.study, self.measurer,
+                                                                        self.measurer.measure(steps)))
+        return self.study.user_attrs["automatic_seconds"]
+
     def result(self, record: bool = True) -> TuneResult:
-        """The best measured schedule (stored in the tuning database when `record`)."""
+        """The best measured schedule (stored in the tuning database when `record`); on a GPU, the
+        automatic schedule (nothing stored) where no trial beat it, so tuning never makes `.cuda()` slower."""
         study = self.study
         complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
         if not complete:
             return TuneResult(study, None, float("inf"), self.default_seconds())
         best = min(complete, key=lambda t: t.value)
+        if self.device == "gpu" and self.automatic_seconds() <= best.value:
+            log.info("no trial beat the automatic schedule (%.4g s against %.4g s): nothing stored",
+                     best.value, self.automatic_seconds())
+            return TuneResult(study, runtime_gpu.automatic_tree(self.program), self.automatic_seconds(),
+                              self.default_seconds())
         schedule = Schedule.from_json(best.user_attrs["schedule"], self.program)
         if record:
             stored = tuning_db.store(self.program, target_name(self.device), schedule.to_json(), best.value,

@@ -1,5 +1,5 @@
 """Tuning for the GPU: every legal draw of the GPU search space computes the right result; a GPU
-study (marked `gpu`) records its best schedule for this GPU."""
+study (marked `gpu`) records its best schedule for this GPU where it beats the automatic one."""
 import re
 
 import pytest
@@ -50,10 +50,12 @@ def test_a_gpu_study_measures_draws_and_records_the_best_for_this_gpu(rng, tmp_p
     result = study.tune(c, trials=12, storage=f"sqlite:///{tmp_path / 's.sqlite'}", seed=0, progress=False,
                         device="gpu", repeats=3)
     assert result.best_tree is not None and result.best_seconds < float("inf")
-    stored = tuning_db.lookup(ir.lower(c.node)[0], gpu.target_name())
-    assert stored is not None
+    automatic = result.study.user_attrs["automatic_seconds"]
+    stored = tuning_db.lookup(gpu.lowered_for(c.node)[0], gpu.target_name())
+    # stored only where a trial beat the automatic schedule: tuning never makes .cuda() slower
+    assert result.best_seconds <= automatic and (stored is None) == (result.best_seconds == automatic)
     import cupy as cp
-    assert_close(cp.asnumpy(c.cuda()), ref, 1e-5)        # .cuda() now runs the tuned schedule
+    assert_close(cp.asnumpy(c.cuda()), ref, 1e-5)        # .cuda() runs the tuned schedule, or the automatic one
 
 
 def legal_family_draws(rng, family: str, tile: str, shape: tuple[int, int, int], seed: int, draws: int) -> int:
