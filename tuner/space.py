@@ -19,8 +19,9 @@ import optuna
 
 from looptool import autoschedule, ir
 from looptool.analysis.target import Target, host
-from looptool.autoschedule.gpu import (FLOAT32_TILES, TENSOR_START, contraction_dtype, mma_tiled, register_tiled,
-                                       tile_dims, transposable, transposed_ahead, wgmma_tiled)
+from looptool.autoschedule.gpu import (FLOAT32_BLOCKS, FLOAT32_TILES, TENSOR_START, WGMMA_BLOCKS, contraction_dtype,
+                                       float32_tiles, least_work_block, mma_tiled, register_tiled, tile_dims,
+                                       transposable, transposed_ahead, wgmma_tiled)
 from looptool.codegen import gpu as codegen_gpu
 from looptool.runtime import gpu as runtime_gpu
 from looptool.schedule import LoopTree
@@ -174,6 +175,8 @@ def gpu_start_params(program: ir.Program) -> dict:
         return {}
     family = tensor_families()[-1]
     spec, (block, teams, k_tile, stages, copier) = TENSOR_FAMILIES[family], TENSOR_START[family]
+    if family == "wgmma":          # the automatic schedule's block for this GPU (`least_work_block`)
+        block = least_work_block(program, program.output.name, _sm_count(), WGMMA_BLOCKS)
     st = program.output
     m, n = [d for d in st.loop_dims if d not in st.reduce_dims][-2:]
     params = {"gpu.tensor.family": family, f"gpu.{family}.block.{m}": block[0], f"gpu.{family}.block.{n}": block[1],
@@ -187,12 +190,22 @@ def gpu_start_params(program: ir.Program) -> dict:
 
 
 def _tiles_start(program: ir.Program) -> dict:
+    """TILES_START with the block tile the automatic schedule takes on this GPU (`least_work_block`)."""
     st = program.output
     x, y, _ = tile_dims(st)
-    p = TILES_START
+    tiles = float32_tiles(least_work_block(program, st.name, _sm_count(), FLOAT32_BLOCKS))
+    p = dict(TILES_START, **{"x.tile": tiles["x_groups"], "y.tile": tiles["y_tile"], "y.groups": tiles["y_groups"]})
     fits = (program.size(x) >= p["x.threads"] * p["x.tile"] * p["vector"] and y is not None
             and program.size(y) >= p["y.threads"] * p["y.tile"] and program.size(st.reduce_dims[0]) >= p["k.tile"])
     return {f"{st.name}.gpu.{name}": value for name, value in p.items()} if fits else {}
+
+
+def _sm_count() -> int | None:
+    """The current GPU's SM count, or None where there is no GPU."""
+    try:
+        return runtime_gpu.gpu_target().sms
+    except (RuntimeError, ImportError):
+        return None
 
 
 @functools.cache
