@@ -3,7 +3,7 @@
 Times, in host microseconds a call (perf_counter over many calls, no synchronization inside the loop),
 each piece of a prepared `.cuda()` call next to the pieces of torch's own eager call, for a workload
 with one kernel (a 64x64 softmax) and one with several kernels and temps (`--only` picks suite rows
-by name). Prints one JSON line a measurement.
+by name), and of an `lt.function` call on PyTorch CUDA tensors. Prints one JSON line a measurement.
 """
 from __future__ import annotations
 
@@ -41,6 +41,23 @@ def softmax_64(torch):
     return e / e.sum(n), lambda: torch.softmax(x, dim=1)
 
 
+def function_call(torch) -> dict:
+    """Host microseconds of an `lt.function` call on PyTorch CUDA tensors (a 64x64 softmax: traced once,
+    then launched on the tensors' addresses, its result a new torch tensor) next to torch's softmax."""
+    m, n = lt.symbols("m n")
+
+    @lt.function
+    def softmax(x: lt.In[m, n]):
+        e = (x - x.max(n)).exp()
+        return e / e.sum(n)
+    x = torch.randn(64, 64, device="cuda")
+    got = softmax(x)
+    error = float((got - torch.softmax(x, dim=1)).abs().max())
+    return {"workload": "lt.function softmax f32 64x64 on torch tensors",
+            "function_call": round(host_us(lambda: softmax(x)), 2),
+            "torch_call": round(host_us(lambda: torch.softmax(x, dim=1)), 2), "max_abs_error": error}
+
+
 def pieces(torch, name: str, tensor, baseline) -> dict:
     """Host microseconds of the whole call and of its parts, and of torch's call."""
     cp = runtime_gpu.cupy()
@@ -64,6 +81,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     import torch
     print(json.dumps(pieces(torch, "softmax f32 64x64", *softmax_64(torch))), flush=True)
+    print(json.dumps(function_call(torch)), flush=True)
     for name, build in workloads(torch, True):
         if any(text in name for text in args.only):
             tensor, baseline, _, _ = build()

@@ -9,6 +9,7 @@ from .cpu import (CACHE, Kernel, KernelObject, aligned_empty, auto_schedule, cac
                   compile_object, evaluate, get_num_threads, interpret, kernel_for, loop_tree_of, lower_on_host,
                   set_num_threads)
 from .functions import Function, In, function
+from .torch_ops import torch_op
 from .schedules import resolve_schedule, schedule_steps
 
 BACKEND.install(SimpleNamespace(evaluate=evaluate, evaluate_on_gpu=gpu.evaluate, loop_tree_of=loop_tree_of,
@@ -17,4 +18,4 @@ BACKEND.install(SimpleNamespace(evaluate=evaluate, evaluate_on_gpu=gpu.evaluate,
 
 __all__ = ["CACHE", "Kernel", "KernelObject", "compile_object", "aligned_empty", "auto_schedule", "chosen_schedule", "cache_info", "clear_cache", "evaluate", "get_num_threads",
            "interpret", "kernel_for", "loop_tree_of", "lower_on_host", "set_num_threads", "resolve_schedule",
-           "schedule_steps", "gpu", "function", "Function", "In"]
+           "schedule_steps", "gpu", "function", "Function", "In", "torch_op"]

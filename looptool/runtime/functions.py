@@ -10,6 +10,10 @@ with no lowering, graph or dictionary per call.
         return (a * b).sum(k)
 
     c = matmul(a_np, b_np)
+
+On device arrays (CuPy, PyTorch CUDA tensors, DLPack) the same function runs on the GPU: traced once per
+signature, then launched on the arrays' addresses (`gpu.DeviceFunctionCall`), returning a PyTorch tensor
+for PyTorch arguments, else a CuPy array.
 """
 from __future__ import annotations
 
@@ -70,7 +74,9 @@ class Function:
         self._check_count(arrays)
         for a in arrays:
             if type(a) is not np.ndarray:
-                arrays = [self._as_array(a, name) for a, (name, _) in zip(arrays, self.params)]
+                if gpu.is_device_array(a):
+                    return self._on_gpu(arrays, out)
+                arrays = [np.asarray(a) for a in arrays]
                 break
         key = tuple([(a.shape, a.dtype, a.strides) for a in arrays])
         call = self._calls.get(key)
@@ -107,17 +113,27 @@ class Function:
         """The compiled kernel for arrays of these arrays' signature (`.llvm_ir`, `.assembly`, `.loop_tree`)."""
         return kernel_for(self.tensor(*arrays).node)
 
+    def _on_gpu(self, arrays, out):
+        """The call on device arrays (CuPy, PyTorch, DLPack): traced once per signature (`gpu.device_facts`),
+        then launched on the arrays' addresses (`gpu.DeviceFunctionCall`)."""
+        for a, (name, _) in zip(arrays, self.params):
+            if not gpu.is_device_array(a):
+                raise TypeError(f"{self.fn.__name__}: argument {name} is on the host while others are on the GPU; "
+                                f"pass every argument on one device")
+        facts = [gpu.device_facts(a) for a in arrays]
+        key = tuple([signature for signature, _ in facts])
+        addresses = [address for _, address in facts]
+        call = self._calls.get(key)
+        if call is None:
+            tensors = [self._named(a, name, spec) for a, (name, spec) in zip(arrays, self.params)]
+            call = self._calls[key] = gpu.DeviceFunctionCall(self._result(tensors).node, addresses, list(arrays))
+        return call(addresses, out)
+
     def _named(self, data, name: str, spec: In) -> Tensor:
         try:
-            return Tensor(self._as_array(data, name)).to(*spec.dims)
+            return Tensor(data if gpu.is_device_array(data) else np.asarray(data)).to(*spec.dims)
         except ValueError as err:
             raise ValueError(f"{self.fn.__name__}, argument {name} ({spec!r}): {err}") from None
-
-    def _as_array(self, data, name: str) -> np.ndarray:
-        if gpu.is_device_array(data):
-            raise NotImplementedError(f"{self.fn.__name__}: argument {name} is a device array; lt.function runs on "
-                                      f"the CPU so far (use lt.Tensor(...).cuda() for the GPU)")
-        return np.asarray(data)
 
     def _traced(self, arrays: list[np.ndarray]) -> "_Call":
         views = [a.view() for a in arrays]             # distinct objects: each parameter found among the inputs

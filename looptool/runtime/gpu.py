@@ -213,19 +213,17 @@ def tensor_map(copy: BulkCopy, pointer: int, shape: tuple[int, ...], strides: tu
 
 class Launcher:
     """Launches a module's kernels in order on CuPy's current stream by one call of the module's native
-    launcher (`codegen.gpu_launch`), from one argument block whose fixed pointers (the inputs) are
-    filled in once: a call writes the stream and the other pointers and makes one foreign call.
+    launcher (`codegen.gpu_launch`), from one argument block: a call writes the stream and the buffers'
+    addresses into it and makes one foreign call.
     Where the driver refuses (a thread with no current context, say) it launches through CuPy."""
 
-    def __init__(self, loaded: "LoadedModule", fixed: dict[str, int], varying: list[str], owners: list):
-        # varying: the parameters a call passes, in its order; owners: the arrays the fixed pointers point
-        # into, kept alive as long as the launcher
-        self.loaded, self.params, self.owners = loaded, loaded.module.params, owners
+    def __init__(self, loaded: "LoadedModule", varying: list[str]):
+        # varying: the parameters a call passes, in its order
+        self.loaded, self.params = loaded, loaded.module.params
         count = len(self.params)
         self.block = (ctypes.c_uint64 * gpu_launch.launch_block_words(count))()
         base, word = ctypes.addressof(self.block), ctypes.sizeof(ctypes.c_uint64)
-        for i, name in enumerate(self.params):
-            self.block[1 + i] = fixed.get(name, 0)
+        for i in range(count):
             self.block[1 + count + i] = base + (1 + i) * word
         self.address = ctypes.c_void_p(base)
         self.slots = [1 + self.params.index(name) for name in varying]
@@ -317,16 +315,8 @@ class ModuleRunner:
         self.module, self.inputs, self.scratch, self.output = module, inputs, scratch, output
         self._unaligned = unaligned
         self._loaded = {True: load_module(module)}
+        self._entries: dict[tuple, Callable] = {}
         self._tensor_maps = BoundedMemo(TENSOR_MAP_CACHE)
-
-    def _for_alignment(self, memory: dict):
-        """The module for these buffers: the one assuming 16-byte aligned parameters where they are,
-        else one built without that assumption (scalar accesses to parameters). Buffers not in
-        `memory` are allocated by the call, from CuPy's pool, which aligns them."""
-        aligned = all(memory[name].data.ptr % 16 == 0 for name in self.module.aligned if name in memory)
-        if aligned not in self._loaded:
-            self._loaded[aligned] = load_module(self._unaligned())
-        return self._loaded[aligned]
 
     def __call__(self, arrays: list, out=None):
         """Run on device (or host, copied) arrays in the order of `inputs`, into `out` if given; returns
@@ -336,50 +326,78 @@ class ModuleRunner:
     def prepare(self, arrays: list, out=None, shape: tuple[int, ...] | None = None) -> Callable:
         """Check these inputs once and return a call that only allocates the temps and the output
         (from CuPy's memory pool, in `shape` if given: the elements are the same, unless it is given
-        `out`, as aligned as the `out` here) and launches the kernels: the inputs' device views, the
-        module for their alignment and the TMA tensor maps are worked out here, not on every call."""
-        memory = {} if out is None else {self.output: out}
+        `out`) and launches the kernels (`entry`): the inputs' device views and the module for their
+        alignment are worked out here, not on every call. Host arrays are copied at every call (they
+        may have changed)."""
+        devices = []
         for spec, array in zip(self.inputs, arrays):
             device = as_device(array)
             if device.shape != spec.shape or device.dtype.name != spec.dtype or \
                     tuple(s // device.itemsize for s in device.strides) != spec.strides:
                 raise ValueError(f"GPU kernel input {spec.name} expects shape {spec.shape}, {spec.dtype}, strides "
                                  f"{spec.strides}; got {device.shape}, {device.dtype}, {device.strides}")
-            memory[spec.name] = device
-        loaded = self._for_alignment(memory)
+            devices.append(kernel_argument(device))
+        pointers = [device.data.ptr for device in devices]
+        run = self.entry(self.aligned(pointers), shape)
+        host = [(index, array) for index, array in enumerate(arrays) if not is_device_array(array)]
+
+        def call(out=None):
+            if host:
+                copies = [(index, kernel_argument(as_device(array))) for index, array in host]    # kept until launched
+                pointers[:] = [device.data.ptr for device in devices]
+                for index, device in copies:
+                    pointers[index] = device.data.ptr
+            if out is None:
+                return run(pointers)
+            address = kernel_argument(out).data.ptr
+            (run if address % 16 == 0 else self.entry(self.aligned(pointers + [address])))(pointers, address)
+            return out
+        return call
+
+    def aligned(self, pointers: list[int]) -> bool:
+        """Whether these buffer addresses (the inputs, then the output where given) are 16-byte aligned
+        wherever the module assumes so: the module built on that assumption runs, else one built without."""
+        names = [spec.name for spec in self.inputs] + [self.output]
+        return all(pointer % 16 == 0 for name, pointer in zip(names, pointers) if name in self.module.aligned)
+
+    def entry(self, aligned: bool, shape: tuple[int, ...] | None = None) -> Callable:
+        """`run(inputs, out=None)`: launch the kernels of the module for `aligned` buffers on the inputs at
+        device addresses `inputs` (in the order of `inputs`), into the output at address `out`, or into a
+        new CuPy array (in `shape` if given), which it returns. Temps are raw allocations from CuPy's
+        stream-ordered pool, given back once launched; TMA tensor maps are kept by the addresses they
+        were encoded for."""
+        key = (aligned, shape)
+        if key not in self._entries:
+            self._entries[key] = self._entry(aligned, shape)
+        return self._entries[key]
+
+    def _entry(self, aligned: bool, shape: tuple[int, ...] | None) -> Callable:
+        if aligned not in self._loaded:
+            self._loaded[aligned] = load_module(self.module if aligned else self._unaligned())
+        loaded = self._loaded[aligned]
         module = loaded.module
-        # host arrays are copied again at each call (they may have changed); tensor maps of copies from
-        # them or from temps (new memory each call) are encoded at each call
-        host = [(spec.name, array) for spec, array in zip(self.inputs, arrays) if not is_device_array(array)]
-        memory.pop(self.output, None)
-        fixed = {name: kernel_argument(array).data.ptr for name, array in memory.items()
-                 if name not in dict(host)}
-        maps_each_call = any(copy.source not in fixed for copy in module.tensor_maps)
-        if module.tensor_maps and not maps_each_call:
-            memory[codegen_gpu.TENSOR_MAPS] = self.tensor_maps(module.tensor_maps, fixed)
-            fixed[codegen_gpu.TENSOR_MAPS] = memory[codegen_gpu.TENSOR_MAPS].data.ptr
         specs = {spec.name: spec for spec in self.scratch}
         output = specs.pop(self.output)
         temps = [(name, math.prod(spec.shape) * codegen_gpu.ITEM_BYTES[spec.dtype]) for name, spec in specs.items()
                  if name in module.params]
-        maps = [codegen_gpu.TENSOR_MAPS] if maps_each_call else []
-        varying = [name for name, _ in temps] + [name for name, _ in host] + [self.output] + maps
-        launcher = Launcher(loaded, fixed, varying, owners=list(memory.values()))
-        temp_bytes, host_arrays = [nbytes for _, nbytes in temps], [array for _, array in host]
+        maps = [codegen_gpu.TENSOR_MAPS] if module.tensor_maps else []
+        varying = [spec.name for spec in self.inputs] + [name for name, _ in temps] + [self.output] + maps
+        used = [i for i, name in enumerate(varying) if name in module.params]     # an input no kernel reads: none
+        launcher = Launcher(loaded, [varying[i] for i in used])
+        temp_bytes = [nbytes for _, nbytes in temps]
         new_output = _empty_maker(shape or output.shape, output.dtype)
 
-        def call(out=None):
-            result = new_output() if out is None else out
+        def run(inputs: list[int], out: int | None = None):
+            result = new_output() if out is None else None
             kept = [cupy().cuda.alloc(max(nbytes, 1)) for nbytes in temp_bytes]      # alive until launched
-            kept += [kernel_argument(as_device(array)) for array in host_arrays]
-            pointers = [each.ptr for each in kept[:len(temp_bytes)]] + [each.data.ptr for each in kept[len(temp_bytes):]]
-            pointers.append(kernel_argument(result).data.ptr)
+            pointers = inputs + [memory.ptr for memory in kept]
+            pointers.append(kernel_argument(result).data.ptr if out is None else out)
             if maps:
-                kept.append(self.tensor_maps(module.tensor_maps, {**fixed, **dict(zip(varying, pointers))}))
+                kept.append(self.tensor_maps(module.tensor_maps, dict(zip(varying, pointers))))
                 pointers.append(kept[-1].data.ptr)
-            launcher(pointers)
+            launcher(pointers if len(used) == len(varying) else [pointers[i] for i in used])
             return result
-        return call
+        return run
 
     def tensor_maps(self, copies: tuple[BulkCopy, ...], pointers: dict[str, int]):
         """The device array of the TMA copies' tensor maps for the buffers at these addresses (kept by
@@ -499,8 +517,12 @@ def evaluate(node, schedule) -> object:
     if schedule is None:
         return prepared_call(node)()
     program, arrays = lowered_for(node, schedule)
-    kernel = CACHE.get_for(program, schedule_steps(schedule), lambda: LoopTree(program, resolve_schedule(program, schedule)))
-    return kernel.prepare(arrays)()
+    return scheduled_kernel(program, schedule).prepare(arrays)()
+
+
+def scheduled_kernel(program: ir.Program, schedule) -> GpuKernel:
+    """The cached GPU kernel of `program` under `schedule` (steps, JSON or a loop tree)."""
+    return CACHE.get_for(program, schedule_steps(schedule), lambda: LoopTree(program, resolve_schedule(program, schedule)))
 
 
 def prepared_call(node) -> Callable:
@@ -511,9 +533,7 @@ def prepared_call(node) -> Callable:
     if generation == tuning_db.generation():
         return call
     program, arrays = lowered_for(node)
-    chosen = chosen_schedule(program)
-    kernel = CACHE.get_for(program, schedule_steps(chosen), lambda: LoopTree(program, resolve_schedule(program, chosen)))
-    call = kernel.prepare(arrays, shape=tuple(node.sizes[dim] for dim in node.dims))
+    call = scheduled_kernel(program, chosen_schedule(program)).prepare(arrays, shape=node.shape)
     _PREPARED[node] = (tuning_db.generation(), call)
     return call
 
@@ -551,3 +571,63 @@ def to_host(array) -> np.ndarray:
     if isinstance(array, BFloat16Array):
         return array.get()
     return cupy().asnumpy(array) if is_device_array(array) else np.asarray(array)
+
+
+def _is_torch(data) -> bool:
+    return type(data).__module__.startswith("torch")
+
+
+def device_facts(array) -> tuple[tuple, int]:
+    """(signature, device address) of a device array: its type, shape, dtype, strides and whether its
+    address is 16-byte aligned, read from a PyTorch tensor's own attributes (a CuPy view of it costs
+    microseconds), else from its CuPy view."""
+    if _is_torch(array):
+        pointer = array.data_ptr()
+        return (type(array), array.shape, array.dtype, array.stride(), pointer % 16 == 0), pointer
+    device = kernel_argument(as_device(array))
+    pointer = device.data.ptr
+    return (type(array), device.shape, device.dtype, device.strides, pointer % 16 == 0), pointer
+
+
+TORCH_DTYPES = {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32", "float64": "float64"}
+
+
+class DeviceFunctionCall:
+    """One signature of a compiled function (`lt.function`) on the GPU: the kernels of the graph traced on
+    device arrays (the tuned schedule for this GPU, else `automatic_tree`), called on other arrays of
+    the same signature by their addresses. The result is a PyTorch tensor where the arguments are, else a
+    CuPy array; `out` (of the same kind, C-contiguous, the result's shape and dtype) takes it instead."""
+
+    def __init__(self, node, addresses: list[int], arguments: list):
+        program, arrays = lowered_for(node)
+        kernel = scheduled_kernel(program, chosen_schedule(program))
+        self.constants = [kernel_argument(as_device(array)) for array in arrays]       # kept alive
+        inputs = [device.data.ptr for device in self.constants]
+        # per kernel input: (True, the argument it is) or (False, the address of an array the function captured)
+        self.order = [(True, addresses.index(p)) if p in addresses else (False, p) for p in inputs]
+        self.shape, self.dtype = node.shape, program.output.dtype
+        kernel.prepare(arrays)          # refuses in words what the GPU cannot run (dims of size 0)
+        self.run = kernel.runner.entry(kernel.runner.aligned(inputs), self.shape)
+        self.torch = next((a for a in arguments if _is_torch(a)), None)
+
+    def __call__(self, addresses: list[int], out=None):
+        inputs = [addresses[i] if argument else i for argument, i in self.order]
+        if out is None and self.torch is None:
+            return self.run(inputs)
+        result = self.new_torch_result() if out is None else self.checked(out)
+        self.run(inputs, result.data_ptr() if _is_torch(result) else kernel_argument(result).data.ptr)
+        return result
+
+    def new_torch_result(self):
+        import torch
+        return torch.empty(self.shape, dtype=getattr(torch, TORCH_DTYPES[self.dtype]), device=self.torch.device)
+
+    def checked(self, out):
+        """`out`, where it can take the result: a device array of its shape and dtype, C-contiguous."""
+        contiguous = out.is_contiguous() if _is_torch(out) else kernel_argument(as_device(out)).flags.c_contiguous
+        dtype = str(out.dtype).replace("torch.", "")
+        if not is_device_array(out) or tuple(out.shape) != self.shape or dtype != self.dtype or not contiguous:
+            raise ValueError(f"out must be a C-contiguous device array of shape {self.shape} and dtype {self.dtype}; "
+                             f"got {type(out).__name__} of shape {tuple(out.shape)}, {dtype}"
+                             + ("" if contiguous else ", not contiguous"))
+        return out

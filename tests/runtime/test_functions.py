@@ -123,3 +123,38 @@ def test_the_notebook_editor_takes_a_functions_traced_tensor(rng):
     editor = ScheduleEditor(matmul.tensor(a, b), measure=False)
     assert editor.tree.program == matmul.loop_tree(a, b).program
     assert editor.current.legal
+
+
+@pytest.mark.gpu
+def test_a_function_on_cupy_arrays_runs_on_the_gpu_once_traced(rng):
+    from tests.gpu_helpers import cupy_or_skip
+    cp = cupy_or_skip()
+    matmul, traces = counted_matmul()
+    a, b = rng.standard_normal((130, 70)).astype(np.float32), rng.standard_normal((70, 45)).astype(np.float32)
+    got = matmul(cp.asarray(a), cp.asarray(b))
+    assert isinstance(got, cp.ndarray) and got.shape == (130, 45)
+    assert_close(cp.asnumpy(got), a.astype(np.float64) @ b, 1e-5)
+    other = rng.standard_normal((130, 70)).astype(np.float32)
+    out = cp.full((130, 45), cp.nan, dtype=cp.float32)
+    assert matmul(cp.asarray(other), cp.asarray(b), out=out) is out and len(traces) == 1
+    assert_close(cp.asnumpy(out), other.astype(np.float64) @ b, 1e-5)
+    with pytest.raises(TypeError, match="argument b is on the host while others are on the GPU"):
+        matmul(cp.asarray(a), b)
+    with pytest.raises(ValueError, match=r"out must be a C-contiguous device array of shape \(130, 45\)"):
+        matmul(cp.asarray(a), cp.asarray(b), out=cp.empty((45, 130), dtype=cp.float32))
+
+
+@pytest.mark.gpu
+def test_a_function_on_torch_cuda_tensors_returns_torch_tensors(rng):
+    from tests.gpu_helpers import cupy_or_skip
+    cupy_or_skip()
+    torch = pytest.importorskip("torch")
+    matmul, traces = counted_matmul()
+    a = torch.randn(64, 80, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(80, 96, device="cuda", dtype=torch.bfloat16)
+    got = matmul(a, b)
+    assert isinstance(got, torch.Tensor) and got.is_cuda and got.dtype == torch.float32
+    ref = a.double() @ b.double()
+    assert float((got.double() - ref).norm() / ref.norm()) < 1e-5
+    out = torch.empty(64, 96, device="cuda")
+    assert matmul(a, b, out=out) is out and torch.equal(out, got) and len(traces) == 1
