@@ -116,11 +116,11 @@ class Function:
     def _on_gpu(self, arrays, out):
         """The call on device arrays (CuPy, PyTorch, DLPack): traced once per signature (`gpu.device_facts`),
         then launched on the arrays' addresses (`gpu.DeviceFunctionCall`)."""
-        for a, (name, _) in zip(arrays, self.params):
-            if not gpu.is_device_array(a):
-                raise TypeError(f"{self.fn.__name__}: argument {name} is on the host while others are on the GPU; "
-                                f"pass every argument on one device")
         facts = [gpu.device_facts(a) for a in arrays]
+        if None in facts:
+            name = self.params[facts.index(None)][0]
+            raise TypeError(f"{self.fn.__name__}: argument {name} is on the host while others are on the GPU; "
+                            f"pass every argument on one device")
         key = tuple([signature for signature, _ in facts])
         addresses = [address for _, address in facts]
         call = self._calls.get(key)

@@ -115,10 +115,16 @@ def _is_torch_bfloat16(data) -> bool:
         and bool(getattr(data, "is_cuda", False))
 
 
+def _is_torch(data) -> bool:
+    return type(data).__module__.startswith("torch")
+
+
 def is_device_array(data) -> bool:
     """True for CUDA arrays: CuPy, PyTorch (bfloat16 too), `BFloat16Array`, anything with
     __cuda_array_interface__ or on a CUDA DLPack device."""
-    if isinstance(data, BFloat16Array) or _is_torch_bfloat16(data):
+    if _is_torch(data):                 # its __cuda_array_interface__ is a property that builds a dict
+        return bool(data.is_cuda)
+    if isinstance(data, BFloat16Array):
         return True
     if hasattr(data, "__cuda_array_interface__"):
         return True
@@ -573,23 +579,20 @@ def to_host(array) -> np.ndarray:
     return cupy().asnumpy(array) if is_device_array(array) else np.asarray(array)
 
 
-def _is_torch(data) -> bool:
-    return type(data).__module__.startswith("torch")
-
-
-def device_facts(array) -> tuple[tuple, int]:
+def device_facts(array) -> tuple[tuple, int] | None:
     """(signature, device address) of a device array: its type, shape, dtype, strides and whether its
     address is 16-byte aligned, read from a PyTorch tensor's own attributes (a CuPy view of it costs
-    microseconds), else from its CuPy view."""
+    microseconds), else from its CuPy view; None for an array on the host."""
     if _is_torch(array):
+        if not array.is_cuda:
+            return None
         pointer = array.data_ptr()
         return (type(array), array.shape, array.dtype, array.stride(), pointer % 16 == 0), pointer
+    if not is_device_array(array):
+        return None
     device = kernel_argument(as_device(array))
     pointer = device.data.ptr
     return (type(array), device.shape, device.dtype, device.strides, pointer % 16 == 0), pointer
-
-
-TORCH_DTYPES = {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32", "float64": "float64"}
 
 
 class DeviceFunctionCall:
@@ -608,19 +611,21 @@ class DeviceFunctionCall:
         self.shape, self.dtype = node.shape, program.output.dtype
         kernel.prepare(arrays)          # refuses in words what the GPU cannot run (dims of size 0)
         self.run = kernel.runner.entry(kernel.runner.aligned(inputs), self.shape)
-        self.torch = next((a for a in arguments if _is_torch(a)), None)
+        self.new_torch_result = next((self.torch_result_maker(a) for a in arguments if _is_torch(a)), None)
 
     def __call__(self, addresses: list[int], out=None):
         inputs = [addresses[i] if argument else i for argument, i in self.order]
-        if out is None and self.torch is None:
+        if out is None and self.new_torch_result is None:
             return self.run(inputs)
         result = self.new_torch_result() if out is None else self.checked(out)
         self.run(inputs, result.data_ptr() if _is_torch(result) else kernel_argument(result).data.ptr)
         return result
 
-    def new_torch_result(self):
+    def torch_result_maker(self, like) -> Callable:
+        """A function of no arguments making an uninitialized torch tensor for the result, on `like`'s device."""
         import torch
-        return torch.empty(self.shape, dtype=getattr(torch, TORCH_DTYPES[self.dtype]), device=self.torch.device)
+        return functools.partial(torch.empty, self.shape, dtype=getattr(torch, self.dtype),
+                                 device=like.device)
 
     def checked(self, out):
         """`out`, where it can take the result: a device array of its shape and dtype, C-contiguous."""
