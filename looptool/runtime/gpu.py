@@ -159,15 +159,12 @@ def _copied_with_strides(array: np.ndarray):
 
 def device_empty(shape: tuple[int, ...], dtype: str):
     """An uninitialized device array of `dtype` (a `BFloat16Array` for bfloat16)."""
-    cp = cupy()
-    if dtype == dtypes.bfloat16.name:
-        return BFloat16Array(cp.empty(shape, dtype=np.uint16))
-    return cp.empty(shape, dtype=dtype)
+    return _empty_maker(shape, dtype)()
 
 
 def _empty_maker(shape: tuple[int, ...], dtype: str) -> Callable:
-    """A function of no arguments that makes an uninitialized device array (`device_empty`), with the
-    dtype looked up once."""
+    """A function of no arguments that makes an uninitialized device array of `dtype` (a `BFloat16Array`
+    for bfloat16), with the dtype looked up once."""
     if dtype == dtypes.bfloat16.name:
         return lambda: BFloat16Array(cupy().empty(shape, dtype=np.uint16))
     return functools.partial(cupy().empty, shape, np.dtype(dtype))
@@ -610,7 +607,8 @@ class DeviceFunctionCall:
         self.order = [(True, addresses.index(p)) if p in addresses else (False, p) for p in inputs]
         self.shape, self.dtype = node.shape, program.output.dtype
         kernel.prepare(arrays)          # refuses in words what the GPU cannot run (dims of size 0)
-        self.run = kernel.runner.entry(kernel.runner.aligned(inputs), self.shape)
+        self.runner = kernel.runner
+        self.run = self.runner.entry(self.runner.aligned(inputs), self.shape)
         self.new_torch_result = next((self.torch_result_maker(a) for a in arguments if _is_torch(a)), None)
 
     def __call__(self, addresses: list[int], out=None):
@@ -618,7 +616,9 @@ class DeviceFunctionCall:
         if out is None and self.new_torch_result is None:
             return self.run(inputs)
         result = self.new_torch_result() if out is None else self.checked(out)
-        self.run(inputs, result.data_ptr() if _is_torch(result) else kernel_argument(result).data.ptr)
+        address = result.data_ptr() if _is_torch(result) else kernel_argument(result).data.ptr
+        run = self.run if address % 16 == 0 else self.runner.entry(self.runner.aligned(inputs + [address]))
+        run(inputs, address)
         return result
 
     def torch_result_maker(self, like) -> Callable:
