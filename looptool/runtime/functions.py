@@ -23,7 +23,7 @@ from ..frontend import Tensor
 from ..ir.lowering import graph_nodes
 from ..schedule import LoopTree
 from . import gpu
-from .cpu import Kernel, buffer_array, check_output, chosen_tree, kernel_for, lower_on_host
+from .cpu import DynamicSizes, Kernel, buffer_array, check_output, chosen_tree, kernel_for, lower_on_host
 
 
 class In:
@@ -64,6 +64,9 @@ class Function:
                                 f"e.g. {name}: lt.In[m, k]")
             self.params.append((name, spec))
         self._calls: dict[tuple, _Call] = {}
+        # the parameters whose first dim is dynamic: their first axis is left out of the signature
+        self._dynamic = [index for index, (_, spec) in enumerate(self.params)
+                         if spec.dims and getattr(spec.dims[0], "dynamic", False)]
         functools.update_wrapper(self, fn)
 
     def __call__(self, *arrays, out=None):
@@ -72,7 +75,11 @@ class Function:
             if type(a) is not np.ndarray:
                 arrays = [self._as_array(a, name) for a, (name, _) in zip(arrays, self.params)]
                 break
-        key = tuple([(a.shape, a.dtype, a.strides) for a in arrays])
+        key = [(a.shape, a.dtype, a.strides) for a in arrays]
+        for index in self._dynamic:     # one kernel for every size of a dynamic dim
+            a = arrays[index]
+            key[index] = (a.shape[1:], a.dtype, a.strides[1:], a.ndim)
+        key = tuple(key)
         call = self._calls.get(key)
         if call is None:
             call = self._calls[key] = self._traced(arrays)
@@ -131,6 +138,11 @@ class Function:
             if id(tensor.node) in used and index not in found:    # copied while lowering: frozen into the kernel
                 raise RuntimeError(f"{self.fn.__name__}: argument {name} was copied while lowering, so later calls "
                                    f"could not pass it by address")
+        for buf in program.inputs:
+            if not isinstance(slots[buf.name], int) and set(buf.dims) & set(dict(program.dynamic)):
+                raise ValueError(f"{self.fn.__name__} captures an array of dims {buf.dims} (shape "
+                                 f"{slots[buf.name].shape}) over a dynamic dim; its size would be fixed: pass it as "
+                                 f"an argument")
         return _Call(kernel_for(node), slots, [name for name, _ in self.params])
 
 
@@ -156,20 +168,27 @@ class _Call:
             else:
                 self.order.append((plans[name].shape, plans[name].dtype, name == self.output))
         self.arguments = sorted({s for s in self.order if isinstance(s, int)})
+        program = kernel.tree.program
+        # each dynamic dim's size is read from the arguments (constants over dynamic dims are refused when traced)
+        positions = [slots[buf.name] if isinstance(slots[buf.name], int) else None for buf in program.inputs]
+        self.dynamic = DynamicSizes(program, [f"argument {names[p]}" if p is not None else "a captured array"
+                                              for p in positions], positions)
 
     def __call__(self, arrays: list[np.ndarray], out=None) -> np.ndarray:
         for index in self.arguments:
             if not arrays[index].flags.aligned:
                 raise ValueError(f"argument {self.names[index]} (shape {arrays[index].shape}) is not aligned to "
                                  f"its {arrays[index].dtype} elements")
+        sizes = self.dynamic.of(arrays) if self.dynamic.dims else ()
         result, objects = None, []
         for slot in self.order:
             if type(slot) is int:
                 objects.append(arrays[slot])
             elif type(slot) is tuple:
                 shape, dtype, is_output = slot
+                shape = self.dynamic.shape(shape, sizes)
                 if is_output and out is not None:
-                    check_output(self.kernel.tree.buffers[self.output], out, dict(zip(self.names, arrays)))
+                    check_output(shape, dtype, out, dict(zip(self.names, arrays)))
                     made = out
                 else:
                     made = buffer_array(shape, dtype)
@@ -177,5 +196,6 @@ class _Call:
                 objects.append(made)
             else:
                 objects.append(slot)
-        self.entry(*objects)
+        self.entry(*objects, *sizes)
         return result
+        sizes = self.dynamic.of(arrays) if self.dynamic.dims else ()
