@@ -173,12 +173,26 @@ class DynamicSizes:
         positions = positions or list(range(len(program.inputs)))
         self.sources = [[(position, label) for buf, label, position in zip(program.inputs, labels, positions)
                          if buf.dims[:1] == (dim,)] for dim in self.dims]
+        # per dim: (where its size is read, where it must be the same, its minimum): a call's only work
+        self._reads = [(sources[0][0], tuple(p for p, _ in sources[1:]), self.minimum[dim])
+                       for dim, sources in zip(self.dims, self.sources)]
 
     def of(self, arrays: list[np.ndarray]) -> list[int]:
-        """The size of each dynamic dim in a call on `arrays` (the program's inputs, ranks checked):
-        a ValueError naming the arrays and sizes where inputs sharing a dim disagree, or where one is
-        below the dim's minimum."""
+        """The size of each dynamic dim in a call on `arrays` (ranks checked): a ValueError naming the
+        arrays and sizes where inputs sharing a dim disagree, or where one is below the dim's minimum."""
         sizes = []
+        for first, others, minimum in self._reads:
+            size = arrays[first].shape[0]
+            if size < minimum:
+                self._refuse(arrays)
+            for other in others:
+                if arrays[other].shape[0] != size:
+                    self._refuse(arrays)
+            sizes.append(size)
+        return sizes
+
+    def _refuse(self, arrays: list[np.ndarray]):
+        """Raise the ValueError that says which dim's size a call gets wrong, and where."""
         for dim, sources in zip(self.dims, self.sources):
             index, label = sources[0]
             size = arrays[index].shape[0]
@@ -190,15 +204,12 @@ class DynamicSizes:
             if size < self.minimum[dim]:
                 raise ValueError(f"dynamic dim '{dim}' has size {size} in {label} (shape {arrays[index].shape}); "
                                  f"this kernel takes sizes from {self.minimum[dim]} up")
-            sizes.append(size)
-        return sizes
 
     def shape(self, shape: tuple, sizes: list[int]) -> tuple[int, ...]:
         """A planned shape at this call's sizes (a dynamic `ir.Size` replaced by its dim's size)."""
-        if not self.dims:
-            return shape
-        found = dict(zip(self.dims, sizes))
-        return tuple(found[n.dim] if isinstance(n, ir.Size) else n for n in shape)
+        if shape and isinstance(shape[0], ir.Size):    # only a first axis is dynamic
+            return (sizes[self.dims.index(shape[0].dim)],) + shape[1:]
+        return shape
 
 
 def _array_shim(engine, kernel_address: int, count: int, sizes: int = 0):

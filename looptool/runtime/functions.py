@@ -20,6 +20,7 @@ import sys
 import numpy as np
 
 from ..frontend import Tensor
+from ..ir import Size
 from ..ir.lowering import graph_nodes
 from ..schedule import LoopTree
 from . import gpu
@@ -64,9 +65,10 @@ class Function:
                                 f"e.g. {name}: lt.In[m, k]")
             self.params.append((name, spec))
         self._calls: dict[tuple, _Call] = {}
-        # the parameters whose first dim is dynamic: their first axis is left out of the signature
-        self._dynamic = [index for index, (_, spec) in enumerate(self.params)
-                         if spec.dims and getattr(spec.dims[0], "dynamic", False)]
+        # per parameter, whether its first dim is dynamic (its size is then left out of the signature);
+        # empty where none is
+        leading = [bool(spec.dims) and getattr(spec.dims[0], "dynamic", False) for _, spec in self.params]
+        self._leading = leading if any(leading) else []
         functools.update_wrapper(self, fn)
 
     def __call__(self, *arrays, out=None):
@@ -75,11 +77,10 @@ class Function:
             if type(a) is not np.ndarray:
                 arrays = [self._as_array(a, name) for a, (name, _) in zip(arrays, self.params)]
                 break
-        key = [(a.shape, a.dtype, a.strides) for a in arrays]
-        for index in self._dynamic:     # one kernel for every size of a dynamic dim
-            a = arrays[index]
-            key[index] = (a.shape[1:], a.dtype, a.strides[1:], a.ndim)
-        key = tuple(key)
+        if self._leading:    # one kernel for every size of a dynamic dim: the signature leaves it out
+            key = tuple([(a.shape[1:] if lead else a.shape, a.dtype, a.strides) for a, lead in zip(arrays, self._leading)])
+        else:
+            key = tuple([(a.shape, a.dtype, a.strides) for a in arrays])
         call = self._calls.get(key)
         if call is None:
             call = self._calls[key] = self._traced(arrays)
@@ -162,17 +163,19 @@ class _Call:
         plans = kernel.tree.buffers
         self.output = kernel.tree.program.output.name
         self.order = []                  # per kernel parameter: argument index, constant, or buffer to make
-        for name in kernel.params:
-            if name in slots:
-                self.order.append(slots[name])
-            else:
-                self.order.append((plans[name].shape, plans[name].dtype, name == self.output))
-        self.arguments = sorted({s for s in self.order if isinstance(s, int)})
         program = kernel.tree.program
         # each dynamic dim's size is read from the arguments (constants over dynamic dims are refused when traced)
         positions = [slots[buf.name] if isinstance(slots[buf.name], int) else None for buf in program.inputs]
         self.dynamic = DynamicSizes(program, [f"argument {names[p]}" if p is not None else "a captured array"
                                               for p in positions], positions)
+        for name in kernel.params:
+            if name in slots:
+                self.order.append(slots[name])
+            else:     # (shape, or the rest of it after a dynamic first axis; which size that axis takes; ...)
+                shape = plans[name].shape
+                size = self.dynamic.dims.index(shape[0].dim) if shape and isinstance(shape[0], Size) else None
+                self.order.append((shape if size is None else shape[1:], size, plans[name].dtype, name == self.output))
+        self.arguments = sorted({s for s in self.order if isinstance(s, int)})
 
     def __call__(self, arrays: list[np.ndarray], out=None) -> np.ndarray:
         for index in self.arguments:
@@ -185,8 +188,9 @@ class _Call:
             if type(slot) is int:
                 objects.append(arrays[slot])
             elif type(slot) is tuple:
-                shape, dtype, is_output = slot
-                shape = self.dynamic.shape(shape, sizes)
+                shape, size, dtype, is_output = slot
+                if size is not None:
+                    shape = (sizes[size],) + shape
                 if is_output and out is not None:
                     check_output(shape, dtype, out, dict(zip(self.names, arrays)))
                     made = out
