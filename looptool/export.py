@@ -69,6 +69,10 @@ def export(tensor, path, schedule=None, *, input_names=None, tuning: dict | None
         raise NotImplementedError(f"export: dynamic dims {[d for d, _ in program.dynamic]} run on the CPU only so "
                                   f"far; export them with device='cpu'")
     names = list(input_names or [b.name for b in program.inputs])
+    clashing = [dim for dim, _ in program.dynamic if dim in names or dim == "out"]
+    if clashing:
+        raise ArtifactError(f"export: dynamic dim '{clashing[0]}' would name the C entry's size argument, but an "
+                            f"array has that name (inputs {names}, out): rename the input with input_names")
     if len(names) != len(program.inputs):
         raise ArtifactError(f"export: {len(program.inputs)} inputs but {len(names)} input_names {names}")
     if device == "gpu":

@@ -117,7 +117,8 @@ class FunctionBuilder:
         """A local buffer: on the stack when small, else on the heap (freed on return); 64-byte aligned."""
         if any(isinstance(n, ir.Size) for n in plan.shape):
             raise NotImplementedError(f"buffer {plan.name} is placed inside loops but holds a whole dynamic dim "
-                                      f"(shape {list(map(str, plan.shape))}); the legality check refuses such schedules")
+                                      f"(shape [{', '.join(map(str, plan.shape))}]); the legality check refuses "
+                                      f"such schedules")
         size = plan.size * ITEM_BYTES[plan.dtype]
         if size <= STACK_LIMIT:
             buffer = self.allocas.alloca(MEMORY_TYPE[plan.dtype], size=constant(I64, plan.size), name=plan.name)

@@ -4,6 +4,7 @@ from .program import (REPRESENTATIVE_SIZE, Size, Affine, Binary, Buffer, Cast, C
                       REDUCE_IDENTITY, Select, Stage, Unary, guards, index_vars, loaded_buffers, loads, rewritten,
                       substituted)
 
-__all__ = ["REPRESENTATIVE_SIZE", "Size", "Affine", "Binary", "Buffer", "Cast", "Const", "Expr", "Guard", "Load", "Program", "REDUCE_IDENTITY",
+__all__ = ["REPRESENTATIVE_SIZE", "Size", "Affine", "Binary", "Buffer", "Cast", "Const", "Expr", "Guard", "Load",
+           "Program", "REDUCE_IDENTITY",
            "Select", "Stage", "Unary", "guards", "index_vars", "loaded_buffers", "loads", "element_strides", "lower", "rewritten",
            "substituted", "whole_aligned_elements", "TRANSCENDENTAL", "COSTLY"]

@@ -6,8 +6,8 @@ from dataclasses import replace
 import numpy as np
 
 from ..frontend import dtypes, graph
-from .program import (REPRESENTATIVE_SIZE, Affine, Binary, Buffer, Cast, Const, Expr, Guard, Load, Program, Select, Size,
-                      Stage, Unary)
+from .program import (REPRESENTATIVE_SIZE, Affine, Binary, Buffer, Cast, Const, Expr, Guard, Load, Program, Select,
+                      Size, Stage, Unary)
 
 
 # Pointwise functions that cost tens of operations a value, where a load, add or multiply costs one.

@@ -78,7 +78,8 @@ class Function:
                 arrays = [self._as_array(a, name) for a, (name, _) in zip(arrays, self.params)]
                 break
         if self._leading:    # one kernel for every size of a dynamic dim: the signature leaves it out
-            key = tuple([(a.shape[1:] if lead else a.shape, a.dtype, a.strides) for a, lead in zip(arrays, self._leading)])
+            key = tuple([(a.shape[1:] if lead else a.shape, a.dtype, a.strides)
+                         for a, lead in zip(arrays, self._leading)])
         else:
             key = tuple([(a.shape, a.dtype, a.strides) for a in arrays])
         call = self._calls.get(key)

@@ -153,3 +153,41 @@ def test_what_dynamic_dims_do_not_support_is_refused_in_words(rng):
         return lt.Tensor(captured).to(b, k) + y
     with pytest.raises(ValueError, match="captures an array of dims \\('b', 'k'\\).*pass it as an argument"):
         shifted(x[0])
+
+
+def batched_matmul(x, rng):
+    w = rng.standard_normal((x.shape[2], 20)).astype(np.float32)
+    m = lt.symbols("m")[0]
+    return (lt.Tensor(x).to(b, m, k) * lt.Tensor(w).to(k, n)).sum(k), x.astype(np.float64) @ w
+
+
+def conv_over_a_batch(x, rng):
+    c, h, w, o, oh, ow, kh, kw = lt.symbols("c h w o oh ow kh kw")
+    filters = rng.standard_normal((4, x.shape[1], 3, 3)).astype(np.float32)
+    windows = lt.Tensor(x).to(b, c, h, w).window(h, oh, kh, 3, padding=1).window(w, ow, kw, 3, padding=1)
+    padded = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    patches = np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(2, 3))
+    return (windows * lt.Tensor(filters).to(o, c, kh, kw)).sum(c, kh, kw), \
+        np.einsum("bchwij,ocij->bhwo", patches, filters.astype(np.float64))
+
+
+def softmax_rows(x, rng):
+    t = lt.Tensor(x).to(b, k)
+    e = (t - t.max(k)).exp()
+    ref = np.exp(x.astype(np.float64) - x.max(1, keepdims=True))
+    return e / e.sum(k), ref / ref.sum(1, keepdims=True)
+
+
+def max_over_the_batch(x, rng):
+    return lt.Tensor(x).to(b, k).max(b), x.astype(np.float64).max(0)
+
+
+@pytest.mark.parametrize("workload, shape", [(batched_matmul, (7, 24)), (conv_over_a_batch, (3, 9, 9)),
+                                             (softmax_rows, (33,)), (max_over_the_batch, (21,))])
+def test_workloads_over_a_dynamic_batch_compile_once(workload, shape, rng):
+    lt.clear_cache()
+    for size in (1, 2, 9, 40):
+        tensor, reference = workload(rng.standard_normal((size, *shape)).astype(np.float32), rng)
+        assert "B" in str(tensor.loop_tree())
+        assert_close(tensor.numpy(), reference, 1e-5)
+    assert lt.cache_info()["misses"] == 1
