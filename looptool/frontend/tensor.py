@@ -15,7 +15,7 @@ BACKEND = Hook("running a Tensor (numpy, cuda, compile, loop_tree; GPU arrays)",
 class Symbol:
     """A dimension name. Two symbols with the same name are the same dimension. A `dynamic` symbol's
     size is a parameter of the compiled kernel, which then serves every size from `min` up (see
-    docs/functions.md); it must be the first (outermost) axis of every array that has it."""
+    docs/frontend.md, "Dynamic sizes"); it must be the first (outermost) axis of every array that has it."""
 
     def __init__(self, name: str, dynamic: bool = False, min: int = 1):
         if not name.isidentifier():

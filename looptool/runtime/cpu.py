@@ -185,9 +185,10 @@ class DynamicSizes:
             size = arrays[first].shape[0]
             if size < minimum:
                 self._refuse(arrays)
-            for other in others:
-                if arrays[other].shape[0] != size:
-                    self._refuse(arrays)
+            if others:
+                for other in others:
+                    if arrays[other].shape[0] != size:
+                        self._refuse(arrays)
             sizes.append(size)
         return sizes
 
