@@ -30,7 +30,7 @@ class Accumulators:
     def __init__(self, builder: FunctionBuilder, loop: str):
         self.builder, self.loop = builder, loop
         self.slots: dict[Key, llir.Value] = {}
-        self.counts: dict[int, int] = {}      # unrolled loops emitted for one known trip count (`specialized`)
+        self.counts: dict[int, int] = {}      # unrolled loops emitted for one known trip count (`dynamic_edge`)
 
     @classmethod
     def of(cls, builder: FunctionBuilder, node: LoopNode, versioned: bool = False) -> "Accumulators | None":

@@ -203,4 +203,3 @@ class _Call:
                 objects.append(slot)
         self.entry(*objects, *sizes)
         return result
-        sizes = self.dynamic.of(arrays) if self.dynamic.dims else ()

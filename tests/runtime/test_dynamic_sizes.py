@@ -34,6 +34,18 @@ def test_one_trace_and_one_kernel_serve_every_size(rng):
     assert layer.kernel(x, w) is layer.kernel(x[:5], w)          # the kernel cache ignores the size too
 
 
+def test_out_takes_the_call_size(rng):
+    layer, _ = traced_layer()
+    w = rng.standard_normal((24, 40)).astype(np.float32)
+    for size in (3, 11):
+        x = rng.standard_normal((size, 24)).astype(np.float32)
+        out = np.full((size, 40), np.nan, np.float32)
+        assert layer(x, w, out=out) is out
+        assert_close(out, np.maximum(x.astype(np.float64) @ w, 0), 1e-5)
+    with pytest.raises(ValueError, match=r"out must be an aligned, C-contiguous float32 array of shape \(11, 40\)"):
+        layer(x, w, out=np.empty((10, 40), np.float32))
+
+
 def test_the_loop_tree_prints_the_size_symbolically(rng):
     layer, _ = traced_layer()
     x, w = rng.standard_normal((10, 24)).astype(np.float32), rng.standard_normal((24, 40)).astype(np.float32)
