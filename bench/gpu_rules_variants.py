@@ -8,7 +8,8 @@ at a large and an odd size; `float32_blocks`, the register-tile template's block
 `gpu_rules.THREAD_TILE_ROWS` (outputs along a second dim a thread walking a reduction takes) on 3x3
 convolutions; `row_walk_unroll`, `gpu_rules.ROW_WALK_UNROLL` on attention heads; `strided_unroll`,
 `gpu_rules.STRIDED_UNROLL` on softmax, layer norm and attention; `scalar_run`, `gpu_rules.SCALAR_RUN`
-on pointwise chains whose rows hold no whole vectors. For each
+on pointwise chains whose rows hold no whole vectors; `wgmma_blocks`, `autoschedule.gpu.WGMMA_BLOCKS` (the
+wgmma template's block tiles) on bfloat16 matmuls, batched with k = 64, square, and odd. For each
 workload and value, the automatic schedule's kernels run on a NaN-poisoned output, are compared with
 torch in float64, and are timed interleaved with torch (median of CUDA-event timed calls, best of 3
 rounds). Prints one line per variant: kernels' time, torch / kernels.
@@ -35,6 +36,8 @@ KNOBS = {
     "row_elements": (lambda v: setattr(gpu_rules, "ROW_ELEMENTS_PER_THREAD", v), (8, 16, 32), "row_cases"),
     "float32_blocks": (lambda v: setattr(templates, "FLOAT32_BLOCKS", (v,)), ((128, 128), (64, 128), (128, 64), (64, 64)),
                        "matmul_cases"),
+    "wgmma_blocks": (lambda v: setattr(templates, "WGMMA_BLOCKS", v), (((128, 256), (128, 128)), ((128, 128),),
+                                                                          ((128, 256),)), "wgmma_cases"),
 }
 
 
@@ -107,6 +110,19 @@ def matmul_cases(torch):
         sm, sk, sn = lt.symbols("m k n")
         c = (lt.Tensor(a).to(sm, sk) * lt.Tensor(b).to(sk, sn)).sum(sk)
         out.append((f"matmul f32 {m}x{k}x{n}", c, lambda a=a, b=b: a @ b, lambda a=a, b=b: a.double() @ b.double()))
+    return out
+
+
+def wgmma_cases(torch):
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    out = []
+    for batch, m, k, n in ((16, 1024, 64, 1024), (1, 4096, 4096, 4096), (1, 1000, 1000, 1000)):
+        a = torch.randn(batch, m, k, device="cuda", generator=gen).to(torch.bfloat16)
+        b = torch.randn(batch, k, n, device="cuda", generator=gen).to(torch.bfloat16)
+        sb, sm, sk, sn = lt.symbols("b m k n")
+        c = (lt.Tensor(a).to(sb, sm, sk) * lt.Tensor(b).to(sb, sk, sn)).sum(sk)
+        out.append((f"matmul bf16 {batch}x{m}x{k}x{n}", c, lambda a=a, b=b: a @ b,
+                    lambda a=a, b=b: a.double() @ b.double()))
     return out
 
 

@@ -94,6 +94,11 @@ def automatic_workloads() -> dict:
     out["bf16 matmul padded onto tensor cores 100x70x45"] = (
         (lt.Tensor(a16).to(s.m, s.k) * lt.Tensor(b16).to(s.k, s.n)).sum(s.k),
         a16.astype(np.float64) @ b16.astype(np.float64))
+    a16 = rng.standard_normal((257, 136), dtype=np.float32).astype(dtypes.bfloat16)
+    b16 = rng.standard_normal((136, 200), dtype=np.float32).astype(dtypes.bfloat16)
+    out["bf16 matmul, edges zero-filled by TMA 257x136x200"] = (
+        (lt.Tensor(a16).to(s.m, s.k) * lt.Tensor(b16).to(s.k, s.n)).sum(s.k),
+        a16.astype(np.float64) @ b16.astype(np.float64))
     sn, sc, sh, sw, so, soh, sow, skh, skw = lt.symbols("n c h w o oh ow kh kw")
     x, w = rng.standard_normal((2, 8, 9, 7), dtype=np.float32), rng.standard_normal((40, 8, 3, 3), dtype=np.float32)
     windows = lt.Tensor(x).to(sn, sc, sh, sw).window(sh, soh, skh, 3, padding=1).window(sw, sow, skw, 3, padding=1)

@@ -92,9 +92,9 @@ def _wrong_result(got: np.ndarray, expected: np.ndarray, dtype: str, reference: 
 def lowered(node, device: str = "cpu"):
     """(program, input arrays) of `node` as the runtime of `device` lowers them: the CPU computes costly
     values that reductions re-read once, in stages of their own (`ir.lower`'s `separate_costly`); the
-    GPU inlines them."""
-    from looptool import ir, runtime
-    return runtime.lower_on_host(node) if device == "cpu" else ir.lower(node)
+    GPU inlines them, and flattens a pointwise program's rows (`runtime.gpu.lowered_for`)."""
+    from looptool import runtime
+    return runtime.lower_on_host(node) if device == "cpu" else runtime.gpu.lowered_for(node)
 
 
 def _cpu_trials(node, repeats: int, seed: int, calibrate: bool):
@@ -183,13 +183,12 @@ def _gpu_trials(node, repeats: int, seed: int):
     """Trials on the GPU: fixed random inputs on the device, each trial's output poisoned with NaN,
     checked against the default GPU schedule, timed with CUDA events (steady enough: no yardstick).
     Returns the trial function and None."""
-    from looptool import ir
     from looptool.autoschedule import gpu_rules
     from looptool.runtime import gpu as runtime_gpu
     from looptool.schedule import LoopTree, Schedule
 
     cp = runtime_gpu.cupy()
-    program, arrays = ir.lower(node)
+    program, arrays = lowered(node, "gpu")
     rng = np.random.default_rng(seed)
     inputs = [cp.asarray(fresh_like(a, rng)) for a in arrays]
     expected = cp.asnumpy(runtime_gpu.GpuKernel(gpu_rules.default_gpu_tree(program))(inputs)).astype(np.float64)

@@ -39,10 +39,19 @@ def _isl():
     return islpy
 
 
+_PARSED_MAPS = BoundedMemo(4096)     # isl maps by their text: a scheduler's candidate trees share most statements
+
+
 def _isl_map(text: str) -> "isl.Map":
-    """An isl map parsed from text; the sizes of dynamic dims it names (`size_<dim>`) are its parameters."""
+    """An isl map parsed from text (parsed once: a parse costs about half a millisecond); the sizes of
+    dynamic dims it names (`size_<dim>`) are its parameters."""
+    return _PARSED_MAPS.get(text, lambda: _isl().Map(_with_parameters(text)))
+
+
+def _with_parameters(text: str) -> str:
+    """The text of an isl map with the dynamic sizes it names declared as its parameters."""
     params = sorted(set(re.findall(r"\bsize_\w+", text)))
-    return _isl().Map(f"[{', '.join(params)}] -> {text}" if params else text)
+    return f"[{', '.join(params)}] -> {text}" if params else text
 
 
 def _bound(value) -> str:

@@ -65,12 +65,26 @@ def _copy_statements(tree: LoopTree, node: LoopNode) -> list[StmtNode]:
     return [stmt for stmt, _ in walk(node.body) if isinstance(stmt, StmtNode) and stmt.stage.name in placed]
 
 
+def copied_load(tree: LoopTree, expr: ir.Expr) -> ir.Load | None:
+    """The load a TMA copy makes of `expr`: a plain load, or a load zero-filled outside its buffer (a
+    `pad` copy inlined: `source[i, j] if 0 <= i < rows and 0 <= j < columns else 0`, which TMA's
+    out-of-bounds fill computes); None for anything else."""
+    if isinstance(expr, ir.Load):
+        return expr
+    if not (isinstance(expr, ir.Select) and isinstance(expr.then, ir.Load) and isinstance(expr.otherwise, ir.Const)
+            and expr.otherwise.value == 0.0 and expr.then.buffer in tree.buffers):
+        return None
+    load, shape = expr.then, tree.buffers[expr.then.buffer].shape
+    bounds = {ir.Guard(index, 0, size) for index, size in zip(load.index, shape)}
+    return load if set(expr.guards) <= bounds else None
+
+
 def _bulk_copy(tree: LoopTree, stmt: StmtNode, operands: dict, loop: str, index: int) -> BulkCopy:
     stage, plan = stmt.stage, tree.buffers[stmt.stage.name]
-    load = stage.expr
-    if stmt.kind != "assign" or not isinstance(load, ir.Load) or load.dtype != stage.dtype:
+    load = copied_load(tree, stage.expr)
+    if stmt.kind != "assign" or load is None or load.dtype != stage.dtype:
         raise IllegalScheduleError(f"loop '{loop}' copies with TMA, but stage {stage.name} is not a plain copy of "
-                                   f"an input tile: use copier='cp.async'")
+                                   f"an input tile (or one zero-filled outside it): use copier='cp.async'")
     layout = operands.get(stage.name)
     if layout is None:
         raise IllegalScheduleError(f"loop '{loop}' copies with TMA, which writes tiles in wgmma's swizzled layout, "

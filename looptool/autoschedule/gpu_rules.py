@@ -352,8 +352,10 @@ class _Planner:
                 self.tree, padded, self.gpu.tensor_cores == "wgmma", self.gpu.sms) if "tensor-core" in d]
             for described, tree in candidates:
                 if tree.check()[0]:
+                    tree, filled = self.zero_filled_by_tma(tree, name) if "by tma" in described else (tree, [])
                     self.note(name, f"a contraction off the tensor cores' grid: operands padded with zeros to "
-                                    f"multiples of {multiples} (m, n, k), then {described}")
+                                    f"multiples of {multiples} (m, n, k), then {described}"
+                                    + (f"; {', '.join(filled)} padded by TMA's zero fill, not copied" if filled else ""))
                     self.tree = tree
                     for stage in self.tree.program.stages:
                         if stage.name.endswith(f".{name}.pad") or stage.name == name:
@@ -361,6 +363,21 @@ class _Planner:
                     return True
         self.tree = kept
         return False
+
+    def zero_filled_by_tma(self, tree: LoopTree, name: str) -> tuple[LoopTree, list[str]]:
+        """`tree` with each operand pad copy of contraction `name` inlined (`inline`) into the TMA copy of
+        its tiles, where the legality check accepts it: TMA fills the boxes outside the operand with
+        zeros, so the pad needs no kernel. Also the operands so padded."""
+        filled = []
+        for stage in [st.name for st in tree.program.stages if st.name.endswith(f".{name}.pad")]:
+            try:
+                inlined = tree.inline(stage)
+            except ValueError:
+                continue
+            if inlined.check()[0]:
+                tree = inlined
+                filled.append(stage.split(".")[0])
+        return tree, filled
 
     def pointwise(self, stage: ir.Stage):
         """16-byte vectors along the contiguous dim where rows hold whole vectors, else SCALAR_RUN

@@ -55,7 +55,7 @@ from llvmlite import ir as llir
 from .. import ir
 from ..analysis.gpu_target import STATIC_SHARED
 from ..analysis.tensorize import ATOM_ROWS, SWIZZLE_BYTES, WARP, SharedOperand, TensorTile, is_warpgroup, tensor_tiles
-from ..analysis.tma import BulkCopy, bulk_copies
+from ..analysis.tma import BulkCopy, bulk_copies, copied_load
 from ..ir import Affine
 from ..schedule import (GPU_AXES, TENSOR_INSTRUCTIONS, LoopNode, LoopTree, StmtNode, accesses, pipeline_copier,
                         pipeline_depth, tensor_role, thread_bound, walk)
@@ -582,7 +582,7 @@ class _GpuBuilder(FunctionBuilder):
         for stmt, path in statements:
             copy = self.bulk_copies[id(stmt)]
             base = {**env, **{node.loop.name: ZERO for node in path}}
-            load = stmt.stage.expr
+            load = copied_load(self.tree, stmt.stage.expr)
             origin = [self.builder.trunc(self.affine(ix.substitute(stmt.index), base), I32) for ix in load.index]
             target = self.shared_address(self.rotated(copy.target, self.pointers[copy.target]))
             tensor_map = self.builder.gep(self.pointers[TENSOR_MAPS], [constant(I64, copy.index * TENSOR_MAP_BYTES)],

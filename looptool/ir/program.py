@@ -229,6 +229,14 @@ class Program:
                 return st
         raise KeyError(f"no stage named {name!r}; stages are {[s.name for s in self.stages]}")
 
+    def fresh_dim(self, name: str) -> str:
+        """`name`, or `name` with a number added where the program already has a dim of that name."""
+        taken = {dim for dim, _ in self.sizes}
+        fresh, number = name, 1
+        while fresh in taken:
+            fresh, number = f"{name}{number}", number + 1
+        return fresh
+
     def buffer_shape(self, name: str) -> tuple[int, ...]:
         for buf in self.inputs:
             if buf.name == name:

@@ -10,18 +10,23 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import itertools
+import math
 import threading
 import weakref
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+from llvmlite import binding as llvm
 
 from .. import ir
 from ..analysis.gpu_target import GpuTarget, assumed_gpu
 from ..analysis.tma import GLOBAL_ALIGN, BulkCopy
 from ..autoschedule import gpu_rules
+from ..codegen import cpu as codegen_cpu
 from ..codegen import gpu as codegen_gpu
+from ..codegen import gpu_launch
 from ..frontend import dtypes
 from ..memo import BoundedMemo
 from ..schedule import LoopTree
@@ -86,6 +91,10 @@ class BFloat16Array:
     def data(self):
         """The device memory (CuPy's MemoryPointer, with `.ptr`)."""
         return self.bits.data
+
+    def reshape(self, shape: tuple[int, ...]) -> "BFloat16Array":
+        """The same elements in another shape (a view where CuPy's reshape gives one)."""
+        return BFloat16Array(self.bits.reshape(shape))
 
     def get(self) -> np.ndarray:
         """A NumPy bfloat16 copy on the host."""
@@ -195,47 +204,90 @@ def tensor_map(copy: BulkCopy, pointer: int, shape: tuple[int, ...], strides: tu
 
 
 class Launcher:
-    """Launches a module's kernels in order on CuPy's current stream through `cuLaunchKernel` (ctypes),
-    from one argument block whose fixed pointers (the inputs) are filled in once: a call writes the
-    other pointers and launches, some microseconds less than CuPy's `Function.__call__` a kernel.
+    """Launches a module's kernels in order on CuPy's current stream by one call of the module's native
+    launcher (`codegen.gpu_launch`), from one argument block whose fixed pointers (the inputs) are
+    filled in once: a call writes the stream and the other pointers and makes one foreign call.
     Where the driver refuses (a thread with no current context, say) it launches through CuPy."""
 
-    def __init__(self, module: codegen_gpu.GpuModule, functions: list, fixed: dict):
-        self.params = module.params
-        self.values = (ctypes.c_uint64 * len(self.params))(*[fixed[n].data.ptr if n in fixed else 0
-                                                            for n in self.params])
-        base, size = ctypes.addressof(self.values), ctypes.sizeof(ctypes.c_uint64)
-        self.pointers = (ctypes.c_void_p * len(self.params))(*[base + i * size for i in range(len(self.params))])
-        self.varying = [(i, name) for i, name in enumerate(self.params) if name not in fixed]
-        self.fixed = fixed
-        self.kernels = [(function, launch.grid, launch.block, launch.dynamic_shared)
-                        for launch, function in zip(module.launches, functions)]
+    def __init__(self, loaded: "LoadedModule", fixed: dict[str, int], owners: list):
+        # owners: the arrays the fixed pointers point into, kept alive as long as the launcher
+        self.loaded, self.params, self.owners = loaded, loaded.module.params, owners
+        count = len(self.params)
+        self.block = (ctypes.c_uint64 * gpu_launch.launch_block_words(count))()
+        base, word = ctypes.addressof(self.block), ctypes.sizeof(ctypes.c_uint64)
+        for i, name in enumerate(self.params):
+            self.block[1 + i] = fixed.get(name, 0)
+            self.block[1 + count + i] = base + (1 + i) * word
+        self.address = ctypes.c_void_p(base)
+        self.varying = [name for name in self.params if name not in fixed]
+        self.slots = [1 + i for i, name in enumerate(self.params) if name not in fixed]
         self.lock = threading.Lock()
 
-    def __call__(self, varying: dict):
-        """Launch every kernel with the `varying` buffers (name -> CuPy array) for the other parameters."""
+    def __call__(self, pointers: list[int]):
+        """Launch every kernel with `pointers` (device addresses, in the order of `varying`) for the
+        parameters that are not fixed."""
         stream = cupy().cuda.get_current_stream().ptr
-        launch = _cu_launch_kernel()
+        block = self.block
         with self.lock:
-            for i, name in self.varying:
-                self.values[i] = varying[name].data.ptr
-            for number, (function, grid, block, shared) in enumerate(self.kernels):
-                if launch(function.ptr, *grid, *block, shared, stream, self.pointers, None):
-                    self.through_cupy(varying, number)
-                    return
+            block[0] = stream
+            for slot, pointer in zip(self.slots, pointers):
+                block[slot] = pointer
+            refused = self.loaded.launch_all(self.address)
+            if refused:
+                self.through_cupy(refused - 1)
 
-    def through_cupy(self, varying: dict, start: int):
-        args = tuple(self.fixed[name] if name in self.fixed else varying[name] for name in self.params)
-        for function, grid, block, shared in self.kernels[start:]:
-            function(grid, block, args, shared_mem=shared)
+    def through_cupy(self, start: int):
+        args = tuple(np.uint64(self.block[1 + i]) for i in range(len(self.params)))
+        launches = self.loaded.module.launches
+        for launch, function in list(zip(launches, self.loaded.functions))[start:]:
+            function(launch.grid, launch.block, args, shared_mem=launch.dynamic_shared)
+
+
+@dataclass(frozen=True)
+class LoadedModule:
+    """A GpuModule loaded on the current GPU: its CuPy module, its kernels' functions and the native
+    function that launches them all (`codegen.gpu_launch`)."""
+
+    module: codegen_gpu.GpuModule
+    cuda_module: object
+    functions: list
+    launch_all: Callable
+
+
+def load_module(module: codegen_gpu.GpuModule) -> LoadedModule:
+    """Load a module's PTX on the current GPU (kernels that need more than 48 KB of shared memory a
+    block opted in) and build its native launcher."""
+    cuda_module = cupy().cuda.function.Module()
+    cuda_module.load(module.ptx.encode())
+    functions = [cuda_module.get_function(k.name) for k in module.launches]
+    for launch, function in zip(module.launches, functions):
+        if launch.dynamic_shared:
+            opt_in_shared(launch, function)
+    kernels = [gpu_launch.KernelLaunch(function.ptr, launch.grid, launch.block, launch.dynamic_shared)
+               for launch, function in zip(module.launches, functions)]
+    launch_kernel = ctypes.cast(_libcuda().cuLaunchKernel, ctypes.c_void_p).value
+    return LoadedModule(module, cuda_module, functions, native_launcher(kernels, len(module.params), launch_kernel))
+
+
+_LAUNCHER_NUMBERS = itertools.count()
+
+
+def native_launcher(kernels: list, param_count: int, launch_kernel: int) -> Callable:
+    """The compiled `codegen.gpu_launch` function for these kernels, calling `cuLaunchKernel` at address
+    `launch_kernel`, as a ctypes function of the argument block's address."""
+    name = f"{gpu_launch.ENTRY}_{next(_LAUNCHER_NUMBERS)}"
+    module = llvm.parse_assembly(gpu_launch.launcher_ir(launch_kernel, kernels, param_count, name))
+    module.triple = codegen_cpu.HostTarget.get().triple
+    engine = _launcher_engine()
+    engine.add_module(module)
+    engine.finalize_object()
+    return ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(engine.get_function_address(name))
 
 
 @functools.cache
-def _cu_launch_kernel():
-    launch = _libcuda().cuLaunchKernel
-    launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
-    launch.restype = ctypes.c_int
-    return launch
+def _launcher_engine():
+    """The JIT engine that holds the native launchers of this process's loaded modules."""
+    return llvm.create_mcjit_compiler(llvm.parse_assembly(""), codegen_cpu.HostTarget.get().new_machine())
 
 
 @dataclass(frozen=True)
@@ -257,18 +309,8 @@ class ModuleRunner:
                  output: str, unaligned: Callable[[], codegen_gpu.GpuModule]):
         self.module, self.inputs, self.scratch, self.output = module, inputs, scratch, output
         self._unaligned = unaligned
-        self._loaded = {True: self._load(module)}
+        self._loaded = {True: load_module(module)}
         self._tensor_maps = BoundedMemo(TENSOR_MAP_CACHE)
-
-    @staticmethod
-    def _load(module: codegen_gpu.GpuModule):
-        cuda_module = cupy().cuda.function.Module()
-        cuda_module.load(module.ptx.encode())
-        functions = [cuda_module.get_function(k.name) for k in module.launches]
-        for launch, function in zip(module.launches, functions):
-            if launch.dynamic_shared:
-                opt_in_shared(launch, function)
-        return module, cuda_module, functions
 
     def _for_alignment(self, memory: dict):
         """The module for these buffers: the one assuming 16-byte aligned parameters where they are,
@@ -276,7 +318,7 @@ class ModuleRunner:
         `memory` are allocated by the call, from CuPy's pool, which aligns them."""
         aligned = all(memory[name].data.ptr % 16 == 0 for name in self.module.aligned if name in memory)
         if aligned not in self._loaded:
-            self._loaded[aligned] = self._load(self._unaligned())
+            self._loaded[aligned] = load_module(self._unaligned())
         return self._loaded[aligned]
 
     def __call__(self, arrays: list, out=None):
@@ -284,11 +326,11 @@ class ModuleRunner:
         a CuPy array (a `BFloat16Array` for a bfloat16 result)."""
         return self.prepare(arrays, out)(out)
 
-    def prepare(self, arrays: list, out=None) -> Callable:
+    def prepare(self, arrays: list, out=None, shape: tuple[int, ...] | None = None) -> Callable:
         """Check these inputs once and return a call that only allocates the temps and the output
-        (from CuPy's memory pool, unless it is given `out`, as aligned as the `out` here) and launches
-        the kernels: the inputs' device views, the module for their alignment and the TMA tensor maps
-        are worked out here, not on every call."""
+        (from CuPy's memory pool, in `shape` if given: the elements are the same, unless it is given
+        `out`, as aligned as the `out` here) and launches the kernels: the inputs' device views, the
+        module for their alignment and the TMA tensor maps are worked out here, not on every call."""
         memory = {} if out is None else {self.output: out}
         for spec, array in zip(self.inputs, arrays):
             device = as_device(array)
@@ -297,43 +339,54 @@ class ModuleRunner:
                 raise ValueError(f"GPU kernel input {spec.name} expects shape {spec.shape}, {spec.dtype}, strides "
                                  f"{spec.strides}; got {device.shape}, {device.dtype}, {device.strides}")
             memory[spec.name] = device
-        module, _, functions = self._for_alignment(memory)
+        loaded = self._for_alignment(memory)
+        module = loaded.module
         # host arrays are copied again at each call (they may have changed); tensor maps of copies from
         # them or from temps (new memory each call) are encoded at each call
-        host = {spec.name: array for spec, array in zip(self.inputs, arrays) if not is_device_array(array)}
-        maps_each_call = any(copy.source not in memory or copy.source in host for copy in module.tensor_maps)
-        if module.tensor_maps and not maps_each_call:
-            memory[codegen_gpu.TENSOR_MAPS] = self.tensor_maps(module.tensor_maps, memory)
+        host = [(spec.name, array) for spec, array in zip(self.inputs, arrays) if not is_device_array(array)]
         memory.pop(self.output, None)
-        fixed = {name: kernel_argument(array) for name, array in memory.items() if name not in host}
-        scratch = [(spec.name, spec.shape, spec.dtype) for spec in self.scratch]
-        output = self.output
-        launcher = Launcher(module, functions, fixed)
+        fixed = {name: kernel_argument(array).data.ptr for name, array in memory.items()
+                 if name not in dict(host)}
+        maps_each_call = any(copy.source not in fixed for copy in module.tensor_maps)
+        if module.tensor_maps and not maps_each_call:
+            memory[codegen_gpu.TENSOR_MAPS] = self.tensor_maps(module.tensor_maps, fixed)
+            fixed[codegen_gpu.TENSOR_MAPS] = memory[codegen_gpu.TENSOR_MAPS].data.ptr
+        launcher = Launcher(loaded, fixed, owners=list(memory.values()))
+        specs = {spec.name: spec for spec in self.scratch}
+        output = specs.pop(self.output)
+        temps = [(name, math.prod(spec.shape) * codegen_gpu.ITEM_BYTES[spec.dtype]) for name, spec in specs.items()]
+        order = launcher.varying
 
         def call(out=None):
-            made = {name: device_empty(shape, dtype) for name, shape, dtype in scratch}
-            made.update({name: as_device(array) for name, array in host.items()})
-            if out is not None:
-                made[output] = out
+            kept = [cupy().cuda.alloc(max(nbytes, 1)) for _, nbytes in temps]     # alive until launched
+            pointers = {name: memory.ptr for (name, _), memory in zip(temps, kept)}
+            for name, array in host:
+                kept.append(kernel_argument(as_device(array)))
+                pointers[name] = kept[-1].data.ptr
+            result = device_empty(shape or output.shape, output.dtype) if out is None else out
+            pointers[self.output] = kernel_argument(result).data.ptr
             if maps_each_call:
-                made[codegen_gpu.TENSOR_MAPS] = self.tensor_maps(module.tensor_maps, {**memory, **made})
-            launcher({name: kernel_argument(array) for name, array in made.items()})
-            return made[output]
+                kept.append(self.tensor_maps(module.tensor_maps, {**fixed, **pointers}))
+                pointers[codegen_gpu.TENSOR_MAPS] = kept[-1].data.ptr
+            launcher([pointers[name] for name in order])
+            return result
         return call
 
-    def tensor_maps(self, copies: tuple[BulkCopy, ...], memory: dict):
-        """The device array of the TMA copies' tensor maps for these inputs (kept by their addresses)."""
-        pointers = tuple(memory[copy.source].data.ptr for copy in copies)
-        return self._tensor_maps.get(pointers, lambda: self._encode_tensor_maps(copies, pointers, memory))
+    def tensor_maps(self, copies: tuple[BulkCopy, ...], pointers: dict[str, int]):
+        """The device array of the TMA copies' tensor maps for the buffers at these addresses (kept by
+        their addresses)."""
+        sources = tuple(pointers[copy.source] for copy in copies)
+        return self._tensor_maps.get(sources, lambda: self._encode_tensor_maps(copies, sources))
 
-    def _encode_tensor_maps(self, copies: tuple[BulkCopy, ...], pointers: tuple[int, ...], memory: dict):
-        for copy, pointer in zip(copies, pointers):
+    def _encode_tensor_maps(self, copies: tuple[BulkCopy, ...], sources: tuple[int, ...]):
+        for copy, pointer in zip(copies, sources):
             if pointer % GLOBAL_ALIGN:
                 raise ValueError(f"input {copy.source} starts at address {pointer:#x}, not {GLOBAL_ALIGN}-byte aligned: "
                                  f"this kernel copies it with TMA, which needs aligned tensors (pass a fresh array)")
         specs = {spec.name: spec for spec in self.inputs + self.scratch}
         encoded = b"".join(tensor_map(copy, pointer, specs[copy.source].shape, specs[copy.source].strides,
-                                      memory[copy.source].itemsize) for copy, pointer in zip(copies, pointers))
+                                      codegen_gpu.ITEM_BYTES[specs[copy.source].dtype])
+                           for copy, pointer in zip(copies, sources))
         return cupy().asarray(np.frombuffer(encoded, dtype=np.uint8))
 
 
@@ -354,13 +407,14 @@ class GpuKernel:
         returns a CuPy array (a `BFloat16Array` for a bfloat16 result)."""
         return self.prepare(arrays, out)(out)
 
-    def prepare(self, arrays: list, out=None) -> Callable:
-        """A call of this kernel on these arrays that does the least work each time (`ModuleRunner.prepare`)."""
+    def prepare(self, arrays: list, out=None, shape: tuple[int, ...] | None = None) -> Callable:
+        """A call of this kernel on these arrays that does the least work each time (`ModuleRunner.prepare`;
+        the result in `shape` where given)."""
         empty = [dim for dim, size in self.tree.program.sizes if size == 0]
         if empty:
             raise ValueError(f"GPU kernels do not run over dimensions of size 0 yet ({empty}); "
                              f"use .numpy() on the CPU, which returns NumPy's empty result")
-        return self.runner.prepare(arrays, out)
+        return self.runner.prepare(arrays, out, shape)
 
 
 def input_specs(program: ir.Program) -> list[BufferSpec]:
@@ -431,36 +485,56 @@ def _device_target(device: int) -> GpuTarget:
 def evaluate(node, schedule) -> object:
     """Run a graph on the GPU under `schedule`; the result is a CuPy array (axes follow the dims).
 
-    With no schedule, one the tuner stored for this GPU is used, else `automatic_tree`. Such a call
-    is prepared once per graph (lowering, schedule, kernel, input checks) and kept while the graph
-    lives and the tuning database is not written in this process, so calling again costs little
-    more than the launches."""
+    With no schedule, one the tuner stored for this GPU is used, else `automatic_tree` (through
+    `prepared_call`, so calling again costs little more than the launches)."""
     if schedule is None:
-        generation, call = _PREPARED.get(node, (None, None))
-        if generation == tuning_db.generation():
-            return call()
+        return prepared_call(node)()
     program, arrays = lowered_for(node, schedule)
-    chosen = chosen_schedule(program) if schedule is None else schedule
+    kernel = CACHE.get_for(program, schedule_steps(schedule), lambda: LoopTree(program, resolve_schedule(program, schedule)))
+    return kernel.prepare(arrays)()
+
+
+def prepared_call(node) -> Callable:
+    """The call that runs a graph on the GPU with no schedule given: the schedule the tuner stored for
+    this GPU, else `automatic_tree`. It is prepared once per graph (lowering, schedule, kernel, input
+    checks) and kept while the graph lives and the tuning database is not written in this process."""
+    generation, call = _PREPARED.get(node, (None, None))
+    if generation == tuning_db.generation():
+        return call
+    program, arrays = lowered_for(node)
+    chosen = chosen_schedule(program)
     kernel = CACHE.get_for(program, schedule_steps(chosen), lambda: LoopTree(program, resolve_schedule(program, chosen)))
-    call = kernel.prepare(arrays)
-    if schedule is None:
-        _PREPARED[node] = (tuning_db.generation(), call)
-    return call()
+    call = kernel.prepare(arrays, shape=tuple(node.sizes[dim] for dim in node.dims))
+    _PREPARED[node] = (tuning_db.generation(), call)
+    return call
 
 
 _PREPARED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()     # graph -> (db generation, call)
 
 
 def lowered_for(node, schedule=None) -> tuple[ir.Program, list]:
-    """The program `.cuda()` runs, and its inputs: the GPU's lowering (an attention head's softmax
-    inlined into its weighted sum, which the GPU rules fuse), or the CPU's (costly values in stages of
-    their own: what `c.loop_tree()` shows) where `schedule` is a loop tree made on that one."""
+    """The program `.cuda()` runs, and its inputs: with no schedule given (or the tuner's), the GPU's
+    lowering (an attention head's softmax inlined into its weighted sum, which the GPU rules fuse) with
+    a pointwise program's two innermost dims flattened into one where every array lays them out so
+    (`ir.flattened`: the inputs are viewed flat, no copy); or the CPU's (costly values in stages of their
+    own: what `c.loop_tree()` shows) where `schedule` is a loop tree made on that one."""
     program, arrays = ir.lower(node)
+    if schedule is None:
+        flat = ir.flattened(program)
+        return flat, [_viewed(array, buffer.shape) for array, buffer in zip(arrays, flat.inputs)]
     if isinstance(schedule, LoopTree) and schedule.program != program:
         separate, same_inputs = ir.lower(node, separate_costly=True)
         if separate == schedule.program:
             return separate, same_inputs
     return program, arrays
+
+
+def _viewed(array, shape: tuple[int, ...]):
+    """`array` in `shape`, a view of the same elements (a device array from `as_device`; a host array stays
+    on the host, copied at each call)."""
+    if tuple(array.shape) == shape:
+        return array
+    return array.reshape(shape) if isinstance(array, np.ndarray) else as_device(array).reshape(shape)
 
 
 def to_host(array) -> np.ndarray:

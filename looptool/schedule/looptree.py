@@ -236,6 +236,10 @@ class LoopTree:
         relu, scale or cast on the register tile, no second kernel; see `Schedule.epilogue`)."""
         return LoopTree(self.program, self.schedule.epilogue(self._stage(stage)))
 
+    def inline(self, stage: str) -> "LoopTree":
+        """Compute the pointwise `stage` where it is read, with no buffer of its own (see `Schedule.inline`)."""
+        return LoopTree(self.program, self.schedule.inline(stage))
+
     def pad(self, multiples: dict[str, int], stage: str | None = None) -> "LoopTree":
         """Compute a sum of products on operands padded with zeros to whole `multiples` of the named
         dims (see `Schedule.pad`): matrix instructions that take whole tiles then run at any size."""

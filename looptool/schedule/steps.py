@@ -359,7 +359,7 @@ class Schedule:
         if isinstance(size, ir.Size):
             raise ValueError(f"rfactor of stage {stage}: '{dim}' is a dynamic dim; rfactor needs its size")
         factor = min(factor, max(size, 1))
-        outer, inner = _fresh_dim(self.program, f"{dim}_o"), _fresh_dim(self.program, f"{dim}_i")
+        outer, inner = self.program.fresh_dim(f"{dim}_o"), self.program.fresh_dim(f"{dim}_i")
         partial, final = _rfactored(original, name, dim, outer, inner, factor, size)
         program = replace(_replaced(self.program, original, [partial, final]),
                           sizes=self.program.sizes + ((outer, -(-size // factor)), (inner, factor)))
@@ -436,6 +436,33 @@ class Schedule:
             stages.append((name, sched))
         return Schedule(program, tuple(stages), self.steps + (("epilogue", stage),))
 
+    def inline(self, stage: str) -> "Schedule":
+        """Compute the pointwise `stage` where it is read: each load of it in another stage becomes its
+        expression at that index, and the stage (and its buffer) is gone. A zero-padded operand copy
+        (`pad`) inlined into the shared-memory copy of a wgmma tile becomes a TMA copy of the operand
+        itself, its edges zero-filled by TMA. Comes before `stage`'s other steps."""
+        original = self.program.stage(stage)
+        if original.reduce_dims:
+            raise ValueError(f"inline: stage {stage} reduces over {original.reduce_dims}; only a pointwise stage "
+                             f"can be computed where it is read")
+        if original is self.program.output:
+            raise ValueError(f"inline: stage {stage} is the result; only a stage that another stage reads can be "
+                             f"computed where it is read")
+        self._check_untouched(stage, "inline")
+        placed = [name for name, sched in self.stages if sched.consumer == stage]
+        if placed:
+            raise ValueError(f"inline: stages {placed} are placed in stage {stage}'s loops")
+
+        def load(ld: ir.Load) -> ir.Expr:
+            if ld.buffer != stage:
+                return ld
+            values = dict(zip(original.dims, ld.index))
+            return ir.substituted(original.expr, values, clamp=ld.clamped)
+        program = replace(self.program, stages=tuple(replace(st, expr=ir.rewritten(st.expr, load))
+                                                     for st in self.program.stages if st.name != stage))
+        stages = tuple((name, sched) for name, sched in self.stages if name != stage)
+        return Schedule(program, stages, self.steps + (("inline", stage),))
+
     def _check_untouched(self, stage: str, step: str):
         """Refuse a step that rewrites `stage` in the program once its loops are reshaped or placed."""
         if self.of(stage) != _default_stage(self.program, self.program.stage(stage)) or self.placed_in(stage):
@@ -471,7 +498,7 @@ class Schedule:
         for step in steps:
             op, *args = step
             if op not in ("split", "reorder", "annotate", "tensorize", "place", "cache", "cache_write", "rfactor",
-                          "pad", "hoist", "epilogue"):
+                          "pad", "hoist", "epilogue", "inline"):
                 raise ValueError(f"unknown schedule step {op!r}")
             sched = getattr(sched, op)(*args)
         return sched
@@ -520,15 +547,6 @@ def _hoistable_factor(stage: ir.Stage) -> tuple[ir.Expr, ir.Expr]:
                      f"leave out one of its dims {stage.loop_dims} (nothing would be computed fewer times)")
 
 
-def _fresh_dim(program: Program, name: str) -> str:
-    """`name`, or `name` with a number added where the program already has a dim of that name."""
-    taken = {dim for dim, _ in program.sizes}
-    fresh, number = name, 1
-    while fresh in taken:
-        fresh, number = f"{name}{number}", number + 1
-    return fresh
-
-
 def _rfactored(original: ir.Stage, name: str, dim: str, outer: str, inner: str, factor: int,
                size: int) -> tuple[ir.Stage, ir.Stage]:
     """(the stage of partial results over `outer`, the stage reducing them) that replace `original`."""
@@ -553,7 +571,7 @@ def _padded(program: Program, original: ir.Stage, multiples: dict[str, int]) -> 
     stages that replace it, in order."""
     grown = {d: -(-program.size(d) // m) * m for d, m in multiples.items()}
     grown = {d: n for d, n in grown.items() if n != program.size(d)}
-    names = {d: _fresh_dim(program, f"{d}_p") for d in grown}
+    names = {d: program.fresh_dim(f"{d}_p") for d in grown}
     sizes = program.sizes + tuple((names[d], n) for d, n in grown.items())
     rename = {d: ir.Affine.var(names.get(d, d)) for d in original.loop_dims}
     copies, redirected = [], {}

@@ -183,6 +183,18 @@ def test_half_precision_contractions_off_the_mma_grid_run_padded_on_tensor_cores
     assert_close(c.numpy(tree), a.astype(np.float64) @ b.astype(np.float64), 1e-5)
 
 
+def test_on_hopper_tma_zero_fills_the_padding_of_operands_whose_rows_it_can_address(rng):
+    a = rng.standard_normal((100, 72)).astype(ml_dtypes.bfloat16)        # rows of 144 and 96 bytes: TMA takes them
+    b = rng.standard_normal((72, 48)).astype(ml_dtypes.bfloat16)
+    m, k, n = lt.symbols("m k n")
+    c = (lt.Tensor(a).to(m, k) * lt.Tensor(b).to(k, n)).sum(k)
+    tree, module = scheduled(c, assumed_gpu("sm_90"))
+    assert "in0, in1 padded by TMA's zero fill, not copied" in tree.explain()
+    assert len(module.launches) == 2 and {copy.source for copy in module.tensor_maps} == {"in0", "in1"}
+    assert ".pad[" not in str(tree).split("t0.pad.acc: ")[0]        # no pad copy kernel before the product
+    assert_close(c.numpy(tree), a.astype(np.float64) @ b.astype(np.float64), 1e-5)
+
+
 def test_an_attention_head_runs_its_softmax_and_weighted_sum_as_one_kernel(rng):
     q, k, v = (rng.standard_normal((256, 64)).astype(np.float32) for _ in range(3))
     i, j, d = lt.symbols("i j d")

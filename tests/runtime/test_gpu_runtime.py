@@ -210,3 +210,15 @@ def test_an_attention_head_runs_on_the_gpu_under_a_schedule_made_on_its_loop_tre
     s = q.astype(np.float64) @ k.T.astype(np.float64)
     p = np.exp(s - s.max(1, keepdims=True))
     assert_close(cp.asnumpy(out.cuda(tree)), p / p.sum(1, keepdims=True) @ v, 1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("on_device", [False, True])
+def test_a_flattened_pointwise_chain_returns_its_result_in_the_tensors_shape(rng, on_device):
+    cp = cupy_or_skip()
+    data = rng.standard_normal((3, 100, 301)).astype(np.float32)
+    b, m, n = lt.symbols("b m n")
+    x = lt.Tensor(cp.asarray(data) if on_device else data).to(b, m, n)
+    got = (x * 2.0).exp().cuda()
+    assert got.shape == (3, 100, 301) and got.flags.c_contiguous
+    assert_close(cp.asnumpy(got), np.exp(2.0 * data.astype(np.float64)), 1e-5)

@@ -1,0 +1,75 @@
+"""Flattening a pointwise program's two innermost dims into one, where every array it touches lays
+them out as one run of elements: a 1000 x 3001 pointwise chain becomes one loop of 3,003,000 elements,
+which a GPU reads in 16-byte vectors although no row of 3001 floats starts aligned.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .program import Affine, Buffer, Load, Program, Stage, guards, loads, rewritten
+
+
+def flattened(program: Program) -> Program:
+    """`program` with its result's innermost dims merged into one, two at a time while `merged_last_two`
+    can (a whole contiguous array becomes one flat dim); `program` itself where none can be."""
+    merged = merged_last_two(program)
+    return program if merged is program else flattened(merged)
+
+
+def merged_last_two(program: Program) -> Program:
+    """`program` with its result's last two dims (y, x) merged into one dim `y_x` of their product, where
+    that reads and writes the same elements: the program is pointwise, each input it reads along y or x
+    is read at exactly [..., y, x] over its last two axes, whole (its extents y and x) and with rows
+    back to back (its y stride is x times its x stride), and no guard tests y or x. Else `program`."""
+    stages = program.stages
+    if any(st.reduce_dims for st in stages) or len(program.output.dims) < 2 or program.dynamic:
+        return program       # (a dynamic size times another would lose its symbol)
+    y, x = program.output.dims[-2:]
+    inputs = {buffer.name: buffer for buffer in program.inputs}
+    flat = all(_flat_stage(st, y, x) and all(_flat_read(ld, inputs, program, y, x) for ld in loads(st.expr))
+               for st in stages)
+    if not flat:
+        return program
+    merged = program.fresh_dim(f"{y}_{x}")
+    size = program.size(y) * program.size(x)
+
+    def load(ld: Load) -> Load:
+        if ld.index[-2:] != (Affine.var(y), Affine.var(x)):
+            return ld
+        return replace(ld, index=ld.index[:-2] + (Affine.var(merged),))
+    sizes = tuple(item for item in program.sizes if item[0] not in (y, x)) + ((merged, size),)
+    return Program(tuple(_flat_buffer(buffer, y, x, merged, size) for buffer in program.inputs),
+                   tuple(_merged_stage(st, y, x, merged, rewritten(st.expr, load)) for st in stages), sizes)
+
+
+def _flat_stage(stage: Stage, y: str, x: str) -> bool:
+    """Whether a pointwise stage runs over y then x as its last two dims and tests neither in a guard."""
+    tested = {v for g in guards(stage.expr) for v, _ in g.expr.terms}
+    return stage.dims[-2:] == (y, x) and stage.loop_dims == stage.dims and not tested & {y, x}
+
+
+def _flat_read(load: Load, inputs: dict[str, Buffer], program: Program, y: str, x: str) -> bool:
+    """Whether a load reads y and x, if at all, as [..., y, x] of a buffer laid out with rows back to back."""
+    uses = [i for i, index in enumerate(load.index) if {y, x} & {v for v, _ in index.terms}]
+    if not uses:
+        return True
+    if load.index[-2:] != (Affine.var(y), Affine.var(x)) or uses != [len(load.index) - 2, len(load.index) - 1]:
+        return False
+    buffer = inputs.get(load.buffer)
+    if buffer is None:          # an earlier stage: laid out densely over its dims, which end (y, x)
+        return True
+    return buffer.dims[-2:] == (y, x) and buffer.shape[-2:] == (program.size(y), program.size(x)) \
+        and buffer.strides[-2] == buffer.strides[-1] * program.size(x)
+
+
+def _flat_buffer(buffer: Buffer, y: str, x: str, merged: str, size: int) -> Buffer:
+    if buffer.dims[-2:] != (y, x):
+        return buffer
+    return Buffer(buffer.name, buffer.dims[:-2] + (merged,), buffer.shape[:-2] + (size,), buffer.dtype,
+                  buffer.strides[:-2] + (buffer.strides[-1],))
+
+
+def _merged_stage(stage: Stage, y: str, x: str, merged: str, expr) -> Stage:
+    dims = stage.dims[:-2] + (merged,)
+    return replace(stage, dims=dims, loop_dims=dims, expr=expr)
+

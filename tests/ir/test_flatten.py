@@ -1,0 +1,43 @@
+"""ir.flattened: a pointwise program's two innermost dims merged into one where every array lays them
+out as one run of elements (what `.cuda()` runs: 16-byte vectors along rows that hold none); left as it
+is where any read broadcasts, transposes, or skips elements between rows, or the program reduces."""
+import numpy as np
+import pytest
+
+import looptool as lt
+from looptool import ir
+from looptool.autoschedule import gpu_rules
+from looptool.analysis.gpu_target import assumed_gpu
+from looptool.runtime import gpu
+from tests.helpers import assert_close
+
+
+def gelu(x):
+    return 0.5 * x * (1.0 + lt.tanh(0.7978845608 * (x + 0.044715 * x * x * x)))
+
+
+def test_a_pointwise_chain_over_whole_rows_runs_as_one_flat_dim(rng):
+    data = rng.standard_normal((2, 10, 31)).astype(np.float32)
+    b, m, n = lt.symbols("b m n")
+    x = lt.Tensor(data).to(b, m, n)
+    program, arrays = gpu.lowered_for(gelu(x).node)
+    assert program.output.dims == ("b_m_n",) and [buf.shape for buf in program.inputs] == [(620,)]
+    assert arrays[0].shape == (620,) and np.shares_memory(arrays[0], data)
+    tree = gpu_rules.gpu_tree(program, assumed_gpu("sm_90"))
+    assert "4-wide vectors along b_m_n" in tree.explain()
+    d = data.astype(np.float64)
+    ref = 0.5 * d * (1 + np.tanh(0.7978845608 * (d + 0.044715 * d ** 3)))
+    assert_close(lt.Kernel(tree, 1)(arrays).reshape(2, 10, 31), ref, 1e-5)
+    assert ir.merged_last_two(program) is program
+
+
+@pytest.mark.parametrize("case", ["broadcast", "transposed", "strided rows", "reduction"])
+def test_programs_whose_arrays_do_not_lay_rows_back_to_back_stay_as_they_are(rng, case):
+    m, n = lt.symbols("m n")
+    x = lt.Tensor(rng.standard_normal((10, 31)).astype(np.float32)).to(m, n)
+    other = {"broadcast": lambda: x + lt.Tensor(rng.standard_normal(31).astype(np.float32)).to(n),
+             "transposed": lambda: x + lt.Tensor(rng.standard_normal((31, 10)).astype(np.float32)).to(n, m),
+             "strided rows": lambda: lt.Tensor(rng.standard_normal((10, 32)).astype(np.float32)[:, :31]).to(m, n) * 2,
+             "reduction": lambda: x.sum(n)}[case]()
+    program = ir.lower(other.node)[0]
+    assert ir.flattened(program) is program
