@@ -229,8 +229,12 @@ class LoadedKernel:
     def __init__(self, path: Path, manifest: dict, engine, address: int):
         self.path, self.manifest, self._engine = path, manifest, engine
         self.inputs, self.output = manifest["inputs"], manifest["output"]
-        self.dynamic = {spec["dim"]: spec["min"] for spec in manifest.get("dynamic", [])}
-        argtypes = [ctypes.c_void_p] * (len(self.inputs) + 1) + [ctypes.c_int64] * len(self.dynamic)
+        self.dynamic = runtime.DynamicSizes(
+            [(spec["dim"], spec["min"]) for spec in manifest.get("dynamic", [])],
+            [spec["shape"][0] if spec["shape"] and isinstance(spec["shape"][0], str) else None for spec in self.inputs],
+            [f"input {spec['name']}" for spec in self.inputs], error=ArtifactError)
+        self._output_shape = self.dynamic.template(self.output["shape"])
+        argtypes = [ctypes.c_void_p] * (len(self.inputs) + 1) + [ctypes.c_int64] * len(self.dynamic.dims)
         self._fn = ctypes.CFUNCTYPE(ctypes.c_int, *argtypes)(address)
 
     @property
@@ -242,10 +246,13 @@ class LoadedKernel:
         sizes of dynamic dims are read from the inputs: inputs that share one must agree, and each must
         be at least the dim's minimum."""
         given = [np.asarray(array) for array in self._bind(arrays, named)]
-        sizes = _dynamic_sizes(self.inputs, given, self.dynamic)
-        prepared = [_prepare(spec, array, sizes) for spec, array in zip(self.inputs, given)]
-        out = np.empty(_concrete(self.output["shape"], sizes), dtype=self.output["dtype"])
-        status = self._fn(*[a.ctypes.data for a in prepared], out.ctypes.data, *sizes.values())
+        for spec, array in zip(self.inputs, given):
+            _check_signature(spec, array.shape, array.dtype.name)
+        sizes = self.dynamic.of(given)
+        prepared = [_prepare(spec, array, self.dynamic.at(self.dynamic.template(spec["shape"]), sizes))
+                    for spec, array in zip(self.inputs, given)]
+        out = np.empty(self.dynamic.at(self._output_shape, sizes), dtype=self.output["dtype"])
+        status = self._fn(*[a.ctypes.data for a in prepared], out.ctypes.data, *sizes)
         if status == 1:
             raise MemoryError("the kernel could not allocate its scratch buffers")
         if status != 0:
@@ -324,37 +331,9 @@ def _check_device_input(spec: dict, array):
     _check_signature(spec, tuple(array.shape), str(array.dtype).removeprefix("torch."))
 
 
-def _dynamic_sizes(specs: list[dict], arrays: list[np.ndarray], dynamic: dict[str, int]) -> dict[str, int]:
-    """The size of each dynamic dim (in the artifact's order), read from the first axis of the inputs
-    that have it; an ArtifactError naming the inputs and sizes where they disagree or one is too small."""
-    sizes: dict[str, int] = {}
-    seen: dict[str, str] = {}
-    for spec, array in zip(specs, arrays):
-        dim = spec["shape"][0] if spec["shape"] and isinstance(spec["shape"][0], str) else None
-        if dim is None:
-            continue
-        if array.ndim != len(spec["shape"]):
-            _check_signature(spec, array.shape, array.dtype.name)      # the rank's error
-        size = array.shape[0]
-        if dim in sizes and sizes[dim] != size:
-            raise ArtifactError(f"dim '{dim}' has size {sizes[dim]} in input {seen[dim]} but {size} in input "
-                                f"{spec['name']} (shape {list(array.shape)}); inputs that share a dim must agree")
-        if size < dynamic[dim]:
-            raise ArtifactError(f"input {spec['name']}: dynamic dim '{dim}' has size {size}; this kernel takes "
-                                f"sizes from {dynamic[dim]} up")
-        sizes.setdefault(dim, size)
-        seen.setdefault(dim, spec["name"])
-    return {dim: sizes[dim] for dim in dynamic}
-
-
-def _concrete(shape: list, sizes: dict[str, int]) -> tuple[int, ...]:
-    """A manifest's shape at a call's sizes (a dynamic axis, named by its dim, takes the dim's size)."""
-    return tuple(sizes[n] if isinstance(n, str) else n for n in shape)
-
-
 def _check_signature(spec: dict, shape: tuple[int, ...], dtype: str):
     """An input's shape and dtype against the signature, named by its input and dims (a dynamic axis
-    takes any size: `_dynamic_sizes` checks those)."""
+    takes any size: `runtime.DynamicSizes` checks those)."""
     name, dims, want_shape = spec["name"], spec["dims"], tuple(spec["shape"])
     if len(shape) != len(want_shape):
         raise ArtifactError(f"input {name} has dims ({', '.join(dims)}) = {len(want_shape)} dimensions, "
@@ -367,12 +346,11 @@ def _check_signature(spec: dict, shape: tuple[int, ...], dtype: str):
         raise ArtifactError(f"input {name}: dtype {dtype} but the kernel was built for {spec['dtype']}")
 
 
-def _prepare(spec: dict, array, sizes: dict[str, int]) -> np.ndarray:
-    """Check an input against the signature; copy it into the kernel's layout when its strides
-    differ, it is not aligned to its element size, or its strides are not whole elements."""
-    array = np.asarray(array)
-    name, dims, shape = spec["name"], spec["dims"], _concrete(spec["shape"], sizes)
-    _check_signature(spec, array.shape, array.dtype.name)
+def _prepare(spec: dict, array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """An input, checked against the signature, of `shape` (at this call's sizes), copied into the
+    kernel's layout when its strides differ, it is not aligned to its element size, or its strides are
+    not whole elements."""
+    name, dims = spec["name"], spec["dims"]
     strides = [s // array.itemsize for s in array.strides]
     if strides != spec["strides"] or not ir.whole_aligned_elements(array):
         relaid = np.lib.stride_tricks.as_strided(

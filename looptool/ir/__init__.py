@@ -6,6 +6,5 @@ from .program import (REPRESENTATIVE_SIZE, Size, Affine, Binary, Buffer, Cast, C
                       substituted)
 
 __all__ = ["REPRESENTATIVE_SIZE", "Size", "Affine", "Binary", "Buffer", "Cast", "Const", "Expr", "Guard", "Load",
-           "Program", "REDUCE_IDENTITY",
-           "Select", "Stage", "Unary", "guards", "index_vars", "loaded_buffers", "loads", "element_strides", "lower", "rewritten",
+           "Program", "REDUCE_IDENTITY", "Select", "Stage", "Unary", "guards", "index_vars", "loaded_buffers", "loads", "element_strides", "lower", "rewritten",
            "substituted", "whole_aligned_elements", "flattened", "merged_last_two", "TRANSCENDENTAL", "COSTLY"]

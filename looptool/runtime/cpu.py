@@ -106,11 +106,12 @@ class Kernel:
         # Per call only these are compared and allocated (a call of a small kernel is dominated by it).
         self._inputs = [(buf, np.dtype(buf.dtype), tuple(s * np.dtype(buf.dtype).itemsize for s in buf.strides))
                         for buf in program.inputs]
-        self._made = [(plan.name, plan.shape, plan.dtype) for plan in tree.buffers.values()
+        # where each dynamic dim's size is read: the first axis of the inputs that have it
+        self.dynamic = DynamicSizes.of_program(program, [buf.name for buf in program.inputs])
+        self._shapes = [self.dynamic.template(buf.shape) for buf in program.inputs]
+        self._made = [(plan.name, self.dynamic.template(plan.shape), plan.dtype) for plan in tree.buffers.values()
                       if plan.kind in ("temp", "output")]
         self._output = program.output.name
-        # where each dynamic dim's size is read: the first axis of these inputs
-        self.dynamic = DynamicSizes(program, [buf.name for buf in program.inputs])
         self.compile_seconds = compiled.seconds + time.perf_counter() - start
 
     @property
@@ -146,39 +147,45 @@ class Kernel:
                 raise _input_mismatch(buf, array)
         sizes = self.dynamic.of(arrays)
         memory = {}
-        for (buf, dtype, strides), array in zip(self._inputs, arrays):
-            if array.shape != self.dynamic.shape(buf.shape, sizes) or array.dtype != dtype \
+        for (buf, dtype, strides), shape, array in zip(self._inputs, self._shapes, arrays):
+            if array.shape != self.dynamic.at(shape, sizes) or array.dtype != dtype \
                     or array.strides != strides or not array.flags.aligned:
                 raise _input_mismatch(buf, array)
             memory[buf.name] = array
         for name, shape, dtype in self._made:
-            memory[name] = buffer_array(self.dynamic.shape(shape, sizes), dtype)
-        if out is not None:
-            plan = self.tree.buffers[self._output]
-            check_output(self.dynamic.shape(plan.shape, sizes), plan.dtype, out,
-                         {buf.name: array for buf, array in zip(self.tree.program.inputs, arrays)})
-            memory[self._output] = out
+            memory[name] = buffer_array(self.dynamic.at(shape, sizes), dtype)
+            if name == self._output and out is not None:
+                check_output(memory[name].shape, dtype, out,
+                             {buf.name: array for buf, array in zip(self.tree.program.inputs, arrays)})
+                memory[name] = out
         self.array_entry(*[memory[name] for name in self.params], *sizes)
         return memory[self._output]
 
 
 class DynamicSizes:
-    """A program's dynamic dims (`dims`, with their minimum sizes) and where a call finds their sizes:
-    the first axis of every input that has the dim. The inputs are found in a call's arrays at
-    `positions` (default: in `program.inputs` order) and named by `labels` in errors."""
+    """Dynamic dims (`dims`, with their minimum sizes) and where a call finds their sizes: the first
+    axis of every input whose first dim it is (`first_dims`, one per input, None for a fixed one). The
+    inputs are found in a call's arrays at `positions` (default: in order) and named by `labels` in the
+    errors, which are `error`s."""
 
-    def __init__(self, program: ir.Program, labels: list[str], positions: list | None = None):
-        self.dims = [dim for dim, _ in program.dynamic]
-        self.minimum = dict(program.dynamic)
-        positions = positions or list(range(len(program.inputs)))
-        self.sources = [[(position, label) for buf, label, position in zip(program.inputs, labels, positions)
-                         if buf.dims[:1] == (dim,)] for dim in self.dims]
+    def __init__(self, dynamic, first_dims: list, labels: list[str], positions: list | None = None,
+                 error: type = ValueError):
+        self.dims = [dim for dim, _ in dynamic]
+        self.minimum, self.error = dict(dynamic), error
+        positions = positions or list(range(len(first_dims)))
+        self.sources = [[(position, label) for first, label, position in zip(first_dims, labels, positions)
+                         if first == dim] for dim in self.dims]
         # per dim: (where its size is read, where it must be the same, its minimum): a call's only work
         self._reads = [(sources[0][0], tuple(p for p, _ in sources[1:]), self.minimum[dim])
                        for dim, sources in zip(self.dims, self.sources)]
 
+    @classmethod
+    def of_program(cls, program: ir.Program, labels: list[str], positions: list | None = None) -> "DynamicSizes":
+        """The dynamic dims of a program, read from its inputs (named by `labels`)."""
+        return cls(program.dynamic, [buf.dims[0] if buf.dims else None for buf in program.inputs], labels, positions)
+
     def of(self, arrays: list[np.ndarray]) -> list[int]:
-        """The size of each dynamic dim in a call on `arrays` (ranks checked): a ValueError naming the
+        """The size of each dynamic dim in a call on `arrays` (ranks checked): an error naming the
         arrays and sizes where inputs sharing a dim disagree, or where one is below the dim's minimum."""
         sizes = []
         for first, others, minimum in self._reads:
@@ -193,24 +200,32 @@ class DynamicSizes:
         return sizes
 
     def _refuse(self, arrays: list[np.ndarray]):
-        """Raise the ValueError that says which dim's size a call gets wrong, and where."""
+        """Raise the error that says which dim's size a call gets wrong, and where."""
         for dim, sources in zip(self.dims, self.sources):
             index, label = sources[0]
             size = arrays[index].shape[0]
             for other, other_label in sources[1:]:
                 if arrays[other].shape[0] != size:
-                    raise ValueError(f"dim '{dim}' has size {size} in {label} (shape {arrays[index].shape}) but "
-                                     f"{arrays[other].shape[0]} in {other_label} (shape {arrays[other].shape}); "
-                                     f"arrays that share a dim must agree in its size")
+                    raise self.error(f"dim '{dim}' has size {size} in {label} (shape {tuple(arrays[index].shape)}) "
+                                     f"but {arrays[other].shape[0]} in {other_label} (shape "
+                                     f"{tuple(arrays[other].shape)}); arrays that share a dim must agree in its size")
             if size < self.minimum[dim]:
-                raise ValueError(f"dynamic dim '{dim}' has size {size} in {label} (shape {arrays[index].shape}); "
-                                 f"this kernel takes sizes from {self.minimum[dim]} up")
+                raise self.error(f"dynamic dim '{dim}' has size {size} in {label} (shape "
+                                 f"{tuple(arrays[index].shape)}); this kernel takes sizes from {self.minimum[dim]} up")
 
-    def shape(self, shape: tuple, sizes: list[int]) -> tuple[int, ...]:
-        """A planned shape at this call's sizes (a dynamic `ir.Size` replaced by its dim's size)."""
-        if shape and isinstance(shape[0], ir.Size):    # only a first axis is dynamic
-            return (sizes[self.dims.index(shape[0].dim)],) + shape[1:]
-        return shape
+    def template(self, shape) -> tuple:
+        """A planned shape as (the shape, None) where its sizes are fixed, or as (its axes after the first,
+        the index in `of`'s sizes of the first's) where that axis is dynamic (an `ir.Size`, or a dim's
+        name in a manifest): `at` gives it at a call's sizes."""
+        first = shape[0] if len(shape) else None
+        dim = first.dim if isinstance(first, ir.Size) else first if isinstance(first, str) else None
+        return (tuple(shape), None) if dim is None else (tuple(shape[1:]), self.dims.index(dim))
+
+    @staticmethod
+    def at(template: tuple, sizes: list[int]) -> tuple[int, ...]:
+        """A `template` shape at a call's sizes."""
+        rest, index = template
+        return rest if index is None else (sizes[index],) + rest
 
 
 def _array_shim(engine, kernel_address: int, count: int, sizes: int = 0):

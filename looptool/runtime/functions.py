@@ -20,7 +20,6 @@ import sys
 import numpy as np
 
 from ..frontend import Tensor
-from ..ir import Size
 from ..ir.lowering import graph_nodes
 from ..schedule import LoopTree
 from . import gpu
@@ -167,15 +166,13 @@ class _Call:
         program = kernel.tree.program
         # each dynamic dim's size is read from the arguments (constants over dynamic dims are refused when traced)
         positions = [slots[buf.name] if isinstance(slots[buf.name], int) else None for buf in program.inputs]
-        self.dynamic = DynamicSizes(program, [f"argument {names[p]}" if p is not None else "a captured array"
-                                              for p in positions], positions)
+        self.dynamic = DynamicSizes.of_program(program, [f"argument {names[p]}" if p is not None else
+                                                         "a captured array" for p in positions], positions)
         for name in kernel.params:
             if name in slots:
                 self.order.append(slots[name])
-            else:     # (shape, or the rest of it after a dynamic first axis; which size that axis takes; ...)
-                shape = plans[name].shape
-                size = self.dynamic.dims.index(shape[0].dim) if shape and isinstance(shape[0], Size) else None
-                self.order.append((shape if size is None else shape[1:], size, plans[name].dtype, name == self.output))
+            else:
+                self.order.append((self.dynamic.template(plans[name].shape), plans[name].dtype, name == self.output))
         self.arguments = sorted({s for s in self.order if isinstance(s, int)})
 
     def __call__(self, arrays: list[np.ndarray], out=None) -> np.ndarray:
@@ -189,9 +186,8 @@ class _Call:
             if type(slot) is int:
                 objects.append(arrays[slot])
             elif type(slot) is tuple:
-                shape, size, dtype, is_output = slot
-                if size is not None:
-                    shape = (sizes[size],) + shape
+                shape, dtype, is_output = slot
+                shape = self.dynamic.at(shape, sizes)
                 if is_output and out is not None:
                     check_output(shape, dtype, out, dict(zip(self.names, arrays)))
                     made = out
