@@ -8,13 +8,15 @@ allocates the temporaries itself.  `HostTarget` is the JIT target for this CPU.
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 
 import llvmlite.binding as llvm
 from llvmlite import ir as llir
 
 from .. import ir
-from ..schedule import LoopNode, LoopTree
+from ..autoschedule.model import WORK_PER_THREAD
+from ..schedule import LoopNode, LoopTree, StmtNode, walk
 from .accumulators import run_in_registers
 from .llvm import I1, I32, I64, ITEM_BYTES, PTR, ZERO, FunctionBuilder, constant, kernel_params, size_variable
 from .threadpool import declare_parallel_for
@@ -125,6 +127,23 @@ class CpuFunctionBuilder(FunctionBuilder):
             super().plain_loop(node, env, count)
 
     def parallel(self, node: LoopNode, env: dict, count: llir.Value):
+        """A parallel loop on threads (`threaded`); one of dynamic extent only where this call's trip
+        count gives every thread enough work (`model.worth_threads`'s rule), else as a plain loop."""
+        if not isinstance(node.loop.extent, ir.Size):
+            self.threaded(node, env, count)
+            return
+        b = self.builder
+        work = b.mul(count, constant(I64, iteration_work(node)))
+        enough = b.and_(b.icmp_signed(">=", count, constant(I64, self.threads)),
+                        b.icmp_signed(">=", work, constant(I64, WORK_PER_THREAD * self.threads)))
+        with b.if_else(enough) as (then, otherwise):
+            with then:
+                self.threaded(node, env, count)
+            with otherwise:
+                self.allocate_placed(node)
+                self.plain_loop(node, env, count)
+
+    def threaded(self, node: LoopNode, env: dict, count: llir.Value):
         """Outline the loop into body(noalias buffers..., outer loop values..., start, end) and run
         chunks of its range on threads through a (ctx, start, end) wrapper.  Buffers placed at the
         loop are allocated in the body, one per thread, as the legality check assumes."""
@@ -160,6 +179,12 @@ class CpuFunctionBuilder(FunctionBuilder):
         inner.counted_loop(start, end, lambda i: inner.loop_body(node, {**inner_env, lp.name: i}), lp.name,
                            inner.around_register_tile(node))
         inner.finish()
+
+
+def iteration_work(node: LoopNode) -> int:
+    """The statement instances one iteration of a loop runs (the loops inside it at their planned extents)."""
+    return max(1, sum(math.prod(int(p.loop.extent) for p in path)
+                      for stmt, path in walk(node.body) if isinstance(stmt, StmtNode)))
 
 
 class HostTarget:

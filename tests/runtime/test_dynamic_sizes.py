@@ -203,3 +203,23 @@ def test_workloads_over_a_dynamic_batch_compile_once(workload, shape, rng):
         assert "B" in str(tensor.loop_tree())
         assert_close(tensor.numpy(), reference, 1e-5)
     assert lt.cache_info()["misses"] == 1
+
+
+@pytest.fixture
+def two_threads():
+    before = lt.get_num_threads()
+    lt.set_num_threads(2)
+    yield
+    lt.set_num_threads(before)
+
+
+def test_a_parallel_loop_of_dynamic_extent_runs_threaded_or_serial_by_the_call_size(rng, two_threads):
+    def tensor_of(x):
+        return (lt.Tensor(x).to(b, k) * 2.0).exp()
+    tree = tensor_of(np.zeros((3, 300), np.float32)).loop_tree().split("k", 16).vectorize("k.1").parallel("b")
+    assert "for b in 0..B  [parallel]" in str(tree)
+    for size in (1, 2, 5, 431, 432, 2000):      # from 432 rows (304 iterations each) 2 threads get enough work
+        result, x = guarded_run(tensor_of, tree, size, rng, columns=300)
+        assert_close(result, np.exp(2.0 * x.astype(np.float64)), 1e-5)
+    explained = lt.auto_schedule(tensor_of(np.zeros((3, 300), np.float32))).explain()
+    assert "when a call's size gives each enough work" in explained
