@@ -228,11 +228,14 @@ def dynamic_edge(accumulators: Accumulators, node: LoopNode) -> LoopNode | None:
     """The one unrolled loop of a register tile that may stop short at a bound known only at run time (a
     dynamic size), when its extent is at most EDGE_COPIES: the tile's loop is then emitted once per trip
     count it may run (a switch), each copy with no test per unrolled copy, as LLVM makes of a fixed size's
-    edge tile by folding its constant count. None where there is no such loop (or more than one)."""
+    edge tile by folding its constant count. None where there is no such loop (or more than one, or one
+    whose count moves with another loop of the tile: it is then not one count for the whole tile)."""
+    inside = {node.loop.name} | {inner.loop.name for inner, _ in walk(node.body) if isinstance(inner, LoopNode)}
     found = [inner for inner, _ in walk(node.body) if isinstance(inner, LoopNode)
              and inner.loop.annotation == "unroll" and accumulators.tail(inner)]
     if len(found) != 1 or found[0].loop.extent > EDGE_COPIES or \
-            not any(isinstance(lim.bound, ir.Size) for lim in found[0].limits):
+            not any(isinstance(lim.bound, ir.Size) for lim in found[0].limits) or \
+            any(name in inside for lim in found[0].limits for name, _ in lim.rest.terms):
         return None
     return found[0]
 

@@ -69,14 +69,22 @@ def guarded_run(tensor_of, schedule, size: int, rng, columns: int = 24) -> tuple
     return result, x
 
 
-def test_split_tails_hold_for_every_size_with_nothing_touched_outside(rng):
+def split_schedules(tree: lt.LoopTree) -> list[lt.LoopTree]:
+    """Schedules of a (b, k) x (k, n) contraction with tails on b: a parallel register tile of 8 rows,
+    and a tile of 2 x 4 rows whose inner row loop's count moves with the outer one."""
+    parallel = tree.split("b", 8).split("b.0", 3).split("n", 16).reorder("b.0.0", "b.0.1", "n.0", "k", "b.1", "n.1")
+    nested = tree.split("b", 8).split("b.1", 4).split("n", 16).reorder("b.0", "n.0", "k", "b.1.0", "b.1.1", "n.1")
+    return [parallel.unroll("b.1").vectorize("n.1").parallel("b.0.0"),
+            nested.unroll("b.1.0").unroll("b.1.1").vectorize("n.1")]
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_split_tails_hold_for_every_size_with_nothing_touched_outside(which, rng):
     w = rng.standard_normal((24, 40)).astype(np.float32)
 
     def tensor_of(x):
         return (lt.Tensor(x).to(b, k) * lt.Tensor(w).to(k, n)).sum(k)
-    tree = tensor_of(np.zeros((3, 24), np.float32)).loop_tree()
-    tree = tree.split("b", 8).split("b.0", 3).split("n", 16).reorder("b.0.0", "b.0.1", "n.0", "k", "b.1", "n.1")
-    tree = tree.unroll("b.1").vectorize("n.1").parallel("b.0.0")
+    tree = split_schedules(tensor_of(np.zeros((3, 24), np.float32)).loop_tree())[which]
     assert tree.check() == (True, "legal")
     for size in range(1, 60):
         result, x = guarded_run(tensor_of, tree, size, rng)
