@@ -39,7 +39,8 @@ from .runtime import gpu as runtime_gpu
 from .runtime import threadpool
 from .version import __version__
 
-FORMAT_VERSION = 2   # 2: the thread pool in pool.o, not kernel.o; manifest.json carries its own SHA-256
+FORMAT_VERSION = 3   # 2: the thread pool in pool.o, not kernel.o; manifest.json carries its own SHA-256;
+#                      3: dynamic dims (their sizes are arguments); written only for artifacts that have them
 ENTRY = "looptool_kernel"
 # C has no standard half-precision type: float16 and bfloat16 elements travel as their 16 raw bits.
 C_TYPES = {"float16": "uint16_t", "bfloat16": "uint16_t", "float32": "float", "float64": "double"}
@@ -49,18 +50,29 @@ REQUIRED_FILES = {"cpu": ("kernel.ll", "kernel.o"), "gpu": ("kernel.ll", "kernel
 
 
 def export(tensor, path, schedule=None, *, input_names=None, tuning: dict | None = None, device: str = "cpu",
-           arch: str | None = None) -> Path:
+           arch: str | None = None, example=None) -> Path:
     """Write the compiled kernel of `tensor` under `schedule` (default: the tuned one, else the
     automatic one) as an artifact directory at `path`; return the path.
 
-    `input_names` names the inputs (in the order they first appear in the computation)
-    for calling the loaded kernel by keyword; `tuning` is stored as the tuning result.
+    `tensor` may also be an `lt.function`, traced on the arrays `example` (a tuple, one per parameter;
+    its inputs are then named after its parameters). `input_names` names the inputs (in the order they
+    first appear in the computation) for calling the loaded kernel by keyword; `tuning` is stored as the
+    tuning result. A kernel with dynamic dims takes their sizes as arguments (docs/export.md).
     `device="gpu"` writes the GPU kernels' PTX for `arch` (default: the current GPU's; the default
     schedule is the one tuned for it, else the GPU default), which needs no GPU to write."""
     if device not in DEVICES:
         raise ArtifactError(f"export: device must be one of {DEVICES}, got {device!r}")
+    if isinstance(tensor, runtime.Function):
+        tensor, input_names = _traced(tensor, example, input_names)
     program, _ = runtime.lower_on_host(tensor.node)
+    if device == "gpu" and program.dynamic:
+        raise NotImplementedError(f"export: dynamic dims {[d for d, _ in program.dynamic]} run on the CPU only so "
+                                  f"far; export them with device='cpu'")
     names = list(input_names or [b.name for b in program.inputs])
+    clashing = [dim for dim, _ in program.dynamic if dim in names or dim == "out"]
+    if clashing:
+        raise ArtifactError(f"export: dynamic dim '{clashing[0]}' would name the C entry's size argument, but an "
+                            f"array has that name (inputs {names}, out): rename the input with input_names")
     if len(names) != len(program.inputs):
         raise ArtifactError(f"export: {len(program.inputs)} inputs but {len(names)} input_names {names}")
     if device == "gpu":
@@ -78,12 +90,13 @@ def export(tensor, path, schedule=None, *, input_names=None, tuning: dict | None
     else:
         files, fields = _cpu_files(tree, program, names, out)
     manifest = {
-        "format_version": FORMAT_VERSION, "looptool_version": __version__,
+        "format_version": FORMAT_VERSION if program.dynamic else 2, "looptool_version": __version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-        "inputs": [{"name": n, "dims": list(b.dims), "shape": list(b.shape), "dtype": b.dtype,
+        "inputs": [{"name": n, "dims": list(b.dims), "shape": _shape_field(b.shape), "dtype": b.dtype,
                     "strides": list(b.strides)} for n, b in zip(names, program.inputs)],
-        "output": {"dims": list(program.output.dims), "shape": list(tree.buffers[program.output.name].shape),
+        "output": {"dims": list(program.output.dims), "shape": _shape_field(tree.buffers[program.output.name].shape),
                    "dtype": program.output.dtype},
+        "dynamic": [{"dim": dim, "min": minimum} for dim, minimum in program.dynamic],
         **fields,
         "schedule": json.loads(tree.schedule.to_json()), "loop_tree": str(tree), "tuning": tuning,
         "files": {name: _sha256(out / name) for name in sorted(files)},
@@ -91,6 +104,27 @@ def export(tensor, path, schedule=None, *, input_names=None, tuning: dict | None
     manifest["manifest_sha256"] = _manifest_digest(manifest)
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return out
+
+
+def _traced(function, example, input_names) -> tuple:
+    """(the tensor of an `lt.function` traced on `example`, its inputs' names: the given ones, else the
+    parameter each input is, or `const<i>` for an array the function captured)."""
+    if example is None:
+        raise ArtifactError(f"export of the function {function.__name__}: give example=(arrays...), one per "
+                            f"parameter, to trace it (dynamic dims take any size later)")
+    arrays = [np.asarray(a).view() for a in example]          # distinct objects: each input found among them
+    tensor = function.tensor(*arrays)
+    if input_names is None:
+        _, inputs = runtime.lower_on_host(tensor.node)
+        params = [name for name, _ in function.params]
+        input_names = [next((p for p, a in zip(params, arrays) if a is array), f"const{i}")
+                       for i, array in enumerate(inputs)]
+    return tensor, input_names
+
+
+def _shape_field(shape) -> list:
+    """A shape for the manifest: a dynamic axis is the name of its dim, whose size each call gives."""
+    return [n.dim if isinstance(n, ir.Size) else int(n) for n in shape]
 
 
 def _cpu_files(tree, program: ir.Program, names: list[str], out: Path) -> tuple[list[str], dict]:
@@ -149,17 +183,27 @@ def _header(program: ir.Program, names: list[str]) -> str:
     out = program.output
     params = [f"const {C_TYPES[b.dtype]} *{n}" for n, b in zip(names, program.inputs)]
     params.append(f"{C_TYPES[out.dtype]} *out")
+    params += [f"int64_t {dim}" for dim, _ in program.dynamic]
+    if program.dynamic:
+        sizes = [" * Dynamic dims: their sizes are the int64_t arguments after out, named after the dims;",
+                 " * each must be at least its minimum (" + ", ".join(f"{d} >= {m}" for d, m in program.dynamic) +
+                 "), else the function", " * returns 4 and writes nothing. A dynamic dim is the first axis of "
+                 "every array that has it.", " * The other sizes are fixed: the arrays must have the shapes listed "
+                 "below (the library", " * cannot see them)."]
+    else:
+        sizes = [" * Sizes are fixed: the arrays must have the shapes listed below (the library cannot see them)."]
     lines = ["/* Generated by looptool. ABI: every array is passed as a pointer to its element [0, 0, ...];",
              " * strides are fixed at export time (in elements, listed below). The output must be a",
              " * C-contiguous array the caller allocates, overlapping no input. Returns 0; 1 if scratch",
              " * memory ran out; 2 if a pointer is NULL; 3 if a pointer is not aligned to its element size.",
-             " * Sizes are fixed: the arrays must have the shapes listed below (the library cannot see them).",
+             *sizes,
              " * The function is thread-safe; parallel loops start their own POSIX threads. */",
              "#pragma once", "#include <stdint.h>", "#ifdef __cplusplus", 'extern "C" {', "#endif", ""]
     for n, b in zip(names, program.inputs):
-        lines.append(f"/* {n}: dims ({', '.join(b.dims)}), shape {list(b.shape)}, strides {list(b.strides)}"
-                     f"{BITS_NOTE.get(b.dtype, '')} */")
-    lines.append(f"/* out: dims ({', '.join(out.dims)}), shape {[program.size(d) for d in out.dims]}, "
+        lines.append(f"/* {n}: dims ({', '.join(b.dims)}), shape [{', '.join(map(str, _shape_field(b.shape)))}], "
+                     f"strides {list(b.strides)}{BITS_NOTE.get(b.dtype, '')} */")
+    shape = _shape_field(tuple(program.size(d) for d in out.dims))
+    lines.append(f"/* out: dims ({', '.join(out.dims)}), shape [{', '.join(map(str, shape))}], "
                  f"C-contiguous{BITS_NOTE.get(out.dtype, '')} */")
     lines += [f"int {ENTRY}({', '.join(params)});", "", "#ifdef __cplusplus", "}", "#endif", ""]
     return "\n".join(lines)
@@ -185,23 +229,35 @@ class LoadedKernel:
     def __init__(self, path: Path, manifest: dict, engine, address: int):
         self.path, self.manifest, self._engine = path, manifest, engine
         self.inputs, self.output = manifest["inputs"], manifest["output"]
-        self._fn = ctypes.CFUNCTYPE(ctypes.c_int, *[ctypes.c_void_p] * (len(self.inputs) + 1))(address)
+        self.dynamic = runtime.DynamicSizes(
+            [(spec["dim"], spec["min"]) for spec in manifest.get("dynamic", [])],
+            [spec["shape"][0] if spec["shape"] and isinstance(spec["shape"][0], str) else None for spec in self.inputs],
+            [f"input {spec['name']}" for spec in self.inputs], error=ArtifactError)
+        self._output_shape = self.dynamic.template(self.output["shape"])
+        argtypes = [ctypes.c_void_p] * (len(self.inputs) + 1) + [ctypes.c_int64] * len(self.dynamic.dims)
+        self._fn = ctypes.CFUNCTYPE(ctypes.c_int, *argtypes)(address)
 
     @property
     def input_names(self) -> list[str]:
         return [spec["name"] for spec in self.inputs]
 
     def __call__(self, *arrays, **named) -> np.ndarray:
-        """Run on the inputs (positional, or keywords by input name); returns a new output array."""
-        given = self._bind(arrays, named)
-        prepared = [_prepare(spec, array) for spec, array in zip(self.inputs, given)]
-        out = np.empty(self.output["shape"], dtype=self.output["dtype"])
-        status = self._fn(*[a.ctypes.data for a in prepared], out.ctypes.data)
+        """Run on the inputs (positional, or keywords by input name); returns a new output array. The
+        sizes of dynamic dims are read from the inputs: inputs that share one must agree, and each must
+        be at least the dim's minimum."""
+        given = [np.asarray(array) for array in self._bind(arrays, named)]
+        for spec, array in zip(self.inputs, given):
+            _check_signature(spec, array.shape, array.dtype.name)
+        sizes = self.dynamic.of(given)
+        prepared = [_prepare(spec, array, self.dynamic.at(self.dynamic.template(spec["shape"]), sizes))
+                    for spec, array in zip(self.inputs, given)]
+        out = np.empty(self.dynamic.at(self._output_shape, sizes), dtype=self.output["dtype"])
+        status = self._fn(*[a.ctypes.data for a in prepared], out.ctypes.data, *sizes)
         if status == 1:
             raise MemoryError("the kernel could not allocate its scratch buffers")
         if status != 0:
             raise ArtifactError(f"the kernel refused its arrays (status {status}: 2 is a NULL pointer, 3 one not "
-                                f"aligned to its element size)")
+                                f"aligned to its element size, 4 a dynamic size below its minimum)")
         return out
 
     def _bind(self, arrays, named) -> list:
@@ -276,25 +332,25 @@ def _check_device_input(spec: dict, array):
 
 
 def _check_signature(spec: dict, shape: tuple[int, ...], dtype: str):
-    """An input's shape and dtype against the signature, named by its input and dims."""
+    """An input's shape and dtype against the signature, named by its input and dims (a dynamic axis
+    takes any size: `runtime.DynamicSizes` checks those)."""
     name, dims, want_shape = spec["name"], spec["dims"], tuple(spec["shape"])
     if len(shape) != len(want_shape):
         raise ArtifactError(f"input {name} has dims ({', '.join(dims)}) = {len(want_shape)} dimensions, "
                             f"got an array with {len(shape)}: shape {shape}")
     for dim, want, got in zip(dims, want_shape, shape):
-        if want != got:
+        if want != got and not isinstance(want, str):
             raise ArtifactError(f"input {name}: dimension '{dim}' has size {got}, the kernel was built for {want} "
                                 f"(shape {list(want_shape)})")
     if dtype != spec["dtype"]:
         raise ArtifactError(f"input {name}: dtype {dtype} but the kernel was built for {spec['dtype']}")
 
 
-def _prepare(spec: dict, array) -> np.ndarray:
-    """Check an input against the signature; copy it into the kernel's layout when its strides
-    differ, it is not aligned to its element size, or its strides are not whole elements."""
-    array = np.asarray(array)
-    name, dims, shape = spec["name"], spec["dims"], tuple(spec["shape"])
-    _check_signature(spec, array.shape, array.dtype.name)
+def _prepare(spec: dict, array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """An input, checked against the signature, of `shape` (at this call's sizes), copied into the
+    kernel's layout when its strides differ, it is not aligned to its element size, or its strides are
+    not whole elements."""
+    name, dims = spec["name"], spec["dims"]
     strides = [s // array.itemsize for s in array.strides]
     if strides != spec["strides"] or not ir.whole_aligned_elements(array):
         relaid = np.lib.stride_tricks.as_strided(

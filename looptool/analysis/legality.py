@@ -16,6 +16,7 @@ pipeline makes with TMA (tma.py) must be boxes of an input in wgmma's layout.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -42,8 +43,27 @@ _PARSED_MAPS = BoundedMemo(4096)     # isl maps by their text: a scheduler's can
 
 
 def _isl_map(text: str) -> "isl.Map":
-    """An isl map parsed from text (parsed once: a parse costs about half a millisecond)."""
-    return _PARSED_MAPS.get(text, lambda: _isl().Map(text))
+    """An isl map parsed from text (parsed once: a parse costs about half a millisecond); the sizes of
+    dynamic dims it names (`size_<dim>`) are its parameters."""
+    return _PARSED_MAPS.get(text, lambda: _isl().Map(_with_parameters(text)))
+
+
+def _with_parameters(text: str) -> str:
+    """The text of an isl map with the dynamic sizes it names declared as its parameters."""
+    params = sorted(set(re.findall(r"\bsize_\w+", text)))
+    return f"[{', '.join(params)}] -> {text}" if params else text
+
+
+def _bound(value) -> str:
+    """A size or bound in isl terms: an int, or the parameter of a dynamic dim's size."""
+    return f"size_{value.dim}" if isinstance(value, ir.Size) else str(value)
+
+
+def _below_extent(variable: str, extent) -> str:
+    """variable < extent, where a dynamic extent ceil(n / d) is d*variable < n."""
+    if isinstance(extent, ir.Size):
+        return f"{extent.divisor}*{variable} < size_{extent.dim}"
+    return f"{variable} < {extent}"
 
 
 @dataclass
@@ -53,6 +73,7 @@ class _Stmt:
     node: StmtNode
     path: list[LoopNode]
     time: list[str]
+    dynamic: tuple[tuple[str, int], ...] = ()     # the program's dynamic dims and their minimum sizes
 
     @property
     def names(self) -> dict[str, str]:
@@ -66,9 +87,10 @@ class _Stmt:
     def constraints(self) -> str:
         cons = []
         for k, n in enumerate(self.path):
-            cons.append(f"0 <= i{k} < {n.loop.extent}")
+            cons.append(f"0 <= i{k} and {_below_extent(f'i{k}', n.loop.extent)}")
             for lim in n.limits:
-                cons.append(f"{lim.coeff}*i{k} + {_isl_affine(lim.rest, self.names)} < {lim.bound}")
+                cons.append(f"{lim.coeff}*i{k} + {_isl_affine(lim.rest, self.names)} < {_bound(lim.bound)}")
+        cons += [f"size_{dim} >= {minimum}" for dim, minimum in self.dynamic]
         return " and ".join(cons) or "true"
 
     def dim_value(self, index: ir.Affine) -> str:
@@ -149,6 +171,22 @@ def _check_structure(tree: LoopTree):
                     f"'{node.loop.name}', so its lanes would share it: place stage {plan.name} outside "
                     f"'{node.loop.name}' or do not vectorize it")
     _check_pipelines(tree)
+    _check_dynamic_buffers(tree)
+
+
+def _check_dynamic_buffers(tree: LoopTree):
+    """Buffers the schedule makes must have fixed strides: a dynamic size only on the first axis of a
+    full-size buffer (a local tile of fixed loops, however large the dim)."""
+    for plan in tree.buffers.values():
+        dynamic = [(axis, n) for axis, n in enumerate(plan.shape) if isinstance(n, ir.Size)]
+        if plan.kind == "local" and dynamic:
+            raise IllegalScheduleError(f"buffer {plan.name} is placed inside other loops but holds all of dynamic dim "
+                                       f"'{dynamic[0][1].dim}' (size {dynamic[0][1]}), a size known only at run "
+                                       f"time: place it inside a loop over '{dynamic[0][1].dim}' or leave it unplaced")
+        if any(axis for axis, _ in dynamic):
+            raise IllegalScheduleError(f"buffer {plan.name} has dims {plan.dims}: dynamic dim '{dynamic[-1][1].dim}' "
+                                       f"must be its first axis (its strides would depend on a size known only at "
+                                       f"run time)")
 
 
 def _check_pipelines(tree: LoopTree):
@@ -209,7 +247,7 @@ def _statements(tree: LoopTree) -> list[_Stmt]:
             if isinstance(node, LoopNode):
                 rec(node.body, path + [node], prefix + [str(pos), f"i{len(path)}"])
             else:
-                out.append(_Stmt(node, path, prefix + [str(pos)]))
+                out.append(_Stmt(node, path, prefix + [str(pos)], tree.program.dynamic))
     rec(tree.root, [], [])
     return out
 
@@ -233,7 +271,7 @@ def _access_map(stmt: _Stmt, tree: LoopTree, buffer: str, index: tuple[ir.Affine
     """Loop values -> element of `buffer` read or written (only where the index is in bounds)."""
     shape = tree.program.buffer_shape(buffer)
     exprs = [stmt.dim_value(ix) for ix in index]
-    bounds = " and ".join(f"0 <= {e} < {n}" for e, n in zip(exprs, shape)) or "true"
+    bounds = " and ".join(f"0 <= {e} < {_bound(n)}" for e, n in zip(exprs, shape)) or "true"
     return _isl_map(f"{{ [{stmt.variables}] -> B[{', '.join(exprs)}] : {stmt.constraints} and {bounds} }}")
 
 
@@ -290,13 +328,14 @@ def _check_fed(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, earlier: isl
     unfed = touch.range().subtract(earlier.range())
     if unfed.is_empty():
         return
+    unfed, sizes = _smallest_sizes(unfed)
     point = unfed.sample_point()
     values = [point.get_coordinate_val(_isl().dim_type.set, k).to_python() for k in range(len(dst.path))]
     where = "".join(f" in the same iteration of loop '{src.path[k].loop.name}'" for k in pinned[:1])
     raise IllegalScheduleError(
         f"illegal schedule: `{dst.text()}` (stage {dst.node.stage.name}) reads buffer {buffer} at "
         f"{_values(dst, values)} before `{src.text()}` (stage {src.node.stage.name}) has written that "
-        f"element{where}")
+        f"element{where}{sizes}")
 
 
 def _check_private_writes(tree: LoopTree, src: _Stmt, buffer: str, touch: isl.Map):
@@ -349,10 +388,11 @@ def _check_parallel(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, deps: i
                        or (loop.annotation == "vectorize" and not reduction_lanes))
     if k is not None:
         loop = src.path[k].loop
+        _, sizes = _smallest_sizes(deps.intersect(_differ_at(src, dst, k)))
         raise IllegalScheduleError(
             f"loop '{loop.name}' cannot be {'parallel' if loop.annotation == 'parallel' else 'vectorized'}: "
             f"it carries a dependence on buffer {buffer} from `{src.text()}` to "
-            f"`{dst.text()}` (different iterations of '{loop.name}' touch the same element)")
+            f"`{dst.text()}` (different iterations of '{loop.name}' touch the same element){sizes}")
 
 
 def _carrying_loop(src: _Stmt, dst: _Stmt, deps: isl.Map, applies) -> int | None:
@@ -452,7 +492,26 @@ def _check_local(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, deps: isl.
                                    f"`{dst.text()}` reads it outside them")
 
 
+def _smallest_sizes(relation):
+    """(relation at the smallest dynamic sizes where it is not empty, text naming them); the relation and
+    "" for a program with fixed sizes."""
+    isl = _isl()
+    params = relation.params()
+    count = params.dim(isl.dim_type.param)
+    if not count:
+        return relation, ""
+    names = [params.get_dim_name(isl.dim_type.param, k) for k in range(count)]
+    point = params.move_dims(isl.dim_type.set, 0, isl.dim_type.param, 0, count).lexmin().sample_point()
+    values = [point.get_coordinate_val(isl.dim_type.set, k).to_python() for k in range(count)]
+    fixed = isl.Set("[" + ", ".join(names) + "] -> { : " +
+                    " and ".join(f"{n} = {v}" for n, v in zip(names, values)) + " }")
+    sizes = ", ".join(f"{n.removeprefix('size_')} = {v}" for n, v in zip(names, values))
+    return relation.intersect_params(fixed), f" when {sizes} (the smallest dynamic size{'s' if count > 1 else ''} " \
+                                             f"at which it breaks)"
+
+
 def _order_message(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, broken: isl.Map, w_a, w_b) -> str:
+    broken, sizes = _smallest_sizes(broken)
     point = broken.wrap().sample_point()
     n_src = len(src.path)
     i = [point.get_coordinate_val(_isl().dim_type.set, k).to_python() for k in range(n_src)]
@@ -462,7 +521,7 @@ def _order_message(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, broken: 
     where = _where_broken(src, dst, i, j)
     return (f"illegal schedule: the {kind} dependence on buffer {buffer} from `{src.text()}` "
             f"(stage {src.node.stage.name}) to `{dst.text()}` (stage {dst.node.stage.name}) is broken "
-            f"{where}: e.g. stage {src.node.stage.name} at {_values(src, i)} must run before stage "
+            f"{where}{sizes}: e.g. stage {src.node.stage.name} at {_values(src, i)} must run before stage "
             f"{dst.node.stage.name} at {_values(dst, j)}, but the schedule runs it after")
 
 

@@ -456,14 +456,19 @@ class Builder:
         if self.target.cores < 2:
             return None
         extents = {lp.name: lp.extent for lp in self.schedule.of(stage).loops}
-        busy = [role for role, loop in candidates.items() if extents[loop] >= self.target.cores]
-        worth = [role for role in busy if model.worth_threads(self.target, extents[candidates[role]], work)]
+        # a loop of dynamic extent may run on threads: the kernel checks at run time that a call's size
+        # gives them enough work (`model.worth_threads` there), and runs it serially where not
+        dynamic = {role for role, loop in candidates.items() if isinstance(extents[loop], ir.Size)}
+        busy = [role for role, loop in candidates.items() if extents[loop] >= self.target.cores or role in dynamic]
+        worth = [role for role in busy
+                 if role in dynamic or model.worth_threads(self.target, extents[candidates[role]], work)]
         role = self.decide(f"{stage}.parallel", worth[0] if worth and self.allowed.threads else "none",
                            ("none", *busy))
         if role not in candidates:
             return None
         loop = candidates[role]
-        self.note(stage, f"parallel {loop}: {extents[loop]} iterations for {self.target.cores} cores")
+        when = " when a call's size gives each enough work" if role in dynamic else ""
+        self.note(stage, f"parallel {loop}: {extents[loop]} iterations for {self.target.cores} cores{when}")
         return loop
 
 

@@ -18,7 +18,7 @@ from collections import defaultdict
 from llvmlite import ir as llir
 
 from .. import ir
-from ..schedule import LoopNode, StmtNode
+from ..schedule import LoopNode, StmtNode, walk
 from .llvm import I32, MEMORY_TYPE, VALUE_TYPE, ZERO, FunctionBuilder, Lanes, constant, shaped
 
 Key = tuple  # (buffer, the offset's terms outside the tile, its constant)
@@ -30,6 +30,7 @@ class Accumulators:
     def __init__(self, builder: FunctionBuilder, loop: str):
         self.builder, self.loop = builder, loop
         self.slots: dict[Key, llir.Value] = {}
+        self.counts: dict[int, int] = {}      # unrolled loops emitted for one known trip count (`dynamic_edge`)
 
     @classmethod
     def of(cls, builder: FunctionBuilder, node: LoopNode, versioned: bool = False) -> "Accumulators | None":
@@ -131,9 +132,11 @@ class Accumulators:
                 mask = self.lane_mask(count, extent) if self.tail(node) else None
                 self.visit(node.body, env, action, copy, Lanes(name, extent, mask))
                 continue
-            for k in range(extent):
+            known = self.counts.get(id(node))
+            for k in range(extent if known is None else known):
                 value = constant(count.type, k)
-                guard = b.if_then(b.icmp_signed("<", value, count)) if self.tail(node) else contextlib.nullcontext()
+                tail = self.tail(node) and known is None
+                guard = b.if_then(b.icmp_signed("<", value, count)) if tail else contextlib.nullcontext()
                 with guard:
                     self.visit(node.body, {**env, name: value}, action, {**copy, name: k}, lanes)
 
@@ -186,13 +189,55 @@ def run_in_registers(builder: FunctionBuilder, node: LoopNode, env: dict, count:
     accumulators = Accumulators.of(builder, node, versioned)
     if accumulators is None:
         return False
+    edge = dynamic_edge(accumulators, node)
+    if edge is None:
+        _tile_loop(accumulators, node, env, count)
+        return True
+    b = builder.builder
+    rows = builder.trip_count(edge, {**env, node.loop.name: ZERO})
+    done = builder.fn.append_basic_block(f"{node.loop.name}.edges.done")
+    switch = b.switch(rows, done)
+    for known in range(1, edge.loop.extent + 1):
+        block = builder.fn.append_basic_block(f"{node.loop.name}.edge{known}")
+        switch.add_case(constant(rows.type, known), block)
+        b.position_at_end(block)
+        accumulators.counts[id(edge)] = known
+        _tile_loop(accumulators, node, env, count)
+        b.branch(done)
+    b.position_at_end(done)
+    return True
+
+
+def _tile_loop(accumulators: Accumulators, node: LoopNode, env: dict, count: llir.Value):
+    """The reduction loop with its tile's results loaded before it, updated in registers, stored after."""
+    builder = accumulators.builder
     outside = {**env, node.loop.name: ZERO}
     accumulators.visit(node.body, outside, accumulators.load)
     builder.counted_loop(ZERO, count, lambda i: accumulators.visit(node.body, {**env, node.loop.name: i},
                                                                    accumulators.update), node.loop.name,
                          builder.around_register_tile(node))
     accumulators.visit(node.body, outside, accumulators.store)
-    return True
+
+
+# An edge tile's unrolled loop with a trip count known only at run time is emitted once per possible count
+# up to this extent.
+EDGE_COPIES = 16
+
+
+def dynamic_edge(accumulators: Accumulators, node: LoopNode) -> LoopNode | None:
+    """The one unrolled loop of a register tile that may stop short at a bound known only at run time (a
+    dynamic size), when its extent is at most EDGE_COPIES: the tile's loop is then emitted once per trip
+    count it may run (a switch), each copy with no test per unrolled copy, as LLVM makes of a fixed size's
+    edge tile by folding its constant count. None where there is no such loop (or more than one, or one
+    whose count moves with another loop of the tile: it is then not one count for the whole tile)."""
+    inside = {node.loop.name} | {inner.loop.name for inner, _ in walk(node.body) if isinstance(inner, LoopNode)}
+    found = [inner for inner, _ in walk(node.body) if isinstance(inner, LoopNode)
+             and inner.loop.annotation == "unroll" and accumulators.tail(inner)]
+    if len(found) != 1 or found[0].loop.extent > EDGE_COPIES or \
+            not any(isinstance(lim.bound, ir.Size) for lim in found[0].limits) or \
+            any(name in inside for lim in found[0].limits for name, _ in lim.rest.terms):
+        return None
+    return found[0]
 
 
 def disjoint(keys: list[tuple[Key, int]]) -> bool:

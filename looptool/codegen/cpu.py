@@ -8,14 +8,17 @@ allocates the temporaries itself.  `HostTarget` is the JIT target for this CPU.
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 
 import llvmlite.binding as llvm
 from llvmlite import ir as llir
 
-from ..schedule import LoopNode, LoopTree
+from .. import ir
+from ..autoschedule.model import WORK_PER_THREAD
+from ..schedule import LoopNode, LoopTree, StmtNode, walk
 from .accumulators import run_in_registers
-from .llvm import I1, I32, I64, ITEM_BYTES, PTR, ZERO, FunctionBuilder, constant, kernel_params
+from .llvm import I1, I32, I64, ITEM_BYTES, PTR, ZERO, FunctionBuilder, constant, kernel_params, size_variable
 from .threadpool import declare_parallel_for
 
 
@@ -37,12 +40,17 @@ def generate(tree: LoopTree, triple: str, threads: int, entry: str = "looptool_k
     module = llir.Module(name="looptool")
     module.triple = triple
     params = kernel_params(tree)
-    fn = llir.Function(module, llir.FunctionType(llir.VoidType(), [PTR] * len(params)), name="kernel")
+    dims = [dim for dim, _ in tree.program.dynamic]
+    fn = llir.Function(module, llir.FunctionType(llir.VoidType(), [PTR] * len(params) + [I64] * len(dims)),
+                       name="kernel")
     for arg, name in zip(fn.args, params):
         arg.name = name
         arg.add_attribute("noalias")
+    sizes = {size_variable(dim): arg for dim, arg in zip(dims, fn.args[len(params):])}
+    for dim, arg in zip(dims, fn.args[len(params):]):
+        arg.name = f"size.{dim}"
     builder = CpuFunctionBuilder(tree, fn, dict(zip(params, fn.args)), threads)
-    builder.body(tree.root, {})
+    builder.body(tree.root, sizes)
     builder.finish()
     entry_params = [name for name in params if tree.buffers[name].kind != "temp"]
     _c_entry(module, fn, tree, params, entry_params, entry)
@@ -51,30 +59,45 @@ def generate(tree: LoopTree, triple: str, threads: int, entry: str = "looptool_k
 
 def _c_entry(module: llir.Module, kernel: llir.Function, tree: LoopTree, params: list[str],
              entry_params: list[str], name: str):
-    """`int name(inputs..., output)`: check the pointers, allocate the temporaries, run the kernel,
-    free them. Returns 0, 1 (out of memory), 2 (a NULL pointer) or 3 (a pointer not aligned to its
-    element size)."""
-    fn = llir.Function(module, llir.FunctionType(I32, [PTR] * len(entry_params)), name=name)
+    """`int name(inputs..., output, sizes...)`: check the pointers and the sizes of dynamic dims, allocate
+    the temporaries, run the kernel, free them. Returns 0, 1 (out of memory), 2 (a NULL pointer), 3 (a
+    pointer not aligned to its element size) or 4 (a dynamic size below its dim's minimum)."""
+    dynamic = tree.program.dynamic
+    fn = llir.Function(module, llir.FunctionType(I32, [PTR] * len(entry_params) + [I64] * len(dynamic)), name=name)
     b = llir.IRBuilder(fn.append_basic_block("entry"))
     given = dict(zip(entry_params, fn.args))
+    sizes = {dim: arg for (dim, _), arg in zip(dynamic, fn.args[len(entry_params):])}
     _refuse_bad_pointers(b, tree, given)
+    for dim, minimum in dynamic:
+        with b.if_then(b.icmp_signed("<", sizes[dim], constant(I64, minimum)), likely=False):
+            b.ret(constant(I32, 4))
     alloc = llir.Function(module, llir.FunctionType(PTR, [I64, I64]), name="aligned_alloc") \
         if "aligned_alloc" not in module.globals else module.globals["aligned_alloc"]
     free = module.globals.get("free") or llir.Function(module, llir.FunctionType(llir.VoidType(), [PTR]), name="free")
     temps = {}
     for param in params:
         if param not in given:
-            plan = tree.buffers[param]
-            size = max(64, -(-plan.size * ITEM_BYTES[plan.dtype] // 64) * 64)  # never 0: NULL is failure
-            temps[param] = b.call(alloc, [constant(I64, 64), constant(I64, size)])
+            temps[param] = b.call(alloc, [constant(I64, 64), _temp_bytes(b, tree.buffers[param], sizes)])
     failed = constant(I1, 0)
     for pointer in temps.values():
         failed = b.or_(failed, b.icmp_unsigned("==", b.ptrtoint(pointer, I64), ZERO))
     with b.if_then(b.not_(failed)):
-        b.call(kernel, [given[p] if p in given else temps[p] for p in params])
+        b.call(kernel, [given[p] if p in given else temps[p] for p in params] + list(sizes.values()))
     for pointer in temps.values():
         b.call(free, [pointer])
     b.ret(b.zext(failed, I32))
+
+
+def _temp_bytes(b: llir.IRBuilder, plan, sizes: dict) -> llir.Value:
+    """The bytes of a temporary, a multiple of 64 and never 0 (NULL is failure); a dynamic first axis
+    takes its size from the entry's arguments (at least 1: smaller sizes were refused)."""
+    if not plan.shape or not isinstance(plan.shape[0], ir.Size):
+        return constant(I64, max(64, -(-plan.size * ITEM_BYTES[plan.dtype] // 64) * 64))
+    rest = plan.size - (plan.shape[0] - 1) * abs(plan.strides[0])      # the elements of one slice
+    count = b.add(b.mul(b.sub(sizes[plan.shape[0].dim], constant(I64, 1)), constant(I64, abs(plan.strides[0]))),
+                  constant(I64, rest))
+    padded = b.and_(b.add(b.mul(count, constant(I64, ITEM_BYTES[plan.dtype])), constant(I64, 63)), constant(I64, -64))
+    return b.select(b.icmp_unsigned("<", padded, constant(I64, 64)), constant(I64, 64), padded)
 
 
 def _refuse_bad_pointers(b: llir.IRBuilder, tree: LoopTree, given: dict):
@@ -104,6 +127,23 @@ class CpuFunctionBuilder(FunctionBuilder):
             super().plain_loop(node, env, count)
 
     def parallel(self, node: LoopNode, env: dict, count: llir.Value):
+        """A parallel loop on threads (`threaded`); one of dynamic extent only where this call's trip
+        count gives every thread enough work (`model.worth_threads`'s rule), else as a plain loop."""
+        if not isinstance(node.loop.extent, ir.Size):
+            self.threaded(node, env, count)
+            return
+        b = self.builder
+        work = b.mul(count, constant(I64, iteration_work(node)))
+        enough = b.and_(b.icmp_signed(">=", count, constant(I64, self.threads)),
+                        b.icmp_signed(">=", work, constant(I64, WORK_PER_THREAD * self.threads)))
+        with b.if_else(enough) as (then, otherwise):
+            with then:
+                self.threaded(node, env, count)
+            with otherwise:
+                self.allocate_placed(node)
+                self.plain_loop(node, env, count)
+
+    def threaded(self, node: LoopNode, env: dict, count: llir.Value):
         """Outline the loop into body(noalias buffers..., outer loop values..., start, end) and run
         chunks of its range on threads through a (ctx, start, end) wrapper.  Buffers placed at the
         loop are allocated in the body, one per thread, as the legality check assumes."""
@@ -139,6 +179,12 @@ class CpuFunctionBuilder(FunctionBuilder):
         inner.counted_loop(start, end, lambda i: inner.loop_body(node, {**inner_env, lp.name: i}), lp.name,
                            inner.around_register_tile(node))
         inner.finish()
+
+
+def iteration_work(node: LoopNode) -> int:
+    """The statement instances one iteration of a loop runs (the loops inside it at their planned extents)."""
+    return max(1, sum(math.prod(int(p.loop.extent) for p in path)
+                      for stmt, path in walk(node.body) if isinstance(stmt, StmtNode)))
 
 
 class HostTarget:

@@ -75,6 +75,12 @@ ARITH = {"add": "fadd", "sub": "fsub", "mul": "fmul", "div": "fdiv"}
 REDUCE_BINARY = {"sum": "add", "max": "maximum", "min": "minimum"}
 
 
+def size_variable(dim: str) -> str:
+    """The name under which a dynamic dim's size (an i64 argument of the kernel) is found among the loop
+    values a builder carries (no loop has this name: loop names are dims with .0/.1 suffixes)."""
+    return f"#{dim}"
+
+
 def kernel_params(tree: LoopTree) -> list[str]:
     """Buffers passed to the kernel: inputs, runtime temporaries, then the output."""
     order = {"input": 0, "temp": 1, "output": 2}
@@ -109,6 +115,10 @@ class FunctionBuilder:
 
     def allocate(self, plan: BufferPlan) -> llir.Value:
         """A local buffer: on the stack when small, else on the heap (freed on return); 64-byte aligned."""
+        if any(isinstance(n, ir.Size) for n in plan.shape):
+            raise NotImplementedError(f"buffer {plan.name} is placed inside loops but holds a whole dynamic dim "
+                                      f"(shape [{', '.join(map(str, plan.shape))}]); the legality check refuses "
+                                      f"such schedules")
         size = plan.size * ITEM_BYTES[plan.dtype]
         if size <= STACK_LIMIT:
             buffer = self.allocas.alloca(MEMORY_TYPE[plan.dtype], size=constant(I64, plan.size), name=plan.name)
@@ -222,7 +232,7 @@ class FunctionBuilder:
         for limited, lim, spans in tails:
             top = b.add(self.affine(lim.rest, {**env, **{name: constant(I64, span) for name, span in spans}}),
                         constant(I64, lim.coeff * (limited.loop.extent - 1)))
-            fast = b.and_(fast, b.icmp_signed("<", top, constant(I64, lim.bound)))
+            fast = b.and_(fast, b.icmp_signed("<", top, self.extent(lim.bound, env)))
         for check in guards:
             fast = b.and_(fast, self.holds_throughout(check, env))
         with b.if_else(fast) as (then, otherwise):
@@ -250,14 +260,25 @@ class FunctionBuilder:
         return all((id(stmt), g) in self.holding for g in guards)
 
     def trip_count(self, node: LoopNode, env: dict) -> llir.Value:
-        count: llir.Value = constant(I64, node.loop.extent)
+        count: llir.Value = self.extent(node.loop.extent, env)
         for lim in node.limits:
             count = self.smin(count, self.limit_count(lim, env))
         return count
 
+    def extent(self, value: int, env: dict) -> llir.Value:
+        """A loop's extent or a tail's bound as an i64: a constant, or for a dynamic `ir.Size` ceil(n / d),
+        n being the dim's size that the kernel takes as an argument."""
+        if not isinstance(value, ir.Size):
+            return constant(I64, value)
+        size = env[size_variable(value.dim)]
+        if value.divisor == 1:
+            return size
+        return self.once(("ceil", id(size), value.divisor), lambda: self.builder.udiv(
+            self.builder.add(size, constant(I64, value.divisor - 1)), constant(I64, value.divisor)))
+
     def limit_count(self, lim: Limit, env: dict) -> llir.Value:
         b = self.builder
-        room = b.sub(constant(I64, lim.bound), self.affine(lim.rest, env))
+        room = b.sub(self.extent(lim.bound, env), self.affine(lim.rest, env))
         room = self.smax(room, ZERO)
         return b.sdiv(b.add(room, constant(I64, lim.coeff - 1)), constant(I64, lim.coeff))
 

@@ -6,6 +6,8 @@ one size, so errors surface where the user combined the tensors, not at run time
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from . import dtypes
@@ -57,6 +59,14 @@ class Node:
     def shape(self) -> tuple[int, ...]:
         return tuple(self.sizes[d] for d in self.dims)
 
+    @functools.cached_property
+    def dynamic(self) -> dict[str, int]:
+        """The dynamic dims below this node (symbols made with dynamic=True), each with its minimum size."""
+        found: dict[str, int] = {}
+        for child in self.children():
+            found.update(child.dynamic)
+        return found
+
     def children(self) -> tuple["Node", ...]:
         return ()
 
@@ -64,9 +74,10 @@ class Node:
 class Input(Node):
     """A user array with named dimensions."""
 
-    def __init__(self, array: np.ndarray, dims: tuple[str, ...]):
+    def __init__(self, array: np.ndarray, dims: tuple[str, ...], dynamic: dict[str, int] | None = None):
         self.array, self.dims, self.dtype, self.label = array, dims, array.dtype, "Tensor"
         self.sizes = dict(zip(dims, array.shape))
+        self.dynamic = dict(dynamic or {})
 
 
 class Scalar(Node):

@@ -13,12 +13,16 @@ BACKEND = Hook("running a Tensor (numpy, cuda, compile, loop_tree; GPU arrays)",
 
 
 class Symbol:
-    """A dimension name. Two symbols with the same name are the same dimension."""
+    """A dimension name. Two symbols with the same name are the same dimension. A `dynamic` symbol's
+    size is a parameter of the compiled kernel, which then serves every size from `min` up (see
+    docs/frontend.md, "Dynamic sizes"); it must be the first (outermost) axis of every array that has it."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, dynamic: bool = False, min: int = 1):
         if not name.isidentifier():
             raise ValueError(f"symbol name {name!r} is not an identifier")
-        self.name = name
+        if not isinstance(min, int) or min < 1:
+            raise ValueError(f"symbol {name!r}: min must be a positive integer, got {min!r}")
+        self.name, self.dynamic, self.min = name, bool(dynamic), min
 
     def __repr__(self):
         return self.name
@@ -40,12 +44,14 @@ class Symbols(tuple):
         raise AttributeError(f"no symbol named {name!r} among {tuple(self)}")
 
 
-def symbols(names: str) -> Symbols:
-    """Make dimension symbols from a space- or comma-separated string: `m, k, n = symbols("m k n")`."""
+def symbols(names: str, dynamic: bool = False, min: int = 1) -> Symbols:
+    """Make dimension symbols from a space- or comma-separated string: `m, k, n = symbols("m k n")`.
+    With `dynamic=True` their sizes are run-time parameters of the kernels that use them: one kernel
+    serves every size >= `min` (`b = symbols("b", dynamic=True)`)."""
     parts = names.replace(",", " ").split()
     if len(set(parts)) != len(parts):
         raise ValueError(f"symbols({names!r}) names a symbol twice")
-    return Symbols(Symbol(p) for p in parts)
+    return Symbols(Symbol(p, dynamic, min) for p in parts)
 
 
 def _name(dim, what: str) -> str:
@@ -85,7 +91,15 @@ class Tensor:
         if len(set(names)) != len(names):
             twice = sorted({n for n in names if names.count(n) > 1})
             raise ValueError(f"Tensor.to: dimension name(s) {twice} given more than once in {names}")
-        return Tensor(None, _node=graph.Input(array, names))
+        dynamic = {d.name: d.min for d in dims if d.dynamic}
+        for axis, d in enumerate(dims):
+            if d.dynamic and axis:
+                raise NotImplementedError(f"Tensor.to: dynamic dim '{d.name}' is axis {axis} of {names}; a dynamic "
+                                          f"dim must be the first (outermost) axis of an array")
+            if d.dynamic and array.shape[axis] < d.min:
+                raise ValueError(f"Tensor.to: dynamic dim '{d.name}' has size {array.shape[axis]}, below its "
+                                 f"minimum {d.min} (shape {array.shape})")
+        return Tensor(None, _node=graph.Input(array, names, dynamic))
 
     @property
     def node(self) -> graph.Node:
@@ -202,6 +216,7 @@ class Tensor:
     def mean(self, *dims: Symbol, dtype=None) -> "Tensor":
         """Mean over the named dimensions, summed in `dtype` (default as for `sum`); NaN, with a
         RuntimeWarning, over dimensions of size 0."""
+        _refuse_dynamic(self.node, [_name(d, "mean") for d in dims], "mean")
         total = self._reduce("sum", dims, dtype)
         count = int(np.prod([self.node.sizes[_name(d, "mean")] for d in dims]))
         if count == 0:
@@ -212,6 +227,7 @@ class Tensor:
     # Index views
     def pad(self, dim: Symbol, new_dim: Symbol, amount, value: float = 0.0) -> "Tensor":
         """Replace `dim` by `new_dim`, padded by `amount` (int, or (before, after)) with `value`."""
+        _refuse_dynamic(self.node, [_name(dim, "pad")], "pad")
         node = graph.Pad(self.node, _name(dim, "pad"), _name(new_dim, "pad"), amount, value)
         return Tensor(None, _node=node)
 
@@ -221,6 +237,7 @@ class Tensor:
 
         Positions that fall into the padding read 0. This is the sliding window of
         convolution and pooling: `size` is the kernel extent."""
+        _refuse_dynamic(self.node, [_name(dim, "window")], "window")
         node = graph.Window(self.node, _name(dim, "window"), _name(out_dim, "window"),
                             _name(kernel_dim, "window"), int(size), int(stride), int(dilation), padding)
         return Tensor(None, _node=node)
@@ -236,7 +253,10 @@ class Tensor:
     def cuda(self, schedule=None):
         """Run on the GPU (CuPy, `looptool[gpu]`) under `schedule`; returns a CuPy array that stays on
         the device (for a bfloat16 result, which CuPy cannot type, a `looptool.runtime.gpu.BFloat16Array`).
-        Inputs already on the GPU (CuPy, PyTorch, DLPack) are used in place."""
+        Inputs already on the GPU (CuPy, PyTorch, DLPack) are used in place. Dynamic dims run on the CPU only."""
+        if self.node.dynamic:
+            raise NotImplementedError(f"cuda(): dynamic dims {sorted(self.node.dynamic)} run on the CPU only so far; "
+                                      f"use .numpy(), or symbols without dynamic=True")
         return BACKEND.get().evaluate_on_gpu(self.node, schedule)
 
     def loop_tree(self, schedule=None):
@@ -247,6 +267,14 @@ class Tensor:
         """The compiled kernel (with .llvm_ir, .assembly and .loop_tree) for this computation, under
         `schedule` (None: the tuned one, else the automatic one, as for `numpy`)."""
         return BACKEND.get().kernel_for(self.node, schedule)
+
+
+def _refuse_dynamic(node: graph.Node, dims: list[str], what: str):
+    """Refuse an operation whose size arithmetic would need a dynamic dim's size at build time."""
+    for d in dims:
+        if d in node.dynamic:
+            raise NotImplementedError(f"{what} over dynamic dim '{d}' is not supported: its size is known only at "
+                                      f"run time ({graph.describe(node)})")
 
 
 def _as_array(data) -> np.ndarray:
@@ -293,6 +321,8 @@ def minimum(a, b) -> Tensor:
 def concat(tensors, dims, into: Symbol) -> Tensor:
     """Concatenate `tensors` along their dimensions `dims` (one per tensor) into the new dim `into`."""
     tensors, dims = list(tensors), list(dims)
+    for t, d in zip(tensors, dims):
+        _refuse_dynamic(t.node, [_name(d, "concat")], "concat")
     node = graph.Concat(tuple(t.node for t in tensors), tuple(_name(d, "concat") for d in dims),
                         _name(into, "concat"))
     return Tensor(None, _node=node)

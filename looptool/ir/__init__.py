@@ -1,10 +1,10 @@
 """The IR layer: stages of pointwise-plus-reduction statements over named dims, and lowering to them."""
 from .flatten import flattened, merged_last_two
 from .lowering import COSTLY, TRANSCENDENTAL, element_strides, lower, whole_aligned_elements
-from .program import (Affine, Binary, Buffer, Cast, Const, Expr, Guard, Load, Program,
+from .program import (REPRESENTATIVE_SIZE, Size, Affine, Binary, Buffer, Cast, Const, Expr, Guard, Load, Program,
                       REDUCE_IDENTITY, Select, Stage, Unary, guards, index_vars, loaded_buffers, loads, rewritten,
                       substituted)
 
-__all__ = ["Affine", "Binary", "Buffer", "Cast", "Const", "Expr", "Guard", "Load", "Program", "REDUCE_IDENTITY",
-           "Select", "Stage", "Unary", "guards", "index_vars", "loaded_buffers", "loads", "element_strides", "lower", "rewritten",
+__all__ = ["REPRESENTATIVE_SIZE", "Size", "Affine", "Binary", "Buffer", "Cast", "Const", "Expr", "Guard", "Load",
+           "Program", "REDUCE_IDENTITY", "Select", "Stage", "Unary", "guards", "index_vars", "loaded_buffers", "loads", "element_strides", "lower", "rewritten",
            "substituted", "whole_aligned_elements", "flattened", "merged_last_two", "TRANSCENDENTAL", "COSTLY"]

@@ -22,8 +22,8 @@ def merged_last_two(program: Program) -> Program:
     is read at exactly [..., y, x] over its last two axes, whole (its extents y and x) and with rows
     back to back (its y stride is x times its x stride), and no guard tests y or x. Else `program`."""
     stages = program.stages
-    if any(st.reduce_dims for st in stages) or len(program.output.dims) < 2:
-        return program
+    if any(st.reduce_dims for st in stages) or len(program.output.dims) < 2 or program.dynamic:
+        return program       # (a dynamic size times another would lose its symbol)
     y, x = program.output.dims[-2:]
     inputs = {buffer.name: buffer for buffer in program.inputs}
     flat = all(_flat_stage(st, y, x) and all(_flat_read(ld, inputs, program, y, x) for ld in loads(st.expr))

@@ -1,10 +1,13 @@
 """Lowering: a lazy graph becomes a Program of stages, plus the input arrays it reads."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from ..frontend import dtypes, graph
-from .program import (Affine, Buffer, Cast, Const, Expr, Guard, Load, Program, Select, Stage, Unary, Binary)
+from .program import (REPRESENTATIVE_SIZE, Affine, Binary, Buffer, Cast, Const, Expr, Guard, Load, Program, Select,
+                      Size, Stage, Unary)
 
 
 # Pointwise functions that cost tens of operations a value, where a load, add or multiply costs one.
@@ -211,4 +214,22 @@ def lower(node: graph.Node, prepare_input=None, separate_costly: bool = False) -
         lowering.stages.append(Stage(f"t{len(lowering.stages)}", node.dims, (), None, expr, node.dtype.name,
                                      node.dims))
     sizes = tuple(sorted(node.sizes.items()))
-    return Program(tuple(lowering.inputs), tuple(lowering.stages), sizes), lowering.arrays
+    program = Program(tuple(lowering.inputs), tuple(lowering.stages), sizes)
+    return (with_dynamic_sizes(program, node.dynamic) if node.dynamic else program), lowering.arrays
+
+
+def with_dynamic_sizes(program: Program, dynamic: dict[str, int]) -> Program:
+    """`program` with the sizes of its `dynamic` dims (dim -> minimum) replaced by `Size`s at their
+    representative size, so one program (and one kernel) stands for every size. Each array with a
+    dynamic dim must have it first: strides then never depend on a dynamic size."""
+    sizes = {d: Size(d, 1, max(REPRESENTATIVE_SIZE, minimum)) for d, minimum in dynamic.items()}
+    for dims, what in [(b.dims, f"input {b.name}") for b in program.inputs] + \
+            [(st.dims, f"the result of stage {st.name}") for st in program.stages]:
+        late = [d for d in dims[1:] if d in sizes]
+        if late:
+            raise NotImplementedError(f"dynamic dim '{late[0]}' is not the first axis of {what}, dims {dims}: a "
+                                      f"dynamic dim must be the outermost axis of every array that has it (put an "
+                                      f"operand that has '{late[0]}' first on the left)")
+    inputs = tuple(replace(b, shape=tuple(sizes.get(d, n) for d, n in zip(b.dims, b.shape))) for b in program.inputs)
+    return replace(program, inputs=inputs, sizes=tuple((d, sizes.get(d, n)) for d, n in program.sizes),
+                   dynamic=tuple(sorted(dynamic.items())))

@@ -18,6 +18,42 @@ from dataclasses import dataclass
 
 # the value a reduction starts from, by its op
 REDUCE_IDENTITY = {"sum": 0.0, "max": float("-inf"), "min": float("inf")}
+# The size a dynamic dim is planned at (schedules are chosen, and costs modelled, there), unless its
+# minimum is larger.
+REPRESENTATIVE_SIZE = 256
+
+
+class Size(int):
+    """An extent set at run time: ceil(n / divisor), where n is the size of the dynamic dim `dim`.
+
+    As an int it is that extent at the dim's representative size (`REPRESENTATIVE_SIZE`), which is
+    what the automatic scheduler and the cost model plan with; code that must hold for every size
+    (loop bounds, tails, buffer shapes, the isl check, the generated code) tests `isinstance(x, Size)`
+    and uses the dim instead. It prints as the dim's name in capitals (`B`, `ceil(B/16)`). Arithmetic
+    on it gives plain ints."""
+
+    def __new__(cls, dim: str, divisor: int = 1, representative: int = REPRESENTATIVE_SIZE):
+        self = int.__new__(cls, -(-representative // divisor))
+        self.dim, self.divisor, self.representative = dim, divisor, representative
+        return self
+
+    def __reduce__(self):
+        return Size, (self.dim, self.divisor, self.representative)
+
+    def divided(self, factor: int) -> "Size":
+        """The extent of the outer loop of a split of this one by `factor`: ceil(n / (divisor * factor))."""
+        return Size(self.dim, self.divisor * factor, self.representative)
+
+    def whole(self) -> "Size":
+        """The dim's own size n."""
+        return Size(self.dim, 1, self.representative)
+
+    def __str__(self):
+        name = self.dim.upper()
+        return name if self.divisor == 1 else f"ceil({name}/{self.divisor})"
+
+    def __repr__(self):
+        return f"Size({self})"
 
 
 @dataclass(frozen=True)
@@ -171,11 +207,14 @@ class Stage:
 
 @dataclass(frozen=True)
 class Program:
-    """Input buffers, stages in dependence order (the last is the result) and dim sizes."""
+    """Input buffers, stages in dependence order (the last is the result) and dim sizes. `dynamic`
+    names the dims whose size is a run-time parameter, each with its minimum: their sizes here are
+    `Size`s."""
 
     inputs: tuple[Buffer, ...]
     stages: tuple[Stage, ...]
     sizes: tuple[tuple[str, int], ...]
+    dynamic: tuple[tuple[str, int], ...] = ()
 
     def size(self, dim: str) -> int:
         return dict(self.sizes)[dim]

@@ -133,14 +133,16 @@ def _blas_threads(limit: int | None):
         yield
 
 
-def estimate_flops(program: ir.Program) -> float | None:
-    """2 * prod(loop sizes) per stage when every stage is a sum of products (matmul, conv); else None."""
+def estimate_flops(program: ir.Program, sizes: dict[str, int] | None = None) -> float | None:
+    """2 * prod(loop sizes) per stage when every stage is a sum of products (matmul, conv); else None.
+    `sizes` gives the dims' sizes where the program's own are not the ones run (dynamic dims)."""
+    size = (sizes or dict(program.sizes)).get
     total = 0
     for stage in program.stages:
         expr = stage.expr
         if stage.reduce_op != "sum" or not (isinstance(expr, ir.Binary) and expr.op == "mul"):
             return None
-        total += 2 * int(np.prod([program.size(d) for d in stage.loop_dims], dtype=np.int64))
+        total += 2 * int(np.prod([size(d, program.size(d)) for d in stage.loop_dims], dtype=np.int64))
     return float(total) or None
 
 
@@ -171,7 +173,7 @@ class ScheduleEditor:
         self.name = name or f"{self.program.output.name}[{', '.join(self.program.output.dims)}]"
         self.measure_enabled, self.repeats, self.budget_seconds = measure, repeats, budget_seconds
         self.max_unroll, self.baseline_threads = max_unroll, baseline_threads
-        self.flops = flops if flops is not None else estimate_flops(self.program)
+        self.flops = flops if flops is not None else estimate_flops(self.program, tensor.node.sizes)
         self.default_tree = LoopTree(self.program)
         self.tree = self.default_tree
         self.results: list[ActionResult] = []
@@ -610,7 +612,7 @@ class ScheduleEditor:
     def _ensure_reference(self):
         if self._reference is not None:
             return
-        expected_shape = tuple(self.program.size(d) for d in self.program.output.dims)
+        expected_shape = tuple(self.tensor.node.sizes[d] for d in self.program.output.dims)
         if self.baseline is not None:
             ref = np.asarray(self.baseline())
             if ref.shape == expected_shape:

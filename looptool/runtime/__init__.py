@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 from ..frontend import BACKEND
 from . import gpu
-from .cpu import (CACHE, Kernel, KernelObject, aligned_empty, auto_schedule, cache_info, chosen_schedule, clear_cache,
+from .cpu import (CACHE, DynamicSizes, Kernel, KernelObject, aligned_empty, auto_schedule, cache_info, chosen_schedule, clear_cache,
                   compile_object, evaluate, get_num_threads, interpret, kernel_for, loop_tree_of, lower_on_host,
                   set_num_threads)
 from .functions import Function, In, function
@@ -16,6 +16,6 @@ BACKEND.install(SimpleNamespace(evaluate=evaluate, evaluate_on_gpu=gpu.evaluate,
                                 kernel_for=kernel_for, as_device=gpu.as_device,
                                 is_device_array=gpu.is_device_array))
 
-__all__ = ["CACHE", "Kernel", "KernelObject", "compile_object", "aligned_empty", "auto_schedule", "chosen_schedule", "cache_info", "clear_cache", "evaluate", "get_num_threads",
+__all__ = ["CACHE", "DynamicSizes", "Kernel", "KernelObject", "compile_object", "aligned_empty", "auto_schedule", "chosen_schedule", "cache_info", "clear_cache", "evaluate", "get_num_threads",
            "interpret", "kernel_for", "loop_tree_of", "lower_on_host", "set_num_threads", "resolve_schedule",
            "schedule_steps", "gpu", "function", "Function", "In", "torch_op"]

@@ -106,19 +106,23 @@ class Kernel:
         # Per call only these are compared and allocated (a call of a small kernel is dominated by it).
         self._inputs = [(buf, np.dtype(buf.dtype), tuple(s * np.dtype(buf.dtype).itemsize for s in buf.strides))
                         for buf in program.inputs]
-        self._made = [(plan.name, plan.shape, plan.dtype) for plan in tree.buffers.values()
+        # where each dynamic dim's size is read: the first axis of the inputs that have it
+        self.dynamic = DynamicSizes.of_program(program, [buf.name for buf in program.inputs])
+        self._shapes = [self.dynamic.template(buf.shape) for buf in program.inputs]
+        self._made = [(plan.name, self.dynamic.template(plan.shape), plan.dtype) for plan in tree.buffers.values()
                       if plan.kind in ("temp", "output")]
         self._output = program.output.name
         self.compile_seconds = compiled.seconds + time.perf_counter() - start
 
     @property
     def array_entry(self):
-        """The compiled function, called with the NumPy arrays themselves (in `params` order): a shim
-        reads each one's data pointer, a few nanoseconds where `ndarray.ctypes.data` costs a microsecond.
-        The caller vouches that every argument is an ndarray of the shape, dtype and strides compiled for
-        (`__call__` checks them). Built on first use (about 3 ms)."""
+        """The compiled function, called with the NumPy arrays themselves (in `params` order), then the
+        sizes of the dynamic dims (`dynamic.dims` order): a shim reads each array's data pointer, a few
+        nanoseconds where `ndarray.ctypes.data` costs a microsecond. The caller vouches that every argument
+        is an ndarray of the shape, dtype and strides compiled for, at those sizes (`__call__` checks them).
+        Built on first use (about 3 ms)."""
         if self._array_entry is None:
-            self._array_entry = _array_shim(self._engine, self._address, len(self.params))
+            self._array_entry = _array_shim(self._engine, self._address, len(self.params), len(self.dynamic.dims))
         return self._array_entry
 
     @property
@@ -138,36 +142,108 @@ class Kernel:
         """Run on the input arrays; write into `out` (C-contiguous, right shape and dtype) if given."""
         if len(arrays) != len(self._inputs):
             raise ValueError(f"kernel takes {len(self._inputs)} input arrays, got {len(arrays)}")
+        for (buf, _, _), array in zip(self._inputs, arrays):
+            if not isinstance(array, np.ndarray) or array.ndim != len(buf.shape):
+                raise _input_mismatch(buf, array)
+        sizes = self.dynamic.of(arrays)
         memory = {}
-        for (buf, dtype, strides), array in zip(self._inputs, arrays):
-            if not isinstance(array, np.ndarray) or array.shape != buf.shape or array.dtype != dtype \
+        for (buf, dtype, strides), shape, array in zip(self._inputs, self._shapes, arrays):
+            if array.shape != self.dynamic.at(shape, sizes) or array.dtype != dtype \
                     or array.strides != strides or not array.flags.aligned:
                 raise _input_mismatch(buf, array)
             memory[buf.name] = array
         for name, shape, dtype in self._made:
-            memory[name] = buffer_array(shape, dtype)
-        if out is not None:
-            check_output(self.tree.buffers[self._output], out,
-                         {buf.name: array for buf, array in zip(self.tree.program.inputs, arrays)})
-            memory[self._output] = out
-        self.array_entry(*[memory[name] for name in self.params])
+            memory[name] = buffer_array(self.dynamic.at(shape, sizes), dtype)
+            if name == self._output and out is not None:
+                check_output(memory[name].shape, dtype, out,
+                             {buf.name: array for buf, array in zip(self.tree.program.inputs, arrays)})
+                memory[name] = out
+        self.array_entry(*[memory[name] for name in self.params], *sizes)
         return memory[self._output]
 
 
-def _array_shim(engine, kernel_address: int, count: int):
-    """A function of `count` ndarray objects that calls the kernel at `kernel_address` with their data
-    pointers (read at `_data_offset()` in each object), as a ctypes function of `py_object`s."""
-    args = ", ".join(f"ptr %a{i}" for i in range(count))
+class DynamicSizes:
+    """Dynamic dims (`dims`, with their minimum sizes) and where a call finds their sizes: the first
+    axis of every input whose first dim it is (`first_dims`, one per input, None for a fixed one). The
+    inputs are found in a call's arrays at `positions` (default: in order) and named by `labels` in the
+    errors, which are `error`s."""
+
+    def __init__(self, dynamic, first_dims: list, labels: list[str], positions: list | None = None,
+                 error: type = ValueError):
+        self.dims = [dim for dim, _ in dynamic]
+        self.minimum, self.error = dict(dynamic), error
+        positions = positions or list(range(len(first_dims)))
+        self.sources = [[(position, label) for first, label, position in zip(first_dims, labels, positions)
+                         if first == dim] for dim in self.dims]
+        # per dim: (where its size is read, where it must be the same, its minimum): a call's only work
+        self._reads = [(sources[0][0], tuple(p for p, _ in sources[1:]), self.minimum[dim])
+                       for dim, sources in zip(self.dims, self.sources)]
+
+    @classmethod
+    def of_program(cls, program: ir.Program, labels: list[str], positions: list | None = None) -> "DynamicSizes":
+        """The dynamic dims of a program, read from its inputs (named by `labels`)."""
+        return cls(program.dynamic, [buf.dims[0] if buf.dims else None for buf in program.inputs], labels, positions)
+
+    def of(self, arrays: list[np.ndarray]) -> list[int]:
+        """The size of each dynamic dim in a call on `arrays` (ranks checked): an error naming the
+        arrays and sizes where inputs sharing a dim disagree, or where one is below the dim's minimum."""
+        sizes = []
+        for first, others, minimum in self._reads:
+            size = arrays[first].shape[0]
+            if size < minimum:
+                self._refuse(arrays)
+            if others:
+                for other in others:
+                    if arrays[other].shape[0] != size:
+                        self._refuse(arrays)
+            sizes.append(size)
+        return sizes
+
+    def _refuse(self, arrays: list[np.ndarray]):
+        """Raise the error that says which dim's size a call gets wrong, and where."""
+        for dim, sources in zip(self.dims, self.sources):
+            index, label = sources[0]
+            size = arrays[index].shape[0]
+            for other, other_label in sources[1:]:
+                if arrays[other].shape[0] != size:
+                    raise self.error(f"dim '{dim}' has size {size} in {label} (shape {tuple(arrays[index].shape)}) "
+                                     f"but {arrays[other].shape[0]} in {other_label} (shape "
+                                     f"{tuple(arrays[other].shape)}); arrays that share a dim must agree in its size")
+            if size < self.minimum[dim]:
+                raise self.error(f"dynamic dim '{dim}' has size {size} in {label} (shape "
+                                 f"{tuple(arrays[index].shape)}); this kernel takes sizes from {self.minimum[dim]} up")
+
+    def template(self, shape) -> tuple:
+        """A planned shape as (the shape, None) where its sizes are fixed, or as (its axes after the first,
+        the index in `of`'s sizes of the first's) where that axis is dynamic (an `ir.Size`, or a dim's
+        name in a manifest): `at` gives it at a call's sizes."""
+        first = shape[0] if len(shape) else None
+        dim = first.dim if isinstance(first, ir.Size) else first if isinstance(first, str) else None
+        return (tuple(shape), None) if dim is None else (tuple(shape[1:]), self.dims.index(dim))
+
+    @staticmethod
+    def at(template: tuple, sizes: list[int]) -> tuple[int, ...]:
+        """A `template` shape at a call's sizes."""
+        rest, index = template
+        return rest if index is None else (sizes[index],) + rest
+
+
+def _array_shim(engine, kernel_address: int, count: int, sizes: int = 0):
+    """A function of `count` ndarray objects and `sizes` integers that calls the kernel at `kernel_address`
+    with the arrays' data pointers (read at `_data_offset()` in each object) and the integers, as a ctypes
+    function of `py_object`s and `int64`s."""
+    args = ", ".join([f"ptr %a{i}" for i in range(count)] + [f"i64 %s{i}" for i in range(sizes)])
     body = "".join(f"  %g{i} = getelementptr i8, ptr %a{i}, i64 {_data_offset()}\n  %d{i} = load ptr, ptr %g{i}\n"
                    for i in range(count))
-    call = ", ".join(f"ptr %d{i}" for i in range(count))
+    call = ", ".join([f"ptr %d{i}" for i in range(count)] + [f"i64 %s{i}" for i in range(sizes)])
     text = (f"define void @kernel_arrays({args}) {{\n{body}  %f = inttoptr i64 {kernel_address} to ptr\n"
             f"  call void %f({call})\n  ret void\n}}\n")
     module = llvm.parse_assembly(text)
     module.triple = codegen_cpu.HostTarget.get().triple
     engine.add_module(module)
     engine.finalize_object()
-    return ctypes.CFUNCTYPE(None, *[ctypes.py_object] * count)(engine.get_function_address("kernel_arrays"))
+    argtypes = [ctypes.py_object] * count + [ctypes.c_int64] * sizes
+    return ctypes.CFUNCTYPE(None, *argtypes)(engine.get_function_address("kernel_arrays"))
 
 
 _DATA_OFFSET: list[int] = []
@@ -190,19 +266,20 @@ def _input_mismatch(buf: ir.Buffer, array: np.ndarray) -> ValueError:
     """The error for an input array that is not the buffer the kernel was compiled for."""
     if not isinstance(array, np.ndarray):
         return ValueError(f"kernel input {buf.name} must be a NumPy array, got {type(array).__name__}")
-    return ValueError(f"kernel input {buf.name} expects shape {buf.shape}, dtype {buf.dtype}, strides "
+    shape = "(" + ", ".join(map(str, buf.shape)) + ("," if len(buf.shape) == 1 else "") + ")"
+    return ValueError(f"kernel input {buf.name} expects shape {shape}, dtype {buf.dtype}, strides "
                       f"{buf.strides}, aligned; got shape {array.shape}, dtype {array.dtype}, strides "
                       f"{array.strides}, aligned: {array.flags.aligned}")
 
 
-def check_output(plan, out: np.ndarray, inputs: dict[str, np.ndarray]):
+def check_output(shape: tuple[int, ...], dtype: str, out: np.ndarray, inputs: dict[str, np.ndarray]):
     """`out` must be a writeable, aligned, C-contiguous array of the output's shape and dtype that
     shares no memory with an input (by name; the kernel writes it while it still reads them)."""
     if not isinstance(out, np.ndarray):
         raise ValueError(f"out must be a NumPy array, got {type(out).__name__}")
-    if out.shape != plan.shape or out.dtype.name != plan.dtype or not out.flags.c_contiguous \
+    if out.shape != shape or out.dtype.name != dtype or not out.flags.c_contiguous \
             or not out.flags.aligned:
-        raise ValueError(f"out must be an aligned, C-contiguous {plan.dtype} array of shape {plan.shape}; got "
+        raise ValueError(f"out must be an aligned, C-contiguous {dtype} array of shape {shape}; got "
                          f"{out.dtype} {out.shape} (contiguous: {out.flags.c_contiguous}, aligned: "
                          f"{out.flags.aligned})")
     if not out.flags.writeable:

@@ -27,7 +27,7 @@ from ..frontend import Tensor
 from ..ir.lowering import graph_nodes
 from ..schedule import LoopTree
 from . import gpu
-from .cpu import Kernel, buffer_array, check_output, chosen_tree, kernel_for, lower_on_host
+from .cpu import DynamicSizes, Kernel, buffer_array, check_output, chosen_tree, kernel_for, lower_on_host
 
 
 class In:
@@ -68,6 +68,10 @@ class Function:
                                 f"e.g. {name}: lt.In[m, k]")
             self.params.append((name, spec))
         self._calls: dict[tuple, _Call] = {}
+        # per parameter, whether its first dim is dynamic (its size is then left out of the signature);
+        # empty where none is
+        leading = [bool(spec.dims) and getattr(spec.dims[0], "dynamic", False) for _, spec in self.params]
+        self._leading = leading if any(leading) else []
         functools.update_wrapper(self, fn)
 
     def __call__(self, *arrays, out=None):
@@ -78,7 +82,11 @@ class Function:
                     return self._on_gpu(arrays, out)
                 arrays = [np.asarray(a) for a in arrays]
                 break
-        key = tuple([(a.shape, a.dtype, a.strides) for a in arrays])
+        if self._leading:    # one kernel for every size of a dynamic dim: the signature leaves it out
+            key = tuple([(a.shape[1:] if lead else a.shape, a.dtype, a.strides)
+                         for a, lead in zip(arrays, self._leading)])
+        else:
+            key = tuple([(a.shape, a.dtype, a.strides) for a in arrays])
         call = self._calls.get(key)
         if call is None:
             call = self._calls[key] = self._traced(arrays)
@@ -147,6 +155,11 @@ class Function:
             if id(tensor.node) in used and index not in found:    # copied while lowering: frozen into the kernel
                 raise RuntimeError(f"{self.fn.__name__}: argument {name} was copied while lowering, so later calls "
                                    f"could not pass it by address")
+        for buf in program.inputs:
+            if not isinstance(slots[buf.name], int) and set(buf.dims) & set(dict(program.dynamic)):
+                raise ValueError(f"{self.fn.__name__} captures an array of dims {buf.dims} (shape "
+                                 f"{slots[buf.name].shape}) over a dynamic dim; its size would be fixed: pass it as "
+                                 f"an argument")
         return _Call(kernel_for(node), slots, [name for name, _ in self.params])
 
 
@@ -166,11 +179,16 @@ class _Call:
         plans = kernel.tree.buffers
         self.output = kernel.tree.program.output.name
         self.order = []                  # per kernel parameter: argument index, constant, or buffer to make
+        program = kernel.tree.program
+        # each dynamic dim's size is read from the arguments (constants over dynamic dims are refused when traced)
+        positions = [slots[buf.name] if isinstance(slots[buf.name], int) else None for buf in program.inputs]
+        self.dynamic = DynamicSizes.of_program(program, [f"argument {names[p]}" if p is not None else
+                                                         "a captured array" for p in positions], positions)
         for name in kernel.params:
             if name in slots:
                 self.order.append(slots[name])
             else:
-                self.order.append((plans[name].shape, plans[name].dtype, name == self.output))
+                self.order.append((self.dynamic.template(plans[name].shape), plans[name].dtype, name == self.output))
         self.arguments = sorted({s for s in self.order if isinstance(s, int)})
 
     def __call__(self, arrays: list[np.ndarray], out=None) -> np.ndarray:
@@ -178,14 +196,16 @@ class _Call:
             if not arrays[index].flags.aligned:
                 raise ValueError(f"argument {self.names[index]} (shape {arrays[index].shape}) is not aligned to "
                                  f"its {arrays[index].dtype} elements")
+        sizes = self.dynamic.of(arrays) if self.dynamic.dims else ()
         result, objects = None, []
         for slot in self.order:
             if type(slot) is int:
                 objects.append(arrays[slot])
             elif type(slot) is tuple:
                 shape, dtype, is_output = slot
+                shape = self.dynamic.at(shape, sizes)
                 if is_output and out is not None:
-                    check_output(self.kernel.tree.buffers[self.output], out, dict(zip(self.names, arrays)))
+                    check_output(shape, dtype, out, dict(zip(self.names, arrays)))
                     made = out
                 else:
                     made = buffer_array(shape, dtype)
@@ -193,5 +213,5 @@ class _Call:
                 objects.append(made)
             else:
                 objects.append(slot)
-        self.entry(*objects)
+        self.entry(*objects, *sizes)
         return result

@@ -33,6 +33,9 @@ BINARY = {
 
 def interpret(tree: LoopTree, arrays: list[np.ndarray]) -> np.ndarray:
     """Run the loop tree on the input arrays (in `program.inputs` order); return the output."""
+    if tree.program.dynamic:
+        raise NotImplementedError(f"the reference interpreter runs fixed sizes only; dynamic dims "
+                                  f"{[dim for dim, _ in tree.program.dynamic]} run compiled (.numpy())")
     memory: dict[str, np.ndarray] = {b.name: a for b, a in zip(tree.program.inputs, arrays)}
     for plan in tree.buffers.values():
         if plan.kind != "input":

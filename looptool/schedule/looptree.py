@@ -460,7 +460,12 @@ def _shrunk(program: Program, schedule: Schedule, stage: ir.Stage, plan: BufferP
         shared_d = [lp for lp in shared if lp.dim == d]
         if plain and shared_d:
             span = 1 + sum(lp.stride * (lp.extent - 1) for lp in own if lp.dim == d)
-            shapes.append(min(span, program.size(d)))
+            size = program.size(d)
+            if isinstance(size, ir.Size):   # a tile of fixed loops, or the whole dynamic dim (refused by legality)
+                dynamic = any(isinstance(lp.extent, ir.Size) for lp in own if lp.dim == d)
+                shapes.append(size if dynamic else span)
+            else:
+                shapes.append(min(span, size))
             offsets.append((d, Affine.of({lp.name: lp.stride for lp in shared_d})))
         else:
             shapes.append(program.size(d))

@@ -161,13 +161,18 @@ class Schedule:
             raise ValueError(f"split of '{loop}' in stage {stage}: factor must be a positive integer, got {factor!r}")
         i, lp = self._loop(stage, loop)
         self._check_not_shared(stage, i, "split")
-        factor = max(1, min(factor, lp.extent))  # an empty loop splits into 0 x 1
-        outer = Loop(f"{lp.name}.0", lp.dim, -(-lp.extent // factor), lp.stride * factor, "")
-        inner = Loop(f"{lp.name}.1", lp.dim, factor, lp.stride, lp.annotation)
         sched = self.of(stage)
-        tails = tuple(_split_tail(t, lp.name, outer.name, inner.name, factor) for t in sched.tails)
-        if lp.extent % factor:
-            tails += (Tail(((outer.name, factor), (inner.name, 1)), lp.extent),)
+        factor = int(factor) if isinstance(lp.extent, ir.Size) else max(1, min(int(factor), lp.extent))
+        tails = tuple(_split_tail(t, lp.name, f"{lp.name}.0", f"{lp.name}.1", factor) for t in sched.tails)
+        if isinstance(lp.extent, ir.Size):   # a dynamic extent: the tail is kept for every size
+            outer = Loop(f"{lp.name}.0", lp.dim, lp.extent.divided(factor), lp.stride * factor, "")
+            d = lp.extent.divisor      # x < ceil(n / d) is d*x < n
+            tails += (Tail(((outer.name, factor * d), (f"{lp.name}.1", d)), lp.extent.whole()),)
+        else:   # an empty loop splits into 0 x 1
+            outer = Loop(f"{lp.name}.0", lp.dim, -(-lp.extent // factor), lp.stride * factor, "")
+            if lp.extent % factor:
+                tails += (Tail(((outer.name, factor), (f"{lp.name}.1", 1)), lp.extent),)
+        inner = Loop(f"{lp.name}.1", lp.dim, factor, lp.stride, lp.annotation)
         loops = sched.loops[:i] + (outer, inner) + sched.loops[i + 1:]
         return self._with(stage, replace(sched, loops=loops, tails=tails), ("split", stage, loop, factor))
 
@@ -191,6 +196,10 @@ class Schedule:
         if annotation not in ANNOTATIONS and pipeline_depth(annotation) is None:
             raise ValueError(f"unknown loop annotation {annotation!r}; use one of {ANNOTATIONS}")
         i, lp = self._loop(stage, loop)
+        if isinstance(lp.extent, ir.Size) and annotation not in ("", "parallel"):
+            raise ValueError(f"cannot mark loop '{loop}' of stage {stage} {annotation!r}: it runs {lp.extent} "
+                             f"iterations, a number known only at run time (dynamic dim '{lp.dim}'); split it and "
+                             f"mark the inner loop")
         sched = self.of(stage)
         loops = sched.loops[:i] + (replace(lp, annotation=annotation),) + sched.loops[i + 1:]
         return self._with(stage, replace(sched, loops=loops), ("annotate", stage, loop, annotation))
@@ -347,6 +356,8 @@ class Schedule:
         if _has_stage(self.program, name):
             raise ValueError(f"stage {stage} already reduces through {name}")
         size = self.program.size(dim)
+        if isinstance(size, ir.Size):
+            raise ValueError(f"rfactor of stage {stage}: '{dim}' is a dynamic dim; rfactor needs its size")
         factor = min(factor, max(size, 1))
         outer, inner = self.program.fresh_dim(f"{dim}_o"), self.program.fresh_dim(f"{dim}_i")
         partial, final = _rfactored(original, name, dim, outer, inner, factor, size)
@@ -371,6 +382,9 @@ class Schedule:
             raise ValueError(f"pad of stage {stage}: {multiples} must map its dims {original.loop_dims} to "
                              f"positive integers")
         self._check_untouched(stage, "pad")
+        dynamic = [d for d in multiples if isinstance(self.program.size(d), ir.Size)]
+        if dynamic:
+            raise ValueError(f"pad of stage {stage}: '{dynamic[0]}' is a dynamic dim; pad needs its size")
         program, new_stages = _padded(self.program, original, multiples)
         return self._replacing(stage, program, new_stages, ("pad", stage, [[d, m] for d, m in multiples.items()]))
 

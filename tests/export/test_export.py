@@ -303,7 +303,7 @@ DAMAGE = {
     "manifest digest removed": (lambda p: edit_manifest(p, lambda m: m.pop("manifest_sha256"), sign=False),
                                 r"manifest\.json is corrupted: its content does not match"),
     "newer format": (lambda p: edit_manifest(p, lambda m: m.update(format_version=999)),
-                     r"artifact format version 999; this looptool \(.*\) reads versions up to 2: upgrade looptool"),
+                     r"artifact format version 999; this looptool \(.*\) reads versions up to 3: upgrade looptool"),
 }
 
 

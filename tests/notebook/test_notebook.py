@@ -393,3 +393,20 @@ def test_notebook_runs(path, kernel_name, tmp_path):
     client.execute()    # raises CellExecutionError on the first failing cell
     errors = [o for c in book.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors
+
+
+def test_the_editor_works_on_a_function_with_a_dynamic_dim(rng):
+    b = lt.symbols("b", dynamic=True)[0]
+    k, n = lt.symbols("k n")
+
+    @lt.function
+    def layer(x: lt.In[b, k], w: lt.In[k, n]):
+        return (x * w).sum(k)
+    x, w = rng.standard_normal((37, 24)).astype(np.float32), rng.standard_normal((24, 40)).astype(np.float32)
+    ed = ScheduleEditor(layer.tensor(x, w), baseline=lambda: x @ w, repeats=2, budget_seconds=0.01)
+    assert ed.split(8, "b").applied and ed.parallel("b.0").applied and ed.unroll("b.1").applied
+    refused = ed.unroll("b.0")
+    assert refused.status == "refused" and "known only at run time" in refused.reason
+    assert "for b.0 in 0..ceil(B/8)  [parallel]" in ed.text()
+    assert all(r.status != "wrong" for r in ed.results) and ed.results[-2].relative_error < 1e-5
+    assert ed.flops == 2 * 37 * 24 * 40                    # at the traced size, not the planned one
