@@ -128,6 +128,10 @@ def automatic_workloads() -> dict:
         fused, np.maximum(a16.astype(np.float64) @ b16.astype(np.float64) * 0.5, 0))
     out["bf16 matmul on tensor cores, rounded to bf16 in its write-back 256x64x256"] = (
         fused.astype(lt.bfloat16), np.maximum(a16.astype(np.float64) @ b16.astype(np.float64) * 0.5, 0))
+    a16, b16 = (v.astype(dtypes.bfloat16) for v in (rng.standard_normal((130, 64)), rng.standard_normal((64, 200))))
+    edges = lt.relu((lt.Tensor(a16).to(s.m, s.k) * lt.Tensor(b16).to(s.k, s.n)).sum(s.k) * 0.5)
+    out["bf16 matmul on wgmma, edge tiles stored under guards, rounded to bf16 130x64x200"] = (
+        edges.astype(lt.bfloat16), np.maximum(a16.astype(np.float64) @ b16.astype(np.float64) * 0.5, 0))
     xt = lt.Tensor(g).to(m, n)
     shifted = xt - xt.max(n)
     g64 = g.astype(np.float64) - g.astype(np.float64).max(1, keepdims=True)

@@ -1,7 +1,7 @@
 """What a matrix instruction (`LoopTree.tensorize`) needs of the loops it was given.
 
 A tensorized update is `C[m, n] += A[m, k] * B[k, n]` whose three innermost loops are the
-instruction's m, n and k tile, whole (a tail may only skip whole tiles), with half-precision operands of one dtype
+instruction's m, n and k tile, whole (a tail may only skip whole tiles, but for wgmma's m and n), with half-precision operands of one dtype
 and a float32 accumulator. On the GPU the instruction runs on a warp, whose 32 lanes take
 `thread.x` (so loops around it that split work between warps are bound to thread.y or thread.z);
 Hopper's wgmma runs on a warpgroup, 4 warps of consecutive thread.y: a loop around a wgmma tile
@@ -165,6 +165,10 @@ def _check_grid(tree: LoopTree, buffer: str, stmt: StmtNode, index, loops: dict,
 
 
 def _check_tile_sizes(instruction: str, loops: dict[str, LoopNode]):
+    """Whole tiles; a tail may skip whole tiles only, except along m and n of wgmma, whose operands are
+    whole tiles in shared memory: there a tile cut by a tail is computed whole (its rows and columns past
+    the tail read what the shared tiles hold there and are never stored: a copy tile stores each of its
+    elements under the tail's guard)."""
     shape = TENSOR_INSTRUCTIONS[instruction]
     tile = " x ".join(str(shape[role]) for role in "mnk")
     for role, node in loops.items():
@@ -174,6 +178,8 @@ def _check_tile_sizes(instruction: str, loops: dict[str, LoopNode]):
                 f"{shape[role]} iterations, it runs {node.loop.extent}; split '{node.loop.dim}' by {shape[role]} "
                 f"and tensorize the inner loop")
         size = shape[role]
+        if role in "mn" and is_warpgroup(instruction):
+            continue
         for lim in node.limits:
             if lim.coeff != 1 or any(c % size for c in (lim.bound, lim.rest.const, *lim.rest.coeffs().values())):
                 raise IllegalScheduleError(

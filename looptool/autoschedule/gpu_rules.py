@@ -320,7 +320,7 @@ class _Planner:
         program, hopper = self.tree.program, self.gpu.tensor_cores == "wgmma"
         half = templates.contraction_dtype(program, name) in ("bfloat16", "float16")
         if half and self.gpu.tensor_cores and not templates.tensor_tiles_fit(program, name) \
-                and self.padded_on_tensor_cores(name):
+                and (self.wgmma_with_edges(name) or self.padded_on_tensor_cores(name)):
             return True
         refused = []
         for described, tree in templates.contraction_candidates(self.tree, name, hopper, self.gpu.sms):
@@ -333,6 +333,40 @@ class _Planner:
         if refused:
             self.note(name, "no contraction template: " + "; ".join(refused))
         return False
+
+    def wgmma_with_edges(self, name: str) -> bool:
+        """On Hopper, a half-precision contraction off the tensor cores' grid as one kernel: k padded with
+        zeros to the wgmma template's k tile (by TMA's out-of-bounds fill where TMA can address the
+        operands: no copy), the block tiles cut at the ends of m and n (computed whole, each result element
+        stored under the tail's guard), and the copy of the padded result fused into the write-back
+        (`epilogue`). False (tree unchanged) where the legality check refuses it."""
+        if self.gpu.tensor_cores != "wgmma":
+            return False
+        program = self.tree.program
+        _, _, k = templates.contraction_dims(program, name)
+        _, teams, k_tile, stages, _ = templates.TENSOR_START["wgmma"]
+        padded = program.size(k) % k_tile != 0
+        stage = f"{name}.pad" if padded else name
+        try:
+            tree = self.tree.pad({k: k_tile}, stage=name) if padded else self.tree
+            block = templates.least_work_block(tree.program, stage, self.gpu.sms, templates.WGMMA_BLOCKS)
+            tree = templates.wgmma_tiled(tree, stage, block, teams, k_tile, stages, "tma")
+            tree, filled = self.zero_filled_by_tma(tree, name)
+            tree = tree.epilogue(name) if padded else tree
+        except ValueError:
+            return False
+        if not tree.check()[0]:
+            return False
+        self.tree = tree
+        self.note(name, f"a contraction off the tensor cores' grid: wgmma tensor-core tiles {block[0]}x{block[1]}x"
+                        f"{k_tile} whose edge tiles are computed whole and stored under guards"
+                        + (f"; {k} padded with zeros to a multiple of {k_tile}" if padded else "")
+                        + (f" by TMA's zero fill ({', '.join(filled)}, no copy)" if filled else "")
+                        + ("; the padded result written straight into the result" if padded else ""))
+        for leftover in self.tree.program.stages:
+            if leftover.name.endswith(f".{name}.pad"):
+                self.pointwise(leftover)
+        return True
 
     def padded_on_tensor_cores(self, name: str) -> bool:
         """Pad the contraction's m, n and k with zeros to the multiples of `templates.TENSOR_PADS` in

@@ -1146,8 +1146,15 @@ class _GpuBuilder(FunctionBuilder):
             return
         if tile.b is None:
             sources = self.tile_elements(tile.a.buffer, tile.a.index, tile, stmt, base, lane)
-            values = [self.load_value(source, tile.dtype) for source in sources]
             places = self.element_envs(tile, base, lane)
+            inside = self.inside_tails(tile, places)
+            if inside is not None:          # a wgmma tile cut by a tail: each element stored under its guard
+                for source, place, target, holds in zip(sources, places, targets, inside):
+                    with self.builder.if_then(holds):
+                        value = self.load_value(source, tile.dtype)
+                        self.store_value(self.written_back(stage.expr, tile.a, value, stmt, place), target, stage.dtype)
+                return
+            values = [self.load_value(source, tile.dtype) for source in sources]
             values = [self.written_back(stage.expr, tile.a, value, stmt, env) for value, env in zip(values, places)]
             self.store_tile(values, targets, tile, stmt, base)
             return
@@ -1155,6 +1162,22 @@ class _GpuBuilder(FunctionBuilder):
             self.wgmma(tile, stmt, base, targets)
         else:
             self.mma_sync(tile, stmt, base, targets, lane)
+
+    def inside_tails(self, tile: TensorTile, places: list[dict]) -> list[llir.Value] | None:
+        """For each element of a wgmma copy tile whose m or n loop a tail cuts (the tile is computed whole:
+        `analysis.tensorize`), whether the element lies inside every such tail; None where no tail cuts."""
+        limits = [(node, lim) for role in "mn" for node in (tile.loops[role],) for lim in node.limits]
+        if not limits or not is_warpgroup(tile.instruction):
+            return None
+        b = self.builder
+        inside = []
+        for place in places:
+            holds = constant(llir.IntType(1), 1)
+            for node, lim in limits:
+                value = b.add(b.mul(constant(I64, lim.coeff), place[node.loop.name]), self.affine(lim.rest, place))
+                holds = b.and_(holds, b.icmp_signed("<", value, constant(I64, lim.bound)))
+            inside.append(holds)
+        return inside
 
     def store_tile(self, values: list, targets: list[llir.Value], tile: TensorTile, stmt: StmtNode, base: dict):
         """Store a copy tile's elements: each thread's pairs of neighbouring columns (fragment_places)

@@ -128,14 +128,28 @@ def test_a_narrow_array_shares_blocks_between_rows(rng):
     assert_close(y.numpy(tree), np.maximum(x_np, 0), 1e-12)
 
 
-def test_half_precision_contractions_with_narrow_edges_take_mma_on_hopper(rng):
+def test_half_precision_contractions_with_narrow_edges_take_wgmma_with_guarded_edge_tiles_on_hopper(rng):
     a = rng.standard_normal((256, 64)).astype(ml_dtypes.bfloat16)
-    b = rng.standard_normal((64, 200)).astype(ml_dtypes.bfloat16)     # 200 columns: whole 8-wide mma tiles
+    b = rng.standard_normal((64, 200)).astype(ml_dtypes.bfloat16)     # 200 columns: no whole 128-wide tile
     m, k, n = lt.symbols("m k n")
     c = (lt.Tensor(a).to(m, k) * lt.Tensor(b).to(k, n)).sum(k)
     tree = gpu_rules.gpu_tree(c.loop_tree().program, H100)
-    assert "[mma.m16n8k16." in str(tree) and "not wgmma" in tree.explain()
+    assert "[wgmma.m64n128k16." in str(tree) and "< 200  [wgmma.m64n128k16.n]" in str(tree)
     assert tree.check() == (True, "legal")
+    assert_close(c.numpy(tree), a.astype(np.float64) @ b.astype(np.float64), 1e-5)
+
+
+def test_odd_half_precision_contractions_on_hopper_are_one_kernel_with_guarded_edges(rng):
+    a = rng.standard_normal((257, 136)).astype(ml_dtypes.bfloat16)     # k padded to 192 by TMA's zero fill
+    b = rng.standard_normal((136, 200)).astype(ml_dtypes.bfloat16)
+    m, k, n = lt.symbols("m k n")
+    c = (lt.Tensor(a).to(m, k) * lt.Tensor(b).to(k, n)).sum(k)
+    tree, module = scheduled(c, assumed_gpu("sm_90"))
+    assert "edge tiles are computed whole and stored under guards" in tree.explain()
+    assert "by TMA's zero fill (in0, in1, no copy); the padded result written straight" in tree.explain()
+    names = [stage.name for stage in tree.program.stages]
+    assert len(module.launches) == 1 and names == ["in0.t0.pad.t0.pad.acc", "in1.t0.pad.t0.pad.acc", "t0.pad.acc", "t0"]
+    assert_close(c.numpy(tree), a.astype(np.float64) @ b.astype(np.float64), 1e-5)
 
 
 def test_contractions_in_larger_programs_get_their_template(rng):
