@@ -343,7 +343,10 @@ class _Planner:
         if self.gpu.tensor_cores != "wgmma":
             return False
         program = self.tree.program
-        _, _, k = templates.contraction_dims(program, name)
+        dims = templates.contraction_dims(program, name)
+        if dims is None:
+            return False
+        k = dims[2]
         _, teams, k_tile, stages, _ = templates.TENSOR_START["wgmma"]
         padded = program.size(k) % k_tile != 0
         stage = f"{name}.pad" if padded else name

@@ -1125,11 +1125,14 @@ class _GpuBuilder(FunctionBuilder):
         copies them."""
         b = self.builder
         base = {**env, **{node.loop.name: ZERO for node in nodes}}
+        # wgmma's m and n tiles cut by a tail are computed whole, with no branch around the instruction
+        # (ptxas serializes wgmma that a branch separates); their copy tiles guard each element instead
+        whole = {tile.loops[role].loop.name for role in "mn"} if is_warpgroup(tile.instruction) else set()
         present = constant(llir.IntType(1), 1)
         for node in nodes:
-            for lim in node.limits:     # a tail of whole tiles: this one is there or not, for the whole warp
+            for lim in node.limits if node.loop.name not in whole else ():
                 inside = b.icmp_signed("<", self.affine(lim.rest, base), constant(I64, lim.bound))
-                present = b.and_(present, inside)
+                present = b.and_(present, inside)     # a tail of whole tiles: there or not, for the whole warp
         with b.if_then(present):
             self.tile(tile, stmt, base)
 
