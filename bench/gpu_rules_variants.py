@@ -9,7 +9,8 @@ at a large and an odd size; `float32_blocks`, the register-tile template's block
 convolutions; `row_walk_unroll`, `gpu_rules.ROW_WALK_UNROLL` on attention heads; `strided_unroll`,
 `gpu_rules.STRIDED_UNROLL` on softmax, layer norm and attention; `scalar_run`, `gpu_rules.SCALAR_RUN`
 on pointwise chains whose rows hold no whole vectors; `wgmma_blocks`, `autoschedule.gpu.WGMMA_BLOCKS` (the
-wgmma template's block tiles) on bfloat16 matmuls, batched with k = 64, square, and odd. For each
+wgmma template's block tiles) on bfloat16 matmuls, batched with k = 64, square, and odd; `wgmma_edges`,
+`autoschedule.gpu.WGMMA_EDGE_TILES` (odd sizes as one wgmma kernel with guarded edge tiles, or padded) on the same. For each
 workload and value, the automatic schedule's kernels run on a NaN-poisoned output, are compared with
 torch in float64, and are timed interleaved with torch (median of CUDA-event timed calls, best of 3
 rounds). Prints one line per variant: kernels' time, torch / kernels.
@@ -38,6 +39,7 @@ KNOBS = {
                        "matmul_cases"),
     "wgmma_blocks": (lambda v: setattr(templates, "WGMMA_BLOCKS", v), (((128, 256), (128, 128)), ((128, 128),),
                                                                           ((128, 256),)), "wgmma_cases"),
+    "wgmma_edges": (lambda v: setattr(templates, "WGMMA_EDGE_TILES", v), (False, True), "wgmma_cases"),
 }
 
 

@@ -29,6 +29,7 @@ import optuna
 import looptool as lt
 from looptool import ir
 from looptool.frontend import dtypes
+from looptool.autoschedule import gpu as templates
 from looptool.autoschedule import gpu_rules
 from looptool.runtime import gpu as runtime_gpu
 from looptool.runtime import resolve_schedule
@@ -96,9 +97,10 @@ def automatic_workloads() -> dict:
         a16.astype(np.float64) @ b16.astype(np.float64))
     a16 = rng.standard_normal((257, 136), dtype=np.float32).astype(dtypes.bfloat16)
     b16 = rng.standard_normal((136, 200), dtype=np.float32).astype(dtypes.bfloat16)
-    out["bf16 matmul, edges zero-filled by TMA 257x136x200"] = (
-        (lt.Tensor(a16).to(s.m, s.k) * lt.Tensor(b16).to(s.k, s.n)).sum(s.k),
-        a16.astype(np.float64) @ b16.astype(np.float64))
+    odd = ((lt.Tensor(a16).to(s.m, s.k) * lt.Tensor(b16).to(s.k, s.n)).sum(s.k),
+           a16.astype(np.float64) @ b16.astype(np.float64))
+    out["bf16 matmul padded onto wgmma, the pads TMA's zero fill 257x136x200"] = odd
+    out["bf16 matmul as one wgmma kernel: edge tiles guarded, k zero-filled by TMA 257x136x200"] = odd
     sn, sc, sh, sw, so, soh, sow, skh, skw = lt.symbols("n c h w o oh ow kh kw")
     x, w = rng.standard_normal((2, 8, 9, 7), dtype=np.float32), rng.standard_normal((40, 8, 3, 3), dtype=np.float32)
     windows = lt.Tensor(x).to(sn, sc, sh, sw).window(sh, soh, skh, 3, padding=1).window(sw, sow, skw, 3, padding=1)
@@ -142,10 +144,19 @@ def automatic_workloads() -> dict:
 
 
 def automatic_draws() -> list[dict]:
-    """The automatic GPU schedule of each of `automatic_workloads()`, as draws."""
+    """The automatic GPU schedule of each of `automatic_workloads()` on the program `.cuda()` runs
+    (`runtime.gpu.lowered_for`: flattened where pointwise), as draws; the cases named for wgmma edge
+    tiles with `WGMMA_EDGE_TILES` on."""
     target = runtime_gpu.gpu_target()
-    return [{"workload": name, "schedule": gpu_rules.gpu_tree(ir.lower(tensor.node)[0], target).schedule.to_json()}
-            for name, (tensor, _) in automatic_workloads().items()]
+    draws = []
+    for name, (tensor, _) in automatic_workloads().items():
+        templates.WGMMA_EDGE_TILES = "edge tiles" in name
+        try:
+            tree = gpu_rules.gpu_tree(runtime_gpu.lowered_for(tensor.node)[0], target)
+        finally:
+            templates.WGMMA_EDGE_TILES = False
+        draws.append({"workload": name, "schedule": tree.schedule.to_json(), "as_cuda_lowers": True})
+    return draws
 
 
 def draw_schedules(per_workload: int, seed: int) -> list[dict]:
@@ -182,7 +193,7 @@ def run_draws(draws: list[dict]):
     for i, draw in enumerate(draws):
         print(f"{MARK}draw {i}", flush=True)
         tensor, reference = cases[draw["workload"]]
-        program, arrays = ir.lower(tensor.node)
+        program, arrays = runtime_gpu.lowered_for(tensor.node) if draw.get("as_cuda_lowers") else ir.lower(tensor.node)
         tree = LoopTree(program, resolve_schedule(program, draw["schedule"]))
         result = {"draw": i}
         try:
@@ -190,7 +201,7 @@ def run_draws(draws: list[dict]):
             out = runtime_gpu.device_empty(tree.buffers[program.output.name].shape, program.output.dtype)
             bits = runtime_gpu.kernel_argument(out)
             bits.fill(0xFFFF if bits.dtype == np.uint16 else np.nan)          # NaN in any float type
-            got = runtime_gpu.to_host(kernel(arrays, out=out)).astype(np.float64)
+            got = runtime_gpu.to_host(kernel(arrays, out=out)).astype(np.float64).reshape(reference.shape)
             cp.cuda.Device().synchronize()
             err = np.abs(np.nan_to_num(got - reference, nan=np.inf)).max() / np.abs(reference).max()
             result["rel_error"] = float(err)

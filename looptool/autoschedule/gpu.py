@@ -32,6 +32,12 @@ TENSOR_PADS = ((64, 256, 64), (16, 8, 16))
 TENSOR_START = {"wgmma": ((128, 256), (2, 1), 64, 3, "tma"), "mma": ((128, 256), (2, 4), 64, 2, "cp.async")}
 # the wgmma template's block tiles, largest first, for problems its 128 x 256 leaves SMs idle on
 WGMMA_BLOCKS = ((128, 256), (128, 128))
+# wgmma tiles cut at the ends of m and n (computed whole, stored under guards) before the tiles of a
+# padded copy: off. On the H100 (session 11) bf16 1000^3 as one such kernel ran at 0.49x torch, against
+# 0.77x for the padded product and its copy back (2 kernels); that kernel had a branch around each
+# wgmma, which ptxas serializes, since taken out but not yet timed (bench.gpu_rules_variants --knob
+# wgmma_edges)
+WGMMA_EDGE_TILES = False
 
 
 def contraction_dtype(program: ir.Program, stage: str | None = None) -> str | None:
@@ -61,6 +67,8 @@ def contraction_candidates(tree: LoopTree, stage: str, hopper: bool, sms: int | 
             block, teams, k_tile, stages, copier = TENSOR_START[family]
             if family == "wgmma":
                 block = least_work_block(tree.program, stage, sms, WGMMA_BLOCKS)
+                if not WGMMA_EDGE_TILES and not wgmma_whole_tiles(tree.program, stage, block, teams):
+                    continue
             try:
                 described = f"{family} tensor-core tiles {block[0]}x{block[1]}x{k_tile}, {stages} stages by {copier}"
                 candidates.append((described, build(tree, stage, block, teams, k_tile, stages, copier)))
@@ -93,6 +101,16 @@ def tensor_tiles_fit(program: ir.Program, stage: str) -> bool:
     m, n, k = dims
     return program.size(m) % shape["m"] == 0 and program.size(n) % shape["n"] == 0 \
         and program.size(k) % shape["k"] == 0
+
+
+def wgmma_whole_tiles(program: ir.Program, stage: str, block: tuple[int, int], teams: tuple[int, int]) -> bool:
+    """Whether the wgmma template's tiles (64 rows; the widest wgmma N dividing a warpgroup's columns)
+    cover the contraction's m and n whole, so that a tail skips only whole tiles."""
+    m, n, _ = contraction_dims(program, stage)
+    columns = block[1] // teams[1]
+    width = max(shape["n"] for shape in TENSOR_INSTRUCTIONS.values()
+                if shape["warps"] > 1 and columns % shape["n"] == 0)
+    return program.size(m) % TENSOR_INSTRUCTIONS[f"wgmma.m64n{width}k16"]["m"] == 0 and program.size(n) % width == 0
 
 
 def least_work_block(program: ir.Program, stage: str, sms: int | None,

@@ -319,8 +319,9 @@ class _Planner:
         (`padded_on_tensor_cores`). False where none fits."""
         program, hopper = self.tree.program, self.gpu.tensor_cores == "wgmma"
         half = templates.contraction_dtype(program, name) in ("bfloat16", "float16")
+        tries = (self.wgmma_with_edges, self.padded_on_tensor_cores)
         if half and self.gpu.tensor_cores and not templates.tensor_tiles_fit(program, name) \
-                and (self.wgmma_with_edges(name) or self.padded_on_tensor_cores(name)):
+                and any(fits(name) for fits in (tries if templates.WGMMA_EDGE_TILES else tries[::-1])):
             return True
         refused = []
         for described, tree in templates.contraction_candidates(self.tree, name, hopper, self.gpu.sms):

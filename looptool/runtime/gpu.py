@@ -389,6 +389,7 @@ class ModuleRunner:
         launcher = Launcher(loaded, [varying[i] for i in used])
         temp_bytes = [nbytes for _, nbytes in temps]
         new_output = _empty_maker(shape or output.shape, output.dtype)
+        sources = [varying.index(copy.source) for copy in module.tensor_maps]     # where each TMA source's address is
 
         def run(inputs: list[int], out: int | None = None):
             result = new_output() if out is None else None
@@ -396,16 +397,15 @@ class ModuleRunner:
             pointers = inputs + [memory.ptr for memory in kept]
             pointers.append(kernel_argument(result).data.ptr if out is None else out)
             if maps:
-                kept.append(self.tensor_maps(module.tensor_maps, dict(zip(varying, pointers))))
+                kept.append(self.tensor_maps(module.tensor_maps, tuple([pointers[i] for i in sources])))
                 pointers.append(kept[-1].data.ptr)
             launcher(pointers if len(used) == len(varying) else [pointers[i] for i in used])
             return result
         return run
 
-    def tensor_maps(self, copies: tuple[BulkCopy, ...], pointers: dict[str, int]):
-        """The device array of the TMA copies' tensor maps for the buffers at these addresses (kept by
-        their addresses)."""
-        sources = tuple(pointers[copy.source] for copy in copies)
+    def tensor_maps(self, copies: tuple[BulkCopy, ...], sources: tuple[int, ...]):
+        """The device array of the TMA copies' tensor maps for their sources at these addresses (kept by
+        the addresses)."""
         return self._tensor_maps.get(sources, lambda: self._encode_tensor_maps(copies, sources))
 
     def _encode_tensor_maps(self, copies: tuple[BulkCopy, ...], sources: tuple[int, ...]):

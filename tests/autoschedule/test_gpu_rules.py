@@ -10,6 +10,7 @@ import pytest
 import looptool as lt
 from looptool import ir
 from looptool.analysis.gpu_target import GpuTarget, assumed_gpu
+from looptool.autoschedule import gpu as templates
 from looptool.autoschedule import gpu_rules
 from looptool.codegen import gpu as codegen_gpu
 from tests.gpu_host import run_tree
@@ -128,7 +129,17 @@ def test_a_narrow_array_shares_blocks_between_rows(rng):
     assert_close(y.numpy(tree), np.maximum(x_np, 0), 1e-12)
 
 
-def test_half_precision_contractions_with_narrow_edges_take_wgmma_with_guarded_edge_tiles_on_hopper(rng):
+def test_half_precision_contractions_with_narrow_edges_take_mma_on_hopper(rng):
+    a = rng.standard_normal((256, 64)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((64, 200)).astype(ml_dtypes.bfloat16)     # 200 columns: whole 8-wide mma tiles
+    m, k, n = lt.symbols("m k n")
+    c = (lt.Tensor(a).to(m, k) * lt.Tensor(b).to(k, n)).sum(k)
+    tree = gpu_rules.gpu_tree(c.loop_tree().program, H100)
+    assert "[mma.m16n8k16." in str(tree) and tree.check() == (True, "legal")
+
+
+def test_with_edge_tiles_on_narrow_edges_take_wgmma_with_guarded_edge_tiles(rng, monkeypatch):
+    monkeypatch.setattr(templates, "WGMMA_EDGE_TILES", True)
     a = rng.standard_normal((256, 64)).astype(ml_dtypes.bfloat16)
     b = rng.standard_normal((64, 200)).astype(ml_dtypes.bfloat16)     # 200 columns: no whole 128-wide tile
     m, k, n = lt.symbols("m k n")
@@ -139,7 +150,8 @@ def test_half_precision_contractions_with_narrow_edges_take_wgmma_with_guarded_e
     assert_close(c.numpy(tree), a.astype(np.float64) @ b.astype(np.float64), 1e-5)
 
 
-def test_odd_half_precision_contractions_on_hopper_are_one_kernel_with_guarded_edges(rng):
+def test_with_edge_tiles_odd_half_precision_contractions_on_hopper_are_one_kernel(rng, monkeypatch):
+    monkeypatch.setattr(templates, "WGMMA_EDGE_TILES", True)
     a = rng.standard_normal((257, 136)).astype(ml_dtypes.bfloat16)     # k padded to 192 by TMA's zero fill
     b = rng.standard_normal((136, 200)).astype(ml_dtypes.bfloat16)
     m, k, n = lt.symbols("m k n")
