@@ -629,9 +629,11 @@ class DeviceFunctionCall:
 
     def checked(self, out):
         """`out`, where it can take the result: a device array of its shape and dtype, C-contiguous."""
+        if not is_device_array(out):
+            raise ValueError(f"out must be a device array (the arguments are); got {type(out).__name__}")
         contiguous = out.is_contiguous() if _is_torch(out) else kernel_argument(as_device(out)).flags.c_contiguous
         dtype = str(out.dtype).replace("torch.", "")
-        if not is_device_array(out) or tuple(out.shape) != self.shape or dtype != self.dtype or not contiguous:
+        if tuple(out.shape) != self.shape or dtype != self.dtype or not contiguous:
             raise ValueError(f"out must be a C-contiguous device array of shape {self.shape} and dtype {self.dtype}; "
                              f"got {type(out).__name__} of shape {tuple(out.shape)}, {dtype}"
                              + ("" if contiguous else ", not contiguous"))
