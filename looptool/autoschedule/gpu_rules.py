@@ -316,7 +316,8 @@ class _Planner:
     def contraction_template(self, name: str) -> bool:
         """Put a contraction stage on the first template of `autoschedule.gpu` that the legality check
         accepts; a half-precision one off the tensor cores' grid first on zero-padded operands
-        (`padded_on_tensor_cores`). False where none fits."""
+        (`padded_on_tensor_cores`), or, where `WGMMA_EDGE_TILES` says so, first as one wgmma kernel with
+        guarded edge tiles (`wgmma_with_edges`). False where none fits."""
         program, hopper = self.tree.program, self.gpu.tensor_cores == "wgmma"
         half = templates.contraction_dtype(program, name) in ("bfloat16", "float16")
         tries = (self.wgmma_with_edges, self.padded_on_tensor_cores)
@@ -367,9 +368,7 @@ class _Planner:
                         + (f"; {k} padded with zeros to a multiple of {k_tile}" if padded else "")
                         + (f" by TMA's zero fill ({', '.join(filled)}, no copy)" if filled else "")
                         + ("; the padded result written straight into the result" if padded else ""))
-        for leftover in self.tree.program.stages:
-            if leftover.name.endswith(f".{name}.pad"):
-                self.pointwise(leftover)
+        self.pad_copies_pointwise(name)
         return True
 
     def padded_on_tensor_cores(self, name: str) -> bool:
@@ -395,12 +394,17 @@ class _Planner:
                                     f"multiples of {multiples} (m, n, k), then {described}"
                                     + (f"; {', '.join(filled)} padded by TMA's zero fill, not copied" if filled else ""))
                     self.tree = tree
-                    for stage in self.tree.program.stages:
-                        if stage.name.endswith(f".{name}.pad") or stage.name == name:
-                            self.pointwise(stage)
+                    self.pad_copies_pointwise(name, result_copy=True)
                     return True
         self.tree = kept
         return False
+
+    def pad_copies_pointwise(self, name: str, result_copy: bool = False):
+        """Schedule as pointwise kernels the pad copies of contraction `name`'s operands that are still
+        stages (TMA did not take them), and with `result_copy` the copy of the padded result into `name`."""
+        for stage in self.tree.program.stages:
+            if stage.name.endswith(f".{name}.pad") or (result_copy and stage.name == name):
+                self.pointwise(stage)
 
     def zero_filled_by_tma(self, tree: LoopTree, name: str) -> tuple[LoopTree, list[str]]:
         """`tree` with each operand pad copy of contraction `name` inlined (`inline`) into the TMA copy of

@@ -4,7 +4,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
-import functools
 import gc
 import math
 import os
@@ -18,6 +17,7 @@ from .. import ir
 from ..analysis import target as target_model
 from ..autoschedule import auto_tree
 from ..codegen import cpu as codegen_cpu
+from ..codegen.llvm import ITEM_BYTES
 from ..frontend import graph
 from ..schedule import LoopTree
 from . import interpreter, threadpool, tuning_db
@@ -192,10 +192,9 @@ class DynamicSizes:
             size = arrays[first].shape[0]
             if size < minimum:
                 self._refuse(arrays)
-            if others:
-                for other in others:
-                    if arrays[other].shape[0] != size:
-                        self._refuse(arrays)
+            for other in others:
+                if arrays[other].shape[0] != size:
+                    self._refuse(arrays)
             sizes.append(size)
         return sizes
 
@@ -301,13 +300,8 @@ def aligned_empty(shape: tuple[int, ...], dtype: str) -> np.ndarray:
 
 def buffer_array(shape: tuple[int, ...], dtype: str) -> np.ndarray:
     """A temp or output buffer of a call: `aligned_empty` from ALIGNED_FROM_BYTES up, else np.empty."""
-    small = math.prod(shape) * _item_size(dtype) < ALIGNED_FROM_BYTES
+    small = math.prod(shape) * ITEM_BYTES[dtype] < ALIGNED_FROM_BYTES
     return np.empty(shape, dtype) if small else aligned_empty(shape, dtype)
-
-
-@functools.cache
-def _item_size(dtype: str) -> int:
-    return np.dtype(dtype).itemsize
 
 
 def data_address(array: np.ndarray) -> int:

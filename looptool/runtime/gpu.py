@@ -109,14 +109,14 @@ class BFloat16Array:
         return f"BFloat16Array(shape={self.shape}, strides={self.strides})"
 
 
-def _is_torch_bfloat16(data) -> bool:
-    """A PyTorch bfloat16 CUDA tensor (its __cuda_array_interface__ refuses bfloat16)."""
-    return type(data).__module__.startswith("torch") and str(getattr(data, "dtype", "")) == "torch.bfloat16" \
-        and bool(getattr(data, "is_cuda", False))
-
-
 def _is_torch(data) -> bool:
     return type(data).__module__.startswith("torch")
+
+
+def _is_torch_bfloat16(data) -> bool:
+    """A PyTorch bfloat16 CUDA tensor (its __cuda_array_interface__ refuses bfloat16)."""
+    return _is_torch(data) and str(getattr(data, "dtype", "")) == "torch.bfloat16" \
+        and bool(getattr(data, "is_cuda", False))
 
 
 def is_device_array(data) -> bool:
