@@ -37,7 +37,8 @@ KNOBS = {
     "row_elements": (lambda v: setattr(gpu_rules, "ROW_ELEMENTS_PER_THREAD", v), (8, 16, 32), "row_cases"),
     "float32_blocks": (lambda v: setattr(templates, "FLOAT32_BLOCKS", (v,)), ((128, 128), (64, 128), (128, 64), (64, 64)),
                        "matmul_cases"),
-    "wgmma_blocks": (lambda v: setattr(templates, "WGMMA_BLOCKS", v), (((128, 256), (128, 128)), ((128, 128),),
+    "wgmma_blocks": (lambda v: setattr(templates, "WGMMA_BLOCKS", v), (((128, 256), (128, 128), (128, 64)),
+                                                                          ((128, 256), (128, 128)), ((128, 128),),
                                                                           ((128, 256),)), "wgmma_cases"),
     "wgmma_edges": (lambda v: setattr(templates, "WGMMA_EDGE_TILES", v), (False, True), "wgmma_cases"),
 }

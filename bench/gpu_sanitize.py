@@ -113,6 +113,12 @@ def automatic_workloads() -> dict:
     conv = np.einsum("ncijhw,ochw->nijo", np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(2, 3)), w)
     out["conv 3x3 2x8x5x28 to 64, 4x4 outputs a thread"] = (
         (windows * lt.Tensor(w).to(so, sc, skh, skw)).sum(sc, skh, skw), conv)
+    x, w = (v.astype(dtypes.bfloat16) for v in (rng.standard_normal((2, 16, 9, 7)), rng.standard_normal((64, 16, 3, 3))))
+    windows = lt.Tensor(x).to(sn, sc, sh, sw).window(sh, soh, skh, 3, padding=1).window(sw, sow, skw, 3, padding=1)
+    padded = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    conv = np.einsum("ncijhw,ochw->nijo", np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(2, 3)),
+                     w.astype(np.float64))
+    out["conv 3x3 bf16 2x16x9x7 to 64"] = ((windows * lt.Tensor(w).to(so, sc, skh, skw)).sum(sc, skh, skw), conv)
     q, k, v = (rng.standard_normal((100, 24), dtype=np.float32) for _ in range(3))
     si, sj, sd = lt.symbols("i j d")
     scores = (lt.Tensor(q).to(si, sd) * lt.Tensor(k).to(sj, sd)).sum(sd) * 0.25
@@ -145,17 +151,21 @@ def automatic_workloads() -> dict:
 
 def automatic_draws() -> list[dict]:
     """The automatic GPU schedule of each of `automatic_workloads()` on the program `.cuda()` runs
-    (`runtime.gpu.lowered_for`: flattened where pointwise), as draws; the cases named for wgmma edge
-    tiles with `WGMMA_EDGE_TILES` on."""
+    (`runtime.gpu.lowered_for`: flattened where pointwise), as draws (the cases named for wgmma edge
+    tiles with `WGMMA_EDGE_TILES` on, those padded onto wgmma with it off); and where `.cuda()` runs
+    more than that program (a convolution's gather and product), the whole `.cuda()` call as one more."""
     target = runtime_gpu.gpu_target()
-    draws = []
+    draws, default = [], templates.WGMMA_EDGE_TILES
     for name, (tensor, _) in automatic_workloads().items():
-        templates.WGMMA_EDGE_TILES = "edge tiles" in name
+        if "edge tiles" in name or "padded onto" in name:
+            templates.WGMMA_EDGE_TILES = "edge tiles" in name
         try:
             tree = gpu_rules.gpu_tree(runtime_gpu.lowered_for(tensor.node)[0], target)
         finally:
-            templates.WGMMA_EDGE_TILES = False
+            templates.WGMMA_EDGE_TILES = default
         draws.append({"workload": name, "schedule": tree.schedule.to_json(), "as_cuda_lowers": True})
+        if len(runtime_gpu.planned_trees(tensor.node)) > 1:
+            draws.append({"workload": name, "cuda_call": True})
     return draws
 
 
@@ -193,15 +203,13 @@ def run_draws(draws: list[dict]):
     for i, draw in enumerate(draws):
         print(f"{MARK}draw {i}", flush=True)
         tensor, reference = cases[draw["workload"]]
-        program, arrays = runtime_gpu.lowered_for(tensor.node) if draw.get("as_cuda_lowers") else ir.lower(tensor.node)
-        tree = LoopTree(program, resolve_schedule(program, draw["schedule"]))
         result = {"draw": i}
         try:
-            kernel = runtime_gpu.GpuKernel(tree)     # legality was checked when drawn
-            out = runtime_gpu.device_empty(tree.buffers[program.output.name].shape, program.output.dtype)
+            program, run = _drawn(tensor, draw)
+            out = runtime_gpu.device_empty(tensor.shape, program.output.dtype)
             bits = runtime_gpu.kernel_argument(out)
             bits.fill(0xFFFF if bits.dtype == np.uint16 else np.nan)          # NaN in any float type
-            got = runtime_gpu.to_host(kernel(arrays, out=out)).astype(np.float64).reshape(reference.shape)
+            got = runtime_gpu.to_host(run(out)).astype(np.float64).reshape(reference.shape)
             cp.cuda.Device().synchronize()
             err = np.abs(np.nan_to_num(got - reference, nan=np.inf)).max() / np.abs(reference).max()
             result["rel_error"] = float(err)
@@ -209,6 +217,16 @@ def run_draws(draws: list[dict]):
         except Exception as exc:  # noqa: BLE001 - a failing draw is reported, the others still run
             result["exception"] = f"{type(exc).__name__}: {exc}"[:500]
         print(f"{MARK}result {json.dumps(result)}", flush=True)
+
+
+def _drawn(tensor, draw: dict):
+    """(the program whose result it writes, a call writing into `out`) for a draw: the whole `.cuda()`
+    call, or one program's kernels under the drawn schedule (legality was checked when drawn)."""
+    if draw.get("cuda_call"):
+        return runtime_gpu.planned_trees(tensor.node)[-1].program, runtime_gpu.prepared_call(tensor.node)
+    program, arrays = runtime_gpu.lowered_for(tensor.node) if draw.get("as_cuda_lowers") else ir.lower(tensor.node)
+    kernel = runtime_gpu.GpuKernel(LoopTree(program, resolve_schedule(program, draw["schedule"])))
+    return program, lambda out: kernel(arrays, out=out)
 
 
 def sanitize(tool: str, schedules: Path, count: int, timeout: float) -> subprocess.Popen:
@@ -272,9 +290,9 @@ def main(argv=None):
         report["tools"][tool] = {
             "draws_asked": counts[tool], "draws_run": len(results), "exit_code": child.returncode,
             "draws_with_errors": len(errors), "summary": outside[-3:],
-            "errors": {i: {"workload": draws[i]["workload"], "lines": lines[:8], "schedule": draws[i]["schedule"]}
+            "errors": {i: {"workload": draws[i]["workload"], "lines": lines[:8], "schedule": draws[i].get("schedule", ".cuda()")}
                        for i, lines in errors.items()},
-            "wrong_results": {i: {**r, "workload": draws[i]["workload"], "schedule": draws[i]["schedule"]}
+            "wrong_results": {i: {**r, "workload": draws[i]["workload"], "schedule": draws[i].get("schedule", ".cuda()")}
                               for i, r in wrong.items()},
             "max_rel_error": max((r["rel_error"] for r in results.values() if "rel_error" in r), default=None),
         }

@@ -25,7 +25,6 @@ import numpy as np
 
 import looptool as lt
 from looptool.runtime import gpu as runtime_gpu
-from looptool.schedule import LoopTree, Schedule
 from bench.gpu import median_ms
 
 
@@ -188,11 +187,28 @@ def workloads(torch, odd: bool):
         ("dot f32 10^7+1", dot(10 ** 7 + 1)),
         ("gelu(tanh) f32 1000x3001", gelu(1000, 3001)),
         ("attention head f32 1000x64", attention(1000, 64)),
+        ("conv 3x3 f32 6x40x33x33", conv(6, 40, 33, torch.float32)),
+        ("conv 3x3 bf16 6x40x33x33", conv(6, 40, 33, bf16)),
     ]
     return rows + (odd_rows if odd else [])
 
 
-def run_row(torch, name: str, build, copy_ms_for) -> dict:
+def kernel_times_us(torch, call, calls: int = 20) -> list[tuple[str, float]]:
+    """(name, mean device microseconds) of each kernel one `call` launches, in launch order (profiled by
+    torch.profiler's CUDA activity over `calls` calls)."""
+    from torch.profiler import ProfilerActivity, profile
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    per_call = len(kernels) // calls
+    return [(kernels[i].name, sum(e.device_time for e in kernels[i::per_call]) / calls) for i in range(per_call)]
+
+
+def run_row(torch, name: str, build, copy_ms_for, profile: bool = False) -> dict:
     cp = runtime_gpu.cupy()
     row = {"name": name}
     try:
@@ -201,20 +217,17 @@ def run_row(torch, name: str, build, copy_ms_for) -> dict:
         first = tensor.cuda()
         cp.cuda.Stream.null.synchronize()
         row["first_call_s"] = time.perf_counter() - start
-        program, arrays = runtime_gpu.lowered_for(tensor.node)       # what .cuda() runs
-        chosen = runtime_gpu.chosen_schedule(program)                # tuned (JSON), else the automatic tree
-        tree = chosen if isinstance(chosen, LoopTree) else LoopTree(program, Schedule.from_json(chosen, program))
-        kernel = runtime_gpu.kernel_for(tree)
-        row["kernels"] = len(kernel.module.launches)
-        row["explain"] = tree.explain()
-        out = runtime_gpu.device_empty(tuple(first.shape), program.output.dtype)
+        trees = runtime_gpu.planned_trees(tensor.node)              # what .cuda() runs: tuned, else automatic
+        row["kernels"] = sum(len(runtime_gpu.kernel_for(tree).module.launches) for tree in trees)
+        row["explain"] = "\n".join(tree.explain() for tree in trees)
+        out = runtime_gpu.device_empty(tuple(first.shape), trees[-1].program.output.dtype)
         bits = runtime_gpu.kernel_argument(out)
         bits.fill(0xFFFF if bits.dtype == np.uint16 else np.nan)
-        got = runtime_gpu.to_host(kernel(arrays, out=out)).astype(np.float64)
+        launch = runtime_gpu.prepared_call(tensor.node)       # the kernels alone: inputs checked once
+        got = runtime_gpu.to_host(launch(out)).astype(np.float64)
         ref = reference().double().cpu().numpy()
         diff = np.nan_to_num(got - ref, nan=1e30)
         row["rel_error"] = float(np.linalg.norm(diff) / max(np.linalg.norm(ref), 1e-30))
-        launch = kernel.prepare(arrays, out)       # the kernels alone: inputs checked once, as .cuda() does
         timed = {"looptool": lambda: tensor.cuda(), "kernels": lambda: launch(out), "torch": baseline}
         if moved:
             timed["copy"] = copy_ms_for(moved)
@@ -224,6 +237,8 @@ def run_row(torch, name: str, build, copy_ms_for) -> dict:
         row["kernels_x_torch"] = ms["torch"] / ms["kernels"]
         if moved:
             row["copy_fraction"] = ms["copy"] / ms["kernels"]
+        if profile:
+            row["kernel_us"] = kernel_times_us(torch, tensor.cuda)
     except Exception as err:      # a row that fails is reported, not the end of the suite
         row["error"] = f"{type(err).__name__}: {err}"[:600]
     return row
@@ -253,6 +268,7 @@ def main(argv=None):
     parser.add_argument("--only", default="", help="run rows whose name contains this")
     parser.add_argument("--skip", default="", help="comma-separated: leave out rows whose name contains any")
     parser.add_argument("--no-odd", action="store_true", help="leave out the odd-sized rows")
+    parser.add_argument("--profile", action="store_true", help="each row's kernels' device times (torch.profiler)")
     args = parser.parse_args(argv)
     import torch
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -271,7 +287,7 @@ def main(argv=None):
     for name, build in workloads(torch, not args.no_odd):
         if args.only and args.only not in name or any(part and part in name for part in args.skip.split(",")):
             continue
-        row = run_row(torch, name, build, copy_ms_for)
+        row = run_row(torch, name, build, copy_ms_for, args.profile)
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "explain"}), flush=True)
     summary = {"device": device, "rows": rows, **call_cost_us(torch)}

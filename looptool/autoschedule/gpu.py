@@ -30,14 +30,14 @@ FLOAT32_BLOCKS = ((128, 128), (128, 64), (64, 64))
 TENSOR_PADS = ((64, 256, 64), (16, 8, 16))
 # and its fastest half-precision schedules: (block, teams, k tile, stages, copier) of each tensor-core family
 TENSOR_START = {"wgmma": ((128, 256), (2, 1), 64, 3, "tma"), "mma": ((128, 256), (2, 4), 64, 2, "cp.async")}
-# the wgmma template's block tiles, largest first, for problems its 128 x 256 leaves SMs idle on
-WGMMA_BLOCKS = ((128, 256), (128, 128))
+# the wgmma template's block tiles, largest first, for problems its 128 x 256 leaves SMs idle on, and for
+# products 64 columns wide (a convolution's 64 output channels)
+WGMMA_BLOCKS = ((128, 256), (128, 128), (128, 64))
 # wgmma tiles cut at the ends of m and n (computed whole, stored under guards) before the tiles of a
-# padded copy: off. On the H100 (session 11) bf16 1000^3 as one such kernel ran at 0.49x torch, against
-# 0.77x for the padded product and its copy back (2 kernels); that kernel had a branch around each
-# wgmma, which ptxas serializes, since taken out but not yet timed (bench.gpu_rules_variants --knob
-# wgmma_edges)
-WGMMA_EDGE_TILES = False
+# padded copy: on. On the H100 (session 12, bench.gpu_rules_variants --knob wgmma_edges) bf16 1000^3 as
+# one such kernel took 22.4 us against 26.1 us for the padded product and its copy back (2 kernels);
+# session 11's version, with a branch around each wgmma (which ptxas serializes), had run at 0.49x torch
+WGMMA_EDGE_TILES = True
 
 
 def contraction_dtype(program: ir.Program, stage: str | None = None) -> str | None:

@@ -268,14 +268,17 @@ class _Planner:
             self.tree = self.tree.split(dim, unroll, stage=stage).unroll(f"{dim}.1", stage=stage)
 
     def bind_grid(self, stage: str, loops: list[str]) -> int:
-        """Bind the stage's outermost `loops` (outer to inner) of more than one iteration to block.x (the
-        innermost), block.y and block.z within their limits; loops left over stay serial around them. Returns how many
+        """Bind the three widest of the stage's outermost `loops` (outer to inner) of more than one iteration
+        to block.x (the innermost of them), block.y and block.z within their limits; loops left over (a
+        window's taps beside its channels) stay serial around them. Returns how many
         loops of the stage enclose its block-bound ones (its depth below the grid)."""
         axes = ["block.x", "block.y", "block.z"]
+        widest = sorted((lp for lp in loops if self.extent(stage, lp) > 1),
+                        key=lambda lp: (-self.extent(stage, lp), -loops.index(lp)))[:len(axes)]
         bound = []
         for loop in reversed(loops):
             extent = self.extent(stage, loop)
-            if axes and 1 < extent <= GRID_LIMITS[axes[0]]:      # a loop of one needs no axis
+            if axes and loop in widest and extent <= GRID_LIMITS[axes[0]]:      # a loop of one needs no axis
                 self.tree = self.tree.bind(loop, axes.pop(0), stage=stage)
                 bound.append(loop)
         serial = [lp for lp in loops if lp not in bound]

@@ -1,5 +1,6 @@
 """The IR layer: stages of pointwise-plus-reduction statements over named dims, and lowering to them."""
 from .flatten import flattened, merged_last_two
+from .im2col import Im2col, im2col
 from .lowering import COSTLY, TRANSCENDENTAL, element_strides, lower, whole_aligned_elements
 from .program import (REPRESENTATIVE_SIZE, Size, Affine, Binary, Buffer, Cast, Const, Expr, Guard, Load, Program,
                       REDUCE_IDENTITY, Select, Stage, Unary, guards, index_vars, loaded_buffers, loads, rewritten,
@@ -7,4 +8,4 @@ from .program import (REPRESENTATIVE_SIZE, Size, Affine, Binary, Buffer, Cast, C
 
 __all__ = ["REPRESENTATIVE_SIZE", "Size", "Affine", "Binary", "Buffer", "Cast", "Const", "Expr", "Guard", "Load",
            "Program", "REDUCE_IDENTITY", "Select", "Stage", "Unary", "guards", "index_vars", "loaded_buffers", "loads", "element_strides", "lower", "rewritten",
-           "substituted", "whole_aligned_elements", "flattened", "merged_last_two", "TRANSCENDENTAL", "COSTLY"]
+           "substituted", "whole_aligned_elements", "flattened", "merged_last_two", "Im2col", "im2col", "TRANSCENDENTAL", "COSTLY"]

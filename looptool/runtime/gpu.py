@@ -43,6 +43,9 @@ MAX_DYNAMIC_SHARED_ATTRIBUTE = 8       # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SI
 TENSOR_MAP_ELEMENT = {1: 0, 2: 1, 4: 2}   # CU_TENSOR_MAP_DATA_TYPE_UINT8/16/32: TMA copies bits
 SWIZZLE_128B, L2_PROMOTION_256B, NO_INTERLEAVE, OOB_ZERO = 3, 3, 0, 0
 TENSOR_MAP_CACHE = 16                  # tensor map sets a kernel keeps, by input addresses
+# a convolution runs as a gather of its windows and a matrix product (`ir.im2col`) where the gathered
+# matrix takes at most this much device memory (it is allocated at each call, from CuPy's pool)
+IM2COL_BYTES = 1 << 30
 
 
 def cupy():
@@ -536,9 +539,52 @@ def prepared_call(node) -> Callable:
     if generation == tuning_db.generation():
         return call
     program, arrays = lowered_for(node)
-    call = scheduled_kernel(program, chosen_schedule(program)).prepare(arrays, shape=node.shape)
+    parts = gathered(program)
+    if parts is None:
+        call = scheduled_kernel(program, chosen_schedule(program)).prepare(arrays, shape=node.shape)
+    else:
+        call = _gathered_call(parts, arrays, node.shape)
     _PREPARED[node] = (tuning_db.generation(), call)
     return call
+
+
+def gathered(program: ir.Program) -> ir.Im2col | None:
+    """The gather and the matrix product `.cuda()` runs a convolution as (`ir.im2col`), where no tuned
+    schedule is stored for it on this GPU, the gathered matrix takes at most IM2COL_BYTES and the product
+    gets a matrix template (its accumulators in registers: `cache_write`); else None."""
+    parts = ir.im2col(program)
+    if parts is None or tuning_db.lookup(program, target_name()) is not None:
+        return None
+    matrix = parts.product.inputs[0]
+    if math.prod(matrix.shape) * codegen_gpu.ITEM_BYTES[matrix.dtype] > IM2COL_BYTES:
+        return None
+    product = _as_tree(parts.product, chosen_schedule(parts.product))
+    return parts if any(step[0] == "cache_write" for step in product.schedule.steps) else None
+
+
+def _gathered_call(parts: ir.Im2col, arrays: list, shape: tuple[int, ...]) -> Callable:
+    """The call that runs `parts` on a convolution's input arrays: the gather into a new matrix, then the
+    product of it and the other operand (viewed as a matrix: no copy), its result in `shape`."""
+    gather = scheduled_kernel(parts.gather, chosen_schedule(parts.gather)).prepare([arrays[parts.windowed]])
+    product = scheduled_kernel(parts.product, chosen_schedule(parts.product))
+    matrix, other = parts.product.inputs
+    viewed = _viewed(arrays[parts.other], other.shape)
+
+    def call(out=None):
+        return product.prepare([gather().reshape(matrix.shape), viewed], out, shape)(out)
+    return call
+
+
+def planned_trees(node) -> list[LoopTree]:
+    """The loop trees of the programs `.cuda()` runs, in order, for a graph with no schedule given."""
+    program, _ = lowered_for(node)
+    parts = gathered(program)
+    programs = [program] if parts is None else [parts.gather, parts.product]
+    return [_as_tree(p, chosen_schedule(p)) for p in programs]
+
+
+def _as_tree(program: ir.Program, schedule) -> LoopTree:
+    return schedule if isinstance(schedule, LoopTree) else LoopTree(program, resolve_schedule(program, schedule))
 
 
 _PREPARED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()     # graph -> (db generation, call)
