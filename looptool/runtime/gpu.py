@@ -162,15 +162,16 @@ def _copied_with_strides(array: np.ndarray):
 
 def device_empty(shape: tuple[int, ...], dtype: str):
     """An uninitialized device array of `dtype` (a `BFloat16Array` for bfloat16)."""
-    return _empty_maker(shape, dtype)()
+    return _array_maker(shape, dtype)(cupy().cuda.alloc(max(1, math.prod(shape) * codegen_gpu.ITEM_BYTES[dtype])))
 
 
-def _empty_maker(shape: tuple[int, ...], dtype: str) -> Callable:
-    """A function of no arguments that makes an uninitialized device array of `dtype` (a `BFloat16Array`
-    for bfloat16), with the dtype looked up once."""
+def _array_maker(shape: tuple[int, ...], dtype: str) -> Callable:
+    """A function making a device array of `shape` and `dtype` (a `BFloat16Array` for bfloat16) on the
+    device memory it is given, with the dtype looked up once."""
+    cp = cupy()
     if dtype == dtypes.bfloat16.name:
-        return lambda: BFloat16Array(cupy().empty(shape, dtype=np.uint16))
-    return functools.partial(cupy().empty, shape, np.dtype(dtype))
+        return lambda memory: BFloat16Array(cp.ndarray(shape, np.uint16, memory))
+    return functools.partial(cp.ndarray, shape, np.dtype(dtype))
 
 
 def kernel_argument(array):
@@ -391,19 +392,22 @@ class ModuleRunner:
         used = [i for i, name in enumerate(varying) if name in module.params]     # an input no kernel reads: none
         launcher = Launcher(loaded, [varying[i] for i in used])
         temp_bytes = [nbytes for _, nbytes in temps]
-        new_output = _empty_maker(shape or output.shape, output.dtype)
+        output_array = _array_maker(shape or output.shape, output.dtype)
+        output_bytes = max(1, math.prod(output.shape) * codegen_gpu.ITEM_BYTES[output.dtype])
         sources = [varying.index(copy.source) for copy in module.tensor_maps]     # where each TMA source's address is
+        alloc = cupy().cuda.alloc
 
         def run(inputs: list[int], out: int | None = None):
-            result = new_output() if out is None else None
-            kept = [cupy().cuda.alloc(max(nbytes, 1)) for nbytes in temp_bytes]      # alive until launched
-            pointers = inputs + [memory.ptr for memory in kept]
-            pointers.append(kernel_argument(result).data.ptr if out is None else out)
+            # the result's array is made after the launch: the kernels start that much sooner
+            memory = alloc(output_bytes) if out is None else None
+            kept = [alloc(max(nbytes, 1)) for nbytes in temp_bytes]      # alive until launched
+            pointers = inputs + [temp.ptr for temp in kept]
+            pointers.append(memory.ptr if out is None else out)
             if maps:
                 kept.append(self.tensor_maps(module.tensor_maps, tuple([pointers[i] for i in sources])))
                 pointers.append(kept[-1].data.ptr)
             launcher(pointers if len(used) == len(varying) else [pointers[i] for i in used])
-            return result
+            return None if memory is None else output_array(memory)
         return run
 
     def tensor_maps(self, copies: tuple[BulkCopy, ...], sources: tuple[int, ...]):
