@@ -29,6 +29,23 @@ from looptool.schedule.looptree import LoopTree
 from looptool.autoschedule import gpu as templates
 
 
+def kernel_times(torch, fn, calls: int = 20) -> list[tuple[str, float]]:
+    """(kernel name, mean microseconds a call) of each GPU kernel one `fn()` launches, in launch order
+    (kernels of different modules may share a name: they are told apart by their place)."""
+    from torch.profiler import ProfilerActivity, profile
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    kernels = [event for event in prof.events() if event.device_type.name == "CUDA"]
+    per_call = len(kernels) // calls
+    return [(kernels[i].name, sum(event.device_time for event in kernels[i::per_call]) / calls)
+            for i in range(per_call)]
+
+
 def median_ms(fn, repeat: int = 20) -> float:
     """Median device time of fn() in milliseconds, measured with CUDA events after a warm-up."""
     cp = runtime_gpu.cupy()

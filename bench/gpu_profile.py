@@ -6,30 +6,11 @@ kernel's mean GPU time, looptool's and torch's side by side.
 from __future__ import annotations
 
 import argparse
-import collections
 
 from looptool.runtime import gpu as runtime_gpu
 
+from .gpu import kernel_times
 from .gpu_suite import workloads
-
-CALLS = 20
-
-
-def kernel_times(torch, fn) -> list[tuple[str, float]]:
-    """(kernel name, mean microseconds a call) for the GPU kernels `fn` launches, in launch order."""
-    from torch.profiler import ProfilerActivity, profile
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(CALLS):
-            fn()
-        torch.cuda.synchronize()
-    totals: dict[str, float] = collections.OrderedDict()
-    for event in prof.events():
-        if event.device_type.name == "CUDA":
-            totals[event.name] = totals.get(event.name, 0.0) + event.device_time
-    return [(name, total / CALLS) for name, total in totals.items()]
 
 
 def main(argv=None):

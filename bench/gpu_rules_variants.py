@@ -10,7 +10,8 @@ convolutions; `row_walk_unroll`, `gpu_rules.ROW_WALK_UNROLL` on attention heads;
 `gpu_rules.STRIDED_UNROLL` on softmax, layer norm and attention; `scalar_run`, `gpu_rules.SCALAR_RUN`
 on pointwise chains whose rows hold no whole vectors; `wgmma_blocks`, `autoschedule.gpu.WGMMA_BLOCKS` (the
 wgmma template's block tiles) on bfloat16 matmuls, batched with k = 64, square, and odd; `wgmma_edges`,
-`autoschedule.gpu.WGMMA_EDGE_TILES` (odd sizes as one wgmma kernel with guarded edge tiles, or padded) on the same. For each
+`autoschedule.gpu.WGMMA_EDGE_TILES` (odd sizes as one wgmma kernel with guarded edge tiles, or padded) on the same;
+`wgmma_stages`, the wgmma template's block tiles and pipeline stages together, on the same. For each
 workload and value, the automatic schedule's kernels run on a NaN-poisoned output, are compared with
 torch in float64, and are timed interleaved with torch (median of CUDA-event timed calls, best of 3
 rounds). Prints one line per variant: kernels' time, torch / kernels.
@@ -41,7 +42,17 @@ KNOBS = {
                                                                           ((128, 256), (128, 128)), ((128, 128),),
                                                                           ((128, 256),)), "wgmma_cases"),
     "wgmma_edges": (lambda v: setattr(templates, "WGMMA_EDGE_TILES", v), (False, True), "wgmma_cases"),
+    "wgmma_stages": (lambda v: _wgmma_start(*v), ((((128, 256), (128, 128), (128, 64)), 3), (((128, 128),), 1),
+                                                 (((128, 128),), 2), (((128, 64),), 1), (((128, 64),), 2),
+                                                 (((128, 256),), 1)), "wgmma_cases"),
 }
+
+
+def _wgmma_start(blocks, stages):
+    """The wgmma template's block tiles held to `blocks`, its pipeline to `stages`."""
+    templates.WGMMA_BLOCKS = blocks
+    block, teams, k_tile, _, copier = templates.TENSOR_START["wgmma"]
+    templates.TENSOR_START["wgmma"] = (block, teams, k_tile, stages, copier)
 
 
 def attention_cases(torch):
@@ -185,7 +196,9 @@ def main(argv=None):
             ms = interleaved_ms({"kernels": lambda: launch(out), "torch": baseline})
             print(json.dumps({"case": name, args.knob: value, "kernels_ms": round(ms["kernels"], 4),
                               "x_torch": round(ms["torch"] / ms["kernels"], 3), "rel_error": error,
-                              "launches": [(l.grid, l.block) for l in kernel.module.launches]}), flush=True)
+                              "launches": [(l.grid, l.block) for l in kernel.module.launches],
+                              "registers": [getattr(f, "num_regs", None) for f in kernel.runner._loaded[True].functions]}),
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import numpy as np
 
 import looptool as lt
 from looptool.runtime import gpu as runtime_gpu
-from bench.gpu import median_ms
+from bench.gpu import kernel_times, median_ms
 
 
 def interleaved_ms(fns: dict, rounds: int = 3) -> dict:
@@ -193,21 +193,6 @@ def workloads(torch, odd: bool):
     return rows + (odd_rows if odd else [])
 
 
-def kernel_times_us(torch, call, calls: int = 20) -> list[tuple[str, float]]:
-    """(name, mean device microseconds) of each kernel one `call` launches, in launch order (profiled by
-    torch.profiler's CUDA activity over `calls` calls)."""
-    from torch.profiler import ProfilerActivity, profile
-    call()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            call()
-        torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
-    per_call = len(kernels) // calls
-    return [(kernels[i].name, sum(e.device_time for e in kernels[i::per_call]) / calls) for i in range(per_call)]
-
-
 def run_row(torch, name: str, build, copy_ms_for, profile: bool = False) -> dict:
     cp = runtime_gpu.cupy()
     row = {"name": name}
@@ -238,7 +223,7 @@ def run_row(torch, name: str, build, copy_ms_for, profile: bool = False) -> dict
         if moved:
             row["copy_fraction"] = ms["copy"] / ms["kernels"]
         if profile:
-            row["kernel_us"] = kernel_times_us(torch, tensor.cuda)
+            row["kernel_us"] = kernel_times(torch, tensor.cuda)
     except Exception as err:      # a row that fails is reported, not the end of the suite
         row["error"] = f"{type(err).__name__}: {err}"[:600]
     return row

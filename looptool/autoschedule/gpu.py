@@ -23,8 +23,10 @@ UNROLL_LIMIT = 8
 FLOAT32_TILES = {"x_threads": 16, "x_groups": 2, "vector": 4, "y_threads": 16, "y_tile": 8, "y_groups": 2,
                  "k_tile": 32, "stages": 2}
 # the block tiles (rows, columns) that template takes, largest first, for problems too small to fill
-# the GPU with 128 x 128 (bench.gpu_rules_variants --knob float32_blocks: 1024^3 0.61 -> 0.87x torch)
-FLOAT32_BLOCKS = ((128, 128), (128, 64), (64, 64))
+# the GPU with 128 x 128 (bench.gpu_rules_variants --knob float32_blocks: 1024^3 0.61 -> 0.87x torch).
+# Not 64 rows: on the H100 (session 12) 64 x 64 and 64 x 128 ran 3.3-4x slower than 128 x 64 at every
+# size measured (512^3 0.136 against 0.042 ms, 1024^3 0.262 against 0.064)
+FLOAT32_BLOCKS = ((128, 128), (128, 64))
 # the multiples (m, n, k) a half-precision contraction off the mma grid is padded to, tried in turn: the
 # wgmma template's warpgroup tiles (64 rows, its 256 columns, its 64-deep k tiles), then mma's 16 x 8 x 16
 TENSOR_PADS = ((64, 256, 64), (16, 8, 16))

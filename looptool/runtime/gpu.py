@@ -336,14 +336,7 @@ class ModuleRunner:
         `out`) and launches the kernels (`entry`): the inputs' device views and the module for their
         alignment are worked out here, not on every call. Host arrays are copied at every call (they
         may have changed)."""
-        devices = []
-        for spec, array in zip(self.inputs, arrays):
-            device = as_device(array)
-            if device.shape != spec.shape or device.dtype.name != spec.dtype or \
-                    tuple(s // device.itemsize for s in device.strides) != spec.strides:
-                raise ValueError(f"GPU kernel input {spec.name} expects shape {spec.shape}, {spec.dtype}, strides "
-                                 f"{spec.strides}; got {device.shape}, {device.dtype}, {device.strides}")
-            devices.append(kernel_argument(device))
+        devices = [checked_input(spec, array) for spec, array in zip(self.inputs, arrays)]
         pointers = [device.data.ptr for device in devices]
         run = self.entry(self.aligned(pointers), shape)
         host = [(index, array) for index, array in enumerate(arrays) if not is_device_array(array)]
@@ -354,12 +347,17 @@ class ModuleRunner:
                 pointers[:] = [device.data.ptr for device in devices]
                 for index, device in copies:
                     pointers[index] = device.data.ptr
-            if out is None:
-                return run(pointers)
-            address = kernel_argument(out).data.ptr
-            (run if address % 16 == 0 else self.entry(self.aligned(pointers + [address])))(pointers, address)
-            return out
+            return self.launch(run, pointers, out)
         return call
+
+    def launch(self, run: Callable, pointers: list[int], out=None):
+        """`run` (an `entry` for aligned buffers) on the inputs at `pointers`: into a new array, which it
+        returns, or into `out` (through the entry for its alignment), which it returns."""
+        if out is None:
+            return run(pointers)
+        address = kernel_argument(out).data.ptr
+        (run if address % 16 == 0 else self.entry(self.aligned(pointers + [address])))(pointers, address)
+        return out
 
     def aligned(self, pointers: list[int]) -> bool:
         """Whether these buffer addresses (the inputs, then the output where given) are 16-byte aligned
@@ -425,6 +423,17 @@ class ModuleRunner:
                                       codegen_gpu.ITEM_BYTES[specs[copy.source].dtype])
                            for copy, pointer in zip(copies, sources))
         return cupy().asarray(np.frombuffer(encoded, dtype=np.uint8))
+
+
+def checked_input(spec: BufferSpec, array):
+    """The kernel argument for an input array (copied to the device where it is on the host), where its
+    shape, dtype and strides are those of `spec`; else a ValueError naming both."""
+    device = as_device(array)
+    if device.shape != spec.shape or device.dtype.name != spec.dtype or \
+            tuple(s // device.itemsize for s in device.strides) != spec.strides:
+        raise ValueError(f"GPU kernel input {spec.name} expects shape {spec.shape}, {spec.dtype}, strides "
+                         f"{spec.strides}; got {device.shape}, {device.dtype}, {device.strides}")
+    return kernel_argument(device)
 
 
 class GpuKernel:
@@ -573,9 +582,15 @@ def _gathered_call(parts: ir.Im2col, arrays: list, shape: tuple[int, ...]) -> Ca
     product = scheduled_kernel(parts.product, chosen_schedule(parts.product))
     matrix, other = parts.product.inputs
     viewed = _viewed(arrays[parts.other], other.shape)
+    if not is_device_array(viewed):            # a host array: checked and copied at each call
+        return lambda out=None: product.prepare([gather().reshape(matrix.shape), viewed], out, shape)(out)
+    runner = product.runner
+    other_pointer = checked_input(runner.inputs[1], viewed).data.ptr
+    run = runner.entry(runner.aligned([0, other_pointer]), shape)      # the gathered matrix: a fresh, aligned one
 
     def call(out=None):
-        return product.prepare([gather().reshape(matrix.shape), viewed], out, shape)(out)
+        gathered_matrix = kernel_argument(gather())       # alive until the product is launched
+        return runner.launch(run, [gathered_matrix.data.ptr, other_pointer], out)
     return call
 
 

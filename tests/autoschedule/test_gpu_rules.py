@@ -241,7 +241,7 @@ def test_an_attention_head_runs_its_softmax_and_weighted_sum_as_one_kernel(rng):
 
 
 @pytest.mark.parametrize("m, n, sms, block", [(1024, 1024, 132, (128, 64)), (4096, 4096, 132, (128, 128)),
-                                               (512, 512, 132, (64, 64)), (1024, 1024, 16, (128, 128)),
+                                               (512, 512, 132, (128, 64)), (1024, 1024, 16, (128, 128)),
                                                (1000, 777, 108, (128, 64))])
 def test_float32_matmuls_take_the_block_tile_that_leaves_each_sm_least_work(rng, m, n, sms, block):
     """Blocks run in waves of one an SM: 64 tiles of 128 x 128 leave half of 132 SMs idle, 128 of 128 x 64
