@@ -11,7 +11,8 @@ convolutions; `row_walk_unroll`, `gpu_rules.ROW_WALK_UNROLL` on attention heads;
 on pointwise chains whose rows hold no whole vectors; `wgmma_blocks`, `autoschedule.gpu.WGMMA_BLOCKS` (the
 wgmma template's block tiles) on bfloat16 matmuls, batched with k = 64, square, and odd; `wgmma_edges`,
 `autoschedule.gpu.WGMMA_EDGE_TILES` (odd sizes as one wgmma kernel with guarded edge tiles, or padded) on the same;
-`wgmma_stages`, the wgmma template's block tiles and pipeline stages together, on the same. For each
+`wgmma_stages`, the wgmma template's block tiles and pipeline stages together, on the same;
+`split_k_blocks`, `autoschedule.gpu.SPLIT_K_BLOCKS` (0: no split-k) on float32 matmuls. For each
 workload and value, the automatic schedule's kernels run on a NaN-poisoned output, are compared with
 torch in float64, and are timed interleaved with torch (median of CUDA-event timed calls, best of 3
 rounds). Prints one line per variant: kernels' time, torch / kernels.
@@ -24,7 +25,6 @@ import json
 import numpy as np
 
 import looptool as lt
-from looptool import ir
 from looptool.autoschedule import gpu as templates
 from looptool.autoschedule import gpu_rules
 from looptool.runtime import gpu as runtime_gpu
@@ -42,6 +42,7 @@ KNOBS = {
                                                                           ((128, 256), (128, 128)), ((128, 128),),
                                                                           ((128, 256),)), "wgmma_cases"),
     "wgmma_edges": (lambda v: setattr(templates, "WGMMA_EDGE_TILES", v), (False, True), "wgmma_cases"),
+    "split_k_blocks": (lambda v: setattr(templates, "SPLIT_K_BLOCKS", v), (0, 2, 3, 4), "matmul_cases"),
     "wgmma_stages": (lambda v: _wgmma_start(*v), ((((128, 256), (128, 128), (128, 64)), 3), (((128, 128),), 1),
                                                  (((128, 128),), 2), (((128, 64),), 1), (((128, 64),), 2),
                                                  (((128, 256),), 1)), "wgmma_cases"),
@@ -183,10 +184,10 @@ def main(argv=None):
     torch.backends.cudnn.allow_tf32 = False
     apply, values, cases = KNOBS[args.knob]
     for name, tensor, baseline, reference in globals()[cases](torch):
-        program, arrays = ir.lower(tensor.node)
         ref = reference().cpu().numpy()
         for value in values:
             apply(value)
+            program, arrays = runtime_gpu.lowered_for(tensor.node)      # as .cuda() lowers it
             tree = gpu_rules.gpu_tree(program, runtime_gpu.gpu_target())
             kernel = runtime_gpu.GpuKernel(tree)
             out = runtime_gpu.cupy().full(tuple(ref.shape), np.nan, dtype=np.float32)

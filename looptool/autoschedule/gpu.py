@@ -17,11 +17,16 @@ from ..schedule import TENSOR_INSTRUCTIONS, LoopTree
 LOG = logging.getLogger(__name__)
 ITEM_BYTES = {dtype.name: dtype.itemsize for dtype in SUPPORTED_DTYPES}
 UNROLL_LIMIT = 8
+GRID_LIMITS = {"block.x": 2 ** 31 - 1, "block.y": 65535, "block.z": 65535}     # blocks a grid may have an axis
 # bench.gpu's fastest float32 schedule on an H100 (0.97-1.00x cuBLAS at 4096^3): A transposed ahead,
 # 128 x 128 block tiles of 8 x 8 a thread (rows in 2 runs of 4), k tiles of 32 of both inputs copied
 # by cp.async one k tile ahead
 FLOAT32_TILES = {"x_threads": 16, "x_groups": 2, "vector": 4, "y_threads": 16, "y_tile": 8, "y_groups": 2,
                  "k_tile": 32, "stages": 2}
+# a float32 contraction with fewer register-tile blocks than SMs has its k cut into parts (split-k) that
+# give this many blocks an SM, each part at least SPLIT_K_RUN long
+SPLIT_K_BLOCKS = 2
+SPLIT_K_RUN = 256
 # the block tiles (rows, columns) that template takes, largest first, for problems too small to fill
 # the GPU with 128 x 128 (bench.gpu_rules_variants --knob float32_blocks: 1024^3 0.61 -> 0.87x torch).
 # Not 64 rows: on the H100 (session 12) 64 x 64 and 64 x 128 ran 3.3-4x slower than 128 x 64 at every
@@ -53,6 +58,26 @@ def contraction_dtype(program: ir.Program, stage: str | None = None) -> str | No
     buffers = {b.name: b.dtype for b in program.inputs} | {s.name: s.dtype for s in program.stages}
     dtypes = [buffers.get(load.buffer) for load in _loads(st)]
     return dtypes[0] if len(dtypes) == 2 and dtypes[0] is not None and dtypes[0] == dtypes[1] else None
+
+
+def split_k_parts(program: ir.Program, sms: int) -> int:
+    """The parts `ir.split_k` cuts a one-stage float32 contraction's k into on a GPU of `sms` SMs: where its
+    register-tile blocks (`least_work_block`) are fewer than the SMs, the fewest dividing k, each at least
+    SPLIT_K_RUN long, that give SPLIT_K_BLOCKS blocks an SM (where none does, the most); else 1 (no split)."""
+    if contraction_dtype(program) != "float32":
+        return 1
+    stage = program.output
+    x, y, others = tile_dims(stage)
+    if y is None:
+        return 1
+    block = least_work_block(program, stage.name, sms, FLOAT32_BLOCKS)
+    blocks = math.prod(program.size(d) for d in others) * -(-program.size(y) // block[0]) \
+        * -(-program.size(x) // block[1])
+    size = program.size(stage.reduce_dims[0])
+    if blocks >= sms or not SPLIT_K_BLOCKS:
+        return 1
+    dividing = [parts for parts in range(2, size // SPLIT_K_RUN + 1) if size % parts == 0]
+    return next((parts for parts in dividing if blocks * parts >= SPLIT_K_BLOCKS * sms), max(dividing, default=1))
 
 
 def contraction_candidates(tree: LoopTree, stage: str, hopper: bool, sms: int | None = None) \
@@ -187,7 +212,8 @@ def register_tiled(tree: LoopTree, stage: str, x_threads: int, x_groups: int, ve
     """Blocks and threads over a stage's last two pure dims (x: contiguous, y): each thread computes
     y_tile x (x_groups * vector) outputs, its x outputs `vector`-wide and x_threads * vector apart,
     its y outputs in `y_groups` runs of consecutive rows, y_threads runs apart (so a tile of an
-    input laid out along y is read, and copied, in whole vectors by neighbouring threads).
+    input laid out along y is read, and copied, in whole vectors by neighbouring threads); the
+    innermost of the other dims (a batch) on block.z.
     A reduction runs in registers over k tiles of `k_tile`; inputs in `shared` are staged in shared
     memory per k tile, those also in `as_stored` in their own layout (see `_stage_in_shared`)."""
     st = tree.program.stage(stage)
@@ -210,7 +236,8 @@ def register_tiled(tree: LoopTree, stage: str, x_threads: int, x_groups: int, ve
         tree = tree.split(y, y_threads * y_tile, stage=stage).split(f"{y}.1", y_tile, stage=stage)
         blocks, threads, registers = [f"{y}.0"] + blocks, [f"{y}.1.0"] + threads, [f"{y}.1.1"] + registers
     tree = tree.reorder(*others, *blocks, *threads, *registers, stage=stage)
-    tree = _bind_tile(tree, stage, blocks, threads, registers, vector)
+    batch = [d for d in others[-1:] if tree.program.size(d) <= GRID_LIMITS["block.z"]]
+    tree = _bind_tile(tree, stage, batch + blocks, threads, registers, vector)
     if not st.reduce_dims:
         return tree
     acc = f"{stage}.acc"

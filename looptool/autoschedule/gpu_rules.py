@@ -40,7 +40,6 @@ ROW_ELEMENTS_PER_THREAD = 8  # a row's elements each thread takes per pass (load
 BLOCK_CHUNK = BLOCK_THREADS * ROW_ELEMENTS_PER_THREAD   # the least a block's partial result sums
 THREAD_CHUNK = 8             # the least a thread's partial result sums
 ROW_SHARED_SHARE = 0.25      # of a block's shared memory, the most a row kept there may take
-GRID_LIMITS = {"block.x": 2 ** 31 - 1, "block.y": 65535, "block.z": 65535}
 
 
 def gpu_tree(program: ir.Program, gpu: GpuTarget) -> LoopTree:
@@ -278,7 +277,7 @@ class _Planner:
         bound = []
         for loop in reversed(loops):
             extent = self.extent(stage, loop)
-            if axes and loop in widest and extent <= GRID_LIMITS[axes[0]]:      # a loop of one needs no axis
+            if axes and loop in widest and extent <= templates.GRID_LIMITS[axes[0]]:      # a loop of one needs no axis
                 self.tree = self.tree.bind(loop, axes.pop(0), stage=stage)
                 bound.append(loop)
         serial = [lp for lp in loops if lp not in bound]

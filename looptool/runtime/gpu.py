@@ -23,6 +23,7 @@ from llvmlite import binding as llvm
 from .. import ir
 from ..analysis.gpu_target import GpuTarget, assumed_gpu
 from ..analysis.tma import GLOBAL_ALIGN, BulkCopy
+from ..autoschedule import gpu as templates
 from ..autoschedule import gpu_rules
 from ..codegen import cpu as codegen_cpu
 from ..codegen import gpu as codegen_gpu
@@ -581,7 +582,7 @@ def _gathered_call(parts: ir.Im2col, arrays: list, shape: tuple[int, ...]) -> Ca
     gather = scheduled_kernel(parts.gather, chosen_schedule(parts.gather)).prepare([arrays[parts.windowed]])
     product = scheduled_kernel(parts.product, chosen_schedule(parts.product))
     matrix, other = parts.product.inputs
-    viewed = _viewed(arrays[parts.other], other.shape)
+    viewed = _viewed(arrays[parts.other], other)
     if not is_device_array(viewed):            # a host array: checked and copied at each call
         return lambda out=None: product.prepare([gather().reshape(matrix.shape), viewed], out, shape)(out)
     runner = product.runner
@@ -617,8 +618,8 @@ def lowered_for(node, schedule=None) -> tuple[ir.Program, list]:
     own: what `c.loop_tree()` shows) where `schedule` is a loop tree made on that one."""
     program, arrays = ir.lower(node)
     if schedule is None:
-        flat = ir.flattened(program)
-        return flat, [_viewed(array, buffer.shape) for array, buffer in zip(arrays, flat.inputs)]
+        flat = _split_k(ir.flattened(program))
+        return flat, [_viewed(array, buffer) for array, buffer in zip(arrays, flat.inputs)]
     if isinstance(schedule, LoopTree) and schedule.program != program:
         separate, same_inputs = ir.lower(node, separate_costly=True)
         if separate == schedule.program:
@@ -626,12 +627,26 @@ def lowered_for(node, schedule=None) -> tuple[ir.Program, list]:
     return program, arrays
 
 
-def _viewed(array, shape: tuple[int, ...]):
-    """`array` in `shape`, a view of the same elements (a device array from `as_device`; a host array stays
-    on the host, copied at each call)."""
-    if tuple(array.shape) == shape:
+def _split_k(program: ir.Program) -> ir.Program:
+    """`program` with its float32 contraction's k cut into parts (`ir.split_k`) where this GPU's SMs ask
+    for it (`autoschedule.gpu.split_k_parts`)."""
+    if templates.contraction_dtype(program) != "float32":
+        return program
+    parts = templates.split_k_parts(program, gpu_target().sms)
+    return ir.split_k(program, parts) if parts > 1 else program
+
+
+def _viewed(array, buffer: ir.Buffer):
+    """`array` as `buffer` lays it out, a view of the same elements (a device array from `as_device`; a host
+    array stays on the host, copied at each call)."""
+    if tuple(array.shape) == buffer.shape:
         return array
-    return array.reshape(shape) if isinstance(array, np.ndarray) else as_device(array).reshape(shape)
+    viewed = array if isinstance(array, np.ndarray) else as_device(array)
+    if isinstance(viewed, BFloat16Array) or viewed.flags.c_contiguous:
+        return viewed.reshape(buffer.shape)
+    strides = tuple(stride * viewed.itemsize for stride in buffer.strides)
+    tricks = np.lib.stride_tricks if isinstance(viewed, np.ndarray) else cupy().lib.stride_tricks
+    return tricks.as_strided(viewed, buffer.shape, strides)
 
 
 def to_host(array) -> np.ndarray:

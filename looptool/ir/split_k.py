@@ -1,0 +1,61 @@
+"""A contraction's reduction cut into independent parts (split-k): where a matrix product has too few
+output tiles to fill a GPU, its reduction dim k is read as two dims (k_o, k_i) of the same inputs (a view:
+k = k_o * K/parts + k_i), a first stage sums each part into its own partial result (a batched product
+over k_o, which the GPU runs on blocks of their own) and a second adds the partials up.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .program import Affine, Buffer, Load, Program, Stage, loads, rewritten
+
+
+def split_k(program: Program, parts: int) -> Program | None:
+    """`program`, a one-stage sum over one dim k of products of plain reads of its inputs (every index a
+    dim), with k cut into `parts` runs of equal length (`parts` divides it): stage `<name>.part`
+    [k_o, dims...] sums each run, the result stage sums the parts. None where the program is not such a
+    contraction or `parts` does not divide k."""
+    if len(program.stages) != 1 or program.dynamic or parts < 2:
+        return None
+    stage = program.output
+    if stage.reduce_op != "sum" or len(stage.reduce_dims) != 1:
+        return None
+    k, = stage.reduce_dims
+    size = program.size(k)
+    reads = list(loads(stage.expr))
+    inputs = {buffer.name: buffer for buffer in program.inputs}
+    if size % parts or any(ld.buffer not in inputs or not _plain(ld) for ld in reads):
+        return None
+    outer, inner = program.fresh_dim(f"{k}_o"), program.fresh_dim(f"{k}_i")
+    run = size // parts
+
+    def load(ld: Load) -> Load:
+        index = []
+        for affine in ld.index:
+            index += [Affine.var(outer), Affine.var(inner)] if affine == Affine.var(k) else [affine]
+        return replace(ld, index=tuple(index))
+    split_inputs = tuple(_split_buffer(buffer, reads, k, outer, inner, parts, run) for buffer in program.inputs)
+    part = Stage(f"{stage.name}.part", (outer, *stage.dims), (inner,), "sum", rewritten(stage.expr, load),
+                 stage.expr.dtype, (outer, *(inner if d == k else d for d in stage.loop_dims)))
+    total = Stage(stage.name, stage.dims, (outer,), "sum",
+                  Load(part.name, Affine.identity((outer, *stage.dims)), part.dtype), stage.dtype,
+                  (outer, *stage.dims))
+    sizes = tuple(item for item in program.sizes if item[0] != k) + ((outer, parts), (inner, run))
+    return Program(split_inputs, (part, total), sizes)
+
+
+def _plain(load: Load) -> bool:
+    return all(len(affine.terms) == 1 and affine.terms[0][1] == 1 and not affine.const for affine in load.index) \
+        and not load.clamped
+
+
+def _split_buffer(buffer: Buffer, reads: list[Load], k: str, outer: str, inner: str, parts: int, run: int) -> Buffer:
+    """`buffer` with its axis along k (where a read of it has one) viewed as two: (parts, run)."""
+    read = next((ld for ld in reads if ld.buffer == buffer.name), None)
+    if read is None or Affine.var(k) not in read.index:
+        return buffer
+    axis = read.index.index(Affine.var(k))
+    stride = buffer.strides[axis]
+    return Buffer(buffer.name, buffer.dims[:axis] + (outer, inner) + buffer.dims[axis + 1:],
+                  buffer.shape[:axis] + (parts, run) + buffer.shape[axis + 1:], buffer.dtype,
+                  buffer.strides[:axis] + (stride * run, stride) + buffer.strides[axis + 1:])
