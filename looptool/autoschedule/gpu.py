@@ -259,32 +259,37 @@ def register_tiled(tree: LoopTree, stage: str, x_threads: int, x_groups: int, ve
 
 
 def transposed_ahead(tree: LoopTree, stage: str, buffer: str, tile: int = 32) -> LoopTree:
-    """Copy the 2-D input `buffer` that `stage` reads into a temp laid out reduction dim first, by a
-    kernel of its own that runs before the stage's: `tile` x `tile` blocks, each thread loading a
-    16-byte vector along the input's contiguous dim and each warp storing whole rows of the temp.
+    """Copy the 2-D input `buffer` that `stage` reads (or a batch of them: one leading dim more, on
+    block.z) into a temp laid out reduction dim first, by a kernel of its own that runs before the
+    stage's: `tile` x `tile` blocks, each thread loading a 16-byte vector along the input's contiguous
+    dim and each warp storing whole rows of the temp.
     The stage then reads the temp (`<buffer>.<stage>`), whose k tiles are copied into shared memory
     as stored, 16 bytes at a time (so cp.async can pipeline them), and read as vectors along the
     tile's rows: the transpose a shared copy would do element by element, done once."""
     if not transposable(tree, stage, buffer):
         raise ValueError(f"transposed_ahead: {buffer} (dims {_layout(tree.program, buffer)}) is not a 2-D input "
-                         f"with the reduction dim of {stage} ({tree.program.stage(stage).reduce_dims}) last")
-    rows, k = _layout(tree.program, buffer)
+                         f"(or a batch of them) with the reduction dim of {stage} "
+                         f"({tree.program.stage(stage).reduce_dims}) last")
+    *batch, rows, k = _layout(tree.program, buffer)
     copy = f"{buffer}.{stage}"
     width = 16 // ITEM_BYTES[tree.buffers[buffer].dtype]
-    tree = tree.cache(buffer, stage=stage, order=(k, rows)).place(copy, None, 0)
+    tree = tree.cache(buffer, stage=stage, order=(*batch, k, rows)).place(copy, None, 0)
     tree = tree.split(rows, tile, stage=copy).split(k, tile, stage=copy).split(f"{k}.1", width, stage=copy)
-    tree = tree.reorder(f"{k}.0", f"{rows}.0", f"{k}.1.0", f"{rows}.1", f"{k}.1.1", stage=copy)
+    tree = tree.reorder(*batch, f"{k}.0", f"{rows}.0", f"{k}.1.0", f"{rows}.1", f"{k}.1.1", stage=copy)
     for loop, axis in ((f"{k}.0", "block.y"), (f"{rows}.0", "block.x"), (f"{k}.1.0", "thread.y"),
-                       (f"{rows}.1", "thread.x")):
+                       (f"{rows}.1", "thread.x"), *((dim, "block.z") for dim in batch)):
         tree = tree.bind(loop, axis, stage=copy)
     return tree.vectorize(f"{k}.1.1", stage=copy)
 
 
 def transposable(tree: LoopTree, stage: str, buffer: str) -> bool:
-    """Whether `transposed_ahead` applies: a 2-D input whose last dim is the stage's reduction dim."""
+    """Whether `transposed_ahead` applies: an input whose last dim is the stage's reduction dim, 2-D or
+    with one leading pure dim (a batch, within the grid's z limit)."""
     dims = _layout(tree.program, buffer)
     reduce_dims = tree.program.stage(stage).reduce_dims
-    return len(dims) == 2 and dims[0] not in reduce_dims and dims[1] in reduce_dims
+    batch_fits = len(dims) == 2 or (len(dims) == 3 and dims[0] not in reduce_dims
+                                    and tree.program.size(dims[0]) <= GRID_LIMITS["block.z"])
+    return batch_fits and dims[-2] not in reduce_dims and dims[-1] in reduce_dims
 
 
 def tile_dims(stage) -> tuple[str, str | None, list[str]]:

@@ -30,10 +30,10 @@ def split_k(program: Program, parts: int) -> Program | None:
     run = size // parts
 
     def load(ld: Load) -> Load:
-        index = []
-        for affine in ld.index:
-            index += [Affine.var(outer), Affine.var(inner)] if affine == Affine.var(k) else [affine]
-        return replace(ld, index=tuple(index))
+        if Affine.var(k) not in ld.index:
+            return ld
+        return replace(ld, index=(Affine.var(outer),) + tuple(Affine.var(inner) if affine == Affine.var(k) else affine
+                                                              for affine in ld.index))
     split_inputs = tuple(_split_buffer(buffer, reads, k, outer, inner, parts, run) for buffer in program.inputs)
     part = Stage(f"{stage.name}.part", (outer, *stage.dims), (inner,), "sum", rewritten(stage.expr, load),
                  stage.expr.dtype, (outer, *(inner if d == k else d for d in stage.loop_dims)))
@@ -50,12 +50,15 @@ def _plain(load: Load) -> bool:
 
 
 def _split_buffer(buffer: Buffer, reads: list[Load], k: str, outer: str, inner: str, parts: int, run: int) -> Buffer:
-    """`buffer` with its axis along k (where a read of it has one) viewed as two: (parts, run)."""
+    """`buffer` with its axis along k (where a read of it has one) viewed as two: the parts first (a
+    batch of matrices), the run in k's place."""
     read = next((ld for ld in reads if ld.buffer == buffer.name), None)
     if read is None or Affine.var(k) not in read.index:
         return buffer
     axis = read.index.index(Affine.var(k))
     stride = buffer.strides[axis]
-    return Buffer(buffer.name, buffer.dims[:axis] + (outer, inner) + buffer.dims[axis + 1:],
-                  buffer.shape[:axis] + (parts, run) + buffer.shape[axis + 1:], buffer.dtype,
-                  buffer.strides[:axis] + (stride * run, stride) + buffer.strides[axis + 1:])
+
+    def placed(values: tuple, first, in_place) -> tuple:
+        return (first,) + values[:axis] + (in_place,) + values[axis + 1:]
+    return Buffer(buffer.name, placed(buffer.dims, outer, inner), placed(buffer.shape, parts, run), buffer.dtype,
+                  placed(buffer.strides, stride * run, stride))

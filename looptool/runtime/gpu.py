@@ -642,7 +642,7 @@ def _viewed(array, buffer: ir.Buffer):
     if tuple(array.shape) == buffer.shape:
         return array
     viewed = array if isinstance(array, np.ndarray) else as_device(array)
-    if isinstance(viewed, BFloat16Array) or viewed.flags.c_contiguous:
+    if isinstance(viewed, BFloat16Array):         # (a flattened pointwise program's input: a reshape)
         return viewed.reshape(buffer.shape)
     strides = tuple(stride * viewed.itemsize for stride in buffer.strides)
     tricks = np.lib.stride_tricks if isinstance(viewed, np.ndarray) else cupy().lib.stride_tricks
