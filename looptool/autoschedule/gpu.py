@@ -24,8 +24,10 @@ GRID_LIMITS = {"block.x": 2 ** 31 - 1, "block.y": 65535, "block.z": 65535}     #
 FLOAT32_TILES = {"x_threads": 16, "x_groups": 2, "vector": 4, "y_threads": 16, "y_tile": 8, "y_groups": 2,
                  "k_tile": 32, "stages": 2}
 # a float32 contraction with fewer register-tile blocks than SMs has its k cut into parts (split-k) that
-# give this many blocks an SM, each part at least SPLIT_K_RUN long
-SPLIT_K_BLOCKS = 2
+# give this many blocks an SM, each part at least SPLIT_K_RUN long (bench.gpu_rules_variants --knob
+# split_k_blocks, session 12 on an H200: 1000x1500x777 0.122 ms unsplit, 0.133 / 0.115 / 0.101 ms at 2 / 3 / 4
+# blocks an SM; 512^3 0.039 -> 0.032; 1024^3 0.066 either way)
+SPLIT_K_BLOCKS = 4
 SPLIT_K_RUN = 256
 # the block tiles (rows, columns) that template takes, largest first, for problems too small to fill
 # the GPU with 128 x 128 (bench.gpu_rules_variants --knob float32_blocks: 1024^3 0.61 -> 0.87x torch).

@@ -50,11 +50,12 @@ def test_split_k_refuses_what_it_cannot_cut(rng):
     assert ir.split_k(ir.lower(row_max.node)[0], 2) is None           # only sums are cut
 
 
-@pytest.mark.parametrize("m, k, n, sms, parts", [(1000, 1500, 777, 132, 3), (4096, 4096, 4096, 132, 1),
+@pytest.mark.parametrize("m, k, n, sms, parts", [(1000, 1500, 777, 132, 5), (4096, 4096, 4096, 132, 1),
                                                   (1000, 1500, 777, 16, 1), (1000, 300, 777, 132, 1),
                                                   (260, 1024, 100, 132, 4)])
 def test_float32_contractions_with_fewer_blocks_than_sms_are_split(rng, m, k, n, sms, parts):
-    """1000x777 gives 104 blocks of 128 x 64: cut k = 1500 in 3 (312 blocks, 2 an SM of 132); 4096^2 fills the
+    """1000x777 gives 104 blocks of 128 x 64: k = 1500 cut in 5, the most parts of at least 256 (520 blocks,
+    short of SPLIT_K_BLOCKS an SM of 132); 4096^2 fills the
     GPU; a GPU of 16 SMs is filled; k = 300 is too short to cut into parts of SPLIT_K_RUN; 6 blocks of
     260x100 never reach 2 an SM: k = 1024 is cut into the most parts allowed."""
     sm, sk, sn = lt.symbols("m k n")
