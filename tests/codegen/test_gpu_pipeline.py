@@ -136,6 +136,6 @@ def test_a_pipelined_copy_of_a_buffer_written_in_the_same_kernel_is_refused(rng)
 
 def test_transposed_ahead_refuses_an_input_already_laid_out_reduction_first(rng):
     c, _ = matmul(rng, 64, 64, 64)
-    with pytest.raises(ValueError, match=r"transposed_ahead: in1 \(dims \('k', 'n'\)\) is not a 2-D input with "
-                                         r"the reduction dim of t0 \(\('k',\)\) last"):
+    with pytest.raises(ValueError, match=r"transposed_ahead: in1 \(dims \('k', 'n'\)\) is not a 2-D input \(or a "
+                                         r"batch of them\) with the reduction dim of t0 \(\('k',\)\) last"):
         templates.transposed_ahead(c.loop_tree(), "t0", "in1")
