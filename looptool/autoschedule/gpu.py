@@ -66,12 +66,10 @@ def split_k_parts(program: ir.Program, sms: int) -> int:
     """The parts `ir.split_k` cuts a one-stage float32 contraction's k into on a GPU of `sms` SMs: where its
     register-tile blocks (`least_work_block`) are fewer than the SMs, the fewest dividing k, each at least
     SPLIT_K_RUN long, that give SPLIT_K_BLOCKS blocks an SM (where none does, the most); else 1 (no split)."""
-    if contraction_dtype(program) != "float32":
-        return 1
     stage = program.output
-    x, y, others = tile_dims(stage)
-    if y is None:
+    if contraction_dtype(program) != "float32" or len(stage.dims) < 2:      # (a dot product: the reduction rules)
         return 1
+    x, y, others = tile_dims(stage)
     block = least_work_block(program, stage.name, sms, FLOAT32_BLOCKS)
     blocks = math.prod(program.size(d) for d in others) * -(-program.size(y) // block[0]) \
         * -(-program.size(x) // block[1])

@@ -65,3 +65,10 @@ def test_float32_contractions_with_fewer_blocks_than_sms_are_split(rng, m, k, n,
                                    * lt.Tensor(np.zeros((3, 2), np.float32)).to(sk, sn)).sum(sk).node)[0].stages,
                          (("k", k), ("m", m), ("n", n)))
     assert templates.split_k_parts(program, sms) == parts
+
+
+def test_a_dot_product_is_left_to_the_reduction_rules(rng):
+    sc = lt.symbols("c")[0]
+    x, y = (rng.standard_normal(100_000).astype(np.float32) for _ in range(2))
+    dot = (lt.Tensor(x).to(sc) * lt.Tensor(y).to(sc)).sum(sc)
+    assert templates.split_k_parts(ir.lower(dot.node)[0], 132) == 1
