@@ -1196,35 +1196,46 @@ class _GpuBuilder(FunctionBuilder):
             for value, target in zip(values, targets):
                 self.store_value(value, target, stage.dtype)
             return
-        if len(values) % 8 == 0 and \
-                self.alignment(stage.name, index, stmt, fixed, Lanes(n.name, 4)) == 4 * ITEM_BYTES[stage.dtype]:
-            self.store_quads(values, targets, stage.dtype)
+        group = 16 // (2 * ITEM_BYTES[stage.dtype])
+        if len(values) % (4 * group) == 0 and \
+                self.alignment(stage.name, index, stmt, fixed, Lanes(n.name, 2 * group)) == 16:
+            self.store_vectors(values, targets, stage.dtype)
             return
         for first in range(0, len(values), 2):
             self.store_value(self.packed(values[first:first + 2]), targets[first], stage.dtype,
                              align=2 * ITEM_BYTES[stage.dtype])
 
-    def store_quads(self, values: list, targets: list[llir.Value], dtype: str):
-        """Store a copy tile's elements 4 at a time (8 bytes of 2-byte elements, 16 of float32): in each pair
-        of 8-column blocks, a lane and its neighbour (lane ^ 1) swap a pair of columns by one shuffle, so
-        the even lane holds 4 consecutive columns of the first block and the odd lane 4 of the second; a
-        quad of lanes then writes 32 (64) consecutive bytes of a row, whole sectors, with half the store
-        instructions of pairs (which had float32 batched products waiting on the store queue)."""
+    def store_vectors(self, values: list, targets: list[llir.Value], dtype: str):
+        """Store a copy tile's elements 16 bytes a lane. The G = 16 / (2 x element size) lanes of a group
+        (lane & (G - 1)) each hold a pair of neighbouring columns of G consecutive 8-column blocks (the
+        fragment layout); log2(G) rounds of xor shuffles (a butterfly transpose) give lane q the G pairs of
+        block q, which it stores at once: a quad of lanes writes 64 consecutive bytes of a row, with half
+        (float32) or a quarter (2-byte elements) of the store instructions of pairs, which had a batched
+        product's write-back waiting on the store queue."""
         b = self.builder
-        odd = b.icmp_unsigned("!=", b.and_(self.special_register("tid.x"), constant(I32, 1)), constant(I32, 0))
-        pairs = [self.narrow(self.packed(values[i:i + 2]), dtype) for i in range(0, len(values), 2)]
-        word = I32 if ITEM_BYTES[dtype] == 2 else I64
-        words = [b.bitcast(pair, word) for pair in pairs]
-        quad_type = llir.VectorType(MEMORY_TYPE[dtype], 4)
-        for block in range(0, len(words), 4):            # words of blocks j (rows r, r + 8), then j + 1
+        group = 16 // (2 * ITEM_BYTES[dtype])
+        lane = b.and_(self.special_register("tid.x"), constant(I32, group - 1))
+        word = llir.IntType(16 * ITEM_BYTES[dtype])
+        words = [b.bitcast(self.narrow(self.packed(values[i:i + 2]), dtype), word) for i in range(0, len(values), 2)]
+        vector = llir.VectorType(MEMORY_TYPE[dtype], 2 * group)
+        back = b.sext(b.mul(lane, constant(I32, -2)), I64)        # from the lane's own pair to the block's start
+        for first in range(0, len(words) // 2, group):            # words: block j's rows r, r + 8, then j + 1's
             for half in (0, 1):
-                mine, next_block = words[block + half], words[block + 2 + half]
-                theirs = self.shuffle_xor(b.select(odd, mine, next_block), 1)
-                low, high = b.select(odd, theirs, mine), b.select(odd, next_block, theirs)
-                quad = b.bitcast(self.packed([low, high]), quad_type)
-                first = targets[2 * (block + half)]
-                earlier = b.gep(targets[2 * (block + 2 + half)], [constant(I64, -2)], source_etype=MEMORY_TYPE[dtype])
-                b.store(quad, b.select(odd, earlier, first), align=4 * ITEM_BYTES[dtype])
+                held = [words[2 * (first + block) + half] for block in range(group)]
+                offset = 1
+                while offset < group:
+                    upper = b.icmp_unsigned("!=", b.and_(lane, constant(I32, offset)), constant(I32, 0))
+                    for low in [block for block in range(group) if not block & offset]:
+                        high = low | offset
+                        got = self.shuffle_xor(b.select(upper, held[low], held[high]), offset)
+                        held[low], held[high] = b.select(upper, got, held[low]), b.select(upper, held[high], got)
+                    offset *= 2
+                target = targets[4 * first + 2 * half]
+                for block in range(1, group):
+                    mine = b.icmp_unsigned("==", lane, constant(I32, block))
+                    target = b.select(mine, targets[4 * (first + block) + 2 * half], target)
+                start = b.gep(target, [back], source_etype=MEMORY_TYPE[dtype])
+                b.store(b.bitcast(self.packed(held), vector), start, align=16)
 
     def mma_sync(self, tile: TensorTile, stmt: StmtNode, base: dict, targets: list[llir.Value], lane: llir.Value):
         """One mma.sync on the warp: the lane's fragments of A and B, its four accumulators in and out."""

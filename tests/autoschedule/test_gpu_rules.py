@@ -191,6 +191,20 @@ def test_a_tensor_core_contraction_takes_its_bias_relu_and_cast_in_its_write_bac
     assert_close(y.numpy(tree).astype(np.float64), ref, 2.0 ** -7)
 
 
+@pytest.mark.parametrize("rounded", [False, True])
+def test_a_wgmma_write_back_stores_16_bytes_a_lane(rng, rounded):
+    """The lanes of a group trade pairs of columns by shuffles, so every store of the result is one
+    16-byte vector: 4 float32 or 8 bfloat16 consecutive columns of a row."""
+    x, w = rng.standard_normal((256, 64)).astype(ml_dtypes.bfloat16), rng.standard_normal((64, 256)).astype(ml_dtypes.bfloat16)
+    m, k, n = lt.symbols("m k n")
+    y = (lt.Tensor(x).to(m, k) * lt.Tensor(w).to(k, n)).sum(k)
+    y = y.astype(lt.bfloat16) if rounded else y
+    tree, module = scheduled(y, assumed_gpu("sm_90"))
+    stores = re.findall(r"st\.global[.\w]*", module.ptx)
+    assert "[wgmma" in str(tree) and stores and set(stores) == {"st.global.v2.b64" if not rounded else "st.global.v4.b32"}
+    assert "shfl.sync.bfly" in module.ptx
+
+
 def test_a_schedule_the_legality_check_refuses_falls_back_to_the_next_rule(rng, monkeypatch):
     sm, ref = row_softmax(rng.standard_normal((5, 40)).astype(np.float32))
     monkeypatch.setattr(gpu_rules._Planner, "fused_rows", lambda self: self.tree.bind("n", "block.x", stage="t0"))
