@@ -12,7 +12,9 @@ on pointwise chains whose rows hold no whole vectors; `wgmma_blocks`, `autosched
 wgmma template's block tiles) on bfloat16 matmuls, batched with k = 64, square, and odd; `wgmma_edges`,
 `autoschedule.gpu.WGMMA_EDGE_TILES` (odd sizes as one wgmma kernel with guarded edge tiles, or padded) on the same;
 `wgmma_stages`, the wgmma template's block tiles and pipeline stages together, on the same;
-`split_k_blocks`, `autoschedule.gpu.SPLIT_K_BLOCKS` (0: no split-k) on float32 matmuls. For each
+`split_k_blocks`, `autoschedule.gpu.SPLIT_K_BLOCKS` (0: no split-k) on float32 matmuls;
+`vector_store_bytes`, `codegen.gpu.VECTOR_STORE_BYTES` (a code generator's constant: run it with
+LOOPTOOL_CACHE_DIR= so no cached PTX is read) on batched bf16 products, float32 and bfloat16 results. For each
 workload and value, the automatic schedule's kernels run on a NaN-poisoned output, are compared with
 torch in float64, and are timed interleaved with torch (median of CUDA-event timed calls, best of 3
 rounds). Prints one line per variant: kernels' time, torch / kernels.
@@ -27,6 +29,7 @@ import numpy as np
 import looptool as lt
 from looptool.autoschedule import gpu as templates
 from looptool.autoschedule import gpu_rules
+from looptool.codegen import gpu as codegen_gpu
 from looptool.runtime import gpu as runtime_gpu
 from bench.gpu_suite import interleaved_ms
 
@@ -43,6 +46,7 @@ KNOBS = {
                                                                           ((128, 256),)), "wgmma_cases"),
     "wgmma_edges": (lambda v: setattr(templates, "WGMMA_EDGE_TILES", v), (False, True), "wgmma_cases"),
     "split_k_blocks": (lambda v: setattr(templates, "SPLIT_K_BLOCKS", v), (0, 2, 3, 4), "matmul_cases"),
+    "vector_store_bytes": (lambda v: setattr(codegen_gpu, "VECTOR_STORE_BYTES", v), (16, 8, 4, 16), "write_back_cases"),
     "wgmma_stages": (lambda v: _wgmma_start(*v), ((((128, 256), (128, 128), (128, 64)), 3), (((128, 128),), 1),
                                                  (((128, 128),), 2), (((128, 64),), 1), (((128, 64),), 2),
                                                  (((128, 256),), 1)), "wgmma_cases"),
@@ -142,6 +146,12 @@ def wgmma_cases(torch):
     return out
 
 
+def write_back_cases(torch):
+    out = wgmma_cases(torch)[:1]
+    name, c, baseline, reference = out[0]
+    return out + [(f"{name}, bf16 result", c.astype(lt.bfloat16), baseline, reference)]
+
+
 def row_cases(torch):
     gen = torch.Generator(device="cuda").manual_seed(1)
 
@@ -190,8 +200,10 @@ def main(argv=None):
             program, arrays = runtime_gpu.lowered_for(tensor.node)      # as .cuda() lowers it
             tree = gpu_rules.gpu_tree(program, runtime_gpu.gpu_target())
             kernel = runtime_gpu.GpuKernel(tree)
-            out = runtime_gpu.cupy().full(tuple(ref.shape), np.nan, dtype=np.float32)
-            got = runtime_gpu.cupy().asnumpy(kernel(arrays, out=out)).astype(np.float64)
+            out = runtime_gpu.device_empty(tuple(ref.shape), program.output.dtype)
+            bits = runtime_gpu.kernel_argument(out)
+            bits.fill(0xFFFF if bits.dtype == np.uint16 else np.nan)          # NaN in any float type
+            got = runtime_gpu.to_host(kernel(arrays, out=out)).astype(np.float64)
             error = float(np.linalg.norm(np.nan_to_num(got - ref, nan=1e30)) / np.linalg.norm(ref))
             launch = kernel.prepare(arrays, out)
             ms = interleaved_ms({"kernels": lambda: launch(out), "torch": baseline})

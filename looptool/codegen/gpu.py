@@ -73,6 +73,9 @@ WGMMA_ALIGN = 1024              # bytes: a wgmma operand's swizzle atoms start o
 WGMMA_ARCHS = ("sm_90", "sm_90a")
 TENSOR_MAPS = "tensor_maps"     # the kernel parameter pointing at the TMA copies' tensor maps, in global memory
 TENSOR_MAP_BYTES = 128
+# a tensor-core tile's results are stored this many bytes a lane where the lanes of a group can trade
+# pairs of columns into whole vectors (`store_vectors`; 4: pairs as the fragment holds them)
+VECTOR_STORE_BYTES = 16
 MBARRIER = llir.IntType(64)
 
 
@@ -1196,24 +1199,23 @@ class _GpuBuilder(FunctionBuilder):
             for value, target in zip(values, targets):
                 self.store_value(value, target, stage.dtype)
             return
-        group = 16 // (2 * ITEM_BYTES[stage.dtype])
-        if len(values) % (4 * group) == 0 and \
-                self.alignment(stage.name, index, stmt, fixed, Lanes(n.name, 2 * group)) == 16:
-            self.store_vectors(values, targets, stage.dtype)
+        group = VECTOR_STORE_BYTES // (2 * ITEM_BYTES[stage.dtype])
+        if group > 1 and len(values) % (4 * group) == 0 and self.alignment(
+                stage.name, index, stmt, fixed, Lanes(n.name, 2 * group)) == VECTOR_STORE_BYTES:
+            self.store_vectors(values, targets, stage.dtype, group)
             return
         for first in range(0, len(values), 2):
             self.store_value(self.packed(values[first:first + 2]), targets[first], stage.dtype,
                              align=2 * ITEM_BYTES[stage.dtype])
 
-    def store_vectors(self, values: list, targets: list[llir.Value], dtype: str):
-        """Store a copy tile's elements 16 bytes a lane. The G = 16 / (2 x element size) lanes of a group
+    def store_vectors(self, values: list, targets: list[llir.Value], dtype: str, group: int):
+        """Store a copy tile's elements G pairs a lane (16 bytes). The G lanes of a group
         (lane & (G - 1)) each hold a pair of neighbouring columns of G consecutive 8-column blocks (the
         fragment layout); log2(G) rounds of xor shuffles (a butterfly transpose) give lane q the G pairs of
         block q, which it stores at once: a quad of lanes writes 64 consecutive bytes of a row, with half
         (float32) or a quarter (2-byte elements) of the store instructions of pairs, which had a batched
         product's write-back waiting on the store queue."""
         b = self.builder
-        group = 16 // (2 * ITEM_BYTES[dtype])
         lane = b.and_(self.special_register("tid.x"), constant(I32, group - 1))
         word = llir.IntType(16 * ITEM_BYTES[dtype])
         words = [b.bitcast(self.narrow(self.packed(values[i:i + 2]), dtype), word) for i in range(0, len(values), 2)]
@@ -1235,7 +1237,7 @@ class _GpuBuilder(FunctionBuilder):
                     mine = b.icmp_unsigned("==", lane, constant(I32, block))
                     target = b.select(mine, targets[4 * (first + block) + 2 * half], target)
                 start = b.gep(target, [back], source_etype=MEMORY_TYPE[dtype])
-                b.store(b.bitcast(self.packed(held), vector), start, align=16)
+                b.store(b.bitcast(self.packed(held), vector), start, align=2 * group * ITEM_BYTES[dtype])
 
     def mma_sync(self, tile: TensorTile, stmt: StmtNode, base: dict, targets: list[llir.Value], lane: llir.Value):
         """One mma.sync on the warp: the lane's fragments of A and B, its four accumulators in and out."""
