@@ -19,9 +19,9 @@ import optuna
 
 from looptool import autoschedule, ir
 from looptool.analysis.target import Target, host
-from looptool.autoschedule.gpu import (FLOAT32_BLOCKS, FLOAT32_TILES, TENSOR_START, WGMMA_BLOCKS, contraction_dtype,
+from looptool.autoschedule.gpu import (FLOAT32_BLOCKS, FLOAT32_TILES, TENSOR_START, contraction_dtype,
                                        float32_tiles, least_work_block, mma_tiled, register_tiled, tile_dims,
-                                       transposable, transposed_ahead, wgmma_tiled)
+                                       transposable, transposed_ahead, wgmma_block, wgmma_tiled)
 from looptool.codegen import gpu as codegen_gpu
 from looptool.runtime import gpu as runtime_gpu
 from looptool.schedule import LoopTree
@@ -176,7 +176,7 @@ def gpu_start_params(program: ir.Program) -> dict:
     family = tensor_families()[-1]
     spec, (block, teams, k_tile, stages, copier) = TENSOR_FAMILIES[family], TENSOR_START[family]
     if family == "wgmma":          # the automatic schedule's block for this GPU (`least_work_block`)
-        block = least_work_block(program, program.output.name, _sm_count(), WGMMA_BLOCKS)
+        block = wgmma_block(program, program.output.name, _sm_count())
     st = program.output
     m, n = [d for d in st.loop_dims if d not in st.reduce_dims][-2:]
     params = {"gpu.tensor.family": family, f"gpu.{family}.block.{m}": block[0], f"gpu.{family}.block.{n}": block[1],

@@ -35,8 +35,10 @@ SPLIT_K_RUN = 256
 # size measured (512^3 0.136 against 0.042 ms, 1024^3 0.262 against 0.064)
 FLOAT32_BLOCKS = ((128, 128), (128, 64))
 # the multiples (m, n, k) a half-precision contraction off the mma grid is padded to, tried in turn: the
-# wgmma template's warpgroup tiles (64 rows, its 256 columns, its 64-deep k tiles), then mma's 16 x 8 x 16
-TENSOR_PADS = ((64, 256, 64), (16, 8, 16))
+# wgmma template's warpgroup tiles (64 rows, its 64-deep k tiles) with any multiple of 8 columns (wgmma
+# takes N = 8..256 where B is k-major), then with its 256 columns (where B is n-major, its rows must be
+# multiples of 64), then mma's 16 x 8 x 16; on Hopper all but the last take wgmma only
+TENSOR_PADS = ((64, 8, 64), (64, 256, 64), (16, 8, 16))
 # and its fastest half-precision schedules: (block, teams, k tile, stages, copier) of each tensor-core family
 TENSOR_START = {"wgmma": ((128, 256), (2, 1), 64, 3, "tma"), "mma": ((128, 256), (2, 4), 64, 2, "cp.async")}
 # the wgmma template's block tiles, largest first, for problems its 128 x 256 leaves SMs idle on, and for
@@ -93,7 +95,7 @@ def contraction_candidates(tree: LoopTree, stage: str, hopper: bool, sms: int | 
         for family, build in (("wgmma", wgmma_tiled), ("mma", mma_tiled))[0 if hopper else 1:]:
             block, teams, k_tile, stages, copier = TENSOR_START[family]
             if family == "wgmma":
-                block = least_work_block(tree.program, stage, sms, WGMMA_BLOCKS)
+                block = wgmma_block(tree.program, stage, sms)
                 if not WGMMA_EDGE_TILES and not wgmma_whole_tiles(tree.program, stage, block, teams):
                     continue
             try:
@@ -154,6 +156,15 @@ def least_work_block(program: ir.Program, stage: str, sms: int | None,
         blocks = batch * -(-program.size(y) // block[0]) * -(-program.size(x) // block[1])
         return -(-blocks // sms) * block[0] * block[1]
     return min(blocks, key=lambda block: (work(block), -block[0] * block[1]))
+
+
+def wgmma_block(program: ir.Program, stage: str, sms: int | None) -> tuple[int, int]:
+    """The wgmma template's block tile: `least_work_block` of WGMMA_BLOCKS, its columns narrowed to n (a
+    multiple of 8) where n is narrower: a convolution's 40 output channels take one 64 x 40 wgmma tile,
+    not a 64-wide one that the n loop cannot fill."""
+    block = least_work_block(program, stage, sms, WGMMA_BLOCKS)
+    n = program.size(contraction_dims(program, stage)[1])
+    return block[0], min(block[1], -(-n // 8) * 8)
 
 
 def float32_tiles(block: tuple[int, int]) -> dict:
@@ -405,7 +416,8 @@ def wgmma_tiled(tree: LoopTree, stage: str, block: tuple[int, int] = (128, 256),
     fitting = [name for name, shape in TENSOR_INSTRUCTIONS.items()
                if shape["warps"] > 1 and columns % shape["n"] == 0]
     if not fitting:
-        raise ValueError(f"a warpgroup's {columns} columns are not a multiple of 64 (wgmma tiles are 64 x N)")
+        raise ValueError(f"a warpgroup's {columns} columns are not a multiple of 8 (wgmma tiles are 64 x N, N a "
+                         f"multiple of 8 up to 256)")
     return _tensor_tiled(tree, stage, block, groups, k_tile, stages,
                          max(fitting, key=lambda name: TENSOR_INSTRUCTIONS[name]["n"]), copier)
 

@@ -356,7 +356,7 @@ class _Planner:
         stage = f"{name}.pad" if padded else name
         try:
             tree = self.tree.pad({k: k_tile}, stage=name) if padded else self.tree
-            block = templates.least_work_block(tree.program, stage, self.gpu.sms, templates.WGMMA_BLOCKS)
+            block = templates.wgmma_block(tree.program, stage, self.gpu.sms)
             tree = templates.wgmma_tiled(tree, stage, block, teams, k_tile, stages, "tma")
             tree, filled = self.zero_filled_by_tma(tree, name)
             tree = tree.epilogue(name) if padded else tree
@@ -380,15 +380,16 @@ class _Planner:
         dims = templates.contraction_dims(self.tree.program, name)
         if dims is None:
             return False
-        kept = self.tree
+        kept, hopper = self.tree, self.gpu.tensor_cores == "wgmma"
         for multiples in templates.TENSOR_PADS:
             try:
                 self.tree = kept.pad(dict(zip(dims, multiples)), stage=name)
             except ValueError:
                 return False
             padded = f"{name}.pad"
-            candidates = [(d, t) for d, t in templates.contraction_candidates(
-                self.tree, padded, self.gpu.tensor_cores == "wgmma", self.gpu.sms) if "tensor-core" in d]
+            family = "wgmma" if hopper and multiples != templates.TENSOR_PADS[-1] else ""
+            candidates = [(d, t) for d, t in templates.contraction_candidates(self.tree, padded, hopper, self.gpu.sms)
+                          if "tensor-core" in d and d.startswith(family)]
             for described, tree in candidates:
                 if tree.check()[0]:
                     tree, filled = self.zero_filled_by_tma(tree, name) if "by tma" in described else (tree, [])

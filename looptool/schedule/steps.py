@@ -52,8 +52,9 @@ def pipeline_copier(annotation: str) -> str | None:
 # computes and the warps that run it together: mma.sync on one warp, and Hopper's wgmma on a
 # warpgroup (4 warps) with both operands in shared memory. Its loops are annotated
 # "<instruction>.m", ".n" and ".k".
+# mma.sync's one shape; wgmma's 64 x N x 16 for every N it takes with 2-byte inputs (multiples of 8 to 256)
 TENSOR_INSTRUCTIONS = {"mma.m16n8k16": {"m": 16, "n": 8, "k": 16, "warps": 1},
-                       **{f"wgmma.m64n{n}k16": {"m": 64, "n": n, "k": 16, "warps": 4} for n in (64, 128, 192, 256)}}
+                       **{f"wgmma.m64n{n}k16": {"m": 64, "n": n, "k": 16, "warps": 4} for n in range(8, 257, 8)}}
 
 
 @dataclass(frozen=True)

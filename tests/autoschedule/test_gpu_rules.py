@@ -205,6 +205,18 @@ def test_a_wgmma_write_back_stores_16_bytes_a_lane(rng, rounded):
     assert "shfl.sync.bfly" in module.ptx
 
 
+def test_a_contraction_narrower_than_a_block_takes_a_wgmma_tile_as_wide_as_it(rng):
+    """40 columns (a convolution's output channels) with B k-major: one 64 x 40 wgmma tile, not a 64-wide
+    one its n loop cannot fill."""
+    a = rng.standard_normal((300, 128)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((40, 128)).astype(ml_dtypes.bfloat16)
+    m, k, n = lt.symbols("m k n")
+    c = (lt.Tensor(a).to(m, k) * lt.Tensor(b).to(n, k)).sum(k)
+    tree, module = scheduled(c, assumed_gpu("sm_90"))
+    assert "[wgmma.m64n40k16." in str(tree) and len(module.launches) == 1
+    assert_close(c.numpy(tree), a.astype(np.float64) @ b.astype(np.float64).T, 1e-5)
+
+
 def test_a_schedule_the_legality_check_refuses_falls_back_to_the_next_rule(rng, monkeypatch):
     sm, ref = row_softmax(rng.standard_normal((5, 40)).astype(np.float32))
     monkeypatch.setattr(gpu_rules._Planner, "fused_rows", lambda self: self.tree.bind("n", "block.x", stage="t0"))

@@ -106,8 +106,8 @@ def test_warpgroup_rules_are_refused_in_plain_words(rng):
     assert t.check() == (True, "legal")
     with pytest.raises(ValueError, match=mentions("wgmma.m64n256k16", "Hopper", "sm_80")):
         gpu.generate(templates.wgmma_tiled(c.loop_tree(), "t0", (128, 256), (2, 1), 64, 0), "sm_80")
-    with pytest.raises(ValueError, match=mentions("96", "multiple of 64")):
-        templates.wgmma_tiled(c.loop_tree(), "t0", (128, 192), (2, 2), 64, 0)
+    with pytest.raises(ValueError, match=mentions("100", "multiple of 8")):
+        templates.wgmma_tiled(c.loop_tree(), "t0", (128, 100), (2, 1), 64, 0)
 
 
 def test_half_precision_wgmma_schedules_run_on_the_cpu_with_tails_of_whole_tiles(rng):

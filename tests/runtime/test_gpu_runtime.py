@@ -252,3 +252,14 @@ def test_a_float32_matmul_too_small_to_fill_the_gpu_runs_split_along_k(rng, a_tr
     if gpu.gpu_target().sms > 104:          # 104 blocks of 128 x 64 leave SMs idle: k cut into parts
         assert [st.name for st in program.stages] == ["t0.part", "t0"]
     assert_close(cp.asnumpy(c.cuda()), a.astype(np.float64) @ b, 1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("columns", [8, 40, 200])
+def test_half_precision_products_narrower_than_a_block_run_on_wgmma_tiles_as_wide(rng, columns):
+    cupy_or_skip()
+    a = rng.standard_normal((300, 128)).astype(lt.bfloat16)
+    b = rng.standard_normal((columns, 128)).astype(lt.bfloat16)
+    m, k, n = lt.symbols("m k n")
+    got = gpu.to_host((lt.Tensor(a).to(m, k) * lt.Tensor(b).to(n, k)).sum(k).cuda())
+    assert_close(got, a.astype(np.float64) @ b.astype(np.float64).T, 1e-5)
