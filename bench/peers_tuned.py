@@ -80,12 +80,12 @@ def table(data: dict) -> str:
     lines = [f"looptool tuned ({data['trials']} trials a workload, 1 thread) against XLA ({data['versions']['xla']}) "
              f"and PyTorch ({data['versions']['torch']}) on {data['cpu']}; commit {data['commit']}; "
              f"{data['wall_seconds'] / 60:.0f} min; load average {data['load']}. Ratios: peer time / looptool time.",
-             "", "| family | workload | best trial | in the study: automatic / best | tuned ms | automatic ms "
+             "", "| family | workload | best trial (trials measured) | in the study: automatic / best | tuned ms | automatic ms "
              "| automatic / tuned | tuned x XLA | automatic x XLA | tuned x PyTorch |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in data["rows"]:
         gain = r["study_automatic_over_best"]
-        lines.append(f"| {r['family']} | {r['title']} | {r['best_trial']} of {r['measured']} | "
+        lines.append(f"| {r['family']} | {r['title']} | {r['best_trial']} ({r['measured']} of {data['trials']}) | "
                      f"{'-' if gain is None else format(gain, '.2f')} | {r['looptool_ms']:.3f} | {r['automatic_ms']:.3f} | {r['automatic_ms'] / r['looptool_ms']:.2f} | "
                      f"{r.get('xla_ratio', float('nan')):.2f} | {r.get('automatic_xla_ratio', float('nan')):.2f} | "
                      f"{r.get('torch_ratio', float('nan')):.2f} |")
