@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gc
 import os
+import random
 import statistics
 import time
 from dataclasses import dataclass
@@ -32,12 +33,14 @@ class Timing:
 
 
 def interleaved(fns, repeat: int | None = None, warmup: int = 2, budget: float = 3.0,
-                min_repeat: int = 5, max_repeat: int = 60, before=None) -> list[Timing]:
+                min_repeat: int = 5, max_repeat: int = 60, before=None, shuffle: bool = False) -> list[Timing]:
     """Time zero-argument callables interleaved (a, b, a, b, ...) after `warmup` calls of each.
 
     With `repeat` None the number of rounds is chosen so that all rounds take about
     `budget` seconds, clamped to [min_repeat, max_repeat].  The garbage collector is
     off while timing.  `before`, if given, is called (untimed) before every timed call.
+    With `shuffle`, each round runs them in another order (seeded), so that none always follows
+    the same one (what a call leaves behind can cost the next one: bench.peers).
     Returns one Timing per callable, in order."""
     for fn in fns:
         for _ in range(warmup):
@@ -52,8 +55,11 @@ def interleaved(fns, repeat: int | None = None, warmup: int = 2, budget: float =
     enabled = gc.isenabled()
     gc.disable()
     try:
+        order, shuffler = list(zip(fns, times)), random.Random(0)
         for _ in range(repeat):
-            for fn, out in zip(fns, times):
+            if shuffle:
+                shuffler.shuffle(order)
+            for fn, out in order:
                 if before is not None:
                     before()
                 start = time.perf_counter()

@@ -4,7 +4,7 @@ The package is layered (see docs/architecture.md); importing it imports every la
 which installs the hooks through which `Tensor.numpy()` reaches the runtime and
 `LoopTree.check()` reaches the isl analysis."""
 from . import analysis, autoschedule, ir, runtime
-from .errors import ArtifactError, IllegalScheduleError
+from .errors import ArtifactError, IllegalScheduleError, TargetError
 from .export import export, load
 from .frontend import (Symbol, Symbols, Tensor, abs, bfloat16, concat, erf, exp, float16, float32, float64, log,
                        maximum, minimum, reciprocal, relu, sqrt, symbols, tanh)
@@ -16,7 +16,7 @@ from .version import __version__
 __all__ = [
     "Symbol", "Symbols", "Tensor", "symbols", "concat", "exp", "log", "tanh", "erf", "sqrt", "abs", "reciprocal", "relu",
     "maximum", "minimum", "float16", "bfloat16", "float32", "float64", "LoopTree", "Schedule",
-    "IllegalScheduleError", "ArtifactError", "export", "load", "auto_schedule",
+    "IllegalScheduleError", "ArtifactError", "TargetError", "export", "load", "auto_schedule",
     "Kernel", "function", "Function", "In", "torch_op", "cache_info", "clear_cache", "interpret", "set_num_threads", "get_num_threads", "analysis",
     "autoschedule", "ir", "runtime", "__version__",
 ]

@@ -7,3 +7,8 @@ class IllegalScheduleError(ValueError):
 
 class ArtifactError(ValueError):
     """An exported kernel that cannot be loaded or called as asked; the message says why."""
+
+
+class TargetError(ValueError):
+    """A CPU named by `LOOPTOOL_CPU` (or caches by `LOOPTOOL_CPU_CACHES`) that LLVM does not know or this
+    host cannot run; the message names the variable and its value."""

@@ -376,11 +376,12 @@ def load(path, rebuild: bool = False) -> "LoadedKernel | LoadedGpuKernel":
     if _device(manifest) == "gpu":
         return LoadedGpuKernel(path, manifest)
     target = codegen_cpu.HostTarget.get()
-    missing = _missing_features(manifest["target"]["features"], target.features)
+    # the object code runs on this machine, whatever CPU LOOPTOOL_CPU has kernels compiled for
+    missing = _missing_features(manifest["target"]["features"], llvm.get_host_cpu_features().flatten())
     if missing and not rebuild:
         raise ArtifactError(f"{path} was built for CPU {manifest['target']['cpu']} with features this host "
-                            f"({target.cpu}) lacks: {', '.join(missing)}; load it with rebuild=True to recompile "
-                            f"its LLVM IR for this CPU")
+                            f"({llvm.get_host_cpu_name()}) lacks: {', '.join(missing)}; load it with rebuild=True to "
+                            f"recompile its LLVM IR for this CPU")
     machine = target.new_machine()
     threadpool.ensure_loaded()
     if missing or rebuild:

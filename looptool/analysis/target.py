@@ -7,16 +7,27 @@ cache sizes and L1's associativity from sysfs (`/sys/devices/system/cpu/cpu0/cac
 type,size,ways_of_associativity}`, then `os.sysconf`, then the defaults below), and the cores this
 process may run on from
 `os.sched_getaffinity`.  `Target` is a plain dataclass, so tests build fake ones.
+
+`LOOPTOOL_CPU` names another CPU to generate code and plan schedules for (an LLVM CPU name, then
+optionally `:` and an LLVM feature string: `znver2`, `haswell:-fma`). Its vector registers and FMA
+are then what LLVM generates for that CPU (`probed_features`: a probe function compiled for it), its
+caches those of `LOOPTOOL_CPU_CACHES` (`32K,512K,16M`: L1 data, L2, L3), else the defaults below,
+never this host's. The code still runs here, so this host must have its instructions
+(`check_runs_here`).
 """
 from __future__ import annotations
 
 import os
+import sys
+import tempfile
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
 import llvmlite.binding as llvm
 import numpy as np
+
+from ..errors import TargetError
 
 SYSFS_CACHE = Path("/sys/devices/system/cpu/cpu0/cache")
 
@@ -28,6 +39,28 @@ DEFAULT_L3 = 8 * 1024 * 1024
 SYSCONF_NAMES = {1: "SC_LEVEL1_DCACHE_SIZE", 2: "SC_LEVEL2_CACHE_SIZE", 3: "SC_LEVEL3_CACHE_SIZE"}
 DEFAULTS = {1: DEFAULT_L1, 2: DEFAULT_L2, 3: DEFAULT_L3}
 DEFAULT_L1_WAYS = 8
+
+CPU_VARIABLE = "LOOPTOOL_CPU"
+CACHES_VARIABLE = "LOOPTOOL_CPU_CACHES"
+
+# What `probed_features` compiles for a named CPU: a 16-lane float add, which LLVM keeps in one
+# register where the vectors are that wide (zmm: AVX-512; ymm: AVX; xmm: SSE), and a scalar fused
+# multiply-add, an instruction where the CPU has FMA and a call of `fmaf` where it has not.
+PROBE = """
+define void @probe_width(ptr noalias %a, ptr noalias %b) #0 {
+  %x = load <16 x float>, ptr %a
+  %y = load <16 x float>, ptr %b
+  %z = fadd <16 x float> %x, %y
+  store <16 x float> %z, ptr %b
+  ret void
+}
+define float @probe_fused(float %a, float %b, float %c) {
+  %r = call float @llvm.fma.f32(float %a, float %b, float %c)
+  ret float %r
+}
+declare float @llvm.fma.f32(float, float, float)
+attributes #0 = { "min-legal-vector-width"="512" }
+"""
 
 
 @dataclass(frozen=True)
@@ -140,12 +173,134 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
+@dataclass(frozen=True)
+class LlvmCpu:
+    """The CPU LLVM generates code for: this host's (`setting` None), or the one `LOOPTOOL_CPU` names
+    (`setting` is that variable's value). `features` is an LLVM feature string: the host's whole list,
+    or what the variable gave after the name (often empty: the name implies its features)."""
+
+    triple: str
+    name: str
+    features: str
+    setting: str | None = None
+
+
+def named_cpu(setting: str | None) -> LlvmCpu:
+    """The CPU of a `LOOPTOOL_CPU` value (None or blank: this host), checked by LLVM: an unknown
+    CPU name or feature, or a feature without its + or -, raises TargetError naming the variable."""
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    triple = llvm.get_process_triple()
+    if setting is None or not setting.strip():
+        return LlvmCpu(triple, llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten())
+    name, _, features = (part.strip() for part in setting.strip().partition(":"))
+    where = f"{CPU_VARIABLE}={setting!r}"
+    if not name:
+        raise TargetError(f"{where}: no CPU name before the ':' (write e.g. znver2 or haswell:-fma)")
+    flags = [flag.strip() for flag in features.split(",") if flag.strip()]
+    unsigned = [flag for flag in flags if flag[0] not in "+-" or len(flag) < 2]
+    if unsigned:
+        raise TargetError(f"{where}: the feature string after ':' is LLVM's, each feature with + or - "
+                          f"(+avx2,-fma); not {', '.join(unsigned)}")
+    cpu = LlvmCpu(triple, name, ",".join(flags), setting)
+    complaints = _llvm_complaints(lambda: new_machine(cpu))     # LLVM warns (and carries on) on stderr
+    if complaints:
+        hint = " (`llc -mcpu=help` lists the CPU names LLVM knows)" if any("processor" in c for c in complaints) else ""
+        raise TargetError(f"{where}: {'; '.join(complaints)}{hint}")
+    return cpu
+
+
+def new_machine(cpu: LlvmCpu, **options) -> llvm.TargetMachine:
+    """An O3 LLVM target machine for `cpu` (`options`: create_target_machine's others)."""
+    return llvm.Target.from_triple(cpu.triple).create_target_machine(cpu=cpu.name, features=cpu.features,
+                                                                     opt=3, **options)
+
+
+def _llvm_complaints(action) -> list[str]:
+    """The distinct lines LLVM wrote to the process's stderr (file descriptor 2) while `action()` ran:
+    it reports an unknown CPU or feature there and then ignores it."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            action()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        sink.seek(0)
+        lines = sink.read().decode(errors="replace").splitlines()
+    return list(dict.fromkeys(line.strip() for line in lines if line.strip()))
+
+
+def probed_features(cpu: LlvmCpu) -> dict[str, bool]:
+    """The features `vector_file` and the FMA flag read, as LLVM compiles `PROBE` for `cpu`: which
+    registers hold a 16-lane float add, and whether a fused multiply-add is an instruction."""
+    module = llvm.parse_assembly(PROBE)
+    module.triple = cpu.triple
+    assembly = new_machine(cpu).emit_assembly(module)
+    return {"avx512f": "zmm" in assembly, "avx": "ymm" in assembly or "zmm" in assembly,
+            "sse2": "xmm" in assembly, "fma": "fmaf" not in assembly}
+
+
+def check_runs_here(cpu: LlvmCpu, probed: dict[str, bool], here: dict[str, bool]):
+    """Refuse (TargetError) a CPU named by LOOPTOOL_CPU whose code this host (features `here`) could
+    not run: wider vectors, FMA, or a feature its string turns on (+name) that this host lacks. A CPU
+    name implying other extensions this host lacks (AMX, say) is not caught: name one it can run."""
+    lacking = []
+    bits, host_bits = vector_file(cpu.triple, probed)[0], vector_file(cpu.triple, here)[0]
+    if bits > host_bits:
+        lacking.append(f"{bits}-bit vectors (this host has {host_bits}-bit ones)")
+    if probed.get("fma") and not here.get("fma") and not cpu.triple.startswith(("aarch64", "arm64")):
+        lacking.append("FMA")
+    lacking += [f[1:] for f in cpu.features.split(",") if f.strip().startswith("+") and
+                not here.get(f.strip()[1:])]
+    if lacking:
+        raise TargetError(f"{CPU_VARIABLE}={cpu.setting!r}: code for {cpu.name} uses {', '.join(lacking)}, which "
+                          f"this host ({llvm.get_host_cpu_name()}) lacks; it runs here, so name a CPU this host "
+                          "can run")
+
+
+def named_caches(setting: str) -> dict[int, int]:
+    """The cache sizes of a `LOOPTOOL_CPU_CACHES` value: L1 data, L2 and L3, comma-separated, each as
+    sysfs writes them (`32K,512K,16M`); anything else raises TargetError naming the variable."""
+    parts = [p.strip() for p in setting.split(",")]
+    try:
+        sizes = [parse_size(p) for p in parts]
+    except ValueError:
+        sizes = []
+    if len(sizes) != 3 or not 0 < sizes[0] <= sizes[1] <= sizes[2]:
+        raise TargetError(f"{CACHES_VARIABLE}={setting!r}: give the L1 data, L2 and L3 sizes, smallest first, "
+                          "as in 32K,512K,16M")
+    return dict(zip((1, 2, 3), sizes))
+
+
+def target_of(cpu: LlvmCpu, caches: str | None = None) -> Target:
+    """The target model of `cpu`: this host's features, caches (sysfs) and L1 ways, or for a named CPU
+    the features LLVM generates for it and the caches of `caches` (a LOOPTOOL_CPU_CACHES value, else the
+    defaults); the cores are always those this process may use."""
+    here = dict(llvm.get_host_cpu_features().items())
+    if cpu.setting is None:
+        features, sizes, ways = here, cache_sizes(), l1_ways()
+    else:
+        features = probed_features(cpu)
+        check_runs_here(cpu, features, here)
+        sizes, ways = dict(DEFAULTS), DEFAULT_L1_WAYS
+    if caches is not None and caches.strip():
+        sizes = named_caches(caches)
+    bits, registers = vector_file(cpu.triple, features)
+    fma = bool(features.get("fma") or features.get("neon") or cpu.triple.startswith(("aarch64", "arm64")))
+    return Target(cpu.triple.split("-")[0], bits, registers, fma, sizes[1], sizes[2], sizes[3], _cores(), ways)
+
+
+@lru_cache(maxsize=1)
+def llvm_cpu() -> LlvmCpu:
+    """The CPU this process generates code for: this host's, or `LOOPTOOL_CPU`'s (read once)."""
+    return named_cpu(os.environ.get(CPU_VARIABLE))
+
+
 @lru_cache(maxsize=1)
 def host() -> Target:
-    """This machine, read once per process."""
-    triple = llvm.get_process_triple()
-    features = dict(llvm.get_host_cpu_features().items())
-    bits, registers = vector_file(triple, features)
-    sizes = cache_sizes()
-    fma = bool(features.get("fma") or features.get("neon") or triple.startswith(("aarch64", "arm64")))
-    return Target(triple.split("-")[0], bits, registers, fma, sizes[1], sizes[2], sizes[3], _cores(), l1_ways())
+    """The CPU the scheduler plans for, read once per process: this machine, or the one `LOOPTOOL_CPU`
+    names (with `LOOPTOOL_CPU_CACHES`'s caches)."""
+    return target_of(llvm_cpu(), os.environ.get(CACHES_VARIABLE))

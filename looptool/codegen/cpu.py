@@ -3,7 +3,7 @@
 The kernel is `void kernel(ptr buf0, ptr buf1, ...)`, one noalias pointer per
 input, runtime-made temporary and output buffer (in `CpuKernelSource.params`
 order).  Parallel loops are outlined and run on the thread pool (threadpool.py); the C entry point
-allocates the temporaries itself.  `HostTarget` is the JIT target for this CPU.
+allocates the temporaries itself.  `HostTarget` is the JIT target: this CPU, or the one `LOOPTOOL_CPU` names.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import llvmlite.binding as llvm
 from llvmlite import ir as llir
 
 from .. import ir
+from ..analysis import target as target_model
 from ..autoschedule.model import WORK_PER_THREAD
 from ..schedule import LoopNode, LoopTree, StmtNode, walk
 from .accumulators import run_in_registers
@@ -188,22 +189,18 @@ def iteration_work(node: LoopNode) -> int:
 
 
 class HostTarget:
-    """The JIT target for this CPU: triple, CPU name and features; makes O3 target machines."""
+    """The JIT target: triple, CPU name and features of this CPU, or of the CPU `LOOPTOOL_CPU` names
+    (`analysis.target.llvm_cpu`); makes O3 target machines."""
 
     _instance = None
 
     def __init__(self):
-        llvm.initialize_native_target()
-        llvm.initialize_native_asmprinter()
-        self.triple = llvm.get_process_triple()
-        self.cpu = llvm.get_host_cpu_name()
-        self.features = llvm.get_host_cpu_features().flatten()
+        self.llvm_cpu = target_model.llvm_cpu()
+        self.triple, self.cpu, self.features = self.llvm_cpu.triple, self.llvm_cpu.name, self.llvm_cpu.features
 
     def new_machine(self) -> llvm.TargetMachine:
         """A fresh target machine: an MCJIT engine owns (and frees) the one it is given."""
-        target = llvm.Target.from_triple(self.triple)
-        return target.create_target_machine(cpu=self.cpu, features=self.features, opt=3,
-                                            codemodel="jitdefault", jit=True)
+        return target_model.new_machine(self.llvm_cpu, codemodel="jitdefault", jit=True)
 
     @property
     def name(self) -> str:
