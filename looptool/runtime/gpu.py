@@ -674,25 +674,43 @@ def device_facts(array) -> tuple[tuple, int] | None:
 
 class DeviceFunctionCall:
     """One signature of a compiled function (`lt.function`) on the GPU: the kernels of the graph traced on
-    device arrays (the tuned schedule for this GPU, else `automatic_tree`), called on other arrays of
-    the same signature by their addresses. The result is a PyTorch tensor where the arguments are, else a
+    device arrays (the tuned schedule for this GPU, else `automatic_tree`; a convolution's gather and
+    product, as `.cuda()` runs it), called on other arrays of the same signature by their addresses. The result is a PyTorch tensor where the arguments are, else a
     CuPy array; `out` (of the same kind, C-contiguous, the result's shape and dtype) takes it instead."""
 
     def __init__(self, node, addresses: list[int], arguments: list):
         program, arrays = lowered_for(node)
-        kernel = scheduled_kernel(program, chosen_schedule(program))
         self.constants = [kernel_argument(as_device(array)) for array in arrays]       # kept alive
-        inputs = [device.data.ptr for device in self.constants]
-        # per kernel input: (True, the argument it is) or (False, the address of an array the function captured)
-        self.order = [(True, addresses.index(p)) if p in addresses else (False, p) for p in inputs]
+        pointers = [device.data.ptr for device in self.constants]
+
+        def source(pointer: int) -> tuple[bool, int]:
+            """(True, the argument it is) or (False, the address of an array the function captured)."""
+            return (True, addresses.index(pointer)) if pointer in addresses else (False, pointer)
         self.shape, self.dtype = node.shape, program.output.dtype
-        kernel.prepare(arrays)          # refuses in words what the GPU cannot run (dims of size 0)
+        parts, self.gather = gathered(program), None
+        if parts is None:
+            kernel = scheduled_kernel(program, chosen_schedule(program))
+            kernel.prepare(arrays)          # refuses in words what the GPU cannot run (dims of size 0)
+            inputs = pointers
+        else:                               # a convolution: its windows gathered first, as `.cuda()` runs it
+            gather = scheduled_kernel(parts.gather, chosen_schedule(parts.gather))
+            gather.prepare([arrays[parts.windowed]])
+            self.gather = (gather.runner.entry(gather.runner.aligned([pointers[parts.windowed]])),
+                           source(pointers[parts.windowed]))
+            kernel = scheduled_kernel(parts.product, chosen_schedule(parts.product))
+            checked_input(kernel.runner.inputs[1], _viewed(arrays[parts.other], parts.product.inputs[1]))
+            inputs = [0, pointers[parts.other]]       # 0: the gathered matrix, a fresh aligned one each call
+        self.order = [source(p) for p in inputs]
         self.runner = kernel.runner
         self.run = self.runner.entry(self.runner.aligned(inputs), self.shape)
         self.new_torch_result = next((self.torch_result_maker(a) for a in arguments if _is_torch(a)), None)
 
     def __call__(self, addresses: list[int], out=None):
         inputs = [addresses[i] if argument else i for argument, i in self.order]
+        if self.gather is not None:
+            run_gather, (argument, i) = self.gather
+            gathered_matrix = kernel_argument(run_gather([addresses[i] if argument else i]))   # alive until launched
+            inputs[0] = gathered_matrix.data.ptr
         if out is None and self.new_torch_result is None:
             return self.run(inputs)
         result = self.new_torch_result() if out is None else self.checked(out)

@@ -158,3 +158,24 @@ def test_a_function_on_torch_cuda_tensors_returns_torch_tensors(rng):
     assert float((got.double() - ref).norm() / ref.norm()) < 1e-5
     out = torch.empty(64, 96, device="cuda")
     assert matmul(a, b, out=out) is out and torch.equal(out, got) and len(traces) == 1
+
+
+@pytest.mark.gpu
+def test_a_convolution_function_on_the_gpu_runs_as_gather_and_product(rng):
+    from tests.gpu_helpers import cupy_or_skip
+    from looptool.runtime import gpu
+    cp = cupy_or_skip()
+    sn, sc, sh, sw, so, soh, sow, skh, skw = lt.symbols("n c h w o oh ow kh kw")
+
+    @lt.function
+    def conv(x: lt.In[sn, sc, sh, sw], w: lt.In[so, sc, skh, skw]):
+        windows = x.window(sh, soh, skh, 3, padding=1).window(sw, sow, skw, 3, padding=1)
+        return (windows * w).sum(sc, skh, skw)
+    w = rng.standard_normal((64, 16, 3, 3)).astype(np.float32)
+    for _ in range(2):                        # a second call on other data: the traced kernels again
+        x = rng.standard_normal((2, 16, 14, 14)).astype(np.float32)
+        got = conv(cp.asarray(x), cp.asarray(w))
+        padded = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+        windows = np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(2, 3))
+        assert_close(cp.asnumpy(got), np.einsum("ncijhw,ochw->nijo", windows, w), 1e-5)
+    assert len(gpu.planned_trees(conv.tensor(cp.asarray(x), cp.asarray(w)).node)) == 2
