@@ -1,0 +1,298 @@
+"""Asynchronous copies on NVIDIA GPUs, for codegen.gpu: cp.async, TMA bulk tensor copies completing
+on mbarriers, and the pipelined loops that issue them ahead into rotating shared buffers.
+
+A loop pipelined with S stages (`LoopTree.pipeline`) keeps S copies of the shared buffers placed
+in it; the copies of iteration i + S - 1 are issued (cp.async, one commit group per iteration, or
+TMA, completing on the `full` mbarrier of their buffer) while iteration i runs. In a pipelined k loop
+of S >= 3 stages around wgmma tiles the batch of one iteration runs on while the next is issued, so
+one buffer is kept for the tile it reads: copies run S - 2 iterations ahead (not S - 1) and each wait
+leaves one copy group fewer in flight. An iteration waits for the copies of its tile, synchronizes
+(every batch but the previous one is then done in every warpgroup), issues the copies into the buffer
+read two iterations back, issues its batch and waits for the previous one (`wgmma.wait_group 1`).
+Before each barrier of such a kernel, `fence.proxy.async` makes the thread's writes to shared
+memory visible to the tensor cores (which read through the async proxy).
+
+`AsyncCopyLowering` is mixed into codegen.gpu's kernel builder: its methods call the builder's
+(`shared`, `barrier`, `settle_wgmma`, `inline`, `special_register`, ...) and read its state.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llvmlite import ir as llir
+
+from .. import ir
+from ..analysis.tma import copied_load
+from ..analysis.tensorize import SWIZZLE_BYTES
+from ..ir import Affine
+from ..schedule import LoopNode, StmtNode, accesses, pipeline_copier, walk
+from .gpu_tensor_cores import holds_wgmma
+from .llvm import I32, I64, ITEM_BYTES, MEMORY_TYPE, ZERO, FunctionBuilder, constant
+
+TENSOR_MAPS = "tensor_maps"     # the kernel parameter pointing at the TMA copies' tensor maps, in global memory
+TENSOR_MAP_BYTES = 128
+MBARRIER = llir.IntType(64)
+
+
+class AsyncCopyLowering:
+    """The kernel builder's copies: pipelined loops, cp.async, and TMA copies with their mbarriers."""
+
+    # Pipelines: cp.async or TMA copies into rotating shared buffers ---------------------------------
+    def pipelined(self, node: LoopNode, env: dict, stages: int, in_flight: int):
+        """Issue the copies of the first iterations into `stages` rotating buffers, then run the loop
+        with each iteration's copies issued ahead: by cp.async (`cp_async_pipeline`) or TMA
+        (`tma_pipeline`), `stages - 1` iterations ahead. Where the body's wgmma batch stays in flight
+        into the next iteration (3 stages or more) and the copies are issued before it, one buffer is
+        its: cp.async copies run `stages - 2` iterations ahead."""
+        placed = self.tree.local_buffers.get(id(node), [])
+        sizes = {plan.name: self.rotating_size(plan) for plan in placed}
+        for plan in placed:
+            self.pointers[plan.name] = self.shared(MEMORY_TYPE[plan.dtype], sizes[plan.name] * stages, plan.name)
+            self.share(plan)
+        copies = [child for child in node.body if buffers_touched(child)[0] <= sizes.keys()]
+        rest = [child for child in node.body if all(child is not copy for copy in copies)]
+        overlap = stages > 2 and holds_wgmma(rest)
+        tma = pipeline_copier(node.loop.annotation) == "tma"
+        plan = _Pipeline(node.loop.name, self.trip_count(node, env), stages, stages - 1 - (overlap and not tma),
+                         overlap, sizes, copies, rest)
+        if tma:
+            self.tma_pipeline(plan, env)
+        else:
+            self.cp_async_pipeline(plan, env, max(in_flight - overlap, 0))
+        for buffer in sizes:
+            self.rotations.pop(buffer, None)
+
+    def cp_async_pipeline(self, plan: "_Pipeline", env: dict, in_flight: int):
+        """Each iteration waits until at most `in_flight` copy groups run, synchronizes the block (so
+        every thread's copies are visible and the buffer the copies go to next is read by no one),
+        issues the copies `plan.ahead` iterations ahead and runs the rest of the body."""
+        for iteration in range(plan.ahead):
+            self.issue_copies(plan, {**env, plan.loop: constant(I64, iteration)})
+
+        def iteration(i):
+            self.wait_copies(in_flight)
+            self.barrier(settle=not plan.overlap)
+            self.issue_copies(plan, {**env, plan.loop: self.builder.add(i, constant(I64, plan.ahead))})
+            self.run_body(plan, env, i)
+            if plan.overlap:
+                self.settle_wgmma(in_flight=1)
+        self.counted_loop_of(plan, iteration)
+        self.wait_copies(0)
+        self.barrier()
+
+    def tma_pipeline(self, plan: "_Pipeline", env: dict):
+        """No barrier per iteration: each buffer has a `full` mbarrier (its copies' bytes arrived) and
+        an `empty` one (each warp's wgmma batches that read it are done). An iteration waits until its
+        buffer is full and runs its batch (committed before any other waiting loop: ptxas serializes
+        wgmma across branches); once a batch is done (the one before, where it stays in flight), each
+        warp's first lane marks its buffer empty; once the buffer of the copies `plan.ahead` iterations
+        ahead is empty (that batch's, where it stayed in flight), the first thread issues them."""
+        full = self.mbarriers(plan.stages, f"{plan.loop}.full", 1)
+        warps = self.block[1] * self.block[2]          # thread.x is a warp's 32 lanes where wgmma runs
+        empty = self.mbarriers(plan.stages, f"{plan.loop}.empty", warps)
+        for iteration in range(plan.ahead):
+            self.issue_copies(plan, {**env, plan.loop: constant(I64, iteration)}, full)
+
+        def iteration(i):
+            b = self.builder
+            self.wait_mbarrier(full, plan.stages, i)
+            self.run_body(plan, env, i)
+            self.settle_wgmma(in_flight=int(plan.overlap))
+            done = b.sub(i, constant(I64, int(plan.overlap)))
+            with b.if_then(b.icmp_signed(">=", done, ZERO)):
+                self.inline_by("mbarrier.arrive.shared::cta.b64 state, [$0];",
+                               [self.mbarrier_at(empty, b.urem(done, constant(I64, plan.stages)))], "x")
+            self.issue_copies(plan, {**env, plan.loop: b.add(i, constant(I64, plan.ahead))}, full, empty)
+        self.counted_loop_of(plan, iteration)
+        self.barrier()
+        for barriers in (full, empty):
+            for slot in range(plan.stages):
+                self.inline_by("mbarrier.inval.shared::cta.b64 [$0];", [self.mbarrier_at(barriers, slot)])
+
+    def run_body(self, plan: "_Pipeline", env: dict, i: llir.Value):
+        """The pipelined loop's body but its copies, in iteration `i` (reading that iteration's buffers)."""
+        self.rotate(plan.sizes, plan.stages, i)
+        self.close_body = False
+        self.body(plan.rest, {**env, plan.loop: i})
+
+    def counted_loop_of(self, plan: "_Pipeline", iteration):
+        """The pipelined loop itself, its wgmma batches kept in flight across iterations where it overlaps."""
+        self.wgmma_overlap = plan.overlap
+        self.counted_loop(ZERO, plan.count, iteration, plan.loop)
+        self.wgmma_overlap = False
+
+    def rotating_size(self, plan) -> int:
+        """Elements of one of a pipelined buffer's copies, rounded up to its alignment (so every copy
+        starts as aligned as the first)."""
+        element, align = ITEM_BYTES[plan.dtype], self.shared_alignment(plan.name)
+        return -(-plan.size * element // align) * align // element
+
+    def rotate(self, sizes: dict[str, int], stages: int, iteration: llir.Value):
+        """Point the pipelined buffers at their copy for `iteration` (iteration mod stages)."""
+        slot = self.builder.urem(iteration, constant(I64, stages))
+        for buffer, size in sizes.items():
+            self.rotations[buffer] = self.builder.mul(slot, constant(I64, size))
+
+    def rotated(self, buffer: str, pointer: llir.Value) -> llir.Value:
+        """A pipelined buffer's pointer moved to the copy of the current iteration."""
+        if buffer not in self.rotations:
+            return pointer
+        return self.element(pointer, self.rotations[buffer], self.tree.buffers[buffer].dtype)
+
+    def issue_copies(self, plan: "_Pipeline", env: dict, full: llir.Value | None = None,
+                     empty: llir.Value | None = None):
+        """The copies of iteration env[plan.loop] (if it exists): as cp.async, then one commit (every
+        thread commits a group per iteration, empty or not, so the group count follows the
+        iterations); or, with the `full` mbarriers, as TMA copies issued by the block's first thread
+        once the buffer's last readers are done (its `empty` mbarrier)."""
+        b, iteration = self.builder, env[plan.loop]
+        with b.if_then(b.icmp_signed("<", iteration, plan.count)):
+            self.rotate(plan.sizes, plan.stages, iteration)
+            if full is not None:
+                self.tma_copies(plan, env, full, empty)
+            else:
+                self.asynchronous |= plan.sizes.keys()
+                FunctionBuilder.body(self, plan.copies, env)
+                self.asynchronous -= plan.sizes.keys()
+        if full is None:
+            b.call(self.declare("llvm.nvvm.cp.async.commit.group", llir.VoidType(), []), [])
+
+    def wait_copies(self, in_flight: int):
+        """Wait until at most `in_flight` of this thread's copy groups are still running."""
+        wait = self.declare("llvm.nvvm.cp.async.wait.group", llir.VoidType(), [llir.IntType(32)])
+        self.builder.call(wait, [constant(llir.IntType(32), in_flight)])
+
+    # cp.async: a vectorized copy statement as one asynchronous copy ---------------------------------
+    def copy_asynchronously(self, stmt: StmtNode, env: dict, lanes=None) -> bool:
+        """Emit a vectorized copy statement of a pipelined stage as one cp.async of 8 or 16 bytes where
+        both sides are contiguous and aligned; False otherwise (the copy then runs as loads and
+        stores, still into the buffer of its iteration: per-element cp.async would cost a memory
+        request per element, e.g. for a tile transposed into shared memory)."""
+        stage, load = stmt.stage, stmt.stage.expr
+        if stage.name not in self.asynchronous or lanes is None or stmt.kind != "assign" \
+                or not isinstance(load, ir.Load) or load.clamped or load.dtype != stage.dtype \
+                or load.buffer not in self.params:
+            return False
+        source, source_step, source_align = self.linear_address(load.buffer, load.index, stmt, env, lanes)
+        target, target_step, target_align = self.linear_address(stage.name, Affine.identity(stage.dims), stmt,
+                                                                env, lanes)
+        width = lanes.width * ITEM_BYTES[stage.dtype]
+        if source_step != 1 or target_step != 1 or width not in (8, 16) or min(source_align, target_align) < width:
+            return False
+        self.cp_async(target, source, width)
+        return True
+
+    def cp_async(self, target: llir.Value, source: llir.Value, size: int):
+        """cp.async of `size` bytes from global to shared memory (.cg, which bypasses L1, takes only 16)."""
+        b = self.builder
+        shared = b.addrspacecast(target, llir.PointerType(addrspace=3))
+        global_ = b.addrspacecast(source, llir.PointerType(addrspace=1))
+        cache = "cg" if size == 16 else "ca"
+        copy = self.declare(f"llvm.nvvm.cp.async.{cache}.shared.global.{size}", llir.VoidType(),
+                            [shared.type, global_.type])
+        b.call(copy, [shared, global_])
+
+    # TMA: bulk tensor copies completing on mbarriers ------------------------------------------------
+    def mbarriers(self, count: int, name: str, arrivals: int) -> llir.Value:
+        """`count` mbarriers in shared memory, each expecting `arrivals` arrivals per phase, initialized
+        by the first thread before the block synchronizes."""
+        barriers = self.shared(MBARRIER, count, name)
+        for slot in range(count):
+            self.inline_by(f"mbarrier.init.shared::cta.b64 [$0], {arrivals};", [self.mbarrier_at(barriers, slot)])
+        self.inline("fence.mbarrier_init.release.cluster;")
+        self.barrier()
+        return barriers
+
+    def mbarrier_at(self, barriers: llir.Value, slot) -> llir.Value:
+        """The shared-memory address (32 bits) of mbarrier `slot` (an int or an i64 value)."""
+        slot = constant(I64, slot) if isinstance(slot, int) else slot
+        return self.shared_address(self.builder.gep(barriers, [slot], source_etype=MBARRIER, inbounds=True))
+
+    def wait_mbarrier(self, barriers: llir.Value, stages: int, iteration: llir.Value, phase_offset: int = 0):
+        """Wait until the phase of `iteration`'s buffer's mbarrier for that iteration (or for an earlier
+        use of the buffer, `phase_offset` uses back) completes: the one with parity
+        (iteration / stages - phase_offset) mod 2."""
+        b = self.builder
+        slot = b.urem(iteration, constant(I64, stages))
+        use = b.add(b.udiv(iteration, constant(I64, stages)), constant(I64, phase_offset))
+        parity = b.trunc(b.and_(use, constant(I64, 1)), I32)
+        self.inline("{ .reg .pred done; WAIT${:uid}: mbarrier.try_wait.parity.shared::cta.b64 done, [$0], $1; "
+                 "@!done bra WAIT${:uid}; }", [self.mbarrier_at(barriers, slot), parity])
+
+    def tma_copies(self, plan: "_Pipeline", env: dict, full: llir.Value, empty: llir.Value | None):
+        """Iteration env[plan.loop]'s TMA copies, into a buffer used before only once its readers of
+        `stages` iterations back are done (every thread waits for that, so no branch on the thread
+        separates a warpgroup's wgmma instructions: ptxas would serialize them)."""
+        b, iteration = self.builder, env[plan.loop]
+        if empty is not None:
+            with b.if_then(b.icmp_signed(">=", iteration, constant(I64, plan.stages))):
+                self.wait_mbarrier(empty, plan.stages, iteration, phase_offset=1)
+        slot = b.urem(iteration, constant(I64, plan.stages))
+        self.bulk_copy(plan.copies, env, self.mbarrier_at(full, slot))
+
+    def bulk_copy(self, copies: list, env: dict, barrier: llir.Value):
+        """One iteration's TMA copies: the mbarrier told how many bytes will arrive, then each tile's
+        boxes, from the box at its origin (its own loops at 0) in the input."""
+        statements = [(stmt, path) for stmt, path in walk(copies) if isinstance(stmt, StmtNode)]
+        total = sum(self.bulk_copies[id(stmt)].bytes for stmt, _ in statements)
+        self.inline_by("mbarrier.arrive.expect_tx.shared::cta.b64 state, [$0], $1;", [barrier, constant(I32, total)])
+        for stmt, path in statements:
+            copy = self.bulk_copies[id(stmt)]
+            base = {**env, **{node.loop.name: ZERO for node in path}}
+            load = copied_load(self.tree, stmt.stage.expr)
+            origin = [self.builder.trunc(self.affine(ix.substitute(stmt.index), base), I32) for ix in load.index]
+            target = self.shared_address(self.rotated(copy.target, self.pointers[copy.target]))
+            tensor_map = self.builder.gep(self.pointers[TENSOR_MAPS], [constant(I64, copy.index * TENSOR_MAP_BYTES)],
+                                          source_etype=llir.IntType(8), inbounds=True)
+            for block in range(copy.blocks):
+                self.tma_load(target, tensor_map, origin, barrier, block * copy.columns, block * copy.rows * SWIZZLE_BYTES)
+
+    def tma_load(self, target: llir.Value, tensor_map: llir.Value, origin: list, barrier: llir.Value,
+                 column: int, offset: int):
+        """cp.async.bulk.tensor of the box at `origin` (moved `column` elements along the innermost
+        dim) to `offset` bytes past `target`, completing on `barrier`."""
+        b, rank = self.builder, len(origin)
+        coordinates = [*origin[:-1], b.add(origin[-1], constant(I32, column))][::-1]
+        places = ", ".join(f"${i + 2}" for i in range(rank))
+        self.inline_by(f"cp.async.bulk.tensor.{rank}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+                       f"[$0], [$1, {{{places}}}], [${rank + 2}];",
+                       [b.add(target, constant(I32, offset)), b.ptrtoint(tensor_map, I64), *coordinates, barrier])
+
+    def inline_by(self, ptx: str, operands: list, axes: str = "xyz"):
+        """An inline PTX instruction (operands $0...; it may write the scratch register `state`)
+        predicated on the block's first thread (or, axes 'x', each warp's first lane: thread.x is a
+        warp's lanes where wgmma runs). A predicate, not a branch: ptxas serializes wgmma
+        instructions that a branch on the thread index separates."""
+        b = self.builder
+        index = constant(I32, 0)
+        for axis in axes:
+            index = b.or_(index, self.special_register(f"tid.{axis}"))
+        self.inline(f"{{ .reg .pred leader; .reg .b64 state; setp.eq.u32 leader, ${len(operands)}, 0; @leader {ptx} }}",
+                    [*operands, index])
+
+
+@dataclass(frozen=True)
+class _Pipeline:
+    """A pipelined loop as the code generator runs it: its name and trip count, `stages` buffers, the
+    copies issued `ahead` iterations ahead, whether a wgmma batch stays in flight into the next
+    iteration (`overlap`), each pipelined buffer's size (elements of one copy), its copy nests and
+    the rest of its body."""
+
+    loop: str
+    count: llir.Value
+    stages: int
+    ahead: int
+    overlap: bool
+    sizes: dict[str, int]
+    copies: list
+    rest: list
+
+
+def buffers_touched(node) -> tuple[set[str], set[str]]:
+    """(buffers written, buffers read) by the statements in a node."""
+    written, read = set(), set()
+    for stmt, _ in walk([node]):
+        if isinstance(stmt, StmtNode):
+            for access in accesses(stmt):
+                (written if access.write else read).add(access.buffer)
+    return written, read
