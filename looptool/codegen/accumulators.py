@@ -1,8 +1,9 @@
 """Register tiles kept in registers across their reduction loop, edge tiles included.
 
 A plain loop whose body is only unrolled and vectorized loops around updates of results that do
-not move with it (a matmul's k loop around its mr x nr tile) loads each result once before the
-loop, updates it in a register (an alloca that LLVM promotes) and stores it once after.  LLVM
+not move with it (a matmul's k loop around its mr x nr tile), or a nest of such plain loops, each
+the only node of the one around it (a convolution's c, kh, kw), loads each result once before the
+outermost loop, updates it in a register (an alloca that LLVM promotes) and stores it once after.  LLVM
 does this itself for a full tile, but not for an edge tile, whose vectorized loops stop short:
 there the shared builder branches per vector between a full vector and a scalar tail loop, and
 the updates go through memory every iteration.  Here an edge tile's short vector is one masked
@@ -27,22 +28,26 @@ Key = tuple  # (buffer, the offset's terms outside the tile, its constant)
 class Accumulators:
     """The results one reduction loop's register tile updates, each in a register slot."""
 
-    def __init__(self, builder: FunctionBuilder, loop: str):
-        self.builder, self.loop = builder, loop
+    def __init__(self, builder: FunctionBuilder, nest: list[LoopNode]):
+        self.builder, self.nest = builder, nest
+        self.loops = {node.loop.name for node in nest}
         self.slots: dict[Key, llir.Value] = {}
         self.counts: dict[int, int] = {}      # unrolled loops emitted for one known trip count (`dynamic_edge`)
 
     @classmethod
-    def of(cls, builder: FunctionBuilder, node: LoopNode, versioned: bool = False) -> "Accumulators | None":
-        """The accumulators of a plain loop around a register tile, or None for any other loop (and for
-        one whose body has a guard-free copy, unless `versioned`: the caller chose the copy around it)."""
+    def of(cls, builder: FunctionBuilder, node: LoopNode, versioned: bool = False,
+           nested: bool = False) -> "Accumulators | None":
+        """The accumulators of a plain loop around a register tile, or where `nested` of the nest of plain
+        loops it heads (`nest`), or None for any other loop (and for one whose body has a guard-free copy,
+        unless `versioned`: the caller chose the copy around it)."""
         if node.loop.annotation or (builder.versioned(node) and not versioned) or not node.body:
             return None
-        found = cls(builder, node.loop.name)
+        found = cls(builder, nest(builder, node) if nested else [node])
         keys: list[tuple[Key, int]] = []
-        if not found.fits(node.body, {}, None, keys):
+        tile = found.nest[-1].body
+        if not found.fits(tile, {}, None, keys):
             return None
-        return found if disjoint(keys) and not found.reads_results(node.body, {k[0] for k, _ in keys}) else None
+        return found if disjoint(keys) and not found.reads_results(tile, {k[0] for k, _ in keys}) else None
 
     # The loops it accepts ---------------------------------------------------------------
     def fits(self, nodes: list, copy: dict[str, int], lanes: Lanes | None, keys: list) -> bool:
@@ -56,7 +61,7 @@ class Accumulators:
                 continue
             kind = node.loop.annotation
             if kind not in ("unroll", "vectorize") or \
-                    any(self.loop in {v for v, _ in lim.rest.terms} for lim in node.limits):
+                    any(self.loops & {v for v, _ in lim.rest.terms} for lim in node.limits):
                 return False
             if kind == "vectorize":
                 inner = Lanes(node.loop.name, node.loop.extent)
@@ -71,13 +76,13 @@ class Accumulators:
         return True
 
     def fits_statement(self, stmt: StmtNode, copy: dict[str, int], lanes: Lanes | None) -> bool:
-        """An update of a float32/float64 result that the reduction loop does not move (packed along
+        """An update of a float32/float64 result that the reduction loops do not move (packed along
         the vectorized loop, if any)."""
         stage = stmt.stage
         if stmt.kind != "update" or MEMORY_TYPE[stage.dtype] != VALUE_TYPE[stage.dtype]:
             return False
         coeffs = self.offset(stmt).coeffs()
-        return not coeffs.get(self.loop) and (lanes is None or coeffs.get(lanes.name) == 1)
+        return not any(coeffs.get(name) for name in self.loops) and (lanes is None or coeffs.get(lanes.name) == 1)
 
     def packed(self, e: ir.Expr, stmt: StmtNode, lanes: Lanes) -> bool:
         """Whether `vector_expr` computes `e` from whole vectors (no lane computed alone)."""
@@ -183,10 +188,12 @@ class Accumulators:
 
 
 def run_in_registers(builder: FunctionBuilder, node: LoopNode, env: dict, count: llir.Value,
-                     versioned: bool = False) -> bool:
+                     versioned: bool = False, nested: bool = False) -> bool:
     """Emit a plain reduction loop around a register tile with the tile's accumulators in registers
-    (loaded before it, stored once after); False, emitting nothing, where `Accumulators.of` refuses it."""
-    accumulators = Accumulators.of(builder, node, versioned)
+    (loaded before it, stored once after); False, emitting nothing, where `Accumulators.of` refuses it.
+    `nested`: also across the nest of plain loops below it (the CPU; the GPU emits some plain loops its
+    own way, a pipelined one among them, and keeps a tile across the innermost loop only)."""
+    accumulators = Accumulators.of(builder, node, versioned, nested)
     if accumulators is None:
         return False
     edge = dynamic_edge(accumulators, node)
@@ -209,14 +216,24 @@ def run_in_registers(builder: FunctionBuilder, node: LoopNode, env: dict, count:
 
 
 def _tile_loop(accumulators: Accumulators, node: LoopNode, env: dict, count: llir.Value):
-    """The reduction loop with its tile's results loaded before it, updated in registers, stored after."""
-    builder = accumulators.builder
-    outside = {**env, node.loop.name: ZERO}
-    accumulators.visit(node.body, outside, accumulators.load)
-    builder.counted_loop(ZERO, count, lambda i: accumulators.visit(node.body, {**env, node.loop.name: i},
-                                                                   accumulators.update), node.loop.name,
-                         builder.around_register_tile(node))
-    accumulators.visit(node.body, outside, accumulators.store)
+    """The reduction loops with their tile's results loaded before them, updated in registers, stored after."""
+    builder, loops = accumulators.builder, accumulators.nest
+    tile = loops[-1].body
+    outside = {**env, **{loop.loop.name: ZERO for loop in loops}}
+    accumulators.visit(tile, outside, accumulators.load)
+
+    def level(depth: int, here: dict, trips: llir.Value):
+        loop = loops[depth]
+
+        def step(i):
+            inside = {**here, loop.loop.name: i}
+            if depth + 1 == len(loops):
+                accumulators.visit(tile, inside, accumulators.update)
+            else:
+                level(depth + 1, inside, builder.trip_count(loops[depth + 1], inside))
+        builder.counted_loop(ZERO, trips, step, loop.loop.name, builder.around_register_tile(loop))
+    level(0, env, count)
+    accumulators.visit(tile, outside, accumulators.store)
 
 
 # An edge tile's unrolled loop with a trip count known only at run time is emitted once per possible count
@@ -238,6 +255,16 @@ def dynamic_edge(accumulators: Accumulators, node: LoopNode) -> LoopNode | None:
             any(name in inside for lim in found[0].limits for name, _ in lim.rest.terms):
         return None
     return found[0]
+
+
+def nest(builder: FunctionBuilder, node: LoopNode) -> list[LoopNode]:
+    """`node` and the plain loops below it, each the only node of the one around it and with no
+    guard-free copy of its own, down to the first loop whose body is something else (the tile)."""
+    loops = [node]
+    while len(loops[-1].body) == 1 and isinstance(inner := loops[-1].body[0], LoopNode) and \
+            not inner.loop.annotation and not builder.versioned(inner):
+        loops.append(inner)
+    return loops
 
 
 def disjoint(keys: list[tuple[Key, int]]) -> bool:

@@ -123,8 +123,9 @@ class CpuFunctionBuilder(FunctionBuilder):
 
     def plain_loop(self, node: LoopNode, env: dict, count: llir.Value):
         """A reduction loop around a register tile keeps the tile's accumulators in registers across it
-        (`Accumulators`); other loops run as on every target."""
-        if not run_in_registers(self, node, env, count):
+        (`Accumulators`), across the whole nest of plain reduction loops it heads; other loops run as
+        on every target."""
+        if not run_in_registers(self, node, env, count, nested=True):
             super().plain_loop(node, env, count)
 
     def parallel(self, node: LoopNode, env: dict, count: llir.Value):

@@ -63,6 +63,7 @@ LOG_COEFFS = (7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1, -1.2420140846e
 TANH_COEFFS = (-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1, -3.33332819422e-1)
 EXP_LOW, EXP_HIGH = -104.0, 88.72284   # exp(-104) rounds to 0; exp(88.72284) is float32's largest finite
 TANH_SPLIT = 0.625
+TANH_ONE = 9.5          # 1 - tanh(x) < 2**-25 (half an ulp below 1) from about x = 9.1: tanh rounds to 1
 ERF_SMALL = (8.47742339828983e-05, -0.0008168499916791916, 0.005203345324844122, -0.026860348880290985,
              0.11283712834119797, -0.37612634897232056, 0.12837916612625122)
 ERF_LARGE = (1.6293822682200698e-06, -4.588020237861201e-05, 0.0005950948689132929, -0.004750560037791729,
@@ -615,18 +616,32 @@ class FunctionBuilder:
 
         def c(v):
             return constant_like(ty, v)
-        clamped = self.binary("minimum", self.binary("maximum", x, c(EXP_LOW)), c(EXP_HIGH))
-        n = b.call(self.intrinsic("llvm.rint", ty, 1), [b.fmul(clamped, c(1.44269504088896341))])
-        r = b.fsub(b.fsub(clamped, b.fmul(n, c(0.693359375))), b.fmul(n, c(-2.12194440e-4)))
-        y = b.fadd(self.fma(self.horner(r, EXP_COEFFS), b.fmul(r, r), r), c(1.0))
-        ity = int_like(ty)
-        whole = b.fptosi(n, ity)
-        half = b.ashr(whole, constant_like(ity, 1))
-        for part in (half, b.sub(whole, half)):
-            y = b.fmul(y, b.bitcast(b.shl(b.add(part, constant_like(ity, 127)), constant_like(ity, 23)), ty))
+        y = self.exp_core(self.binary("minimum", self.binary("maximum", x, c(EXP_LOW)), c(EXP_HIGH)), halves=True)
         result = b.select(b.fcmp_ordered("<", x, c(EXP_LOW)), c(0.0), y)
         result = b.select(b.fcmp_ordered(">", x, c(EXP_HIGH)), c(float("inf")), result)
         return b.select(b.fcmp_unordered("uno", x, x), x, result)
+
+    def exp_core(self, x: llir.Value, halves: bool) -> llir.Value:
+        """e**x for x already inside [EXP_LOW, EXP_HIGH], with no test of the range: x = n ln 2 + r
+        (ln 2 in two parts, by fused multiply-adds), e**r by Cephes' polynomial, times 2**n built in the
+        exponent bits: in two `halves` where the result may be subnormal, at once where it is normal."""
+        b, ty = self.builder, x.type
+
+        def c(v):
+            return constant_like(ty, v)
+        n = b.call(self.intrinsic("llvm.rint", ty, 1), [b.fmul(x, c(1.44269504088896341))])
+        r = self.fma(n, c(2.12194440e-4), self.fma(n, c(-0.693359375), x))
+        y = b.fadd(self.fma(self.horner(r, EXP_COEFFS), b.fmul(r, r), r), c(1.0))
+        ity = int_like(ty)
+        whole = b.fptosi(n, ity)
+        if halves:
+            half = b.ashr(whole, constant_like(ity, 1))
+            parts = (half, b.sub(whole, half))
+        else:
+            parts = (whole,)
+        for part in parts:
+            y = b.fmul(y, b.bitcast(b.shl(b.add(part, constant_like(ity, 127)), constant_like(ity, 23)), ty))
+        return y
 
     def log_f32(self, x: llir.Value) -> llir.Value:
         """Natural log of float32 scalars or vectors, inline: x = m * 2**e with m in [sqrt(1/2), sqrt(2)),
@@ -649,14 +664,18 @@ class FunctionBuilder:
 
     def tanh_f32(self, x: llir.Value) -> llir.Value:
         """tanh of float32 scalars or vectors, inline: Cephes' odd polynomial below |x| = 0.625, else
-        1 - 2/(exp(2|x|) + 1) with the sign of x (±1 at ±inf; NaN stays NaN)."""
+        1 - 2/(exp(2|x|) + 1) with the sign of x (±1 at ±inf; NaN stays NaN). |x| is held to TANH_ONE,
+        past which that rounds to 1, so exp's argument is in range and its result normal: `exp_core`,
+        without exp's range tests (a quarter fewer instructions; on AVX2 the GELU's tanh took 1.7x XLA's)."""
         b, ty = self.builder, x.type
         size = b.call(self.intrinsic("llvm.fabs", ty, 1), [x])
         square = b.fmul(x, x)
         small = self.fma(b.fmul(self.horner(square, TANH_COEFFS), square), x, x)
-        grown = b.fadd(self.exp_f32(b.fadd(size, size)), constant_like(ty, 1.0))
+        held = self.binary("minimum", size, constant_like(ty, TANH_ONE))
+        grown = b.fadd(self.exp_core(b.fadd(held, held), halves=False), constant_like(ty, 1.0))
         large = b.fsub(constant_like(ty, 1.0), b.fdiv(constant_like(ty, 2.0), grown))
-        return self.odd(x, b.select(b.fcmp_ordered("<", size, constant_like(ty, TANH_SPLIT)), small, large))
+        result = self.odd(x, b.select(b.fcmp_ordered("<", size, constant_like(ty, TANH_SPLIT)), small, large))
+        return b.select(b.fcmp_unordered("uno", x, x), x, result)
 
     def erf_f32(self, x: llir.Value) -> llir.Value:
         """erf of float32 scalars or vectors, inline: x + x*P(x*x) below |x| = ERF_SPLIT, else
