@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .program import Affine, Binary, Buffer, Cast, Expr, Load, Program, Stage, index_vars, loads
+from .program import Affine, Binary, Buffer, Cast, Expr, Load, Program, Stage, index_vars, loads, plain_dims
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ def im2col(program: Program) -> Im2col | None:
     operand = list(loads(windowed))
     if len(operand) != 1 or not _is_input(operand[0].buffer, program):
         return None
-    window_vars, other_dims = index_vars(windowed), [index.terms[0][0] for index in other.index]
+    window_vars, other_dims = index_vars(windowed), list(plain_dims(other))
     m = [d for d in stage.dims if d in window_vars and d not in other_dims]
     n = [d for d in stage.dims if d in other_dims and d not in window_vars]
     k = [d for d in other_dims if d in stage.reduce_dims]
@@ -52,8 +52,7 @@ def im2col(program: Program) -> Im2col | None:
             or not set(k) <= window_vars or tuple(stage.dims) not in (tuple(m + n), tuple(n + m)):
         return None
     other_buffer = _input(other.buffer, program)
-    groups = _runs(other_dims, k, n)
-    if groups is None or [d for d in other_dims if d in n] != n:
+    if not _in_runs(other_dims, k, n) or [d for d in other_dims if d in n] != n:
         return None
     gather = _gather_program(program, _uncast(windowed), k, m)
     product = _product_program(program, stage, gather, other_buffer, other_dims, k, m, n, w_side)
@@ -86,24 +85,22 @@ def _input(name: str, program: Program) -> Buffer:
 
 def _plain_load(expr: Expr, program: Program) -> Load | None:
     """`expr` where it reads a whole input at one distinct dim an axis, else None."""
-    if not isinstance(expr, Load) or expr.clamped or not _is_input(expr.buffer, program):
+    if not isinstance(expr, Load) or not _is_input(expr.buffer, program):
         return None
-    if any(len(index.terms) != 1 or index.terms[0][1] != 1 or index.const for index in expr.index):
-        return None
-    dims = [index.terms[0][0] for index in expr.index]
+    dims = plain_dims(expr)
     shape = _input(expr.buffer, program).shape
-    if len(set(dims)) != len(dims) or any(program.size(d) != size for d, size in zip(dims, shape)):
+    if dims is None or len(set(dims)) != len(dims) or any(program.size(d) != size for d, size in zip(dims, shape)):
         return None
     return expr
 
 
-def _runs(dims: list[str], *groups: list[str]) -> list[list[str]] | None:
-    """`groups` where each lies in `dims` as one unbroken run, else None."""
+def _in_runs(dims: list[str], *groups: list[str]) -> bool:
+    """Whether each of `groups` lies in `dims` as one unbroken run."""
     for group in groups:
         first = dims.index(group[0]) if group and group[0] in dims else None
         if first is None or dims[first:first + len(group)] != [d for d in dims if d in group]:
-            return None
-    return list(groups)
+            return False
+    return True
 
 
 def _gather_program(program: Program, windowed: Expr, k: list[str], m: list[str]) -> Program:

@@ -79,6 +79,10 @@ class Affine:
     def coeffs(self) -> dict[str, int]:
         return dict(self.terms)
 
+    def bare_dim(self) -> str | None:
+        """The dim this index is, where it is one dim alone (coefficient 1, no constant), else None."""
+        return self.terms[0][0] if len(self.terms) == 1 and self.terms[0][1] == 1 and not self.const else None
+
     def __add__(self, other: "Affine | int") -> "Affine":
         if isinstance(other, int):
             return Affine(self.terms, self.const + other)
@@ -290,6 +294,13 @@ def index_vars(expr: Expr) -> set[str]:
     """The index variables an expression's loads and guards use."""
     affines = [a for ld in loads(expr) for a in ld.index] + [g.expr for g in guards(expr)]
     return {v for a in affines for v, _ in a.terms}
+
+
+def plain_dims(load: Load) -> tuple[str, ...] | None:
+    """The dims a load reads its buffer at where each axis is a bare dim (`Affine.bare_dim`) and the load
+    is not clamped, else None."""
+    dims = tuple(index.bare_dim() for index in load.index)
+    return None if load.clamped or None in dims else dims
 
 
 def rewritten(expr: Expr, load, guard=lambda g: g) -> Expr:

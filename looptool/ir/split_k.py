@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .program import Affine, Buffer, Load, Program, Stage, loads, rewritten
+from .program import Affine, Buffer, Load, Program, Stage, loads, plain_dims, rewritten
 
 
 def split_k(program: Program, parts: int) -> Program | None:
@@ -24,7 +24,7 @@ def split_k(program: Program, parts: int) -> Program | None:
     size = program.size(k)
     reads = list(loads(stage.expr))
     inputs = {buffer.name: buffer for buffer in program.inputs}
-    if size % parts or any(ld.buffer not in inputs or not _plain(ld) for ld in reads):
+    if size % parts or any(ld.buffer not in inputs or plain_dims(ld) is None for ld in reads):
         return None
     outer, inner = program.fresh_dim(f"{k}_o"), program.fresh_dim(f"{k}_i")
     run = size // parts
@@ -42,11 +42,6 @@ def split_k(program: Program, parts: int) -> Program | None:
                   (outer, *stage.dims))
     sizes = tuple(item for item in program.sizes if item[0] != k) + ((outer, parts), (inner, run))
     return Program(split_inputs, (part, total), sizes)
-
-
-def _plain(load: Load) -> bool:
-    return all(len(affine.terms) == 1 and affine.terms[0][1] == 1 and not affine.const for affine in load.index) \
-        and not load.clamped
 
 
 def _split_buffer(buffer: Buffer, reads: list[Load], k: str, outer: str, inner: str, parts: int, run: int) -> Buffer:

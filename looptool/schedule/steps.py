@@ -603,10 +603,11 @@ def _padded(program: Program, original: ir.Stage, multiples: dict[str, int]) -> 
 
 def _plain_dim(axis: ir.Affine, load: ir.Load, stage: ir.Stage) -> str:
     """The one dim an index axis of a padded load reads (pad copies only plain reads)."""
-    if len(axis.terms) != 1 or axis.terms[0][1] != 1 or axis.const:
+    dim = axis.bare_dim()
+    if dim is None:
         raise ValueError(f"pad of stage {stage.name}: {load.buffer} is read at {axis}; pad copies only reads "
                          f"of one dim each")
-    return axis.terms[0][0]
+    return dim
 
 
 def _split_tail(tail: Tail, name: str, outer: str, inner: str, factor: int) -> Tail:
