@@ -71,10 +71,7 @@ def split_k_parts(program: ir.Program, sms: int) -> int:
     stage = program.output
     if contraction_dtype(program) != "float32" or len(stage.dims) < 2:      # (a dot product: the reduction rules)
         return 1
-    x, y, others = tile_dims(stage)
-    block = least_work_block(program, stage.name, sms, FLOAT32_BLOCKS)
-    blocks = math.prod(program.size(d) for d in others) * -(-program.size(y) // block[0]) \
-        * -(-program.size(x) // block[1])
+    blocks = block_count(program, stage.name, least_work_block(program, stage.name, sms, FLOAT32_BLOCKS))
     size = program.size(stage.reduce_dims[0])
     if blocks >= sms or not SPLIT_K_BLOCKS:
         return 1
@@ -147,15 +144,18 @@ def least_work_block(program: ir.Program, stage: str, sms: int | None,
     """The block tile (rows, columns) of `blocks` that leaves an SM the least work: blocks come in waves
     of one a SM, so an SM computes (waves x tile) outputs; on a tie the larger tile (more reuse of each
     load). Without an SM count, the first."""
-    x, y, others = tile_dims(program.stage(stage))
-    if sms is None or y is None:
+    if sms is None or tile_dims(program.stage(stage))[1] is None:
         return blocks[0]
-    batch = math.prod(program.size(d) for d in others)
 
     def work(block):
-        blocks = batch * -(-program.size(y) // block[0]) * -(-program.size(x) // block[1])
-        return -(-blocks // sms) * block[0] * block[1]
+        return -(-block_count(program, stage, block) // sms) * block[0] * block[1]
     return min(blocks, key=lambda block: (work(block), -block[0] * block[1]))
+
+
+def block_count(program: ir.Program, stage: str, block: tuple[int, int]) -> int:
+    """The blocks of `block` (rows, columns) tiles a contraction stage's result takes, batch dims included."""
+    x, y, others = tile_dims(program.stage(stage))
+    return math.prod(program.size(d) for d in others) * -(-program.size(y) // block[0]) * -(-program.size(x) // block[1])
 
 
 def wgmma_block(program: ir.Program, stage: str, sms: int | None) -> tuple[int, int]:
