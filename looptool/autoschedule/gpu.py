@@ -84,7 +84,8 @@ def contraction_candidates(tree: LoopTree, stage: str, hopper: bool, sms: int | 
     """(description, tree) for each template that fits the contraction `stage`, best first: half
     precision on tensor cores (`TENSOR_START`: wgmma on a Hopper GPU, then mma, which takes narrower
     edges) where its sizes are whole mma tiles; then register tiles on CUDA cores (`FLOAT32_TILES`, 2-D inputs with k last
-    transposed ahead), where its matrices hold a block tile, the tile chosen for a GPU of `sms` SMs
+    transposed ahead), where its matrices hold a block tile's rows and half its columns (a 40-wide
+    product takes a 64-wide tile, its threads cut to the 40 columns), the tile chosen for a GPU of `sms` SMs
     (`least_work_block`; so is the wgmma template's). The legality check still has the last word (wgmma's wide tiles, for one, take no tail)."""
     dtype = contraction_dtype(tree.program, stage)
     candidates = []
@@ -182,9 +183,11 @@ def _float32_tree(tree: LoopTree, stage: str, block: tuple[int, int] = FLOAT32_B
     p = float32_tiles(block)
     x, y, _ = tile_dims(st)
     size = tree.program.size
-    if y is None or size(x) < p["x_threads"] * p["x_groups"] * p["vector"] or size(y) < p["y_threads"] * p["y_tile"] \
+    columns = p["x_threads"] * p["x_groups"] * p["vector"]
+    if y is None or 2 * size(x) < columns or size(y) < p["y_threads"] * p["y_tile"] \
             or size(st.reduce_dims[0]) < p["k_tile"]:
-        raise ValueError(f"the matrices of {st.name} are smaller than one block tile")
+        raise ValueError(f"the matrices of {st.name} fill less than one block tile ({size(x)} columns of "
+                         f"{columns})")
     inputs = sorted({ld.buffer for ld in _loads(st)})
     ahead = [b for b in inputs if transposable(tree, st.name, b)]
     for buffer in ahead:

@@ -266,6 +266,19 @@ def test_an_attention_head_runs_its_softmax_and_weighted_sum_as_one_kernel(rng):
     assert_close(lt.Kernel(tree, 1)(ir.lower(out.node)[1]), p / p.sum(1, keepdims=True) @ v, 1e-5)
 
 
+@pytest.mark.parametrize("n, template", [(40, True), (24, False)])
+def test_a_product_narrower_than_a_block_tile_takes_it_where_it_fills_half(rng, n, template):
+    """A convolution's gathered product with 40 output channels fills 40 of the 64 columns of a 128 x 64
+    register tile: it takes the tile (its threads cut to the 40 columns); 24 columns do not fill half."""
+    a, b = rng.standard_normal((300, 72)).astype(np.float32), rng.standard_normal((72, n)).astype(np.float32)
+    sm, sk, sn = lt.symbols("m k n")
+    c = (lt.Tensor(a).to(sm, sk) * lt.Tensor(b).to(sk, sn)).sum(sk)
+    tree = gpu_rules.gpu_tree(c.loop_tree().program, H100)
+    assert ("register tiles on CUDA cores, 128x64 a block" in tree.explain()) == template
+    assert tree.check() == (True, "legal")
+    assert_close(c.numpy(tree), a.astype(np.float64) @ b, 1e-5)
+
+
 @pytest.mark.parametrize("m, n, sms, block", [(1024, 1024, 132, (128, 64)), (4096, 4096, 132, (128, 128)),
                                                (512, 512, 132, (128, 64)), (1024, 1024, 16, (128, 128)),
                                                (1000, 777, 108, (128, 64))])
