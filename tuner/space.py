@@ -21,7 +21,7 @@ from looptool import autoschedule, ir
 from looptool.analysis.target import Target, host
 from looptool.autoschedule.gpu import (FLOAT32_BLOCKS, FLOAT32_TILES, TENSOR_START, contraction_dtype,
                                        float32_tiles, least_work_block, mma_tiled, register_tiled, tile_dims,
-                                       transposable, transposed_ahead, wgmma_block, wgmma_tiled)
+                                       transposable, transposed_ahead, wgmma_start, wgmma_tiled)
 from looptool.codegen import gpu as codegen_gpu
 from looptool.runtime import gpu as runtime_gpu
 from looptool.schedule import LoopTree
@@ -91,16 +91,21 @@ def sample_gpu(trial: optuna.Trial, tree: LoopTree) -> LoopTree:
     k tiles whose inputs may be staged in shared memory, and 128-bit vectors along the contiguous
     dim; 'rows' (programs of several stages) gives each block a row of the output, computes the
     producers there, and binds the innermost dim to threads, combining reductions across them;
-    'mma' (a contraction of two bfloat16 or float16 tensors) runs it on tensor cores (`mma_tiled`:
-    block tile, warps, k tile, pipeline stages), and on Hopper so does 'wgmma' (`wgmma_tiled`: block
-    tile, warpgroups, pipeline stages)."""
+    'mma' (a contraction of two bfloat16 or float16 tensors, alone or with pointwise stages after it)
+    runs it on tensor cores (`mma_tiled`: block tile, warps, k tile, pipeline stages), and on Hopper so
+    does 'wgmma' (`wgmma_tiled`: block tile, warpgroups, pipeline stages); the pointwise stages (a bias,
+    relu, a cast) are computed in its write-back (`epilogue`)."""
     try:
         stages = [st.name for st in tree.program.stages]
         if len(stages) > 1 and trial.suggest_categorical("gpu.family", ["tiles", "rows"]) == "rows":
             return _gpu_rows(trial, tree)
-        family = _half_contraction(tree) and trial.suggest_categorical("gpu.tensor.family", tensor_families())
+        contraction = half_contraction(tree.program)
+        family = contraction and trial.suggest_categorical("gpu.tensor.family", tensor_families())
         if family in TENSOR_FAMILIES:
-            return _gpu_tensor(trial, tree, family)
+            tree = _gpu_tensor(trial, tree, family, contraction)
+            for stage in stages[1:]:
+                tree = tree.epilogue(stage)
+            return tree
         for stage in stages:
             tree = _gpu_tiles(trial, tree, stage)
         _check_block_size(tree)
@@ -109,9 +114,13 @@ def sample_gpu(trial: optuna.Trial, tree: LoopTree) -> LoopTree:
     return tree
 
 
-def _half_contraction(tree: LoopTree) -> bool:
-    """One stage summing the product of two bfloat16 (or two float16) tensors."""
-    return contraction_dtype(tree.program) in ("bfloat16", "float16")
+def half_contraction(program: ir.Program) -> str | None:
+    """The stage a tensor-core family runs: a program's first stage where it sums the product of two
+    bfloat16 (or two float16) tensors and every later stage is pointwise (an epilogue); else None."""
+    first = program.stages[0]
+    if contraction_dtype(program, first.name) not in ("bfloat16", "float16"):
+        return None
+    return None if any(st.reduce_dims for st in program.stages[1:]) else first.name
 
 
 @dataclass(frozen=True)
@@ -129,10 +138,10 @@ class TensorFamily:
     copiers: tuple[str, ...] = ("cp.async",)
 
 
-def _gpu_tensor(trial: optuna.Trial, tree: LoopTree, family: str) -> LoopTree:
-    """Draw block tile, teams, k tile and stages of a tensor-core family and build its schedule."""
+def _gpu_tensor(trial: optuna.Trial, tree: LoopTree, family: str, stage: str) -> LoopTree:
+    """Draw block tile, teams, k tile and stages of a tensor-core family and build its schedule of `stage`."""
     spec = TENSOR_FAMILIES[family]
-    st = tree.program.output
+    st = tree.program.stage(stage)
     m, n = [d for d in st.loop_dims if d not in st.reduce_dims][-2:]
     block = tuple(_choose(trial, f"gpu.{family}.block.{d}", list(MMA_BLOCK)) for d in (m, n))
     teams = tuple(_choose(trial, f"gpu.{family}.{spec.team}s.{d}", list(spec.teams)) for d in (m, n))
@@ -164,24 +173,26 @@ TILES_START = {"vector": FLOAT32_TILES["vector"], "x.threads": FLOAT32_TILES["x_
 
 def gpu_start_params(program: ir.Program) -> dict:
     """The GPU space's first draw for a contraction (a study starts there, as a CPU study starts from
-    the automatic schedule): for half precision the best tensor-core family of this GPU (wgmma on
-    Hopper, else mma) with the block, teams, k tile, stages and copier of bench.gpu's fastest
-    schedule of that family; for float32 the fastest register-tile schedule (`TILES_START`) where
-    the matrices hold one block tile; {} for other programs."""
-    dtype = contraction_dtype(program)
-    if dtype == "float32":
+    the automatic schedule): for a half-precision contraction, with an epilogue or not (`half_contraction`),
+    the best tensor-core family of this GPU (wgmma on Hopper, else mma) with the block, teams, k tile,
+    stages and copier of the automatic schedule (`wgmma_start`) or of bench.gpu's fastest mma schedule;
+    for float32 the fastest register-tile schedule (`TILES_START`) where the matrices hold one block
+    tile; {} for other programs."""
+    if contraction_dtype(program) == "float32":
         return _tiles_start(program)
-    if dtype not in ("bfloat16", "float16"):
+    contraction = half_contraction(program)
+    if contraction is None:
         return {}
     family = tensor_families()[-1]
     spec, (block, teams, k_tile, stages, copier) = TENSOR_FAMILIES[family], TENSOR_START[family]
-    if family == "wgmma":          # the automatic schedule's block for this GPU (`least_work_block`)
-        block = wgmma_block(program, program.output.name, _sm_count())
-    st = program.output
+    if family == "wgmma":          # the automatic schedule's template for this GPU
+        block, teams, k_tile, stages, copier = wgmma_start(program, contraction, _sm_count())
+    st = program.stage(contraction)
     m, n = [d for d in st.loop_dims if d not in st.reduce_dims][-2:]
-    params = {"gpu.tensor.family": family, f"gpu.{family}.block.{m}": block[0], f"gpu.{family}.block.{n}": block[1],
-              f"gpu.{family}.{spec.team}s.{m}": teams[0], f"gpu.{family}.{spec.team}s.{n}": teams[1],
-              f"gpu.{family}.stages": stages}
+    params = {"gpu.family": "tiles"} if len(program.stages) > 1 else {}
+    params |= {"gpu.tensor.family": family, f"gpu.{family}.block.{m}": block[0], f"gpu.{family}.block.{n}": block[1],
+               f"gpu.{family}.{spec.team}s.{m}": teams[0], f"gpu.{family}.{spec.team}s.{n}": teams[1],
+               f"gpu.{family}.stages": stages}
     if len(spec.k_tiles) > 1:
         params[f"gpu.{family}.k.tile"] = k_tile
     if len(spec.copiers) > 1:
@@ -293,9 +304,9 @@ def _gpu_rows(trial: optuna.Trial, tree: LoopTree) -> LoopTree:
     depth = len(outer)
     for stage in reversed(tree.program.stages[:-1]):
         tree = tree.place(stage.name, tree.program.readers(stage.name)[0].name, depth)
-        for dim in tree.program.stage(stage.name).loop_dims:
-            if any(lp.dim == dim for lp in tree.schedule.of(stage.name).loops):
-                tree = _threads_over(tree, stage.name, dim, threads)
+        left = [d for d in stage.loop_dims if any(lp.dim == d for lp in tree.schedule.of(stage.name).loops)]
+        if left:                    # one loop to thread.x: a GPU index runs one loop of a nest
+            tree = _threads_over(tree, stage.name, left[-1], threads)
     return tree
 
 

@@ -172,6 +172,17 @@ def _check_structure(tree: LoopTree):
                     f"'{node.loop.name}' or do not vectorize it")
     _check_pipelines(tree)
     _check_dynamic_buffers(tree)
+    for stmt, path in tree.statements():
+        _check_one_loop_an_axis(stmt, path)
+
+
+def _check_one_loop_an_axis(stmt, path):
+    """A GPU block or thread index is one loop's value: two nested loops bound to one axis would both take it."""
+    for axis in GPU_AXES:
+        bound = [n.loop.name for n in path if n.loop.annotation == axis]
+        if len(bound) > 1:
+            raise IllegalScheduleError(f"stage {stmt.stage.name} is inside loops {bound}, all bound to {axis}: a GPU "
+                                       f"index runs one loop of a nest; bind the others to another axis or none")
 
 
 def _check_dynamic_buffers(tree: LoopTree):
@@ -222,6 +233,12 @@ def _check_pipelines(tree: LoopTree):
         written = {stmt.stage.name for stmt, _ in walk(path[:1] or [node]) if isinstance(stmt, StmtNode)}
         for copy in copies:
             _check_prefetchable(tree, node, copy, written)
+            if copy in tree.thread_slices:
+                raise IllegalScheduleError(
+                    f"stage {copy} is placed at pipelined loop '{name}', but each thread reads only its own slice "
+                    f"of it, which the GPU keeps in the thread's registers: a pipeline copies into shared memory "
+                    f"(cp.async, TMA), where the slices would overlap. Read the copy across threads, or do not "
+                    f"pipeline '{name}'")
 
 
 def _check_prefetchable(tree: LoopTree, node: LoopNode, copy: str, written: set[str]):

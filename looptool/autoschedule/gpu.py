@@ -41,6 +41,11 @@ FLOAT32_BLOCKS = ((128, 128), (128, 64))
 TENSOR_PADS = ((64, 8, 64), (64, 256, 64), (16, 8, 16))
 # and its fastest half-precision schedules: (block, teams, k tile, stages, copier) of each tensor-core family
 TENSOR_START = {"wgmma": ((128, 256), (2, 1), 64, 3, "tma"), "mma": ((128, 256), (2, 4), 64, 2, "cp.async")}
+# and the wgmma template where k is one k tile (nothing to pipeline): 64 x 128 blocks of one warpgroup,
+# several resident an SM so one's write-back overlaps another's loads, copied by cp.async (TMA's barriers
+# are not paid back by one tile). The H100's GPU study of batched bf16 16x1024x64x1024 (session 13,
+# bench.gpu_tuned, 64 trials): this 32.0 us, its TMA twin 34.7, the 128 x 256 default 38.9
+WGMMA_ONE_K_TILE = ((64, 128), (1, 1), 64, 2, "cp.async")
 # the wgmma template's block tiles, largest first, for problems its 128 x 256 leaves SMs idle on, and for
 # products 64 columns wide (a convolution's 64 output channels)
 WGMMA_BLOCKS = ((128, 256), (128, 128), (128, 64))
@@ -82,10 +87,9 @@ def split_k_parts(program: ir.Program, sms: int) -> int:
 def contraction_candidates(tree: LoopTree, stage: str, hopper: bool, sms: int | None = None) \
         -> list[tuple[str, LoopTree]]:
     """(description, tree) for each template that fits the contraction `stage`, best first: half
-    precision on tensor cores (`TENSOR_START`: wgmma on a Hopper GPU, then mma, which takes narrower
-    edges) where its sizes are whole mma tiles; then register tiles on CUDA cores (`FLOAT32_TILES`, 2-D inputs with k last
-    transposed ahead), where its matrices hold a block tile's rows and half its columns (a 40-wide
-    product takes a 64-wide tile, its threads cut to the 40 columns), the tile chosen for a GPU of `sms` SMs
+    precision on tensor cores (`TENSOR_START`: wgmma on a Hopper GPU, `WGMMA_ONE_K_TILE` where k is one
+    k tile, then mma, which takes narrower edges) where its sizes are whole mma tiles; then register tiles on CUDA cores (`FLOAT32_TILES`, 2-D inputs with k last
+    transposed ahead), where its matrices hold a block tile, the tile chosen for a GPU of `sms` SMs
     (`least_work_block`; so is the wgmma template's). The legality check still has the last word (wgmma's wide tiles, for one, take no tail)."""
     dtype = contraction_dtype(tree.program, stage)
     candidates = []
@@ -93,7 +97,7 @@ def contraction_candidates(tree: LoopTree, stage: str, hopper: bool, sms: int | 
         for family, build in (("wgmma", wgmma_tiled), ("mma", mma_tiled))[0 if hopper else 1:]:
             block, teams, k_tile, stages, copier = TENSOR_START[family]
             if family == "wgmma":
-                block = wgmma_block(tree.program, stage, sms)
+                block, teams, k_tile, stages, copier = wgmma_start(tree.program, stage, sms)
                 if not WGMMA_EDGE_TILES and not wgmma_whole_tiles(tree.program, stage, block, teams):
                     continue
             try:
@@ -159,11 +163,25 @@ def block_count(program: ir.Program, stage: str, block: tuple[int, int]) -> int:
     return math.prod(program.size(d) for d in others) * -(-program.size(y) // block[0]) * -(-program.size(x) // block[1])
 
 
+def wgmma_start(program: ir.Program, stage: str, sms: int | None) -> tuple:
+    """(block, teams, k tile, stages, copier) of the wgmma template for a contraction stage: WGMMA_ONE_K_TILE
+    where its k is one k tile, else TENSOR_START's with the block of `wgmma_block`; blocks narrowed to n."""
+    block, teams, k_tile, stages, copier = TENSOR_START["wgmma"]
+    if program.size(contraction_dims(program, stage)[2]) <= k_tile:
+        block, teams, k_tile, stages, copier = WGMMA_ONE_K_TILE
+        return narrowed(program, stage, block), teams, k_tile, stages, copier
+    return wgmma_block(program, stage, sms), teams, k_tile, stages, copier
+
+
 def wgmma_block(program: ir.Program, stage: str, sms: int | None) -> tuple[int, int]:
     """The wgmma template's block tile: `least_work_block` of WGMMA_BLOCKS, its columns narrowed to n (a
     multiple of 8) where n is narrower: a convolution's 40 output channels take one 64 x 40 wgmma tile,
     not a 64-wide one that the n loop cannot fill."""
-    block = least_work_block(program, stage, sms, WGMMA_BLOCKS)
+    return narrowed(program, stage, least_work_block(program, stage, sms, WGMMA_BLOCKS))
+
+
+def narrowed(program: ir.Program, stage: str, block: tuple[int, int]) -> tuple[int, int]:
+    """A wgmma block tile with its columns cut to the contraction's n, rounded up to a multiple of 8."""
     n = program.size(contraction_dims(program, stage)[1])
     return block[0], min(block[1], -(-n // 8) * 8)
 
@@ -183,11 +201,9 @@ def _float32_tree(tree: LoopTree, stage: str, block: tuple[int, int] = FLOAT32_B
     p = float32_tiles(block)
     x, y, _ = tile_dims(st)
     size = tree.program.size
-    columns = p["x_threads"] * p["x_groups"] * p["vector"]
-    if y is None or 2 * size(x) < columns or size(y) < p["y_threads"] * p["y_tile"] \
+    if y is None or size(x) < p["x_threads"] * p["x_groups"] * p["vector"] or size(y) < p["y_threads"] * p["y_tile"] \
             or size(st.reduce_dims[0]) < p["k_tile"]:
-        raise ValueError(f"the matrices of {st.name} fill less than one block tile ({size(x)} columns of "
-                         f"{columns})")
+        raise ValueError(f"the matrices of {st.name} are smaller than one block tile")
     inputs = sorted({ld.buffer for ld in _loads(st)})
     ahead = [b for b in inputs if transposable(tree, st.name, b)]
     for buffer in ahead:

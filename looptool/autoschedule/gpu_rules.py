@@ -341,8 +341,8 @@ class _Planner:
     def wgmma_with_edges(self, name: str) -> bool:
         """On Hopper, a half-precision contraction off the tensor cores' grid as one kernel: k padded with
         zeros to the wgmma template's k tile (by TMA's out-of-bounds fill where TMA can address the
-        operands: no copy), the block tiles cut at the ends of m and n (computed whole, each result element
-        stored under the tail's guard), and the copy of the padded result fused into the write-back
+        operands: no copy), the block tiles (`templates.wgmma_start`) cut at the ends of m and n (computed
+        whole, each result element stored under the tail's guard), and the copy of the padded result fused into the write-back
         (`epilogue`). False (tree unchanged) where the legality check refuses it."""
         if self.gpu.tensor_cores != "wgmma":
             return False
@@ -351,13 +351,14 @@ class _Planner:
         if dims is None:
             return False
         k = dims[2]
-        _, teams, k_tile, stages, _ = templates.TENSOR_START["wgmma"]
+        k_tile = templates.TENSOR_START["wgmma"][2]
         padded = program.size(k) % k_tile != 0
         stage = f"{name}.pad" if padded else name
         try:
             tree = self.tree.pad({k: k_tile}, stage=name) if padded else self.tree
-            block = templates.wgmma_block(tree.program, stage, self.gpu.sms)
-            tree = templates.wgmma_tiled(tree, stage, block, teams, k_tile, stages, "tma")
+            block, teams, k_tile, stages, copier = templates.wgmma_start(tree.program, stage, self.gpu.sms)
+            copier = "tma" if padded else copier
+            tree = templates.wgmma_tiled(tree, stage, block, teams, k_tile, stages, copier)
             tree, filled = self.zero_filled_by_tma(tree, name)
             tree = tree.epilogue(name) if padded else tree
         except ValueError:
@@ -366,7 +367,7 @@ class _Planner:
             return False
         self.tree = tree
         self.note(name, f"a contraction off the tensor cores' grid: wgmma tensor-core tiles {block[0]}x{block[1]}x"
-                        f"{k_tile} whose edge tiles are computed whole and stored under guards"
+                        f"{k_tile}, {stages} stages by {copier}, whose edge tiles are computed whole and stored under guards"
                         + (f"; {k} padded with zeros to a multiple of {k_tile}" if padded else "")
                         + (f" by TMA's zero fill ({', '.join(filled)}, no copy)" if filled else "")
                         + ("; the padded result written straight into the result" if padded else ""))
@@ -520,13 +521,11 @@ class _Planner:
     def tile_rows(self, stage: ir.Stage, rest: list[str]) -> int:
         """Outputs along the pure dim before the contiguous one that a thread walking the reduction takes
         at once where some read does not move along it, so that read serves them all (a convolution's
-        filters): THREAD_TILE_ROWS, halved until it divides the dim (no ragged tile); else 1."""
+        filters): the largest count up to THREAD_TILE_ROWS that divides the dim (no ragged tile: 3 of 33
+        rows); else 1."""
         if not rest or all(rest[-1] in ir.index_vars(load) for load in ir.loads(stage.expr)):
             return 1
-        rows = THREAD_TILE_ROWS
-        while rows > 1 and self.size(rest[-1]) % rows:
-            rows //= 2
-        return rows
+        return next(rows for rows in range(THREAD_TILE_ROWS, 0, -1) if self.size(rest[-1]) % rows == 0)
 
     def coalesce_inputs(self, stage: ir.Stage, x: str):
         """Inputs the stage reads along `x` (its threads' dim) with a stride, smaller than its output

@@ -177,7 +177,7 @@ class CpuFunctionBuilder(FunctionBuilder):
         inner_env = dict(zip([n for n, _ in values], body_fn.args[len(pointers):]))
         start, end = body_fn.args[-2:]
         lp = node.loop
-        inner.full, inner.holding = set(self.full), set(self.holding)
+        inner.full, inner.holding, inner.proven = set(self.full), set(self.holding), set(self.proven)
         inner.counted_loop(start, end, lambda i: inner.loop_body(node, {**inner_env, lp.name: i}), lp.name,
                            inner.around_register_tile(node))
         inner.finish()

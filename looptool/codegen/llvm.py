@@ -104,6 +104,7 @@ class FunctionBuilder:
         self.hoisted = hoisted_tail_checks(tree)
         self.guard_checks = hoisted_guard_checks(tree)
         self.full: set[int] = set()
+        self.proven: set[int] = set()          # tail limits known to hold in this copy of the code
         self.holding: set[tuple[int, ir.Guard]] = set()
         self.offsets: dict = {}
         self.memo_block, self.memo = None, {}
@@ -238,11 +239,13 @@ class FunctionBuilder:
             fast = b.and_(fast, self.holds_throughout(check, env))
         with b.if_else(fast) as (then, otherwise):
             with then:
-                saved = set(self.full), set(self.holding)
-                self.full |= {id(limited) for limited, _, _ in tails}
-                self.holding |= {(check.stmt, check.guard) for check in guards}
+                saved = set(self.full), set(self.holding), set(self.proven)
+                self.proven |= {id(lim) for _, lim, _ in tails}
+                self.full |= {id(limited) for limited, _, _ in tails     # a loop whose limits are all proven:
+                              if all(id(lim) in self.proven for lim in limited.limits)}     # others are tested
+                self.holding |= {(check.stmt, check.guard) for check in guards}             # at other loops
                 emit()
-                self.full, self.holding = saved
+                self.full, self.holding, self.proven = saved
             with otherwise:
                 emit()
 

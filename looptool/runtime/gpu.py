@@ -166,6 +166,14 @@ def device_empty(shape: tuple[int, ...], dtype: str):
     return _array_maker(shape, dtype)(cupy().cuda.alloc(max(1, math.prod(shape) * codegen_gpu.ITEM_BYTES[dtype])))
 
 
+def poisoned_empty(shape: tuple[int, ...], dtype: str):
+    """`device_empty` filled with NaN (all bits set, for bfloat16), so a kernel that skips an output shows it."""
+    array = device_empty(shape, dtype)
+    bits = kernel_argument(array)
+    bits.fill(0xFFFF if bits.dtype == np.uint16 else np.nan)
+    return array
+
+
 def _array_maker(shape: tuple[int, ...], dtype: str) -> Callable:
     """A function making a device array of `shape` and `dtype` (a `BFloat16Array` for bfloat16) on the
     device memory it is given, with the dtype looked up once."""

@@ -34,3 +34,15 @@ def test_a_thread_bound_reduction_around_loops_over_the_result_is_refused(rng):
     assert not legal and "around loops over the result's dims" in reason
     fine = total.loop_tree().split("d0", 4).reorder("d1", "d0.1", "d0.0").bind("d0.1", "thread.x")
     assert fine.check() == (True, "legal")
+
+
+def test_two_nested_loops_bound_to_one_gpu_axis_are_refused(rng):
+    """Found by the GPU tuner's 'rows' family on a bfloat16 product with a bfloat16 result: its k and n
+    loops both on thread.x ran only the diagonal on an H100 (relative error 0.99)."""
+    c, _ = matmul(rng)
+    tree = c.loop_tree().reorder("m", "k", "n").bind("m", "block.x").bind("k", "thread.x").bind("n", "thread.x")
+    legal, reason = tree.check()
+    assert not legal
+    assert "inside loops ['k', 'n'], all bound to thread.x" in reason and "stage t0" in reason
+    fine = c.loop_tree().reorder("m", "k", "n").bind("m", "block.x").bind("n", "thread.x")
+    assert fine.check() == (True, "legal")

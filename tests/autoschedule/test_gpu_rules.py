@@ -217,6 +217,21 @@ def test_a_contraction_narrower_than_a_block_takes_a_wgmma_tile_as_wide_as_it(rn
     assert_close(c.numpy(tree), a.astype(np.float64) @ b.astype(np.float64).T, 1e-5)
 
 
+@pytest.mark.parametrize("k, described", [(64, "wgmma tensor-core tiles 64x128x64, 2 stages by cp.async"),
+                                          (128, "wgmma tensor-core tiles 128x")])
+def test_a_contraction_of_one_k_tile_takes_small_wgmma_blocks_copied_by_cp_async(rng, k, described):
+    """A batch of products whose k is one wgmma k tile (attention's q.k^T with 64-wide heads) has nothing to
+    pipeline: one warpgroup's 64 x 128 blocks, cp.async; a longer k keeps the 128-row TMA template."""
+    a = rng.standard_normal((3, 200, k)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((3, k, 256)).astype(ml_dtypes.bfloat16)
+    sb, m, sk, n = lt.symbols("b m k n")
+    c = (lt.Tensor(a).to(sb, m, sk) * lt.Tensor(b).to(sb, sk, n)).sum(sk)
+    tree, module = scheduled(c, assumed_gpu("sm_90"))
+    assert described in tree.explain() and len(module.launches) == 1
+    ref = np.einsum("bmk,bkn->bmn", a.astype(np.float64), b.astype(np.float64))
+    assert_close(c.numpy(tree), ref, 1e-5)
+
+
 def test_a_schedule_the_legality_check_refuses_falls_back_to_the_next_rule(rng, monkeypatch):
     sm, ref = row_softmax(rng.standard_normal((5, 40)).astype(np.float32))
     monkeypatch.setattr(gpu_rules._Planner, "fused_rows", lambda self: self.tree.bind("n", "block.x", stage="t0"))
@@ -264,19 +279,6 @@ def test_an_attention_head_runs_its_softmax_and_weighted_sum_as_one_kernel(rng):
     p = np.exp(s - s.max(1, keepdims=True))
     # the tree's own loops on this CPU (bound loops run as plain loops), on the program the GPU lowers
     assert_close(lt.Kernel(tree, 1)(ir.lower(out.node)[1]), p / p.sum(1, keepdims=True) @ v, 1e-5)
-
-
-@pytest.mark.parametrize("n, template", [(40, True), (24, False)])
-def test_a_product_narrower_than_a_block_tile_takes_it_where_it_fills_half(rng, n, template):
-    """A convolution's gathered product with 40 output channels fills 40 of the 64 columns of a 128 x 64
-    register tile: it takes the tile (its threads cut to the 40 columns); 24 columns do not fill half."""
-    a, b = rng.standard_normal((300, 72)).astype(np.float32), rng.standard_normal((72, n)).astype(np.float32)
-    sm, sk, sn = lt.symbols("m k n")
-    c = (lt.Tensor(a).to(sm, sk) * lt.Tensor(b).to(sk, sn)).sum(sk)
-    tree = gpu_rules.gpu_tree(c.loop_tree().program, H100)
-    assert ("register tiles on CUDA cores, 128x64 a block" in tree.explain()) == template
-    assert tree.check() == (True, "legal")
-    assert_close(c.numpy(tree), a.astype(np.float64) @ b, 1e-5)
 
 
 @pytest.mark.parametrize("m, n, sms, block", [(1024, 1024, 132, (128, 64)), (4096, 4096, 132, (128, 128)),

@@ -10,7 +10,8 @@ import pytest
 
 from looptool import ir
 from tests.helpers import assert_loop_tree_text, check, f64, random_matmul
-from tests.schedule_helpers import apply_steps, matmul, matmul_bias_relu, pointwise
+from tests.schedule_helpers import (apply_steps, colsum_exp, matmul, matmul_bias_relu, pointwise, rowsum_exp,
+                                    run_guarded)
 
 
 # ------------------------------------------------------------------ LLVM IR and assembly
@@ -220,3 +221,17 @@ def test_padding_guards_are_tested_once_per_tile_and_hold_in_its_copy(rng, size,
     got = t.compile(tree)(ir.lower(t.node)[1])
     ref = np.einsum("cyzab,ocab->yzo", windows, f64(f))
     assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-5
+
+
+@pytest.mark.parametrize("make", [rowsum_exp, colsum_exp])
+def test_a_vector_loop_with_two_tail_limits_tested_at_two_loops_runs_no_lane_past_either(rng, make):
+    """Found by the slow schedule fuzzer: a vectorized loop whose two tail limits are tested once at two
+    different loops above it counted as full in the copy where only the outer one held, so the sum over
+    5 rows wrote past its 1-element result (rowsum) or added lanes past the rows (colsum, error 0.34)."""
+    case = make(rng, 5, 1, np.float64)
+    tensor = case.make()
+    steps = [("split", "m", 4), ("split", "m.0", 1), ("split", "m.1", 3),
+             ("reorder", "m.0.0", "m.1.0", "m.0.1", "n", "m.1.1"), ("vectorize", "m.1.1")]
+    tree = apply_steps(tensor.loop_tree(), [(*step, {"stage": "t0"}) for step in steps])
+    assert "while m.1.1 + 4*m.0.0 + 4*m.0.1 + 3*m.1.0 < 5 and m.1.1 + 3*m.1.0 < 4  [vectorize]" in str(tree)
+    case.check(run_guarded(tensor, tree, rng).value)

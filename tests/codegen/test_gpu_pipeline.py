@@ -139,3 +139,19 @@ def test_transposed_ahead_refuses_an_input_already_laid_out_reduction_first(rng)
     with pytest.raises(ValueError, match=r"transposed_ahead: in1 \(dims \('k', 'n'\)\) is not a 2-D input \(or a "
                                          r"batch of them\) with the reduction dim of t0 \(\('k',\)\) last"):
         templates.transposed_ahead(c.loop_tree(), "t0", "in1")
+
+
+def test_a_pipelined_copy_each_thread_reads_only_its_own_slice_of_is_refused(rng):
+    """Found by compute-sanitizer's racecheck on an H100 (a random softmax schedule): a copy kept per thread
+    (its registers) was pipelined, so every thread's cp.async wrote the same shared-memory tile."""
+    x = rng.standard_normal((37, 300)).astype(np.float32)
+    m, n = lt.symbols("m n")
+    c = lt.Tensor(x).to(m, n).max(n)
+    tree = (c.loop_tree().split("m", 32).bind("m.0", "block.x").bind("m.1", "thread.x").cache_write("t0")
+            .place("t0.acc", "t0", 1).split("n", 4, stage="t0.acc").reorder("n.0", "m.1", "n.1", stage="t0.acc")
+            .bind("m.1", "thread.x", stage="t0.acc").cache("in0", stage="t0.acc").place("in0.t0.acc", "t0.acc", 2)
+            .bind("m.1", "thread.x", stage="in0.t0.acc").vectorize("n.1", stage="in0.t0.acc"))
+    assert tree.check() == (True, "legal")
+    legal, reason = tree.pipeline("n.0", 3, stage="t0.acc").check()
+    assert not legal
+    assert reason.startswith("stage in0.t0.acc is placed at pipelined loop 'n.0', but each thread reads only its own")

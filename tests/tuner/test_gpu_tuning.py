@@ -2,10 +2,12 @@
 study (marked `gpu`) records its best schedule for this GPU where it beats the automatic one."""
 import re
 
+import numpy as np
 import pytest
 
 import looptool as lt
 from looptool import ir
+from looptool.codegen import gpu as codegen_gpu
 from looptool.runtime import gpu
 from tests.gpu_helpers import cupy_or_skip, matmul, softmax_rows
 from tests.helpers import assert_close
@@ -37,6 +39,42 @@ def test_every_legal_draw_of_the_gpu_search_space_computes_the_right_result(rng)
             assert_close(tensor.numpy(tree), expected, 1e-5)
             measured += 1
     assert measured >= 10
+
+
+def test_the_rows_family_gives_a_placed_contraction_one_thread_loop(rng):
+    """The 'rows' family had bound both loops left of a product placed in its epilogue's rows (k and n) to
+    thread.x; on a GPU that ran only their diagonal. Now only the innermost is, and the draw is legal."""
+    optuna = pytest.importorskip("optuna")
+    c, ref = matmul(rng, 16, 48, 300)
+    scaled = c * 0.5
+    tree = space.sample_gpu(optuna.trial.FixedTrial({"gpu.family": "rows", "gpu.rows.threads": 128}),
+                            scaled.loop_tree())
+    assert tree.check() == (True, "legal")
+    assert "for k in 0..48\n" in str(tree) and "for n.1 in 0..128  [thread.x]" in str(tree)
+    assert_close(scaled.numpy(tree), ref * 0.5, 1e-5)
+
+
+def test_a_half_precision_product_with_an_epilogue_draws_tensor_cores_and_fuses_the_epilogue(rng):
+    """relu(x.w + b) rounded to bfloat16 (the GPU suite's MLP row): the space draws the mma family for its
+    product and computes the bias, relu and cast in the write-back (one kernel), as the automatic one does."""
+    optuna = pytest.importorskip("optuna")
+    import ml_dtypes
+    x = rng.standard_normal((256, 128)).astype(ml_dtypes.bfloat16)
+    w = rng.standard_normal((128, 192)).astype(ml_dtypes.bfloat16)
+    bias = rng.standard_normal(192).astype(np.float32)
+    m, k, n = lt.symbols("m k n")
+    y = lt.relu((lt.Tensor(x).to(m, k) * lt.Tensor(w).to(k, n)).sum(k) + lt.Tensor(bias).to(n)).astype(lt.bfloat16)
+    program = ir.lower(y.node)[0]
+    assert space.half_contraction(program) == "t0" and len(program.stages) == 2
+    start = space.gpu_start_params(program)
+    assert start["gpu.family"] == "tiles" and start["gpu.tensor.family"] in ("mma", "wgmma")
+    drawn = {"gpu.family": "tiles", "gpu.tensor.family": "mma", "gpu.mma.block.m": 64, "gpu.mma.block.n": 64,
+             "gpu.mma.warps.m": 2, "gpu.mma.warps.n": 2, "gpu.mma.k.tile": 32, "gpu.mma.stages": 2}
+    tree = space.sample_gpu(optuna.trial.FixedTrial(drawn), lt.LoopTree(program))
+    assert tree.check() == (True, "legal") and "[mma.m16n8k16" in str(tree)
+    assert len(codegen_gpu.generate(tree, "sm_80").launches) == 1
+    ref = np.maximum(x.astype(np.float64) @ w.astype(np.float64) + bias, 0)
+    assert_close(y.numpy(tree).astype(np.float64), ref, 2.0 ** -7)
 
 
 @pytest.mark.gpu
