@@ -82,7 +82,7 @@ def main(argv=None):
     import torch
     print(json.dumps(pieces(torch, "softmax f32 64x64", *softmax_64(torch))), flush=True)
     print(json.dumps(function_call(torch)), flush=True)
-    for name, build in workloads(torch, True):
+    for name, build in workloads(torch):
         if any(text in name for text in args.only):
             tensor, baseline, _, _ = build()
             print(json.dumps(pieces(torch, name, tensor, baseline)), flush=True)

@@ -19,7 +19,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     import torch
     torch.backends.cuda.matmul.allow_tf32 = False
-    for name, build in workloads(torch, True):
+    for name, build in workloads(torch):
         if args.only not in name:
             continue
         tensor, baseline, _, _ = build()

@@ -37,8 +37,8 @@ def interleaved_ms(fns: dict, rounds: int = 3) -> dict:
     return best
 
 
-def workloads(torch, odd: bool):
-    """(name, builder) pairs; a builder returns (looptool tensor, torch baseline fn, float64 reference fn,
+def workloads(torch, shapes: str = "suite"):
+    """(name, builder) pairs of the `shapes` set ('suite', its 'even' rows, or 'other'); a builder returns (looptool tensor, torch baseline fn, float64 reference fn,
     bytes moved or None)."""
     dev = "cuda"
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -190,7 +190,22 @@ def workloads(torch, odd: bool):
         ("conv 3x3 f32 6x40x33x33", conv(6, 40, 33, torch.float32)),
         ("conv 3x3 bf16 6x40x33x33", conv(6, 40, 33, bf16)),
     ]
-    return rows + (odd_rows if odd else [])
+    other_rows = [       # `--shapes other`: shapes no rule was tuned on, for re-measuring the rules
+        ("matmul f32 768x3072x768", matmul(768, 3072, 768, torch.float32)),
+        ("matmul bf16 3000x2000x1000", matmul(3000, 2000, 1000, bf16)),
+        ("matmul bf16 2048x512x8192", matmul(2048, 512, 8192, bf16)),
+        ("batched matmul bf16 12x512x128x512", batched(12, 512, 128, 512, bf16)),
+        ("softmax f32 2048x50257", softmax(2048, 50257, torch.float32)),
+        ("layer norm f32 512x768", layer_norm(512, 768)),
+        ("row sum f32 100000x77", axis_sum(100000, 77, 1)),
+        ("column sum f32 77x100000", axis_sum(77, 100000, 0)),
+        ("gelu(tanh) f32 3x1000003", gelu(3, 1000003)),
+        ("attention head f32 2048x128", attention(2048, 128)),
+        ("conv 3x3 f32 16x128x28x28", conv(16, 128, 28, torch.float32)),
+        ("conv 3x3 bf16 4x96x17x17", conv(4, 96, 17, bf16)),
+        ("mlp relu(xW+b) bf16 1000x768x3072", mlp(1000, 768, 3072)),
+    ]
+    return {"suite": rows + odd_rows, "even": rows, "other": other_rows}[shapes]
 
 
 def run_row(torch, name: str, build, copy_ms_for, profile: bool = False) -> dict:
@@ -250,7 +265,8 @@ def main(argv=None):
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--only", default="", help="run rows whose name contains this")
     parser.add_argument("--skip", default="", help="comma-separated: leave out rows whose name contains any")
-    parser.add_argument("--no-odd", action="store_true", help="leave out the odd-sized rows")
+    parser.add_argument("--shapes", choices=("suite", "even", "other"), default="suite",
+                        help="the suite's rows, its rows without the odd sizes, or other shapes for re-measuring")
     parser.add_argument("--profile", action="store_true", help="each row's kernels' device times (torch.profiler)")
     args = parser.parse_args(argv)
     import torch
@@ -267,7 +283,7 @@ def main(argv=None):
 
     device = torch.cuda.get_device_name()
     rows = []
-    for name, build in workloads(torch, not args.no_odd):
+    for name, build in workloads(torch, args.shapes):
         if args.only and args.only not in name or any(part and part in name for part in args.skip.split(",")):
             continue
         row = run_row(torch, name, build, copy_ms_for, args.profile)

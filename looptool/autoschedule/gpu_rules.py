@@ -39,6 +39,10 @@ VECTOR_BYTES = 16            # the widest global load and store (ld.global.v4.f3
 ROW_ELEMENTS_PER_THREAD = 8  # a row's elements each thread takes per pass (loads in flight per thread)
 BLOCK_CHUNK = BLOCK_THREADS * ROW_ELEMENTS_PER_THREAD   # the least a block's partial result sums
 THREAD_CHUNK = 8             # the least a thread's partial result sums
+# a reduction along rows at least this long takes a block a row; shorter rows, a thread a row (one warp a
+# row was one block of 32 threads for 2-4 elements a lane: H100, bench.gpu_rules_variants --knob long_row,
+# row sum 100000x77 0.068 ms at 32 against 0.023 at 128; rows of 300 and more unchanged)
+LONG_ROW = 4 * WARP_LANES
 ROW_SHARED_SHARE = 0.25      # of a block's shared memory, the most a row kept there may take
 
 
@@ -460,14 +464,14 @@ class _Planner:
                   + f", {threads_x * threads_y} threads a block")
 
     def reduction(self, stage: ir.Stage, split: bool):
-        """A block an output where the reduction runs along the contiguous dim of what it reads, at
-        least a warp long, and no read is contiguous along the output's own last dim; else a thread an
-        output (a convolution's 3-wide window rows, a matmul too small for its template). Either is
+        """A block an output where the reduction runs along the contiguous dim of what it reads, at least
+        LONG_ROW long, and no read is contiguous along the output's own last dim; else a thread an output
+        (short rows, a convolution's 3-wide window rows, a matmul too small for its template). Either is
         split first (`split_reduction`) where it would leave the GPU idle."""
         pure = [d for d in stage.loop_dims if d not in stage.reduce_dims]
         outputs = math.prod(self.size(d) for d in pure)
         along = contiguous_dim(self.tree.program, stage)
-        long_row = along in stage.reduce_dims and self.size(along) >= WARP_LANES
+        long_row = along in stage.reduce_dims and self.size(along) >= LONG_ROW
         if not pure or (long_row and not self.read_along(stage, stage.dims[-1])):
             along = along if along in stage.reduce_dims else max(stage.reduce_dims, key=self.size)
             if split and outputs < 2 * self.gpu.sms and self.size(along) >= 2 * BLOCK_CHUNK:
@@ -583,6 +587,8 @@ class _Planner:
         self.bind_grid(name, rest + blocks)
         tile = f" x {rows} along {tiled} (registers, each read of what does not move along it " \
                f"serving all {rows})" if tiled else ""
-        self.note(name, f"reduction along {', '.join(stage.reduce_dims)} (not contiguous): a thread "
+        along = contiguous_dim(self.tree.program, stage)
+        why = f"rows of {self.size(along)}, shorter than {LONG_ROW}" if along in stage.reduce_dims else "not contiguous"
+        self.note(name, f"reduction along {', '.join(stage.reduce_dims)} ({why}): a thread "
                         f"{'an output' if vector == 1 else f'{vector} outputs (a vector)'}{tile}, {threads * threads_y} "
                         f"threads a block along {x}" + (f" and {y}" if threads_y > 1 else ""))
