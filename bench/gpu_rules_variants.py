@@ -138,7 +138,7 @@ def wgmma_cases(torch):
     gen = torch.Generator(device="cuda").manual_seed(1)
     out = []
     for batch, m, k, n in ((16, 1024, 64, 1024), (1, 4096, 4096, 4096), (1, 1000, 1000, 1000), (1, 25088, 576, 64),
-                           (1, 2000, 304, 500)):
+                           (1, 2000, 304, 500), (1, 3000, 2000, 1000), (1, 2048, 512, 8192)):
         a = torch.randn(batch, m, k, device="cuda", generator=gen).to(torch.bfloat16)
         b = torch.randn(batch, k, n, device="cuda", generator=gen).to(torch.bfloat16)
         sb, sm, sk, sn = lt.symbols("b m k n")

@@ -46,9 +46,12 @@ TENSOR_START = {"wgmma": ((128, 256), (2, 1), 64, 3, "tma"), "mma": ((128, 256),
 # are not paid back by one tile). The H100's GPU study of batched bf16 16x1024x64x1024 (session 13,
 # bench.gpu_tuned, 64 trials): this 32.0 us, its TMA twin 34.7, the 128 x 256 default 38.9
 WGMMA_ONE_K_TILE = ((64, 128), (1, 1), 64, 2, "cp.async")
-# the wgmma template's block tiles, largest first, for problems its 128 x 256 leaves SMs idle on, and for
-# products 64 columns wide (a convolution's 64 output channels)
-WGMMA_BLOCKS = ((128, 256), (128, 128), (128, 64))
+# the wgmma template's block tiles, largest first, for problems its 128 x 256 leaves SMs idle on; 128 x 64
+# only for products at most 64 columns wide (a convolution's 64 output channels): wider ones ran slower
+# on it than its fewer waves suggest (H100, session 13, bench.gpu_rules_variants --knob wgmma_blocks:
+# 3000x2000x1000 64.5 us against 52.2 for 128 x 256, 1000^3 25.0 against 23.7 for 128 x 128)
+WGMMA_BLOCKS = ((128, 256), (128, 128))
+WGMMA_NARROW_BLOCK = (128, 64)
 # wgmma tiles cut at the ends of m and n (computed whole, stored under guards) before the tiles of a
 # padded copy: on. On the H100 (session 12, bench.gpu_rules_variants --knob wgmma_edges) bf16 1000^3 as
 # one such kernel took 22.4 us against 26.1 us for the padded product and its copy back (2 kernels);
@@ -174,10 +177,13 @@ def wgmma_start(program: ir.Program, stage: str, sms: int | None) -> tuple:
 
 
 def wgmma_block(program: ir.Program, stage: str, sms: int | None) -> tuple[int, int]:
-    """The wgmma template's block tile: `least_work_block` of WGMMA_BLOCKS, its columns narrowed to n (a
-    multiple of 8) where n is narrower: a convolution's 40 output channels take one 64 x 40 wgmma tile,
-    not a 64-wide one that the n loop cannot fill."""
-    return narrowed(program, stage, least_work_block(program, stage, sms, WGMMA_BLOCKS))
+    """The wgmma template's block tile: `least_work_block` of WGMMA_BLOCKS (and WGMMA_NARROW_BLOCK where n
+    is at most its width), its columns narrowed to n (a multiple of 8) where n is narrower: a
+    convolution's 40 output channels take one 64 x 40 wgmma tile, not a 64-wide one that the n loop
+    cannot fill."""
+    narrow = program.size(contraction_dims(program, stage)[1]) <= WGMMA_NARROW_BLOCK[1]
+    blocks = WGMMA_BLOCKS + ((WGMMA_NARROW_BLOCK,) if narrow else ())
+    return narrowed(program, stage, least_work_block(program, stage, sms, blocks))
 
 
 def narrowed(program: ir.Program, stage: str, block: tuple[int, int]) -> tuple[int, int]:
