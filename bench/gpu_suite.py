@@ -26,6 +26,7 @@ import numpy as np
 import looptool as lt
 from looptool.runtime import gpu as runtime_gpu
 from bench.gpu import kernel_times, median_ms
+from bench.report import write_results
 
 
 def interleaved_ms(fns: dict, rounds: int = 3) -> dict:
@@ -303,11 +304,7 @@ def main(argv=None):
                      f"{r['kernels_x_torch']:.2f} | {bw} | {r['rel_error']:.1e} |")
     text = "\n".join([f"{device}; geometric mean x torch {summary['geomean_x_torch']}; "
                       f".cuda() host cost {summary['cuda_call_host_us']:.0f} us", *table])
-    print(text)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "gpu_suite.json").write_text(json.dumps(summary, indent=1))
-        (args.out / "gpu_suite.md").write_text(text + "\n")
+    write_results(args.out, "gpu_suite", summary, text)
 
 
 if __name__ == "__main__":

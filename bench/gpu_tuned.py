@@ -61,6 +61,7 @@ def main(argv=None):
     os.environ["LOOPTOOL_TUNING_DB"] = str(folder / "tuning.db")     # read at each lookup
     import torch
     from bench.gpu_suite import workloads
+    from bench.report import write_results
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     storage = f"sqlite:///{folder / 'studies.db'}"
@@ -73,12 +74,7 @@ def main(argv=None):
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k not in ("untuned", "tuned")}
                          | {"untuned": row["untuned"].get("x_torch"), "tuned": row["tuned"].get("x_torch")}), flush=True)
-    text = table(rows, torch.cuda.get_device_name(), args.trials)
-    print(text)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "gpu_tuned.json").write_text(json.dumps(rows, indent=1))
-        (args.out / "gpu_tuned.md").write_text(text + "\n")
+    write_results(args.out, "gpu_tuned", rows, table(rows, torch.cuda.get_device_name(), args.trials))
 
 
 if __name__ == "__main__":

@@ -114,6 +114,16 @@ def write_json(path: Path, rows, compile_info, args, seconds: float) -> None:
     Path(path).write_text(json.dumps(data, indent=2) + "\n")
 
 
+def write_results(folder: Path | None, stem: str, data, text: str) -> None:
+    """Print `text` (a Markdown table), and where a folder is given write it and `data` (as JSON) there
+    as <stem>.md and <stem>.json."""
+    print(text)
+    if folder:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{stem}.json").write_text(json.dumps(data, indent=1))
+        (folder / f"{stem}.md").write_text(text + "\n")
+
+
 def bar_chart(path: Path, rows) -> None:
     """Bars of the ratio per workload and thread count, default, auto and best side by side (log scale)."""
     import matplotlib
