@@ -12,7 +12,8 @@ on pointwise chains whose rows hold no whole vectors; `wgmma_blocks`, `autosched
 wgmma template's block tiles) on bfloat16 matmuls, batched with k = 64, square, and odd; `wgmma_edges`,
 `autoschedule.gpu.WGMMA_EDGE_TILES` (odd sizes as one wgmma kernel with guarded edge tiles, or padded) on the same;
 `wgmma_stages`, the wgmma template's block tiles and pipeline stages together, on the same;
-`long_row`, `gpu_rules.LONG_ROW` (rows shorter than it are summed a thread a row, not a block a row) on the
+`row_shared_share`, `gpu_rules.ROW_SHARED_SHARE` (the share of a block's shared memory a row kept there
+may take) on the row cases; `long_row`, `gpu_rules.LONG_ROW` (rows shorter than it are summed a thread a row, not a block a row) on the
 row cases; `split_k_blocks`, `autoschedule.gpu.SPLIT_K_BLOCKS` (0: no split-k) on float32 matmuls;
 `vector_store_bytes`, `codegen.gpu.VECTOR_STORE_BYTES` (a code generator's constant: run it with
 LOOPTOOL_CACHE_DIR= so no cached PTX is read) on batched bf16 products, float32 and bfloat16 results. For each
@@ -41,6 +42,7 @@ KNOBS = {
     "thread_tile_rows": (lambda v: setattr(gpu_rules, "THREAD_TILE_ROWS", v), (1, 2, 4, 7, 8), "conv_cases"),
     "row_elements": (lambda v: setattr(gpu_rules, "ROW_ELEMENTS_PER_THREAD", v), (8, 16, 32), "row_cases"),
     "long_row": (lambda v: setattr(gpu_rules, "LONG_ROW", v), (32, 128, 512), "row_cases"),
+    "row_shared_share": (lambda v: setattr(gpu_rules, "ROW_SHARED_SHARE", v), (0.25, 0.5, 0.95), "row_cases"),
     "float32_blocks": (lambda v: setattr(templates, "FLOAT32_BLOCKS", (v,)), ((128, 128), (64, 128), (128, 64), (64, 64)),
                        "matmul_cases"),
     "wgmma_blocks": (lambda v: setattr(templates, "WGMMA_BLOCKS", v), (((128, 256), (128, 128), (128, 64)),
@@ -183,7 +185,8 @@ def row_cases(torch):
         t = (lt.Tensor(x).to(c) * lt.Tensor(y).to(c)).sum(c)
         return f"dot {n}", t, lambda: torch.dot(x, y), lambda: torch.dot(x.double(), y.double())
 
-    return [softmax(8192, 8192), softmax(1000, 3001), softmax(4096, 256), row_sum(8192, 8192), row_sum(1000, 3001),
+    return [softmax(8192, 8192), softmax(1000, 3001), softmax(4096, 256), softmax(2048, 50257), softmax(256, 20000),
+            row_sum(8192, 8192), row_sum(1000, 3001),
             row_sum(100000, 77), row_sum(20000, 300),
             column_sum(8192, 8192), column_sum(3001, 1000), dot(1 << 24), dot(10 ** 7 + 1)]
 

@@ -43,7 +43,9 @@ THREAD_CHUNK = 8             # the least a thread's partial result sums
 # row was one block of 32 threads for 2-4 elements a lane: H100, bench.gpu_rules_variants --knob long_row,
 # row sum 100000x77 0.068 ms at 32 against 0.023 at 128; rows of 300 and more unchanged)
 LONG_ROW = 4 * WARP_LANES
-ROW_SHARED_SHARE = 0.25      # of a block's shared memory, the most a row kept there may take
+ROW_SHARED_SHARE = 0.25      # of a block's shared memory, the most a row kept there may take (H100, session
+                             # 13, --knob row_shared_share: 0.95 made softmax 2048x50257 0.70 -> 1.01 ms and
+                             # 256x20000 0.035 -> 0.048 ms; re-reading a long row through L2 is faster)
 
 
 def gpu_tree(program: ir.Program, gpu: GpuTarget) -> LoopTree:
