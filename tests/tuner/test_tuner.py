@@ -549,6 +549,39 @@ def test_postgresql_storage_tunes_and_resumes(postgres_url):
     assert rel_err(case.tensor.numpy(second.best_tree), case.reference) < TOL
 
 
+FRESH_PROCESS_LOOKUP = """
+import json, sys
+import numpy as np
+from looptool import ir
+from looptool.runtime import tuning_db
+from tuner import workloads
+from tuner.study import target_name
+case = workloads.resolve("matmul:24x20x28")
+program = ir.lower(case.tensor.node)[0]
+got, ref = case.tensor.numpy(), case.baseline()
+print(json.dumps({"stored": tuning_db.lookup(program, target_name("cpu")), "other": tuning_db.lookup(program, "cpu-other"),
+                  "error": float(np.abs(got - ref).max() / np.abs(ref).max())}))
+"""
+
+
+def test_a_fleet_shares_its_best_schedules_through_a_postgresql_tuning_database(postgres_url, monkeypatch):
+    """Two tuning processes on one study store into one PostgreSQL tuning database; a third process that
+    did not tune finds the best schedule there for its target and runs it through .numpy(); another
+    target finds nothing."""
+    monkeypatch.setenv("LOOPTOOL_TUNING_DB", postgres_url)
+    case = workloads.resolve("matmul:24x20x28")
+    result = tuner.tune(case.tensor, trials=8, jobs=2, storage=postgres_url, study_name="pg-fleet", seed=0,
+                        progress=False)
+    assert count_finished(result.study) >= 8            # two processes may each finish the last one
+    best = min((t for t in result.study.trials if t.value is not None), key=lambda t: t.value)
+    done = subprocess.run([sys.executable, "-c", FRESH_PROCESS_LOOKUP], capture_output=True, text=True, timeout=300,
+                          env=subprocess_env(tuning_db=postgres_url))
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen["stored"] == best.user_attrs["schedule"] and seen["other"] is None
+    assert seen["error"] < TOL
+
+
 # 8. Reports ------------------------------------------------------------------------------------
 
 def test_save_plots_writes_pngs(matmul_study, tmp_path):
