@@ -27,7 +27,8 @@ from ..frontend import Tensor
 from ..ir.lowering import graph_nodes
 from ..schedule import LoopTree
 from . import gpu
-from .cpu import DynamicSizes, Kernel, buffer_array, check_output, chosen_tree, kernel_for, lower_on_host
+from .cpu import Kernel, buffer_array, check_output, chosen_tree, kernel_for, lower_on_host
+from .sizes import DynamicSizes
 
 
 class In:
