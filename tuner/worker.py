@@ -27,6 +27,7 @@ import contextlib
 import itertools
 import json
 import multiprocessing as mp
+import numbers
 import multiprocessing.connection as mp_connection
 import os
 import signal
@@ -94,17 +95,18 @@ def measured_sizes(program, sizes: dict | None) -> list[dict[str, int]]:
         if set(sizes) != set(minimum):
             raise ValueError(f"sizes name dims {sorted(sizes)}; the workload's dynamic dims are {sorted(minimum)}: "
                              f"name each of them")
-        lists = {dim: [values] if isinstance(values, int) else list(values) for dim, values in sizes.items()}
+        lists = {dim: [values] if isinstance(values, numbers.Integral) else list(values)
+                 for dim, values in sizes.items()}
     count = max(len(values) for values in lists.values())
     if any(len(values) not in (1, count) for values in lists.values()):
         counts = ", ".join(f"'{dim}' has {len(values)}" for dim, values in lists.items())
         raise ValueError(f"sizes of the dynamic dims are taken together, so each needs as many (or one): {counts}")
     for dim, values in lists.items():
-        low = [v for v in values if not isinstance(v, int) or v < minimum[dim]]
+        low = [v for v in values if not isinstance(v, numbers.Integral) or v < minimum[dim]]
         if low:
             raise ValueError(f"size {low[0]!r} of dynamic dim '{dim}' cannot be measured: it takes whole sizes "
                              f"from {minimum[dim]} up")
-    return [{dim: values[i if len(values) > 1 else 0] for dim, values in lists.items()} for i in range(count)]
+    return [{dim: int(values[i if len(values) > 1 else 0]) for dim, values in lists.items()} for i in range(count)]
 
 
 def inputs_at(program, arrays: list[np.ndarray], point: dict[str, int], rng) -> list[np.ndarray]:

@@ -69,6 +69,15 @@ def test_mean_over_a_dynamic_dim_under_schedules(rng):
             assert_close(kernel([rows]), rows.astype(np.float64).mean(0), 1e-5)
 
 
+def test_an_exported_mean_over_a_dynamic_dim_takes_any_size(tmp_path, rng):
+    x = rng.standard_normal((10, 24)).astype(np.float32)
+    loaded = lt.load(lt.export(centred, tmp_path / "centred", example=(x,)))
+    for size in (1, 5, 33):
+        rows = rng.standard_normal((size, 24)).astype(np.float32)
+        x64 = rows.astype(np.float64)
+        assert_close(loaded(rows), x64 - x64.mean(0), 1e-5)
+
+
 def layer_tensor(x, w):
     return lt.relu((lt.Tensor(x).to(b, k) * lt.Tensor(w).to(k, n)).sum(k))
 

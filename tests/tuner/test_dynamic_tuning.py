@@ -33,7 +33,8 @@ def test_sizes_named_and_the_default_spread():
     layer, x, w = dynamic_layer()
     program = program_of(layer.tensor(x, w))
     assert worker.measured_sizes(program, {"b": [1, 64, 1000]}) == [{"b": 1}, {"b": 64}, {"b": 1000}]
-    assert worker.measured_sizes(program, {"b": 7}) == [{"b": 7}]
+    assert worker.measured_sizes(program, {"b": np.int64(7)}) == [{"b": 7}]
+    assert worker.measured_sizes(program, {"b": np.array([3, 9])}) == [{"b": 3}, {"b": 9}]
     assert worker.measured_sizes(program, None) == [{"b": size} for size in worker.DEFAULT_SIZES]
     wide = lt.symbols("b", dynamic=True, min=300)[0]
     k = lt.symbols("k")[0]
