@@ -70,12 +70,29 @@ def tune_command(args) -> None:
     work = workloads.resolve(args.workload)
     result = study.tune(work.tensor, trials=args.trials, timeout=args.timeout, storage=args.storage,
                         study_name=args.study, sampler=args.sampler, seed=args.seed, jobs=args.jobs,
-                        threads=args.threads, device=args.device, transfer=args.transfer)
-    baseline = _median_time(work.baseline, 10) if work.baseline and args.device == "cpu" else None
+                        threads=args.threads, device=args.device, transfer=args.transfer,
+                        sizes=_parse_sizes(args.sizes))
+    # a dynamic program's times are per row, over several sizes: no one NumPy time compares
+    measured_once = "measured_sizes" not in result.study.user_attrs
+    baseline = _median_time(work.baseline, 10) if work.baseline and args.device == "cpu" and measured_once else None
     print(result.summary(baseline))
     if args.plots:
         for path in report.save_plots(result.study, args.plots):
             print(f"wrote {path}")
+
+
+def _parse_sizes(specs: list[str] | None) -> dict[str, list[int]] | None:
+    """`--sizes b=1,64,1000` (once per dynamic dim) as {"b": [1, 64, 1000]}; None when not given."""
+    if not specs:
+        return None
+    sizes = {}
+    for spec in specs:
+        dim, _, values = spec.partition("=")
+        try:
+            sizes[dim.strip()] = [int(v) for v in values.split(",")]
+        except ValueError:
+            raise ValueError(f"--sizes {spec!r}: write DIM=SIZE,SIZE,... (e.g. b=1,64,1000)") from None
+    return sizes
 
 
 def export_command(args) -> None:
@@ -127,6 +144,9 @@ def main(argv=None) -> None:
     tune_cmd.add_argument("--device", default="cpu", choices=("cpu", "gpu"),
                           help="tune for this CPU or for the current NVIDIA GPU (needs looptool[gpu])")
     tune_cmd.add_argument("--plots", default=None, help="folder for history.png and importances.png")
+    tune_cmd.add_argument("--sizes", action="append", default=None, metavar="DIM=N,N,...",
+                          help="sizes a dynamic dim is measured at, e.g. b=1,64,1000 (once per dynamic dim; "
+                               "default 16,256,2048)")
     export_cmd = commands.add_parser("export", help="write a kernel artifact (manifest, LLVM IR, object, .so/.h; or PTX)")
     export_cmd.add_argument("workload", help="as for tune")
     export_cmd.add_argument("out", help="artifact directory to write")

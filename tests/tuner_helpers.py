@@ -282,3 +282,23 @@ class PostgresCluster:
         finally:
             if self.root is not None:
                 shutil.rmtree(self.root, ignore_errors=True)
+
+
+def dynamic_layer(rows: int = 10, k: int = 24, n: int = 40, seed: int = 0):
+    """relu(x @ w) as an `lt.function` over a dynamic row dim 'b', and its example arrays x (rows x k)
+    and w (k x n): (function, x, w)."""
+    import looptool as lt
+    b = lt.symbols("b", dynamic=True)[0]
+    k_dim, n_dim = lt.symbols("k n")
+
+    @lt.function
+    def layer(x: lt.In[b, k_dim], w: lt.In[k_dim, n_dim]):
+        return lt.relu((x * w).sum(k_dim))
+    rng = np.random.default_rng(seed)
+    return layer, rng.standard_normal((rows, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+
+
+def dynamic_layer_tensor():
+    """`dynamic_layer`'s result on its example arrays, as a tensor (a workload for `looptool tune`)."""
+    layer, x, w = dynamic_layer()
+    return layer.tensor(x, w)

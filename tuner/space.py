@@ -39,7 +39,10 @@ def sample(trial: optuna.Trial, tree: LoopTree, threads: int = 1, target: Target
 
     def pick(name: str, value, options: tuple):
         choice = centre.get(name)
-        return value if choice is None else trial.suggest_categorical(name, list(choice.options))
+        if choice is None:
+            return value
+        labels = [categorical(option) for option in choice.options]
+        return choice.options[labels.index(trial.suggest_categorical(name, labels))]
     try:
         return autoschedule.drawn_tree(tree.program, target, pick)
     except ValueError as err:
@@ -49,7 +52,13 @@ def sample(trial: optuna.Trial, tree: LoopTree, threads: int = 1, target: Target
 def automatic_params(program: ir.Program, threads: int = 1, target: Target | None = None) -> dict:
     """The parameters of the space's centre: drawn, they give the automatic schedule."""
     centre = centre_of(program, (target or host()).with_cores(threads))
-    return {name: choice.value for name, choice in centre.items()}
+    return {name: categorical(choice.value) for name, choice in centre.items()}
+
+
+def categorical(option):
+    """A choice as an Optuna parameter value: a dynamic extent (`ir.Size`, 'the whole dim') by its name,
+    since as an int it equals its representative size, another option that Optuna would confuse it with."""
+    return str(option) if isinstance(option, ir.Size) else option
 
 
 @functools.lru_cache(maxsize=32)

@@ -32,7 +32,7 @@ from looptool.runtime import tuning_db
 from looptool.schedule import LoopTree, Schedule
 
 from . import costmodel, scheduler, space
-from .worker import MeasureError, Measurer, lowered
+from .worker import MeasureError, Measurer, lowered, measured_sizes
 
 log = logging.getLogger("looptool.tuner")
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -120,10 +120,13 @@ def make_sampler(name: str, seed: int | None, draw=None, threads: int = 1,
     raise ValueError(f"unknown sampler {name!r}; use one of {', '.join(SAMPLERS)}")
 
 
-def study_name_for(program: ir.Program, threads: int, device: str = "cpu") -> str:
-    """Default study name: the workload, target and thread count."""
+def study_name_for(program: ir.Program, threads: int, device: str = "cpu", sizes: dict | None = None) -> str:
+    """Default study name: the workload, target and thread count, and for dynamic dims the sizes measured
+    (`worker.measured_sizes`: a study's values are on the scale of its sizes)."""
     threads_part = "" if device == "gpu" else f"-t{threads}"
-    return f"{tuning_db.workload_key(program)}-{target_name(device)}{threads_part}"
+    points = measured_sizes(program, sizes) if program.dynamic else []
+    sizes_part = "".join(f"-{dim}{','.join(str(p[dim]) for p in points)}" for dim, _ in program.dynamic)
+    return f"{tuning_db.workload_key(program)}-{target_name(device)}{threads_part}{sizes_part}"
 
 
 def target_name(device: str) -> str:
@@ -159,12 +162,24 @@ class TuneResult:
             lines.append(f"per-trial overhead (all but the kernel runs): median {statistics.median(overheads):.3f} s")
         if self.best_tree is None:
             return "\n".join(lines + ["no schedule was measured"])
-        lines += [f"best: {self.best_seconds * 1e3:.3f} ms; default schedule: {self.default_seconds * 1e3:.3f} ms "
+        points = self.study.user_attrs.get("measured_sizes")
+        if points:
+            sizes = "; ".join(f"{dim} = {', '.join(str(p[dim]) for p in points)}" for dim in points[0])
+            lines.append(f"measured at {sizes}: times are the geometric mean over these sizes of seconds per row")
+        lines += [f"best: {_time(self.best_seconds)}; default schedule: {_time(self.default_seconds)} "
                   f"(speed-up {self.speedup_over_default:.2f}x)"]
         if baseline_seconds:
-            lines.append(f"NumPy: {baseline_seconds * 1e3:.3f} ms (speed-up {baseline_seconds / self.best_seconds:.2f}x)")
+            lines.append(f"NumPy: {_time(baseline_seconds)} (speed-up {baseline_seconds / self.best_seconds:.2f}x)")
         lines += ["best schedule:", str(self.best_tree)]
         return "\n".join(lines)
+
+
+def _time(seconds: float) -> str:
+    """Seconds in ms, or in µs or ns where that gives fewer zeros."""
+    for unit, scale in (("ms", 1e3), ("µs", 1e6)):
+        if seconds * scale >= 1:
+            return f"{seconds * scale:.3f} {unit}"
+    return f"{seconds * 1e9:.3f} ns"
 
 
 class Objective:
@@ -198,6 +213,8 @@ class Objective:
         trial.set_user_attr("relative_error", result.relative_error)
         if result.yardstick_ratio is not None:
             trial.set_user_attr("yardstick_ratio", result.yardstick_ratio)
+        if result.size_ratios is not None:
+            trial.set_user_attr("size_ratios", result.size_ratios)
         trial.set_user_attr("features", costmodel.describe(tree, self.threads))
         trial.set_user_attr("overhead_seconds", time.perf_counter() - started - result.running_seconds)
         return seconds
@@ -231,21 +248,33 @@ class Tuning:
 
     def __init__(self, node, storage_url: str, study_name: str, sampler: str = "costmodel", seed: int | None = None,
                  threads: int = 1, repeats: int = 10, device: str = "cpu", transfer: bool = True,
-                 progress: bool = False, inject_crash_at: set[int] = frozenset()):
+                 progress: bool = False, inject_crash_at: set[int] = frozenset(), sizes: dict | None = None):
         self.node, self.storage_url, self.study_name = node, storage_url, study_name
         self.settings = {"sampler": sampler, "seed": seed, "threads": threads, "repeats": repeats, "device": device,
-                         "transfer": transfer}
+                         "transfer": transfer, "sizes": sizes}
         self.program = lowered(node, device)[0]
         self.storage, self.device, self.progress = make_storage(storage_url), device, progress
         self.transfer = sampler == "costmodel" and transfer
-        self.measurer = Measurer(node, repeats=repeats, threads=threads, seed=seed or 0, device=device)
+        self.measurer = Measurer(node, repeats=repeats, threads=threads, seed=seed or 0, device=device, sizes=sizes)
         self.objective = Objective(LoopTree(self.program), self.measurer, threads, inject_crash_at)
         centre = space.automatic_params(self.program, threads) if device == "cpu" else None
         self.sampler = make_sampler(sampler, seed, self.objective.draw, threads, None, self.measurer,   # prior: run()
                                     centre)
         self.study = optuna.create_study(study_name=study_name, storage=self.storage, sampler=self.sampler,
                                          direction="minimize", load_if_exists=True)
+        if self.program.dynamic:
+            self._keep_sizes(measured_sizes(self.program, sizes))
         self.measurer.yardstick_seconds = self.study.user_attrs.get("yardstick_seconds")
+
+    def _keep_sizes(self, points: list[dict[str, int]]):
+        """Store the sizes a dynamic program's study measures at; a study that measured at others is
+        refused (its values are on their scale)."""
+        stored = self.study.user_attrs.get("measured_sizes")
+        if stored is None:
+            self.study.set_user_attr("measured_sizes", points)
+        elif stored != points:
+            raise ValueError(f"study {self.study_name} measured at sizes {stored}, not {points}: tune at those "
+                             f"sizes, or name another study")
 
     def _prior(self) -> costmodel.Prior | None:
         if not self.transfer:
@@ -329,13 +358,14 @@ def _helper_job(args: tuple, settings: dict, trials: int, timeout: float | None)
 
 
 def open_tuning(tensor, storage: str | None = None, study_name: str | None = None, threads: int = 1,
-                device: str = "cpu", from_automatic: bool = True, **settings) -> Tuning:
+                device: str = "cpu", from_automatic: bool = True, sizes: dict | None = None, **settings) -> Tuning:
     """Create (or resume) the tensor's study and open its `Tuning` (`settings` are its arguments), with
     the default schedule measured.  A new study's first trial is the space's centre (`start_from_automatic`)
     unless not `from_automatic` (bench.tune_quality leaves it out so that every sampler starts cold)."""
     program = lowered(tensor.node, device)[0]
-    name = study_name or study_name_for(program, threads, device)
-    tuning = Tuning(tensor.node, storage or default_storage(), name, threads=threads, device=device, **settings)
+    name = study_name or study_name_for(program, threads, device, sizes)
+    tuning = Tuning(tensor.node, storage or default_storage(), name, threads=threads, device=device, sizes=sizes,
+                    **settings)
     _describe_workload(tuning.study, program, target_name(device))
     if from_automatic and not tuning.study.trials:
         start_from_automatic(tuning.study, program, threads, device)
@@ -352,7 +382,9 @@ def tune(tensor, trials: int = 100, timeout: float | None = None, jobs: int = 1,
     sampler ('costmodel', 'tpe' or 'random'), seed, threads (cores per kernel), repeats, device
     ('gpu': the GPU search space, kernels run on the current GPU through CuPy), transfer (the
     'costmodel' sampler learns from the storage's other studies for the same target too),
-    from_automatic, inject_crash_at (tests)."""
+    sizes (a dynamic dim's sizes to measure at, {dim: [sizes]}; default `worker.DEFAULT_SIZES`: the
+    study's value is the geometric mean of seconds per row over them), from_automatic,
+    inject_crash_at (tests)."""
     with open_tuning(tensor, progress=progress, **settings) as tuning:
         helpers = [mp.get_context("spawn").Process(target=_helper_job, args=tuning.helper(k) + (trials, timeout))
                    for k in range(jobs - 1)]

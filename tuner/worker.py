@@ -14,6 +14,12 @@ of the schedule's time over the yardstick's in each pair, times one calibrated
 yardstick time kept for the whole study.  A shared machine's speed drifts by 10-30 %
 over seconds; both kernels of a pair meet the same drift, so it cancels (a trial's
 spread fell from 18 % to 2-5 % of its time: docs/tuning.md).
+
+A program with dynamic dims is measured at several sizes (`measured_sizes`: the sizes
+named, else `DEFAULT_SIZES`): each is checked and timed against the yardstick at that
+size, and the trial's ratio is the geometric mean of the sizes' ratios; the yardstick's
+calibrated time is the geometric mean of its seconds per row (seconds over the product of
+the dynamic sizes) at each size.
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ import contextlib
 import itertools
 import json
 import multiprocessing as mp
+import numbers
 import multiprocessing.connection as mp_connection
 import os
 import signal
@@ -38,6 +45,9 @@ CALIBRATION_RUNS = 3
 GPU_CALLS = 5              # a GPU trial's kernels launched back to back between two events: the host's
                            # cost of a launch hides behind the kernels, as in a model's stream of them;
 GPU_SLOW_SECONDS = 0.01    # one launch each for kernels whose checked run took longer
+# the sizes a dynamic dim is measured at when none are named (each raised to the dim's minimum): small,
+# the scheduler's representative size (ir.REPRESENTATIVE_SIZE), large
+DEFAULT_SIZES = (16, 256, 2048)
 
 
 class MeasureError(RuntimeError):
@@ -56,11 +66,15 @@ class Measurement:
     relative_error: float
     running_seconds: float
     yardstick_ratio: float | None = None
+    sizes: list[dict[str, int]] | None = None       # dynamic programs: the sizes run, read from the inputs
+    size_ratios: list[float] | None = None         # and the ratio to the yardstick at each
 
 
-def fresh_like(array: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """A new array with the same shape, dtype and strides, filled with values in [0.5, 1.5)."""
-    return _fresh(array.shape, tuple(s // array.itemsize for s in array.strides), array.dtype, rng)
+def fresh_like(array: np.ndarray, rng: np.random.Generator, rows: int | None = None) -> np.ndarray:
+    """A new array with the same shape (or `rows` for its first axis), dtype and strides, filled with
+    values in [0.5, 1.5)."""
+    shape = array.shape if rows is None else (rows,) + array.shape[1:]
+    return _fresh(shape, tuple(s // array.itemsize for s in array.strides), array.dtype, rng)
 
 
 def fresh_input(buffer, rng: np.random.Generator) -> np.ndarray:
@@ -75,6 +89,51 @@ def _fresh(shape, strides, dtype: np.dtype, rng: np.random.Generator) -> np.ndar
     base = rng.uniform(0.5, 1.5, size=span).astype(dtype)
     offset = sum((n - 1) * -s for n, s in zip(shape, strides) if s < 0)
     return np.lib.stride_tricks.as_strided(base[offset:], shape, tuple(s * dtype.itemsize for s in strides))
+
+
+def measured_sizes(program, sizes: dict | None) -> list[dict[str, int]]:
+    """The sizes a program's dynamic dims are measured at, one dict (dim -> size) per point: `sizes`
+    maps every dynamic dim to a list of sizes (lists of one length, taken together; a single size holds
+    the dim there at every point), None gives `DEFAULT_SIZES` raised to each dim's minimum. A static
+    program has one point, {}. Sizes for a program without dynamic dims, for a dim it does not have,
+    or below a dim's minimum are refused (ValueError)."""
+    minimum = dict(program.dynamic)
+    if not minimum:
+        if sizes:
+            raise ValueError(f"sizes {sizes} given, but the workload has no dynamic dim (make one with "
+                             f"lt.symbols(name, dynamic=True))")
+        return [{}]
+    if sizes is None:
+        lists = {dim: sorted({max(size, low) for size in DEFAULT_SIZES}) for dim, low in minimum.items()}
+    else:
+        if set(sizes) != set(minimum):
+            raise ValueError(f"sizes name dims {sorted(sizes)}; the workload's dynamic dims are {sorted(minimum)}: "
+                             f"name each of them")
+        lists = {dim: [values] if isinstance(values, numbers.Integral) else list(values)
+                 for dim, values in sizes.items()}
+    count = max(len(values) for values in lists.values())
+    if any(len(values) not in (1, count) for values in lists.values()):
+        counts = ", ".join(f"'{dim}' has {len(values)}" for dim, values in lists.items())
+        raise ValueError(f"sizes of the dynamic dims are taken together, so each needs as many (or one): {counts}")
+    for dim, values in lists.items():
+        low = [v for v in values if not isinstance(v, numbers.Integral) or v < minimum[dim]]
+        if low:
+            raise ValueError(f"size {low[0]!r} of dynamic dim '{dim}' cannot be measured: it takes whole sizes "
+                             f"from {minimum[dim]} up")
+    return [{dim: int(values[i if len(values) > 1 else 0]) for dim, values in lists.items()} for i in range(count)]
+
+
+def inputs_at(program, arrays: list[np.ndarray], point: dict[str, int], rng) -> list[np.ndarray]:
+    """Fresh inputs like `arrays` (the program's example inputs) with each dynamic dim at its size in
+    `point` (a dynamic dim is the first axis of every input that has it)."""
+    return [fresh_like(a, rng, point.get(buf.dims[0]) if buf.dims else None)
+            for buf, a in zip(program.inputs, arrays)]
+
+
+def point_of(program, inputs: list[np.ndarray]) -> dict[str, int]:
+    """The sizes of the dynamic dims in a call on these inputs."""
+    return {buf.dims[0]: a.shape[0] for buf, a in zip(program.inputs, inputs)
+            if buf.dims and buf.dims[0] in dict(program.dynamic)}
 
 
 def _serve(conn, run_trial, yardstick_seconds: float | None):
@@ -111,37 +170,62 @@ def lowered(node, device: str = "cpu"):
     return runtime.lower_on_host(node) if device == "cpu" else runtime.gpu.lowered_for(node)
 
 
-def _cpu_trials(node, repeats: int, seed: int, calibrate: bool):
+def _cpu_trials(node, repeats: int, seed: int, calibrate: bool, sizes: dict | None = None):
     """Trials on the CPU: random input sets in turn, each checked against the default schedule's
-    result on it (computed once per set), each timed against the yardstick (the module docstring).
-    Returns the trial function and the yardstick's calibrated seconds (None unless `calibrate`)."""
+    result on it (computed once per set), each timed against the yardstick (the module docstring), at
+    every point of `measured_sizes`. Returns the trial function and the yardstick's calibrated
+    seconds (None unless `calibrate`)."""
     from looptool import autoschedule, runtime
     from looptool.analysis.target import host
     from looptool.schedule import LoopTree, Schedule
 
     program, arrays = lowered(node)
+    points = measured_sizes(program, sizes)
     threads = runtime.get_num_threads()
     reference_kernel = runtime.Kernel(LoopTree(program), threads)
     yardstick = runtime.Kernel(autoschedule.auto_tree(program, host().with_cores(threads)), threads)
     rng = np.random.default_rng(seed)
-    input_sets = [[fresh_like(a, rng) for a in arrays] for _ in range(INPUT_SETS)]
-    references = [reference_kernel(inputs).astype(np.float64) for inputs in input_sets]
-    sets = itertools.cycle(list(zip(input_sets, references)))
+    # per input set, per point: (inputs, the default schedule's result on them)
+    input_sets = [[inputs_at(program, arrays, point, rng) for point in points] for _ in range(INPUT_SETS)]
+    cases = [[(inputs, reference_kernel(inputs).astype(np.float64)) for inputs in each] for each in input_sets]
+    sets = itertools.cycle(cases)
 
     def run_trial(request):
         tree = LoopTree(program, Schedule.default(program).apply(request["steps"]))
         kernel = runtime.Kernel(tree, threads, request.get("compiled"))
-        inputs, expected = next(sets)
-        start = time.perf_counter()
-        got = kernel(inputs)
-        running = time.perf_counter() - start
-        error, wrong = _wrong_result(got, expected, program.output.dtype, "default schedule")
-        if wrong:
-            return wrong
-        with stopped(request.get("stop", ())):
-            ratio, spent = _paired_runs(kernel, yardstick, inputs, request.get("repeats") or repeats)
-        return {"ratio": ratio, "compile": kernel.compile_seconds, "relative_error": error, "running": running + spent}
-    return run_trial, _calibrate(yardstick, input_sets[0]) if calibrate else None
+        ratios, running, worst, ran = [], 0.0, 0.0, []
+        for inputs, expected in next(sets):
+            start = time.perf_counter()
+            got = kernel(inputs)
+            running += time.perf_counter() - start
+            error, wrong = _wrong_result(got, expected, program.output.dtype, "default schedule")
+            if wrong:
+                return wrong
+            with stopped(request.get("stop", ())):
+                ratio, spent = _paired_runs(kernel, yardstick, inputs, request.get("repeats") or repeats)
+            ratios.append(ratio)
+            running, worst = running + spent, max(worst, error)
+            ran.append(point_of(program, inputs))
+        reply = {"ratio": _geometric_mean(ratios), "compile": kernel.compile_seconds, "relative_error": worst,
+                 "running": running}
+        return dict(reply, sizes=ran, size_ratios=ratios) if program.dynamic else reply
+    seconds = _calibrate_at(yardstick, [inputs for inputs, _ in cases[0]], points) if calibrate else None
+    return run_trial, seconds
+
+
+def _geometric_mean(values: list[float]) -> float:
+    return float(np.exp(np.mean(np.log(values))))
+
+
+def _calibrate_at(yardstick, input_sets: list[list[np.ndarray]], points: list[dict[str, int]]) -> float:
+    """The yardstick's calibrated seconds: at one point (a static program) `_calibrate`'s; at several,
+    the geometric mean of its seconds per row (over the product of the dynamic sizes) at each, the
+    calibration time shared among them."""
+    if len(points) == 1 and not points[0]:
+        return _calibrate(yardstick, input_sets[0])
+    share = CALIBRATION_SECONDS / len(points)
+    return _geometric_mean([_calibrate(yardstick, inputs, share) / float(np.prod(list(point.values())))
+                            for inputs, point in zip(input_sets, points)])
 
 
 def _timed(kernel, inputs) -> float:
@@ -162,12 +246,12 @@ def _paired_runs(kernel, yardstick, inputs, repeats: int) -> tuple[float, float]
     return float(np.median(ratios)), spent
 
 
-def _calibrate(yardstick, inputs) -> float:
-    """The yardstick's seconds: the fastest median of CALIBRATION_RUNS runs over CALIBRATION_SECONDS (load
+def _calibrate(yardstick, inputs, seconds: float = CALIBRATION_SECONDS) -> float:
+    """The yardstick's seconds: the fastest median of CALIBRATION_RUNS runs over `seconds` (load
     only slows a kernel; a memory-bound kernel's medians of a few runs moved by up to 1.9x from one
     moment to the next, and a fraction of a second of them finds the fast ones: docs/tuning.md)."""
     yardstick(inputs)
-    medians, end = [], time.perf_counter() + CALIBRATION_SECONDS
+    medians, end = [], time.perf_counter() + seconds
     while time.perf_counter() < end or len(medians) < CALIBRATION_ROUNDS:
         medians.append(float(np.median([_timed(yardstick, inputs) for _ in range(CALIBRATION_RUNS)])))
     return min(medians)
@@ -380,9 +464,12 @@ class Measurer:
     set before (a study keeps one for all its workers and resumptions)."""
 
     def __init__(self, node, repeats: int = 10, timeout: float = 60.0, seed: int = 0, threads: int | None = None,
-                 device: str = "cpu", yardstick_seconds: float | None = None):
+                 device: str = "cpu", yardstick_seconds: float | None = None, sizes: dict | None = None):
         self.node, self.repeats, self.timeout, self.seed, self.threads = node, repeats, timeout, seed, threads
         self.device, self.yardstick_seconds = device, yardstick_seconds
+        if device == "cpu":                   # refused here, in the caller, rather than in the worker
+            measured_sizes(lowered(node)[0], sizes)
+        self.sizes = sizes
         self._context = mp.get_context("spawn")
         self._process = None
         self._conn = None
@@ -405,7 +492,8 @@ class Measurer:
         parent, child = self._context.Pipe()
         calibrate = self.yardstick_seconds is None
         self._process = self._context.Process(target=_worker_main, args=(child, self.node, self.repeats, self.seed,
-                                                                         self.threads, self.device, calibrate),
+                                                                         self.threads, self.device, calibrate,
+                                                                         self.sizes),
                                              daemon=True)
         self._process.start()
         child.close()
@@ -439,7 +527,8 @@ class Measurer:
             raise MeasureError(reply["error"])
         ratio = reply.get("ratio")
         seconds = reply["seconds"] if ratio is None else ratio * self.yardstick_seconds
-        return Measurement(seconds, reply["compile"], reply["relative_error"], reply["running"], ratio)
+        return Measurement(seconds, reply["compile"], reply["relative_error"], reply["running"], ratio,
+                           reply.get("sizes"), reply.get("size_ratios"))
 
     def _exchange(self, request: dict) -> dict:
         """Send one request to the worker and wait for its reply (killing it past the time limit)."""
@@ -473,9 +562,10 @@ class Measurer:
             self._compiler = None
 
 
-def _worker_main(conn, node, repeats, seed, threads, device, calibrate):
+def _worker_main(conn, node, repeats, seed, threads, device, calibrate, sizes):
     import looptool
     if threads:
         looptool.set_num_threads(threads)
-    trials = _gpu_trials(node, repeats, seed) if device == "gpu" else _cpu_trials(node, repeats, seed, calibrate)
+    trials = _gpu_trials(node, repeats, seed) if device == "gpu" else \
+        _cpu_trials(node, repeats, seed, calibrate, sizes)
     _serve(conn, *trials)

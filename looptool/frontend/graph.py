@@ -80,6 +80,17 @@ class Input(Node):
         self.dynamic = dict(dynamic or {})
 
 
+class Ones(Node):
+    """1.0 (float64) at every index of `dims`, of the sizes `sizes` gives them; `dynamic`: those of them
+    that are dynamic, with their minimums. Summed, it counts the elements a mean over a dynamic dim
+    divides by, a number known only at run time."""
+
+    def __init__(self, dims: tuple[str, ...], sizes: dict[str, int], dynamic: dict[str, int]):
+        self.dims, self.dtype, self.label = tuple(dims), np.dtype("float64"), "ones"
+        self.sizes = {d: sizes[d] for d in dims}
+        self.dynamic = dict(dynamic)
+
+
 class Scalar(Node):
     """A Python number inside an expression; it takes the dtype its partner computes in."""
 
@@ -157,7 +168,8 @@ class _Sized(Node):
         self.sizes, self.dims, self.label = sizes, tuple(sizes), label
 
 
-def _pair(amount, what: str) -> tuple[int, int]:
+def pad_amounts(amount, what: str) -> tuple[int, int]:
+    """(before, after) of a padding given as one int or a pair; negative amounts are refused."""
     before, after = (amount, amount) if isinstance(amount, (int, np.integer)) else tuple(amount)
     if before < 0 or after < 0:
         raise ValueError(f"{what}: padding must be non-negative, got {amount}")
@@ -168,7 +180,7 @@ class Pad(Node):
     """Dimension `dim` replaced by `new_dim`, padded with `value` on both sides."""
 
     def __init__(self, src: Node, dim: str, new_dim: str, amount, value: float):
-        self.before, self.after = _pair(amount, "pad")
+        self.before, self.after = pad_amounts(amount, "pad")
         self.src, self.dim, self.new_dim, self.dtype, self.label = src, dim, new_dim, src.dtype, "pad"
         self.value = float(src.dtype.type(value))   # the padding value as the source's dtype holds it
         size = src.sizes.get(dim, 0) + self.before + self.after
@@ -186,7 +198,7 @@ class Window(Node):
         if size < 1 or stride < 1 or dilation < 1:
             raise ValueError(f"window over '{dim}': size, stride and dilation must be >= 1, "
                              f"got size={size}, stride={stride}, dilation={dilation}")
-        self.before, self.after = _pair(padding, f"window over '{dim}'")
+        self.before, self.after = pad_amounts(padding, f"window over '{dim}'")
         self.src, self.dim, self.out_dim, self.kernel_dim = src, dim, out_dim, kernel_dim
         self.size, self.stride, self.dilation, self.dtype, self.label = size, stride, dilation, src.dtype, "window"
         if dim not in src.dims:

@@ -215,19 +215,27 @@ class Tensor:
 
     def mean(self, *dims: Symbol, dtype=None) -> "Tensor":
         """Mean over the named dimensions, summed in `dtype` (default as for `sum`); NaN, with a
-        RuntimeWarning, over dimensions of size 0."""
-        _refuse_dynamic(self.node, [_name(d, "mean") for d in dims], "mean")
+        RuntimeWarning, over fixed dimensions of size 0. Over a dynamic dim the count is summed at run
+        time, in float64 (exact), then divides in the sum's dtype as a fixed count does."""
         total = self._reduce("sum", dims, dtype)
-        count = int(np.prod([self.node.sizes[_name(d, "mean")] for d in dims]))
+        names = [_name(d, "mean") for d in dims]
+        dynamic = {d: self.node.dynamic[d] for d in names if d in self.node.dynamic}
+        count = int(np.prod([self.node.sizes[d] for d in names if d not in dynamic]))
         if count == 0:
-            warnings.warn(f"mean over {[_name(d, 'mean') for d in dims]}, which hold no elements: the result "
+            warnings.warn(f"mean over {names}, which hold no elements: the result "
                           f"is NaN (0/0), as NumPy's 'Mean of empty slice'", RuntimeWarning, stacklevel=2)
-        return total / count
+        if not dynamic:
+            return total / count
+        rows = Tensor(None, _node=graph.Reduce("sum", graph.Ones(tuple(dynamic), self.node.sizes, dynamic),
+                                               tuple(dynamic)))
+        return total / (rows if count == 1 else rows * count).astype(total.dtype)
 
     # Index views
     def pad(self, dim: Symbol, new_dim: Symbol, amount, value: float = 0.0) -> "Tensor":
         """Replace `dim` by `new_dim`, padded by `amount` (int, or (before, after)) with `value`."""
-        _refuse_dynamic(self.node, [_name(dim, "pad")], "pad")
+        before, after = graph.pad_amounts(amount, "pad")
+        _refuse_dynamic(self.node, _name(dim, "pad"), "pad", f"'{_name(new_dim, 'pad')}' of size "
+                        f"{_name(dim, 'pad').upper()} + {before + after}")
         node = graph.Pad(self.node, _name(dim, "pad"), _name(new_dim, "pad"), amount, value)
         return Tensor(None, _node=node)
 
@@ -237,7 +245,8 @@ class Tensor:
 
         Positions that fall into the padding read 0. This is the sliding window of
         convolution and pooling: `size` is the kernel extent."""
-        _refuse_dynamic(self.node, [_name(dim, "window")], "window")
+        _refuse_dynamic(self.node, _name(dim, "window"), "window", f"'{_name(out_dim, 'window')}' of a size "
+                        f"computed from {_name(dim, 'window').upper()}")
         node = graph.Window(self.node, _name(dim, "window"), _name(out_dim, "window"),
                             _name(kernel_dim, "window"), int(size), int(stride), int(dilation), padding)
         return Tensor(None, _node=node)
@@ -269,12 +278,14 @@ class Tensor:
         return BACKEND.get().kernel_for(self.node, schedule)
 
 
-def _refuse_dynamic(node: graph.Node, dims: list[str], what: str):
-    """Refuse an operation whose size arithmetic would need a dynamic dim's size at build time."""
-    for d in dims:
-        if d in node.dynamic:
-            raise NotImplementedError(f"{what} over dynamic dim '{d}' is not supported: its size is known only at "
-                                      f"run time ({graph.describe(node)})")
+def _refuse_dynamic(node: graph.Node, dim: str, what: str, made: str):
+    """Refuse a view over a dynamic dim: it would make a dim (`made`: its name and size) whose size is
+    computed from the dynamic one's, which no kernel takes."""
+    if dim in node.dynamic:
+        raise NotImplementedError(f"{what} over dynamic dim '{dim}' of {graph.describe(node)}: it would make "
+                                  f"{made}, but a kernel takes at run time only the sizes of the dynamic dims "
+                                  f"themselves, read from its inputs; {what} the arrays before the call, or "
+                                  f"make '{dim}' a fixed dim")
 
 
 def _as_array(data) -> np.ndarray:
@@ -322,7 +333,9 @@ def concat(tensors, dims, into: Symbol) -> Tensor:
     """Concatenate `tensors` along their dimensions `dims` (one per tensor) into the new dim `into`."""
     tensors, dims = list(tensors), list(dims)
     for t, d in zip(tensors, dims):
-        _refuse_dynamic(t.node, [_name(d, "concat")], "concat")
+        sizes = [name.upper() if name in src.node.dynamic else str(src.node.sizes.get(name, "?"))
+                 for src, name in zip(tensors, (_name(e, "concat") for e in dims))]
+        _refuse_dynamic(t.node, _name(d, "concat"), "concat", f"'{_name(into, 'concat')}' of size {' + '.join(sizes)}")
     node = graph.Concat(tuple(t.node for t in tensors), tuple(_name(d, "concat") for d in dims),
                         _name(into, "concat"))
     return Tensor(None, _node=node)

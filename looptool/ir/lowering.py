@@ -64,6 +64,8 @@ class _Lowering:
             return Load(buf.name, tuple(index[d] for d in node.dims), dtype, guarded)
         if isinstance(node, graph.Scalar):
             return Const(node.value, dtype)
+        if isinstance(node, graph.Ones):
+            return Const(1.0, dtype)
         if isinstance(node, graph.Map) and id(node) in self.shared:
             stage = self.shared_stage(node)
             return Load(stage.name, tuple(index[d] for d in node.dims), dtype, guarded)
@@ -233,3 +235,12 @@ def with_dynamic_sizes(program: Program, dynamic: dict[str, int]) -> Program:
     inputs = tuple(replace(b, shape=tuple(sizes.get(d, n) for d, n in zip(b.dims, b.shape))) for b in program.inputs)
     return replace(program, inputs=inputs, sizes=tuple((d, sizes.get(d, n)) for d, n in program.sizes),
                    dynamic=tuple(sorted(dynamic.items())))
+
+
+def with_fixed_sizes(program: Program, sizes: dict[str, int]) -> Program:
+    """A dynamic program at one size of each dynamic dim (`sizes`: dim -> size): every `Size` of its
+    inputs and dims replaced by that size, as if it had been lowered from arrays of those sizes."""
+    def fixed(n):
+        return -(-sizes[n.dim] // n.divisor) if isinstance(n, Size) else n
+    inputs = tuple(replace(b, shape=tuple(fixed(n) for n in b.shape)) for b in program.inputs)
+    return replace(program, inputs=inputs, sizes=tuple((d, fixed(n)) for d, n in program.sizes), dynamic=())

@@ -146,6 +146,17 @@ def estimate_flops(program: ir.Program, sizes: dict[str, int] | None = None) -> 
     return float(total) or None
 
 
+def _example_of(function, example) -> tuple:
+    """The arrays an editor traces `function` on: `example`, else those of its latest trace."""
+    if example is None:
+        example = function.last_example()
+    if example is None:
+        raise ValueError(f"ScheduleEditor({function.__name__}): no arrays to trace it on; pass "
+                         f"example=(arrays...), one per parameter ({', '.join(p for p, _ in function.params)}), or "
+                         f"call {function.__name__} first (its latest trace is used while its arrays are alive)")
+    return tuple(example)
+
+
 def _relative_error(got: np.ndarray, ref: np.ndarray) -> float:
     ref = np.asarray(ref, dtype=np.float64)
     scale = max(float(np.abs(ref).max()) if ref.size else 0.0, 1e-30)
@@ -156,15 +167,24 @@ def _relative_error(got: np.ndarray, ref: np.ndarray) -> float:
 class ScheduleEditor:
     """The editor's logic, with no widgets: drive it from code, tests or a terminal.
 
-    `tensor` is an `lt.Tensor` (or a `tuner.workloads.Workload`, whose baseline is used);
+    `tensor` is an `lt.Tensor`, an `lt.function` (the program it compiles for the arrays `example`,
+    one per parameter, default: those of its latest trace; export then names the inputs after its
+    parameters) or a `tuner.workloads.Workload` (whose baseline is used);
     `baseline` is an optional callable returning the NumPy result, timed for comparison
     and used as the correctness reference (timed with NumPy's BLAS limited to `baseline_threads`,
     default 1, like looptool's kernels; None: no limit).  `measure=False` checks legality only."""
 
     def __init__(self, tensor, baseline: Callable[[], np.ndarray] | None = None, *, name: str | None = None,
                  measure: bool = True, repeats: int = 7, budget_seconds: float = 0.3, max_unroll: int = 64,
-                 flops: float | None = None, baseline_threads: int | None = 1):
-        if hasattr(tensor, "tensor") and not hasattr(tensor, "node"):      # a tuner Workload
+                 flops: float | None = None, baseline_threads: int | None = 1, example: tuple | None = None):
+        self.function = self.example = None
+        if isinstance(tensor, runtime.Function):
+            self.function, self.example = tensor, _example_of(tensor, example)
+            name = name or tensor.__name__
+            tensor = tensor.tensor(*self.example)
+        elif example is not None:
+            raise TypeError(f"example= is for an lt.function; got a {type(tensor).__name__}")
+        elif hasattr(tensor, "tensor") and not hasattr(tensor, "node"):      # a tuner Workload
             baseline = baseline or getattr(tensor, "baseline", None)
             name = name or getattr(tensor, "name", None)
             tensor = tensor.tensor
@@ -469,12 +489,14 @@ class ScheduleEditor:
         return self._adopt(action, found, tuned, note, select=(self.program.output.name, None))
 
     def export(self, path, input_names=None) -> ActionResult:
-        """Write the current schedule's kernel as an artifact directory with `lt.export`."""
+        """Write the current schedule's kernel as an artifact directory with `lt.export` (of the
+        function, traced on the editor's example, when the editor edits one)."""
         from looptool.export import export as lt_export
         tuning = {"source": "looptool.notebook", "seconds": self.current.seconds,
                   "default_seconds": self._default_seconds}
         try:
-            out = lt_export(self.tensor, path, self.tree, input_names=input_names, tuning=tuning)
+            out = lt_export(self.function or self.tensor, path, self.tree, input_names=input_names, tuning=tuning,
+                            example=self.example)
         except Exception as err:
             return self.record_error(f"export to {path}", err)
         files = ", ".join(sorted(p.name for p in Path(out).iterdir()))

@@ -5,12 +5,13 @@ from types import SimpleNamespace
 
 from ..frontend import BACKEND
 from . import gpu
-from .cpu import (CACHE, DynamicSizes, Kernel, KernelObject, aligned_empty, auto_schedule, cache_info, chosen_schedule, clear_cache,
+from .cpu import (CACHE, Kernel, KernelObject, aligned_empty, auto_schedule, cache_info, chosen_schedule, clear_cache,
                   compile_object, evaluate, get_num_threads, interpret, kernel_for, loop_tree_of, lower_on_host,
                   set_num_threads)
 from .functions import Function, In, function
 from .torch_ops import torch_op
 from .schedules import resolve_schedule, schedule_steps
+from .sizes import DynamicSizes
 
 BACKEND.install(SimpleNamespace(evaluate=evaluate, evaluate_on_gpu=gpu.evaluate, loop_tree_of=loop_tree_of,
                                 kernel_for=kernel_for, as_device=gpu.as_device,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+import weakref
 
 import numpy as np
 
@@ -27,7 +28,8 @@ from ..frontend import Tensor
 from ..ir.lowering import graph_nodes
 from ..schedule import LoopTree
 from . import gpu
-from .cpu import DynamicSizes, Kernel, buffer_array, check_output, chosen_tree, kernel_for, lower_on_host
+from .cpu import Kernel, buffer_array, check_output, chosen_tree, kernel_for, lower_on_host
+from .sizes import DynamicSizes
 
 
 class In:
@@ -68,6 +70,7 @@ class Function:
                                 f"e.g. {name}: lt.In[m, k]")
             self.params.append((name, spec))
         self._calls: dict[tuple, _Call] = {}
+        self._last_trace: list[weakref.ref] = []       # the host arrays of the latest trace, not kept alive
         # per parameter, whether its first dim is dynamic (its size is then left out of the signature);
         # empty where none is
         leading = [bool(spec.dims) and getattr(spec.dims[0], "dynamic", False) for _, spec in self.params]
@@ -91,6 +94,12 @@ class Function:
         if call is None:
             call = self._calls[key] = self._traced(arrays)
         return call(arrays, out)
+
+    def last_example(self) -> tuple | None:
+        """The arrays of the latest call on the host that traced a new signature, while they are all still
+        alive (the function keeps no reference that holds them); None when there is none."""
+        arrays = tuple(ref() for ref in self._last_trace)
+        return arrays if arrays and all(a is not None for a in arrays) else None
 
     def tensor(self, *arrays) -> Tensor:
         """The function's result on these arrays, as a lazy tensor (traced, not run)."""
@@ -144,6 +153,7 @@ class Function:
             raise ValueError(f"{self.fn.__name__}, argument {name} ({spec!r}): {err}") from None
 
     def _traced(self, arrays: list[np.ndarray]) -> "_Call":
+        self._last_trace = [weakref.ref(a) for a in arrays]
         views = [a.view() for a in arrays]             # distinct objects: each parameter found among the inputs
         tensors = [self._named(view, name, spec) for view, (name, spec) in zip(views, self.params)]
         node = self._result(tensors).node

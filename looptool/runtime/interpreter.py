@@ -15,7 +15,8 @@ import numpy as np
 
 from .. import ir
 from ..frontend import dtypes
-from ..schedule import LoopNode, LoopTree, StmtNode
+from ..schedule import LoopNode, LoopTree, Schedule, StmtNode
+from .sizes import DynamicSizes
 
 VECTOR_LIMIT = 1 << 18
 IDENTITY = {"sum": 0.0, "max": -np.inf, "min": np.inf}
@@ -32,10 +33,10 @@ BINARY = {
 
 
 def interpret(tree: LoopTree, arrays: list[np.ndarray]) -> np.ndarray:
-    """Run the loop tree on the input arrays (in `program.inputs` order); return the output."""
+    """Run the loop tree on the input arrays (in `program.inputs` order); return the output. A dynamic
+    program runs at the sizes of the arrays: its schedule applied to the program at those sizes."""
     if tree.program.dynamic:
-        raise NotImplementedError(f"the reference interpreter runs fixed sizes only; dynamic dims "
-                                  f"{[dim for dim, _ in tree.program.dynamic]} run compiled (.numpy())")
+        tree = at_sizes(tree, arrays)
     memory: dict[str, np.ndarray] = {b.name: a for b, a in zip(tree.program.inputs, arrays)}
     for plan in tree.buffers.values():
         if plan.kind != "input":
@@ -44,6 +45,18 @@ def interpret(tree: LoopTree, arrays: list[np.ndarray]) -> np.ndarray:
         _Runner(tree, memory).run(tree.root, {})
     output = tree.program.output.name
     return memory[output].reshape(tree.buffers[output].shape)
+
+
+def at_sizes(tree: LoopTree, arrays: list[np.ndarray]) -> LoopTree:
+    """A dynamic program's loop tree at the sizes of `arrays` (read and checked as a kernel call does):
+    the program with those sizes fixed (`ir.with_fixed_sizes`) under the same schedule steps."""
+    program = tree.program
+    dynamic = DynamicSizes.of_program(program, [f"input {buf.name}" for buf in program.inputs])
+    for buf, array in zip(program.inputs, arrays):
+        if np.ndim(array) != len(buf.dims):
+            raise ValueError(f"input {buf.name} has dims {buf.dims}; got an array of shape {np.shape(array)}")
+    fixed = ir.with_fixed_sizes(program, dict(zip(dynamic.dims, dynamic.of(arrays))))
+    return LoopTree(fixed, Schedule.default(fixed).apply(tree.schedule.steps))
 
 
 class _Runner:

@@ -358,7 +358,10 @@ class Schedule:
             raise ValueError(f"stage {stage} already reduces through {name}")
         size = self.program.size(dim)
         if isinstance(size, ir.Size):
-            raise ValueError(f"rfactor of stage {stage}: '{dim}' is a dynamic dim; rfactor needs its size")
+            raise ValueError(f"rfactor of stage {stage}: '{dim}' is a dynamic dim; its last block of {factor} "
+                             f"would be cut at {dim.upper()}, and the guards of the IR (which read a block's "
+                             f"values only inside the dim) take fixed bounds only; rfactor a fixed reduction dim, "
+                             f"or split '{dim}' (a split keeps its tail for every size)")
         factor = min(factor, max(size, 1))
         outer, inner = self.program.fresh_dim(f"{dim}_o"), self.program.fresh_dim(f"{dim}_i")
         partial, final = _rfactored(original, name, dim, outer, inner, factor, size)

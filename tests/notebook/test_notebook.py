@@ -410,3 +410,94 @@ def test_the_editor_works_on_a_function_with_a_dynamic_dim(rng):
     assert "for b.0 in 0..ceil(B/8)  [parallel]" in ed.text()
     assert all(r.status != "wrong" for r in ed.results) and ed.results[-2].relative_error < 1e-5
     assert ed.flops == 2 * 37 * 24 * 40                    # at the traced size, not the planned one
+
+
+# An lt.function in the editor -------------------------------------------------------------------
+def traced_matmul():
+    m, k, n = lt.symbols("m k n")
+
+    @lt.function
+    def matmul(a: lt.In[m, k], b: lt.In[k, n]):
+        return (a * b).sum(k)
+    return matmul
+
+
+def test_the_editor_edits_a_function_on_example_arrays():
+    """`ScheduleEditor(fn, example=...)`: the function's program for that signature, its loop orders
+    changed with the isl verdict and the time after each, named after the function."""
+    matmul = traced_matmul()
+    a_np, b_np = matmul_inputs()
+    ed = ScheduleEditor(matmul, baseline=lambda: a_np @ b_np, example=(a_np, b_np), repeats=2, budget_seconds=0.01)
+    assert ed.name == "matmul" and ed.text() == str(matmul.tensor(a_np, b_np).loop_tree())
+    assert (ed.stage, ed.loop) == ("t0", "m") and ed.current.relative_error < 1e-5
+    moved = ed.move_in("k")
+    assert moved.applied and moved.seconds > 0 and moved.default_seconds > 0 and moved.baseline_seconds > 0
+    assert moved.relative_error < 1e-5 and ed.loops() == ["m", "n", "k"]
+    illegal = ed.parallel("k")
+    assert illegal.status == "illegal" and "k" in illegal.reason and ed.loops() == ["m", "n", "k"]
+    ed.close()
+
+
+def matmul_inputs(seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((24, 40), dtype=np.float32), rng.standard_normal((40, 48), dtype=np.float32)
+
+
+def test_the_editor_takes_a_functions_latest_trace():
+    matmul = traced_matmul()
+    with pytest.raises(ValueError, match=r"ScheduleEditor\(matmul\): no arrays to trace it on; pass "
+                                         r"example=\(arrays...\), one per parameter \(a, b\), or call matmul first"):
+        ScheduleEditor(matmul, measure=False)
+    a_np, b_np = matmul_inputs()
+    matmul(a_np[:5], b_np)
+    matmul(a_np, b_np)                       # the latest new signature
+    ed = ScheduleEditor(matmul, measure=False)
+    assert ed.example[0] is a_np and ed.example[1] is b_np and ed.tensor.shape == (24, 48)
+    assert np.shares_memory(ed.arrays[0], a_np)
+    matmul(a_np[:5], b_np)                   # a signature traced before: no new trace
+    assert ScheduleEditor(matmul, measure=False).tensor.shape == (24, 48)
+    del ed
+    a_copy = a_np.copy()
+    matmul(a_copy[:3], b_np)
+    del a_copy                               # the function keeps no array alive
+    with pytest.raises(ValueError, match="no arrays to trace it on"):
+        ScheduleEditor(matmul, measure=False)
+    with pytest.raises(TypeError, match="example= is for an lt.function; got a Tensor"):
+        ScheduleEditor(matmul.tensor(a_np, b_np), example=(a_np, b_np))
+
+
+def test_the_editor_exports_a_dynamic_function_by_its_parameters(tmp_path, rng):
+    """Export from the editor writes the function's C entry (inputs named after its parameters, the
+    dynamic size an argument), which runs the edited schedule at other sizes."""
+    b = lt.symbols("b", dynamic=True)[0]
+    k, n = lt.symbols("k n")
+
+    @lt.function
+    def layer(x: lt.In[b, k], w: lt.In[k, n]):
+        return lt.relu((x * w).sum(k))
+    x, w = rng.standard_normal((37, 24)).astype(np.float32), rng.standard_normal((24, 40)).astype(np.float32)
+    layer(x, w)
+    ed = ScheduleEditor(layer, repeats=2, budget_seconds=0.01)
+    assert ed.split(8, "b", stage="t0").applied
+    assert "for b.0 in 0..ceil(B/8)" in ed.text()
+    result = ed.export(tmp_path / "layer_kernel")
+    assert result.status == "exported", result.reason
+    loaded = lt.load(tmp_path / "layer_kernel")
+    assert [entry["name"] for entry in loaded.inputs] == ["x", "w"]
+    for size in (1, 9, 100):
+        xs = rng.standard_normal((size, 24)).astype(np.float32)
+        got = loaded(x=xs, w=w)
+        assert np.abs(got - np.maximum(xs.astype(np.float64) @ w, 0)).max() < 1e-5 * max(1.0, np.abs(got).max())
+    manifest = json.loads((tmp_path / "layer_kernel" / "manifest.json").read_text())
+    assert manifest["schedule"] == json.loads(ed.schedule.to_json())
+
+
+def test_the_widget_edits_a_function():
+    pytest.importorskip("ipywidgets")
+    from looptool.notebook import LoopTreeEditor
+    matmul = traced_matmul()
+    a_np, b_np = matmul_inputs()
+    w = LoopTreeEditor(matmul, example=(a_np, b_np), repeats=2, budget_seconds=0.01)
+    assert "matmul" in w.title.value and "for k in 0..40" in w.tree_view.value
+    w.move_in("k")
+    assert w.core.loops() == ["m", "n", "k"] and w.results[-1].applied
