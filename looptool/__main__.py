@@ -63,6 +63,19 @@ def demo(m: int = 200, k: int = 300, n: int = 500) -> None:
         raise SystemExit("result does not match NumPy")
 
 
+def _parse_gpus(text: str | None) -> list[int] | None:
+    """`--gpus all` (every GPU of this host) or a comma-separated list of GPU numbers, as a list."""
+    if text is None:
+        return None
+    if text == "all":
+        from looptool.runtime import gpu
+        return list(range(gpu.cupy().cuda.runtime.getDeviceCount()))
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise SystemExit(f"--gpus takes 'all' or GPU numbers such as 0,1,2; got {text!r}") from None
+
+
 def tune_command(args) -> None:
     """`looptool tune WORKLOAD ...`: tune with Optuna, print the summary, write plots."""
     from tuner import report, study, workloads
@@ -71,7 +84,7 @@ def tune_command(args) -> None:
     result = study.tune(work.tensor, trials=args.trials, timeout=args.timeout, storage=args.storage,
                         study_name=args.study, sampler=args.sampler, seed=args.seed, jobs=args.jobs,
                         threads=args.threads, device=args.device, transfer=args.transfer,
-                        sizes=_parse_sizes(args.sizes))
+                        sizes=_parse_sizes(args.sizes), gpus=_parse_gpus(args.gpus))
     # a dynamic program's times are per row, over several sizes: no one NumPy time compares
     measured_once = "measured_sizes" not in result.study.user_attrs
     baseline = _median_time(work.baseline, 10) if work.baseline and args.device == "cpu" and measured_once else None
@@ -143,6 +156,8 @@ def main(argv=None) -> None:
     tune_cmd.add_argument("--threads", type=int, default=1, help="cores each kernel may use")
     tune_cmd.add_argument("--device", default="cpu", choices=("cpu", "gpu"),
                           help="tune for this CPU or for the current NVIDIA GPU (needs looptool[gpu])")
+    tune_cmd.add_argument("--gpus", default=None, help="with --device gpu: 'all' or GPU numbers (0,1,...): one "
+                          "measuring process a GPU, each pinned to its GPU, on the one study")
     tune_cmd.add_argument("--plots", default=None, help="folder for history.png and importances.png")
     tune_cmd.add_argument("--sizes", action="append", default=None, metavar="DIM=N,N,...",
                           help="sizes a dynamic dim is measured at, e.g. b=1,64,1000 (once per dynamic dim; "

@@ -215,6 +215,8 @@ class Objective:
             trial.set_user_attr("yardstick_ratio", result.yardstick_ratio)
         if result.size_ratios is not None:
             trial.set_user_attr("size_ratios", result.size_ratios)
+        if result.gpu is not None:
+            trial.set_user_attr("gpu", result.gpu)
         trial.set_user_attr("features", costmodel.describe(tree, self.threads))
         trial.set_user_attr("overhead_seconds", time.perf_counter() - started - result.running_seconds)
         return seconds
@@ -248,14 +250,16 @@ class Tuning:
 
     def __init__(self, node, storage_url: str, study_name: str, sampler: str = "costmodel", seed: int | None = None,
                  threads: int = 1, repeats: int = 10, device: str = "cpu", transfer: bool = True,
-                 progress: bool = False, inject_crash_at: set[int] = frozenset(), sizes: dict | None = None):
+                 progress: bool = False, inject_crash_at: set[int] = frozenset(), sizes: dict | None = None,
+                 gpu: int | None = None):
         self.node, self.storage_url, self.study_name = node, storage_url, study_name
         self.settings = {"sampler": sampler, "seed": seed, "threads": threads, "repeats": repeats, "device": device,
-                         "transfer": transfer, "sizes": sizes}
+                         "transfer": transfer, "sizes": sizes, "gpu": gpu}
         self.program = lowered(node, device)[0]
         self.storage, self.device, self.progress = make_storage(storage_url), device, progress
         self.transfer = sampler == "costmodel" and transfer
-        self.measurer = Measurer(node, repeats=repeats, threads=threads, seed=seed or 0, device=device, sizes=sizes)
+        self.measurer = Measurer(node, repeats=repeats, threads=threads, seed=seed or 0, device=device, sizes=sizes,
+                                 gpu=gpu)
         self.objective = Objective(LoopTree(self.program), self.measurer, threads, inject_crash_at)
         centre = space.automatic_params(self.program, threads) if device == "cpu" else None
         self.sampler = make_sampler(sampler, seed, self.objective.draw, threads, None, self.measurer,   # prior: run()
@@ -374,7 +378,7 @@ def open_tuning(tensor, storage: str | None = None, study_name: str | None = Non
 
 
 def tune(tensor, trials: int = 100, timeout: float | None = None, jobs: int = 1, record: bool = True,
-         progress: bool = True, **settings) -> TuneResult:
+         progress: bool = True, gpus: list[int] | None = None, **settings) -> TuneResult:
     """Search schedules for `tensor` with Optuna and return the best (and store it for `.numpy()`).
 
     `trials` is how many finished trials the study should hold; `jobs` worker processes share
@@ -384,10 +388,21 @@ def tune(tensor, trials: int = 100, timeout: float | None = None, jobs: int = 1,
     'costmodel' sampler learns from the storage's other studies for the same target too),
     sizes (a dynamic dim's sizes to measure at, {dim: [sizes]}; default `worker.DEFAULT_SIZES`: the
     study's value is the geometric mean of seconds per row over them), from_automatic,
-    inject_crash_at (tests)."""
+    inject_crash_at (tests). `gpus` (device 'gpu'): one measuring process per GPU of the list, each
+    pinned to its GPU, all on the one study (`jobs` is then their number); a GPU that fails fails its
+    trials and the study goes on."""
+    if gpus:
+        if settings.get("device") != "gpu":
+            raise ValueError(f"gpus={gpus} measures on GPUs: pass device='gpu' too")
+        jobs, settings = len(gpus), dict(settings, gpu=gpus[0])
     with open_tuning(tensor, progress=progress, **settings) as tuning:
-        helpers = [mp.get_context("spawn").Process(target=_helper_job, args=tuning.helper(k) + (trials, timeout))
-                   for k in range(jobs - 1)]
+        helpers = []
+        for k in range(jobs - 1):
+            args, helper_settings = tuning.helper(k)
+            if gpus:
+                helper_settings["gpu"] = gpus[k + 1]
+            helpers.append(mp.get_context("spawn").Process(target=_helper_job,
+                                                           args=(args, helper_settings, trials, timeout)))
         for proc in helpers:
             proc.start()
         tuning.run(trials, timeout)

@@ -66,6 +66,7 @@ class Measurement:
     relative_error: float
     running_seconds: float
     yardstick_ratio: float | None = None
+    gpu: str | None = None                          # the GPU that ran it (name and PCI bus id)
     sizes: list[dict[str, int]] | None = None       # dynamic programs: the sizes run, read from the inputs
     size_ratios: list[float] | None = None         # and the ratio to the yardstick at each
 
@@ -287,6 +288,7 @@ def _gpu_trials(node, repeats: int, seed: int):
     from looptool.schedule import LoopTree, Schedule
 
     cp = runtime_gpu.cupy()
+    card = f"{runtime_gpu.gpu_target().name} {cp.cuda.Device().pci_bus_id}"
     program, _ = lowered(node, "gpu")
     rng = np.random.default_rng(seed)
     inputs = [runtime_gpu.as_device(fresh_input(buffer, rng)) for buffer in program.inputs]
@@ -315,7 +317,7 @@ def _gpu_trials(node, repeats: int, seed: int):
             stop.synchronize()
             times.append(cp.cuda.get_elapsed_time(start, stop) / 1e3 / calls)
         return {"seconds": float(np.median(times)), "compile": compile_seconds, "relative_error": error,
-                "running": running + sum(times)}
+                "running": running + sum(times), "gpu": card}
     return run_trial, None
 
 
@@ -458,15 +460,17 @@ def _compiler_main(conn, node, threads):
 
 
 class Measurer:
-    """Owns one worker process for a computation; restarts it after a crash or a time-out.  On the
+    """Owns one worker process for a computation (on the GPU numbered `gpu` where one is given: the
+    worker sees only that one); restarts it after a crash or a time-out.  On the
     CPU, schedules given to `prefetch` compile in other processes (`Compiler`) while others are measured,
     and times are the yardstick ratio times `yardstick_seconds`: the first worker's calibration unless
     set before (a study keeps one for all its workers and resumptions)."""
 
     def __init__(self, node, repeats: int = 10, timeout: float = 60.0, seed: int = 0, threads: int | None = None,
-                 device: str = "cpu", yardstick_seconds: float | None = None, sizes: dict | None = None):
+                 device: str = "cpu", yardstick_seconds: float | None = None, sizes: dict | None = None,
+                 gpu: int | None = None):
         self.node, self.repeats, self.timeout, self.seed, self.threads = node, repeats, timeout, seed, threads
-        self.device, self.yardstick_seconds = device, yardstick_seconds
+        self.device, self.yardstick_seconds, self.gpu = device, yardstick_seconds, gpu
         if device == "cpu":                   # refused here, in the caller, rather than in the worker
             measured_sizes(lowered(node)[0], sizes)
         self.sizes = sizes
@@ -493,7 +497,7 @@ class Measurer:
         calibrate = self.yardstick_seconds is None
         self._process = self._context.Process(target=_worker_main, args=(child, self.node, self.repeats, self.seed,
                                                                          self.threads, self.device, calibrate,
-                                                                         self.sizes),
+                                                                         self.sizes, self.gpu),
                                              daemon=True)
         self._process.start()
         child.close()
@@ -528,7 +532,7 @@ class Measurer:
         ratio = reply.get("ratio")
         seconds = reply["seconds"] if ratio is None else ratio * self.yardstick_seconds
         return Measurement(seconds, reply["compile"], reply["relative_error"], reply["running"], ratio,
-                           reply.get("sizes"), reply.get("size_ratios"))
+                           reply.get("gpu"), reply.get("sizes"), reply.get("size_ratios"))
 
     def _exchange(self, request: dict) -> dict:
         """Send one request to the worker and wait for its reply (killing it past the time limit)."""
@@ -562,7 +566,9 @@ class Measurer:
             self._compiler = None
 
 
-def _worker_main(conn, node, repeats, seed, threads, device, calibrate, sizes):
+def _worker_main(conn, node, repeats, seed, threads, device, calibrate, sizes, gpu):
+    if gpu is not None:             # before CUDA starts in this process: the one GPU it measures on
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
     import looptool
     if threads:
         looptool.set_num_threads(threads)

@@ -96,6 +96,33 @@ def test_a_gpu_study_measures_draws_and_records_the_best_for_this_gpu(rng, tmp_p
     assert_close(cp.asnumpy(c.cuda()), ref, 1e-5)        # .cuda() runs the tuned schedule, or the automatic one
 
 
+@pytest.mark.gpu
+def test_a_study_on_every_gpu_of_the_host_measures_on_each(rng, tmp_path, monkeypatch):
+    """`gpus=[0, 1]`: one measuring process a GPU, each pinned to its own (the trials say which measured
+    them), on the one study; the best is stored and `.cuda()` runs it right."""
+    cp = cupy_or_skip()
+    if cp.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip(f"needs 2 GPUs on one host, this one has {cp.cuda.runtime.getDeviceCount()}")
+    pytest.importorskip("optuna")
+    from tuner import study
+    monkeypatch.setenv("LOOPTOOL_TUNING_DB", str(tmp_path / "tuned.sqlite"))
+    c, ref = matmul(rng, 256, 128, 256)
+    result = study.tune(c, trials=12, storage=f"sqlite:///{tmp_path / 's.sqlite'}", seed=0, progress=False,
+                        device="gpu", repeats=3, gpus=[0, 1])
+    cards = {t.user_attrs["gpu"] for t in result.study.trials if "gpu" in t.user_attrs}
+    buses = {cp.cuda.Device(k).pci_bus_id for k in (0, 1)}
+    assert {card.split()[-1] for card in cards} == buses
+    assert_close(cp.asnumpy(c.cuda()), ref, 1e-5)
+
+
+def test_gpus_are_refused_for_a_cpu_study(rng):
+    pytest.importorskip("optuna")
+    from tuner import study
+    c, _ = matmul(rng, 16, 8, 16)
+    with pytest.raises(ValueError, match=r"gpus=\[0, 1\] measures on GPUs: pass device='gpu' too"):
+        study.tune(c, trials=1, gpus=[0, 1], progress=False)
+
+
 def legal_family_draws(rng, family: str, tile: str, shape: tuple[int, int, int], seed: int, draws: int) -> int:
     """How many of `draws` random draws of a bfloat16 matmul's GPU space are legal draws of `family`,
     each checked to hold `tile` tiles and to compute the right result (in the interpreter, which runs
