@@ -127,6 +127,7 @@ class Builder:
         """Place the stage inside its consumer if the rules allow, else give it loops of its own."""
         stage = self.program.stage(name)
         self.explain_separate(stage)
+        self.explain_sigmoid_forms(stage)
         if self.placed(stage):
             self.streamed(stage, threads=False)
             return
@@ -148,6 +149,14 @@ class Builder:
             self.note(stage.name, f"its {op} is computed once here, at full vector width, for the reduction"
                                   f"{'s' if len(readers) > 1 else ''} {', '.join(readers)} that read it, not "
                                   f"inside {'them' if len(readers) > 1 else 'it'} (lowered as its own stage)")
+
+    def explain_sigmoid_forms(self, stage: ir.Stage):
+        """Say where the lowering computes 1 ± tanh(u) as 2 / (1 + exp(∓2u)) (`ir.sigmoid_form`)."""
+        found = sum(1 for e in ir.subexpressions(stage.expr) if ir.is_sigmoid_form(e))
+        if found:
+            self.note(stage.name, f"1 ± tanh(u) computed as 2 / (1 + exp(∓2u)) ({found} place{'s' if found > 1 else ''},"
+                                  f" lowered so): one exp and one division instead of tanh's polynomial, exp and "
+                                  f"division, and no cancellation where tanh(u) nears ∓1")
 
     # Placement -----------------------------------------------------------------------
     def placed(self, stage: ir.Stage) -> bool:
