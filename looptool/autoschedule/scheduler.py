@@ -195,9 +195,10 @@ class Builder:
         """Say where the lowering computes 1 ± tanh(u) as 2 / (1 + exp(∓2u)) (`ir.sigmoid_form`)."""
         found = sum(1 for e in ir.subexpressions(stage.expr) if ir.is_sigmoid_form(e))
         if found:
-            self.note(stage.name, f"1 ± tanh(u) computed as 2 / (1 + exp(∓2u)) ({found} place{'s' if found > 1 else ''},"
-                                  f" lowered so): one exp and one division instead of tanh's polynomial, exp and "
-                                  f"division, and no cancellation where tanh(u) nears ∓1")
+            self.note(stage.name, f"1 ± tanh(u) computed as 2 / (1 + exp(∓2u)), 0.5x times it as x / (1 + exp(∓2u)) "
+                                  f"({found} place{'s' if found > 1 else ''}, lowered so): one exp and one division "
+                                  f"instead of tanh's polynomial, exp and division, and no cancellation where tanh(u) "
+                                  f"nears ∓1")
 
     # Placement -----------------------------------------------------------------------
     def placed(self, stage: ir.Stage) -> bool:

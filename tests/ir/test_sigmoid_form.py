@@ -62,7 +62,24 @@ def test_gelu_tanh_matches_float64_and_says_why(rng, shape):
     gelu = 0.5 * x * (1.0 + lt.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
     d = data.astype(np.float64)
     assert_close(gelu.numpy(), 0.5 * d * (1 + np.tanh(0.7978845608028654 * (d + 0.044715 * d ** 3))), 1e-5)
-    assert "1 ± tanh(u) computed as 2 / (1 + exp(∓2u)) (1 place, lowered so)" in gelu.loop_tree().auto().explain()
+    assert "1 ± tanh(u) computed as 2 / (1 + exp(∓2u)), 0.5x times it as x / (1 + exp(∓2u)) (1 place, lowered so)" \
+        in gelu.loop_tree().auto().explain()
+
+
+@pytest.mark.parametrize("form", ["0.5 x (1 + tanh)", "x 0.5 (tanh + 1)", "(1 - tanh) (x 0.5)", "x (1 + tanh) 0.5"])
+def test_half_x_times_one_plus_tanh_divides_x_with_no_half_and_no_two(rng, form):
+    data = (3 * rng.standard_normal(300)).astype(np.float32)
+    i, = lt.symbols("i")
+    x = lt.Tensor(data).to(i)
+    t = {"0.5 x (1 + tanh)": lambda: 0.5 * x * (1.0 + x.tanh()), "x 0.5 (tanh + 1)": lambda: x * 0.5 * (x.tanh() + 1.0),
+         "(1 - tanh) (x 0.5)": lambda: (1.0 - x.tanh()) * (x * 0.5),
+         "x (1 + tanh) 0.5": lambda: x * (1.0 + x.tanh()) * 0.5}[form]()
+    consts = {e.value for e in stage_exprs(t) if isinstance(e, ir.Const)}
+    sigmoid, = [e for e in stage_exprs(t) if ir.is_sigmoid_form(e)]
+    folded = form != "x (1 + tanh) 0.5"                      # 0.5 last: 2 / (1 + exp(-2u)) times x, times 0.5
+    assert isinstance(sigmoid.a, ir.Load) == folded and (0.5 in consts) != folded
+    d = data.astype(np.float64)
+    assert_close(t.numpy(), 0.5 * d * (1 + (-1 if "1 - tanh" in form else 1) * np.tanh(d)), 1e-5)
 
 
 @pytest.mark.parametrize("form", ["tanh - 1", "tanh + 2", "2 tanh + 1", "tanh", "1 + exp"])
