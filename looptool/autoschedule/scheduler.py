@@ -186,7 +186,8 @@ class Builder:
         (`ir.lower(..., separate_costly=True)`)."""
         readers = [r.name for r in self.program.readers(stage.name) if r.reduce_op]
         op = stage.expr.op if isinstance(stage.expr, ir.Unary | ir.Binary) else None
-        if stage.name not in self.shares and stage is not self.program.output and stage.reduce_op is None and op in ir.COSTLY and readers:
+        own = stage.name not in self.shares and stage is not self.program.output and stage.reduce_op is None
+        if own and op in ir.COSTLY and readers:
             self.note(stage.name, f"its {op} is computed once here, at full vector width, for the reduction"
                                   f"{'s' if len(readers) > 1 else ''} {', '.join(readers)} that read it, not "
                                   f"inside {'them' if len(readers) > 1 else 'it'} (lowered as its own stage)")
@@ -195,10 +196,10 @@ class Builder:
         """Say where the lowering computes 1 ± tanh(u) as 2 / (1 + exp(∓2u)) (`ir.sigmoid_form`)."""
         found = sum(1 for e in ir.subexpressions(stage.expr) if ir.is_sigmoid_form(e))
         if found:
+            places = f"{found} place{'s' if found > 1 else ''}"
             self.note(stage.name, f"1 ± tanh(u) computed as 2 / (1 + exp(∓2u)), 0.5x times it as x / (1 + exp(∓2u)) "
-                                  f"({found} place{'s' if found > 1 else ''}, lowered so): one exp and one division "
-                                  f"instead of tanh's polynomial, exp and division, and no cancellation where tanh(u) "
-                                  f"nears ∓1")
+                                  f"({places}, lowered so): one exp and one division instead of tanh's polynomial, "
+                                  f"exp and division, and no cancellation where tanh(u) nears ∓1")
 
     # Placement -----------------------------------------------------------------------
     def placed(self, stage: ir.Stage) -> bool:

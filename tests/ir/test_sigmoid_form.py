@@ -36,7 +36,8 @@ def test_one_plus_tanh_is_within_three_ulp_over_the_float32_range(form, sign):
     u = u[np.isfinite(u)]
     i, = lt.symbols("i")
     x = lt.Tensor(u).to(i)
-    t = {"1 + tanh": lambda: 1.0 + x.tanh(), "tanh + 1": lambda: x.tanh() + 1.0, "1 - tanh": lambda: 1 - x.tanh()}[form]()
+    t = {"1 + tanh": lambda: 1.0 + x.tanh(), "tanh + 1": lambda: x.tanh() + 1.0,
+         "1 - tanh": lambda: 1 - x.tanh()}[form]()
     assert any(ir.is_sigmoid_form(e) for e in stage_exprs(t))
     assert not any(isinstance(e, ir.Unary) and e.op == "tanh" for e in stage_exprs(t))
     ref = 2.0 * special.expit(2.0 * sign * u.astype(np.float64))
@@ -62,8 +63,8 @@ def test_gelu_tanh_matches_float64_and_says_why(rng, shape):
     gelu = 0.5 * x * (1.0 + lt.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
     d = data.astype(np.float64)
     assert_close(gelu.numpy(), 0.5 * d * (1 + np.tanh(0.7978845608028654 * (d + 0.044715 * d ** 3))), 1e-5)
-    assert "1 ± tanh(u) computed as 2 / (1 + exp(∓2u)), 0.5x times it as x / (1 + exp(∓2u)) (1 place, lowered so)" \
-        in gelu.loop_tree().auto().explain()
+    assert "1 ± tanh(u) computed as 2 / (1 + exp(∓2u)), 0.5x times it as x / (1 + exp(∓2u)) (1 place, " \
+           "lowered so)" in gelu.loop_tree().auto().explain()
 
 
 @pytest.mark.parametrize("form", ["0.5 x (1 + tanh)", "x 0.5 (tanh + 1)", "(1 - tanh) (x 0.5)", "x (1 + tanh) 0.5"])
