@@ -197,8 +197,8 @@ class Builder:
         found = sum(1 for e in ir.subexpressions(stage.expr) if ir.is_sigmoid_form(e))
         if found:
             places = f"{found} place{'s' if found > 1 else ''}"
-            self.note(stage.name, f"1 ± tanh(u) computed as 2 / (1 + exp(∓2u)), 0.5x times it as x / (1 + exp(∓2u)) "
-                                  f"({places}, lowered so): one exp and one division instead of tanh's polynomial, "
+            self.note(stage.name, f"1 ± tanh(u) computed as 2 / (1 + exp(∓2u)), 0.5x times it as "
+                                  f"x / (1 + exp(∓2u)) ({places}, lowered so): one exp and one division instead of tanh's polynomial, "
                                   f"exp and division, and no cancellation where tanh(u) nears ∓1")
 
     # Placement -----------------------------------------------------------------------

@@ -10,5 +10,5 @@ from .program import (REPRESENTATIVE_SIZE, Size, Affine, Binary, Buffer, Cast, C
 
 __all__ = ["REPRESENTATIVE_SIZE", "Size", "Affine", "Binary", "Buffer", "Cast", "Const", "Expr", "Guard", "Load",
            "Program", "REDUCE_IDENTITY", "Select", "Stage", "Unary", "guards", "index_vars", "loaded_buffers", "loads", "element_strides", "lower", "rewritten",
-           "substituted", "whole_aligned_elements", "flattened", "merged_last_two", "Im2col", "im2col", "split_k", "TRANSCENDENTAL",
-           "COSTLY", "is_sigmoid_form", "sigmoid_form", "subexpressions"]
+           "substituted", "whole_aligned_elements", "flattened", "merged_last_two", "Im2col", "im2col", "split_k",
+           "TRANSCENDENTAL", "COSTLY", "is_sigmoid_form", "sigmoid_form", "subexpressions"]
