@@ -198,8 +198,8 @@ class Builder:
         if found:
             places = f"{found} place{'s' if found > 1 else ''}"
             self.note(stage.name, f"1 ± tanh(u) computed as 2 / (1 + exp(∓2u)), 0.5x times it as "
-                                  f"x / (1 + exp(∓2u)) ({places}, lowered so): one exp and one division instead of tanh's polynomial, "
-                                  f"exp and division, and no cancellation where tanh(u) nears ∓1")
+                                  f"x / (1 + exp(∓2u)) ({places}, lowered so): one exp and one division instead of "
+                                  f"tanh's polynomial, exp and division, and no cancellation where tanh(u) nears ∓1")
 
     # Placement -----------------------------------------------------------------------
     def placed(self, stage: ir.Stage) -> bool:
