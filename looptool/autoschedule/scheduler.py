@@ -93,8 +93,16 @@ def drawn_tree(program: Program, target: Target, pick: Pick) -> LoopTree:
 
 def build(program: Program, target: Target, allowed: Allowed, pick: Pick) -> "Builder":
     """The rules applied to every stage, from the result backwards."""
+    builder = built(program, target, allowed, pick, share=True)
+    return built(program, target, allowed, pick, share=False) if builder.streamed_shares() else builder
+
+
+def built(program: Program, target: Target, allowed: Allowed, pick: Pick, share: bool) -> "Builder":
+    """The rules applied to every stage, from the result backwards, after `Builder.shared` (where `share`)."""
     builder = Builder(Schedule.default(program), target, allowed, pick)
-    for stage in reversed(program.stages):
+    for stage in program.stages:
+        builder.shared(stage, share)
+    for stage in reversed(builder.program.stages):
         builder.schedule_stage(stage.name)
     return builder
 
@@ -106,6 +114,7 @@ class Builder:
         self.schedule, self.target, self.allowed, self.pick = schedule, target, allowed, pick
         self.reasons = [target.describe()]
         self.choices: dict[str, Choice] = {}
+        self.shares: list[str] = []     # the stages `shared` made
 
     @property
     def program(self) -> Program:
@@ -123,10 +132,43 @@ class Builder:
         self.choices[name] = Choice(chosen, options)
         return chosen
 
+    def shared(self, stage: ir.Stage, share: bool):
+        """Rule: where the body of reduction `stage` computes an exp (log, tanh, erf) value that later stages
+        compute again (a softmax's exp(x - max): its sum and its division), compute it once in a stage of
+        its own (`Schedule.share`), read from cache by them: `build` keeps it where the schedule computes
+        it a row at a time in its readers' loop, or where its whole buffer fits in L2."""
+        try:
+            shared = self.schedule.share(stage.name)
+        except ValueError:
+            return
+        if not self.decide(f"{stage.name}.share", share, (share, not share)):
+            return
+        self.schedule = shared
+        self.shares.append(f"{stage.name}.e")
+
+    def streamed_shares(self) -> bool:
+        """Whether a stage of `shared` is computed whole (not placed in its readers' loop) and does not fit
+        in L2, so that its readers would read it back from memory; else note why each one is kept."""
+        reasons = []
+        for name in self.shares:
+            value = self.program.stage(name)
+            size = math.prod(self.program.size(d) for d in value.dims) * np.dtype(value.dtype).itemsize
+            placed = self.schedule.of(name).consumer
+            if placed is None and size > self.target.l2:
+                return True
+            where = f"placed in {placed}'s loops, a block at a time" if placed else \
+                f"whole: {size // 1024} KiB, within L2's {self.target.l2 // 1024} KiB"
+            readers = ", ".join(r.name for r in self.program.readers(name))
+            reasons.append(f"{name}: the {value.expr.op} that {readers} all compute is computed once, in a stage "
+                           f"of its own ({where}), not once in each")
+        self.reasons[1:1] = reasons
+        return False
+
     def schedule_stage(self, name: str):
         """Place the stage inside its consumer if the rules allow, else give it loops of its own."""
         stage = self.program.stage(name)
         self.explain_separate(stage)
+        self.explain_sigmoid_forms(stage)
         if self.placed(stage):
             self.streamed(stage, threads=False)
             return
@@ -144,10 +186,20 @@ class Builder:
         (`ir.lower(..., separate_costly=True)`)."""
         readers = [r.name for r in self.program.readers(stage.name) if r.reduce_op]
         op = stage.expr.op if isinstance(stage.expr, ir.Unary | ir.Binary) else None
-        if stage is not self.program.output and stage.reduce_op is None and op in ir.COSTLY and readers:
+        own = stage.name not in self.shares and stage is not self.program.output and stage.reduce_op is None
+        if own and op in ir.COSTLY and readers:
             self.note(stage.name, f"its {op} is computed once here, at full vector width, for the reduction"
                                   f"{'s' if len(readers) > 1 else ''} {', '.join(readers)} that read it, not "
                                   f"inside {'them' if len(readers) > 1 else 'it'} (lowered as its own stage)")
+
+    def explain_sigmoid_forms(self, stage: ir.Stage):
+        """Say where the lowering computes 1 ± tanh(u) as 2 / (1 + exp(∓2u)) (`ir.sigmoid_form`)."""
+        found = sum(1 for e in ir.subexpressions(stage.expr) if ir.is_sigmoid_form(e))
+        if found:
+            places = f"{found} place{'s' if found > 1 else ''}"
+            self.note(stage.name, f"1 ± tanh(u) computed as 2 / (1 + exp(∓2u)), 0.5x times it as "
+                                  f"x / (1 + exp(∓2u)) ({places}, lowered so): one exp and one division instead of "
+                                  f"tanh's polynomial, exp and division, and no cancellation where tanh(u) nears ∓1")
 
     # Placement -----------------------------------------------------------------------
     def placed(self, stage: ir.Stage) -> bool:
@@ -178,7 +230,10 @@ class Builder:
         if any(r.name != host_stage and self.schedule.of(r.name).consumer != host_stage for r in readers):
             return None
         depth = covering_depth([lp.dim for lp in self.schedule.effective_loops(host_stage)], stage.dims)
-        return None if depth is None else (host_stage, depth)
+        if depth is None:
+            return None
+        # computed before the readers placed in the host's outer loops: a softmax's shared exp, a row at a time
+        return host_stage, min([depth] + [self.schedule.of(r.name).at for r in readers if r.name != host_stage])
 
     # Streaming stages (no register reuse) ------------------------------------------------
     def streamed(self, stage: ir.Stage, threads: bool):

@@ -231,6 +231,11 @@ class LoopTree:
         new stage `<stage>.f` (see `Schedule.hoist`): softmax values, not once per output column."""
         return LoopTree(self.program, self.schedule.hoist(self._stage(stage)))
 
+    def share(self, stage: str) -> "LoopTree":
+        """Compute the exp (log, tanh, erf) value that reduction `stage` and later stages all compute once,
+        into a new stage `<stage>.e` that they read (see `Schedule.share`): a softmax's exp, not twice."""
+        return LoopTree(self.program, self.schedule.share(stage))
+
     def epilogue(self, stage: str | None = None) -> "LoopTree":
         """Compute a pointwise stage in the write-back of the accumulator it reads (a contraction's bias,
         relu, scale or cast on the register tile, no second kernel; see `Schedule.epilogue`)."""

@@ -411,6 +411,28 @@ class Schedule:
         program = _replaced(self.program, original, [hoisted, rewritten])
         return self._replacing(stage, program, [hoisted, rewritten], ("hoist", stage))
 
+    def share(self, stage: str) -> "Schedule":
+        """Compute once the transcendental value (exp, log, tanh, erf) in the body of the reduction `stage`
+        that later stages compute again: a new stage `<stage>.e` over the dims that value uses (in `stage`'s
+        loop order), which `stage` and those stages then read. A softmax's exp(x - max), which its sum and
+        its division both compute, then costs one exp a value, not two. The other stages keep their names.
+        Comes before the other steps of `stage` and of the stages that read the value."""
+        original = self.program.stage(stage)
+        value, readers = _shared_value(self.program, original)
+        for name in (stage, *readers):
+            self._check_untouched(name, "share")
+        name = f"{stage}.e"
+        if _has_stage(self.program, name):
+            raise ValueError(f"stage {stage} already shares its value as {name}")
+        dims = tuple(d for d in original.loop_dims if d in ir.index_vars(value))
+        shared = ir.Stage(name, dims, (), None, value, value.dtype, dims)
+        load = ir.Load(name, ir.Affine.identity(dims), value.dtype)
+        program = _replaced(self.program, original, [shared, original])
+        program = replace(program, stages=tuple(replace(st, expr=_replaced_value(st.expr, value, load))
+                                                if st.name == stage or st.name in readers else st
+                                                for st in program.stages))
+        return self._replacing(stage, program, [shared, program.stage(stage)], ("share", stage))
+
     def epilogue(self, stage: str) -> "Schedule":
         """Compute the pointwise `stage` in the write-back of the accumulator it reads: where `stage`
         reads, over its own dims, the copy `c` that `cache_write` made of `c.acc` (and nothing else
@@ -502,7 +524,7 @@ class Schedule:
         for step in steps:
             op, *args = step
             if op not in ("split", "reorder", "annotate", "tensorize", "place", "cache", "cache_write", "rfactor",
-                          "pad", "hoist", "epilogue", "inline"):
+                          "pad", "hoist", "share", "epilogue", "inline"):
                 raise ValueError(f"unknown schedule step {op!r}")
             sched = getattr(sched, op)(*args)
         return sched
@@ -516,6 +538,36 @@ def _replaced(program: Program, stage: ir.Stage, new_stages: list[ir.Stage]) -> 
     """`program` with `stage` replaced by `new_stages`, in its place."""
     position = program.stages.index(stage)
     return replace(program, stages=program.stages[:position] + tuple(new_stages) + program.stages[position + 1:])
+
+
+def _shared_value(program: Program, stage: ir.Stage) -> tuple[ir.Expr, tuple[str, ...]]:
+    """(the transcendental value `Schedule.share` computes once, the later stages that compute it too) of a
+    reduction stage; a ValueError saying why where there is none."""
+    if not stage.reduce_dims:
+        raise ValueError(f"share: stage {stage.name} is not a reduction")
+    later = program.stages[program.stages.index(stage) + 1:]
+    for value in ir.subexpressions(stage.expr):
+        if isinstance(value, ir.Unary) and value.op in ir.TRANSCENDENTAL:
+            readers = tuple(st.name for st in later if value in ir.subexpressions(st.expr))
+            if readers:
+                return value, readers
+    raise ValueError(f"share: no later stage computes an exp, log, tanh or erf value of stage {stage.name}'s body")
+
+
+def _replaced_value(expr: ir.Expr, value: ir.Expr, load: ir.Load) -> ir.Expr:
+    """`expr` with every occurrence of `value` replaced by `load`."""
+    if expr == value:
+        return load
+    if isinstance(expr, ir.Select):
+        return ir.Select(expr.guards, _replaced_value(expr.then, value, load),
+                         _replaced_value(expr.otherwise, value, load))
+    if isinstance(expr, ir.Unary):
+        return ir.Unary(expr.op, _replaced_value(expr.x, value, load))
+    if isinstance(expr, ir.Cast):
+        return ir.Cast(_replaced_value(expr.x, value, load), expr.dtype)
+    if isinstance(expr, ir.Binary):
+        return ir.Binary(expr.op, _replaced_value(expr.a, value, load), _replaced_value(expr.b, value, load))
+    return expr
 
 
 def _written_back(program: Program, consumer: ir.Stage) -> ir.Stage:
