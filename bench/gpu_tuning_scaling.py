@@ -5,7 +5,7 @@ For each worker count (1, 2, ... up to the GPUs present, or `--gpus`), a fresh s
 workload (bfloat16 matmul, `--size`) runs `--trials` trials with `tuner.tune(..., device="gpu",
 gpus=[0..k-1])`; the report gives each study's wall time, trials an hour, best-so-far against wall
 time, and its best kernel's time, so speed-up and quality are read together. Studies and the tuning
-database live in a temporary folder. `--out DIR` writes gpu_tuning_scaling.{json,md}.
+database live in a temporary folder, and the PTX cache is off (the studies draw the same schedules). `--out DIR` writes gpu_tuning_scaling.{json,md}.
 """
 from __future__ import annotations
 
@@ -42,6 +42,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     folder = Path(tempfile.mkdtemp(prefix="gpu_scaling_"))
     os.environ["LOOPTOOL_TUNING_DB"] = str(folder / "tuned.db")
+    os.environ["LOOPTOOL_CACHE_DIR"] = ""       # no PTX cache: each study compiles its own draws
     import numpy as np
     import looptool as lt
     from looptool.runtime import gpu as runtime_gpu
