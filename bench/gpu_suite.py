@@ -12,6 +12,8 @@ run as a new user would: `c.cuda()` with no schedule and no tuning database. Per
   of the same bytes).
 It also measures the host cost of a `.cuda()` call (perf_counter over many calls of a small
 workload, no synchronization). Prints a table; writes `gpu_suite.json` and `gpu_suite.md` to DIR.
+`--shapes other` runs 13 shapes no rule was tuned on instead (for re-measuring the rules), `--shapes even`
+the suite without its odd sizes.
 """
 from __future__ import annotations
 
