@@ -30,6 +30,7 @@ import numpy as np
 
 from . import ir, runtime
 from .analysis import legality
+from .analysis import target as target_model
 from .analysis.tma import BulkCopy
 from .codegen import cpu as codegen_cpu
 from .codegen import gpu as codegen_gpu
@@ -133,8 +134,7 @@ def _cpu_files(tree, program: ir.Program, names: list[str], out: Path) -> tuple[
     target = codegen_cpu.HostTarget.get()
     source = codegen_cpu.generate(tree, target.triple, runtime.get_num_threads(), ENTRY)
     ir_text = str(source.module)
-    machine = llvm.Target.from_triple(target.triple).create_target_machine(
-        cpu=target.cpu, features=target.features, opt=3, reloc="pic", codemodel="default")
+    machine = target_model.new_machine(target.llvm_cpu, reloc="pic", codemodel="default")
     module = target.optimize(ir_text, machine)
     pool = target.optimize(str(codegen_threadpool.pool_module(target.triple)), machine)
     files = {"kernel.ll": ir_text.encode(), "kernel.o": machine.emit_object(module),
