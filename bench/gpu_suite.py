@@ -28,7 +28,7 @@ import numpy as np
 import looptool as lt
 from looptool.runtime import gpu as runtime_gpu
 from bench.gpu import kernel_times, median_ms
-from bench.report import write_results
+from bench.report import geometric_mean, write_results
 
 
 def interleaved_ms(fns: dict, rounds: int = 3) -> dict:
@@ -294,7 +294,7 @@ def main(argv=None):
         print(json.dumps({k: v for k, v in row.items() if k != "explain"}), flush=True)
     summary = {"device": device, "rows": rows, **call_cost_us(torch)}
     ratios = [r["x_torch"] for r in rows if "x_torch" in r]
-    summary["geomean_x_torch"] = float(np.exp(np.mean(np.log(ratios)))) if ratios else None
+    summary["geomean_x_torch"] = geometric_mean(ratios) if ratios else None
     table = ["| workload | first call s | kernels | x torch (c.cuda()) | kernels alone x torch | copy bw | rel err |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:

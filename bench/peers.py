@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from . import timing
+from .report import geometric_mean
 from .models import SUITE
 from .workloads import Workload, select
 
@@ -131,11 +132,6 @@ def relative_error(got, ref) -> float:
     if got.shape != np.shape(ref):
         return float("inf")
     return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
-
-
-def geometric_mean(values: list[float]) -> float:
-    """The geometric mean of positive numbers."""
-    return float(np.exp(np.mean(np.log(values))))
 
 
 def table(rows: list[dict], versions: dict, cpu: str) -> str:

@@ -27,6 +27,7 @@ import tuner
 from looptool import set_num_threads
 
 from . import peers
+from .report import geometric_mean
 from .models import SUITE
 
 HERE = Path(__file__).resolve().parent
@@ -93,9 +94,9 @@ def table(data: dict) -> str:
     if rated:
         lowest = sorted(rated, key=lambda r: r["xla_ratio"])[:3]
         lines += ["", f"geometric mean x XLA over {len(rated)} families: tuned "
-                      f"{peers.geometric_mean([r['xla_ratio'] for r in rated]):.2f}, automatic "
-                      f"{peers.geometric_mean([r['automatic_xla_ratio'] for r in rated]):.2f} (same process); automatic "
-                      f"/ tuned {peers.geometric_mean([r['automatic_ms'] / r['looptool_ms'] for r in rated]):.2f}",
+                      f"{geometric_mean([r['xla_ratio'] for r in rated]):.2f}, automatic "
+                      f"{geometric_mean([r['automatic_xla_ratio'] for r in rated]):.2f} (same process); automatic "
+                      f"/ tuned {geometric_mean([r['automatic_ms'] / r['looptool_ms'] for r in rated]):.2f}",
                   "lowest tuned x XLA: " + ", ".join(f"{r['title']} {r['xla_ratio']:.2f}" for r in lowest)]
     return "\n".join(lines)
 

@@ -9,6 +9,8 @@ import platform
 import subprocess
 from pathlib import Path
 
+import numpy as np
+
 
 def _num(x, fmt: str) -> str:
     return "—" if x is None else format(x, fmt)
@@ -112,6 +114,11 @@ def write_json(path: Path, rows, compile_info, args, seconds: float) -> None:
             "compile_time": compile_info,
             "rows": [dict(dataclasses.asdict(r), misses_target=r.misses_target) for r in rows]}
     Path(path).write_text(json.dumps(data, indent=2) + "\n")
+
+
+def geometric_mean(values: list[float]) -> float:
+    """The geometric mean of positive numbers."""
+    return float(np.exp(np.mean(np.log(values))))
 
 
 def write_results(folder: Path | None, stem: str, data, text: str) -> None:
