@@ -285,11 +285,13 @@ class Tuning:
             return None
         return costmodel.prior_from_storage(self.storage, self.study_name, target_name(self.device), self.program)
 
-    def helper(self, index: int) -> tuple[tuple, dict]:
-        """Arguments of a `Tuning` of the same study for the index-th further process (its own seed)."""
+    def helper(self, index: int, gpu: int | None = None) -> tuple[tuple, dict]:
+        """Arguments of a `Tuning` of the same study for the index-th further process (its own seed; its
+        own GPU where `gpu` is given, else this one's)."""
         seed = self.settings["seed"]
         return (self.node, self.storage_url, self.study_name), \
-            dict(self.settings, seed=None if seed is None else seed + index + 1)
+            dict(self.settings, seed=None if seed is None else seed + index + 1,
+                 gpu=self.settings["gpu"] if gpu is None else gpu)
 
     def finished(self) -> int:
         """Finished trials of the study (from every process sharing it)."""
@@ -396,13 +398,9 @@ def tune(tensor, trials: int = 100, timeout: float | None = None, jobs: int = 1,
             raise ValueError(f"gpus={gpus} measures on GPUs: pass device='gpu' too")
         jobs, settings = len(gpus), dict(settings, gpu=gpus[0])
     with open_tuning(tensor, progress=progress, **settings) as tuning:
-        helpers = []
-        for k in range(jobs - 1):
-            args, helper_settings = tuning.helper(k)
-            if gpus:
-                helper_settings["gpu"] = gpus[k + 1]
-            helpers.append(mp.get_context("spawn").Process(target=_helper_job,
-                                                           args=(args, helper_settings, trials, timeout)))
+        helper_gpus = gpus[1:] if gpus else [None] * (jobs - 1)
+        helpers = [mp.get_context("spawn").Process(target=_helper_job, args=tuning.helper(k, gpu) + (trials, timeout))
+                   for k, gpu in enumerate(helper_gpus)]
         for proc in helpers:
             proc.start()
         tuning.run(trials, timeout)
