@@ -22,6 +22,7 @@ from ..frontend import graph
 from ..schedule import LoopTree
 from . import interpreter, threadpool, tuning_db
 from .cache import KernelCache
+from .checked_entry import Entry, array_fields, data_offset, entry_ir
 from .gpu import to_host
 from .schedules import resolve_schedule, schedule_steps
 from .sizes import DynamicSizes
@@ -126,6 +127,16 @@ class Kernel:
             self._array_entry = _array_shim(self._engine, self._address, len(self.params), len(self.dynamic.dims))
         return self._array_entry
 
+    def checked_entry(self, entry: Entry):
+        """A ctypes function of the array objects `entry` plans for, that checks them and runs the kernel
+        (0), or refuses (1): see `checked_entry`. None where ndarray's fields were not found."""
+        fields = array_fields()
+        if fields is None:
+            return None
+        text, name = entry_ir(entry, self._address, fields)
+        kind = ctypes.CFUNCTYPE(ctypes.c_int32, *[ctypes.py_object] * len(entry.arrays))
+        return _add_function(self._engine, text, name, kind)
+
     @property
     def assembly(self) -> str:
         """Native assembly of the optimized kernel (made on first use: it costs a backend run)."""
@@ -165,36 +176,25 @@ class Kernel:
 
 def _array_shim(engine, kernel_address: int, count: int, sizes: int = 0):
     """A function of `count` ndarray objects and `sizes` integers that calls the kernel at `kernel_address`
-    with the arrays' data pointers (read at `_data_offset()` in each object) and the integers, as a ctypes
+    with the arrays' data pointers (read at `data_offset()` in each object) and the integers, as a ctypes
     function of `py_object`s and `int64`s."""
     args = ", ".join([f"ptr %a{i}" for i in range(count)] + [f"i64 %s{i}" for i in range(sizes)])
-    body = "".join(f"  %g{i} = getelementptr i8, ptr %a{i}, i64 {_data_offset()}\n  %d{i} = load ptr, ptr %g{i}\n"
+    body = "".join(f"  %g{i} = getelementptr i8, ptr %a{i}, i64 {data_offset()}\n  %d{i} = load ptr, ptr %g{i}\n"
                    for i in range(count))
     call = ", ".join([f"ptr %d{i}" for i in range(count)] + [f"i64 %s{i}" for i in range(sizes)])
     text = (f"define void @kernel_arrays({args}) {{\n{body}  %f = inttoptr i64 {kernel_address} to ptr\n"
             f"  call void %f({call})\n  ret void\n}}\n")
+    return _add_function(engine, text, "kernel_arrays",
+                         ctypes.CFUNCTYPE(None, *[ctypes.py_object] * count, *[ctypes.c_int64] * sizes))
+
+
+def _add_function(engine, text: str, name: str, kind):
+    """Function `name` of LLVM IR `text`, compiled into `engine`, as a ctypes function of type `kind`."""
     module = llvm.parse_assembly(text)
     module.triple = codegen_cpu.HostTarget.get().triple
     engine.add_module(module)
     engine.finalize_object()
-    argtypes = [ctypes.py_object] * count + [ctypes.c_int64] * sizes
-    return ctypes.CFUNCTYPE(None, *argtypes)(engine.get_function_address("kernel_arrays"))
-
-
-_DATA_OFFSET: list[int] = []
-
-
-def _data_offset() -> int:
-    """Where an ndarray object keeps its data pointer (after the object header: 16 bytes on CPython's
-    usual builds), found by looking, not assumed: the one offset that holds the data pointer of
-    several arrays."""
-    if not _DATA_OFFSET:
-        arrays = [np.empty(n, dtype=np.uint8) for n in (7, 1000, 3)]
-        pointer = ctypes.sizeof(ctypes.c_void_p)
-        _DATA_OFFSET.append(next(
-            offset for offset in range(pointer, 16 * pointer, pointer)
-            if all(ctypes.c_void_p.from_address(id(a) + offset).value == a.ctypes.data for a in arrays)))
-    return _DATA_OFFSET[0]
+    return kind(engine.get_function_address(name))
 
 
 def _input_mismatch(buf: ir.Buffer, array: np.ndarray) -> ValueError:
@@ -241,9 +241,9 @@ def buffer_array(shape: tuple[int, ...], dtype: str) -> np.ndarray:
 
 
 def data_address(array: np.ndarray) -> int:
-    """The address of an ndarray's data, read from the object (`_data_offset`): a fifth of the time
+    """The address of an ndarray's data, read from the object (`data_offset`): a fifth of the time
     `array.ctypes.data` takes."""
-    return ctypes.c_void_p.from_address(id(array) + _data_offset()).value
+    return ctypes.c_void_p.from_address(id(array) + data_offset()).value
 
 
 CACHE = KernelCache(lambda tree: Kernel(tree, _THREADS[0]), lambda: _THREADS[0])

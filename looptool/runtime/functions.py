@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import sys
 import weakref
 
@@ -28,7 +29,9 @@ from ..frontend import Tensor
 from ..ir.lowering import graph_nodes
 from ..schedule import LoopTree
 from . import gpu
-from .cpu import Kernel, buffer_array, check_output, chosen_tree, kernel_for, lower_on_host
+from .checked_entry import Address, Dim, Entry, Expected
+from .cpu import (ALIGNED_FROM_BYTES, Kernel, aligned_empty, buffer_array, check_output, chosen_tree, data_address,
+                  kernel_for, lower_on_host)
 from .sizes import DynamicSizes
 
 
@@ -71,6 +74,7 @@ class Function:
             self.params.append((name, spec))
         self._calls: dict[tuple, _Call] = {}
         self._last_trace: list[weakref.ref] = []       # the host arrays of the latest trace, not kept alive
+        self._fast: _Call | None = None                 # the latest host call's signature, tried first
         # per parameter, whether its first dim is dynamic (its size is then left out of the signature);
         # empty where none is
         leading = [bool(spec.dims) and getattr(spec.dims[0], "dynamic", False) for _, spec in self.params]
@@ -78,10 +82,21 @@ class Function:
         functools.update_wrapper(self, fn)
 
     def __call__(self, *arrays, out=None):
+        fast = self._fast
+        if fast is not None:                 # the latest host signature's checked entry: one ctypes call
+            result = fast.run(arrays, out)
+            if result is not None:
+                return result
+        return self._checked_call(arrays, out)
+
+    def _checked_call(self, arrays: tuple, out):
+        """A call checked in Python: the signature looked up (traced when new), each argument checked
+        with errors in words, and the signature's checked entry kept for the next call."""
         self._check_count(arrays)
         for a in arrays:
             if type(a) is not np.ndarray:
                 if gpu.is_device_array(a):
+                    self._fast = None
                     return self._on_gpu(arrays, out)
                 arrays = [np.asarray(a) for a in arrays]
                 break
@@ -93,7 +108,9 @@ class Function:
         call = self._calls.get(key)
         if call is None:
             call = self._calls[key] = self._traced(arrays)
-        return call(arrays, out)
+        result = call(arrays, out)
+        self._fast = call if call.checked is not None else None
+        return result
 
     def last_example(self) -> tuple | None:
         """The arrays of the latest call on the host that traced a new signature, while they are all still
@@ -170,7 +187,7 @@ class Function:
                 raise ValueError(f"{self.fn.__name__} captures an array of dims {buf.dims} (shape "
                                  f"{slots[buf.name].shape}) over a dynamic dim; its size would be fixed: pass it as "
                                  f"an argument")
-        return _Call(kernel_for(node), slots, [name for name, _ in self.params])
+        return _Call(kernel_for(node), slots, [name for name, _ in self.params], arrays, self._leading)
 
 
 def _slot(array: np.ndarray, views: list[np.ndarray]):
@@ -181,10 +198,13 @@ def _slot(array: np.ndarray, views: list[np.ndarray]):
 
 class _Call:
     """One signature's compiled call: the kernel's arguments in its parameter order (the caller's
-    arrays, captured constants, buffers made per call), passed as array objects to the kernel's
-    `array_entry`; the signature was already checked (shape, dtype, strides), alignment is here."""
+    arrays, captured constants, buffers made per call). `run` passes the array objects to the kernel's
+    checked entry, which checks them against the signature in machine code; `__call__` checks in Python
+    (after the signature was looked up: alignment, dynamic sizes, `out`) with errors in words, then
+    passes them to the kernel's `array_entry`."""
 
-    def __init__(self, kernel: Kernel, slots: dict, names: list[str]):
+    def __init__(self, kernel: Kernel, slots: dict, names: list[str], arrays: list[np.ndarray],
+                 leading: list[bool]):
         self.kernel, self.entry, self.names = kernel, kernel.array_entry, names
         plans = kernel.tree.buffers
         self.output = kernel.tree.program.output.name
@@ -200,6 +220,51 @@ class _Call:
             else:
                 self.order.append((self.dynamic.template(plans[name].shape), plans[name].dtype, name == self.output))
         self.arguments = sorted({s for s in self.order if isinstance(s, int)})
+        self.count = len(names)
+        self.checked = self._checked_entry(arrays, leading or [False] * len(arrays))
+
+    def _checked_entry(self, arrays: list[np.ndarray], leading: list[bool]):
+        """The kernel's checked entry for this signature (`checked_entry`): every argument's type, shape
+        (a dynamic first size read, compared where dims are shared), strides, dtype and alignment, then
+        the output (made here, or the caller's `out`) and the buffers made per call; with the makers of
+        those buffers (`made`, the output's first). None where the output is no kernel parameter."""
+        made = [slot for slot in self.order if type(slot) is tuple]
+        if not any(is_output for _, _, is_output in made):
+            return None
+        made.sort(key=lambda slot: not slot[2])                          # the output first
+        dim_of = {position: index for index, sources in enumerate(self.dynamic.sources) for position, _ in sources}
+        expected = []
+        for position, (array, lead) in enumerate(zip(arrays, leading)):
+            if position in dim_of:              # read or compared
+                shape = (Dim(dim_of[position]),) + array.shape[1:]
+            elif lead:                          # left out of the signature, not read by the kernel
+                shape = (None,) + array.shape[1:]
+            else:
+                shape = array.shape
+            expected.append(Expected(shape, array.strides, array.dtype))
+        self.made = [_maker(template, dtype, self.dynamic) for template, dtype, _ in made]
+        for template, dtype, is_output in made:
+            rest, index = template
+            expected.append(Expected(rest if index is None else (Dim(index),) + rest, None, np.dtype(dtype))
+                            if is_output else None)
+        objects = {id(slot): len(arrays) + i for i, slot in enumerate(made)}
+        kernel_args = tuple(slot if type(slot) is int else objects[id(slot)] if type(slot) is tuple
+                            else Address(data_address(slot)) for slot in self.order)
+        return self.kernel.checked_entry(Entry(tuple(expected), len(arrays), kernel_args,
+                                               tuple(self.dynamic.minimum[dim] for dim in self.dynamic.dims)))
+
+    def run(self, arrays: tuple, out) -> np.ndarray | None:
+        """The call through the checked entry: the result, or None where it refused (or the arrays are
+        not even arrays), for the caller to check in Python."""
+        if len(arrays) != self.count:
+            return None
+        try:
+            made = [make(arrays) for make in self.made]
+        except (AttributeError, IndexError, TypeError):
+            return None
+        if out is not None:
+            made[0] = out
+        return made[0] if self.checked(*arrays, *made) == 0 else None
 
     def __call__(self, arrays: list[np.ndarray], out=None) -> np.ndarray:
         for index in self.arguments:
@@ -225,3 +290,15 @@ class _Call:
                 objects.append(slot)
         self.entry(*objects, *sizes)
         return result
+
+
+def _maker(template: tuple, dtype: str, dynamic: DynamicSizes):
+    """A function of a call's arrays that makes a buffer of planned shape `template` (`DynamicSizes.template`:
+    a dynamic first size is read from the argument the call reads it from)."""
+    rest, index = template
+    if index is None:
+        small = math.prod(rest) * np.dtype(dtype).itemsize < ALIGNED_FROM_BYTES
+        dtype = np.dtype(dtype)
+        return (lambda arrays: np.empty(rest, dtype)) if small else (lambda arrays: aligned_empty(rest, dtype))
+    position = dynamic.sources[index][0][0]
+    return lambda arrays: buffer_array((arrays[position].shape[0],) + rest, dtype)

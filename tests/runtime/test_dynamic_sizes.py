@@ -46,6 +46,51 @@ def test_out_takes_the_call_size(rng):
         layer(x, w, out=np.empty((10, 40), np.float32))
 
 
+def test_steady_calls_at_every_size_skip_the_python_checks_and_still_refuse_bad_sizes(rng, monkeypatch):
+    """The checked entry reads the dynamic size (and compares it where arguments share the dim), so calls
+    at new sizes skip the checks in Python; a size mismatch or one below the minimum is still refused
+    in words."""
+    from looptool.runtime.functions import Function
+    c = lt.symbols("c", dynamic=True, min=2)[0]
+
+    @lt.function
+    def blend(x: lt.In[c, k], y: lt.In[c, k], w: lt.In[k, n]):
+        return ((x + y) * w).sum(k)
+    w = rng.standard_normal((6, 5)).astype(np.float32)
+    blend(*rng.standard_normal((2, 3, 6)).astype(np.float32), w)
+    checked = []
+    real = Function._checked_call
+    monkeypatch.setattr(Function, "_checked_call",
+                        lambda self, arrays, out: checked.append(1) or real(self, arrays, out))
+    for size in (2, 7, 64, 3):
+        x, y = rng.standard_normal((2, size, 6)).astype(np.float32)
+        assert_close(blend(x, y, w), (x.astype(np.float64) + y) @ w, 1e-5)
+        out = np.full((size, 5), np.nan, np.float32)
+        assert blend(x, y, w, out=out) is out
+        assert_close(out, (x.astype(np.float64) + y) @ w, 1e-5)
+    assert checked == []
+    with pytest.raises(ValueError, match=r"dim 'c' has size 3 in argument x \(shape \(3, 6\)\) but 2 in argument y"):
+        blend(x, y[:2], w)
+    with pytest.raises(ValueError, match=r"dynamic dim 'c' has size 1 in argument x .* from 2 up"):
+        blend(x[:1], y[:1], w)
+    assert_close(blend(x.tolist(), y, w), (x.astype(np.float64) + y) @ w, 1e-5)
+    with pytest.raises(ValueError, match=r"out must be an aligned, C-contiguous float32 array of shape \(3, 5\)"):
+        blend(x, y, w, out=np.empty((4, 5), np.float32))
+
+
+def test_buffers_made_per_call_take_the_call_size_in_steady_calls(rng):
+    """Softmax stages its row maxima and sums in buffers of B elements, made per call at its size."""
+    @lt.function
+    def softmax(x: lt.In[b, k]):
+        e = (x - x.max(k)).exp()
+        return e / e.sum(k)
+    for size in (5, 17, 300, 2):
+        x = rng.standard_normal((size, 33)).astype(np.float32)
+        for _ in range(2):
+            e = np.exp(x.astype(np.float64) - x.max(1, keepdims=True))
+            assert_close(softmax(x), e / e.sum(1, keepdims=True), 1e-5)
+
+
 def test_the_loop_tree_prints_the_size_symbolically(rng):
     layer, _ = traced_layer()
     x, w = rng.standard_normal((10, 24)).astype(np.float32), rng.standard_normal((24, 40)).astype(np.float32)

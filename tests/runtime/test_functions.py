@@ -49,6 +49,102 @@ def test_out_receives_the_result_and_is_checked(rng):
         matmul(square, square, out=square)
 
 
+def test_steady_calls_skip_the_python_checks(rng, monkeypatch):
+    """After a signature's first call, a call with arrays of that signature runs through its checked
+    entry (machine code): the checks in Python are not run."""
+    from looptool.runtime.functions import Function
+    matmul, _ = counted_matmul()
+    a, b = rng.standard_normal((9, 5)).astype(np.float32), rng.standard_normal((5, 7)).astype(np.float32)
+    matmul(a, b)
+    checked = []
+    real = Function._checked_call
+    monkeypatch.setattr(Function, "_checked_call",
+                        lambda self, arrays, out: checked.append(1) or real(self, arrays, out))
+    out = np.empty((9, 7), np.float32)
+    for _ in range(3):
+        other = rng.standard_normal((9, 5)).astype(np.float32)
+        assert_close(matmul(other, b), other.astype(np.float64) @ b, 1e-5)
+        assert matmul(other, b, out=out) is out
+        assert_close(out, other.astype(np.float64) @ b, 1e-5)
+    assert checked == []
+    assert_close(matmul(a.T.copy().T, b), a.astype(np.float64) @ b, 1e-5)     # other strides: checked, traced
+    assert checked == [1]
+
+
+def test_after_a_steady_call_every_bad_input_is_still_refused_in_words(rng):
+    """The checked entry refuses what the checks in Python refuse; they then raise the same errors."""
+    matmul, _ = counted_matmul()
+    a, b = rng.standard_normal((8, 6)).astype(np.float32), rng.standard_normal((6, 4)).astype(np.float32)
+    bad_calls = [
+        ((a, b[:5]), {}, ValueError, "k"),
+        ((a[None], b), {}, ValueError, r"argument a \(lt.In\[m, k\]\): .*3 dimensions"),
+        ((a,), {}, TypeError, r"matmul takes 2 arrays \(a, b\), got 1"),
+        ((3.0, b), {}, ValueError, r"argument a \(lt.In\[m, k\]\)"),
+        ((None, b), {}, TypeError, "dtype object is not supported"),
+        ((a, b), {"out": np.empty((4, 8), np.float32)}, ValueError, r"out must be an aligned, C-contiguous float32 "
+                                                                    r"array of shape \(8, 4\)"),
+        ((a, b), {"out": np.empty((8, 4), np.float64)}, ValueError, "out must be an aligned, C-contiguous float32"),
+        ((a, b), {"out": np.empty((4, 8), np.float32).T}, ValueError, r"contiguous: False"),
+        ((a, b), {"out": [[0.0] * 4] * 8}, ValueError, "out must be a NumPy array, got list"),
+        ((a, b), {"out": misaligned((8, 4))}, ValueError, "aligned: False"),
+        ((a, b), {"out": read_only((8, 4))}, ValueError, "out .* is read-only"),
+        ((a, a.T.copy()), {"out": a[:, :6]}, ValueError, "out must be an aligned, C-contiguous"),
+        ((misaligned((8, 6)), b), {}, ValueError, r"argument a \(shape \(8, 6\)\) is not aligned"),
+    ]
+    for arrays, kwargs, error, message in bad_calls:
+        matmul(a, b)                                                   # the signature's checked entry first
+        with pytest.raises(error, match=message):
+            matmul(*arrays, **kwargs)
+    square = rng.standard_normal((6, 6)).astype(np.float32)
+    matmul(square, square)
+    with pytest.raises(ValueError, match="out shares memory with input b"):
+        matmul(square.copy(), square, out=square)
+    memory = np.zeros(6 * 6 + 36, np.float32)
+    inside = memory[:36].reshape(6, 6)
+    with pytest.raises(ValueError, match="out shares memory with input a"):
+        matmul(inside, square, out=memory[6:42].reshape(6, 6))
+
+
+def misaligned(shape):
+    """A float32 array of `shape` whose data starts one byte past an element boundary."""
+    return np.zeros(int(np.prod(shape)) * 4 + 1, np.uint8)[1:].view(np.float32).reshape(shape)
+
+
+def read_only(shape):
+    array = np.zeros(shape, np.float32)
+    array.setflags(write=False)
+    return array
+
+
+def test_what_the_checked_entry_refuses_but_is_good_runs_checked_in_python(rng):
+    """An equal dtype that is another object, an ndarray subclass, read-only inputs, and an `out` inside
+    an input's bounds that shares none of its elements: refused by the checked entry, run after the
+    checks in Python, with the right result."""
+    matmul, traces = counted_matmul()
+    a, b = rng.standard_normal((5, 3)).astype(np.float32), rng.standard_normal((3, 4)).astype(np.float32)
+    want = a.astype(np.float64) @ b
+    matmul(a, b)
+    assert_close(matmul(a.view(np.dtype(np.float32, metadata={"unit": "m"})), b), want, 1e-5)
+    assert_close(matmul(a.view(np.matrix), b), want, 1e-5)
+    assert_close(matmul(read_only((5, 3)) + a, b), want, 1e-5)
+    frozen = a.copy()
+    frozen.setflags(write=False)
+    assert_close(matmul(frozen, b), want, 1e-5)
+    assert len(traces) == 1
+    m_, n_ = lt.symbols("rows cols")
+
+    @lt.function
+    def row_sums(x: lt.In[m_, n_]):
+        return x.sum(n_)
+    memory = np.zeros((4, 16), np.float32)
+    memory[:, :8] = rng.standard_normal((4, 8))
+    x = memory[:, :8]                                                   # strided rows
+    row_sums(x)
+    out = memory[1, 8:12]                                               # between two of x's rows
+    assert row_sums(x, out=out) is out
+    assert_close(out, x.astype(np.float64).sum(1), 1e-5)
+
+
 def test_constants_the_function_captures_stay_in_its_kernel(rng):
     bias = rng.standard_normal(6).astype(np.float32)
 
