@@ -1,8 +1,8 @@
 """What a call costs through `lt.function` (issue 28): `python -m bench.function_calls [--out DIR]`.
 
 A 64³ float32 matmul on one thread, timed interleaved in batches of CALLS calls (median of the
-batches): through `lt.function`, the same compiled kernel called directly with the three arrays
-(`Kernel.array_entry`: the kernel alone), `Kernel.__call__` with a list of arrays, `c.numpy()` on a built expression, and
+batches): through `lt.function` (making its result, and into `out=`), the same compiled kernel called
+directly with the three arrays (`Kernel.array_entry`: the kernel alone, unchecked, into one `out`), `Kernel.__call__` with a list of arrays, `c.numpy()` on a built expression, and
 NumPy's `a @ b` (BLAS held to one thread). The call overhead is the function's time less the kernel
 alone's. Writes function_calls.json and .md to `--out`.
 """
@@ -55,16 +55,19 @@ def main(argv=None):
     out = np.empty((SIZE, SIZE), np.float32)
     expression = (lt.Tensor(a).to(m, k) * lt.Tensor(b).to(k, n)).sum(k)
     with threadpool_limits(1):
-        us = per_call_us({"lt.function": lambda: matmul(a, b), "kernel alone": lambda: kernel.array_entry(a, b, out),
+        us = per_call_us({"lt.function": lambda: matmul(a, b), "lt.function, out=": lambda: matmul(a, b, out=out),
+                          "kernel alone": lambda: kernel.array_entry(a, b, out),
                           "Kernel(arrays)": lambda: kernel([a, b]), "c.numpy()": expression.numpy,
                           "NumPy a @ b": lambda: a @ b})
     result = {"cpu": cpu_name(), "size": SIZE, "max_rel_error": error, "us_per_call": us,
               "overhead_us": us["lt.function"] - us["kernel alone"],
+              "out_overhead_us": us["lt.function, out="] - us["kernel alone"],
               "function_x_numpy_time": us["lt.function"] / us["NumPy a @ b"]}
     lines = [f"64³ float32 matmul, 1 thread, {result['cpu']}; µs a call (median of batches of {CALLS})", "",
              "| call | µs |", "| --- | ---: |", *[f"| {name} | {t:.2f} |" for name, t in us.items()], "",
-             f"lt.function's overhead over the kernel alone: {result['overhead_us']:.2f} µs; its time over "
-             f"NumPy's: {result['function_x_numpy_time']:.2f}x; max rel. error vs float64 {error:.1e}"]
+             f"lt.function's overhead over the kernel alone: {result['overhead_us']:.2f} µs (with out=: "
+             f"{result['out_overhead_us']:.2f} µs); its time over NumPy's: {result['function_x_numpy_time']:.2f}x; "
+             f"max rel. error vs float64 {error:.1e}"]
     print("\n".join(lines))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -227,7 +227,7 @@ class _Call:
         """The kernel's checked entry for this signature (`checked_entry`): every argument's type, shape
         (a dynamic first size read, compared where dims are shared), strides, dtype and alignment, then
         the output (made here, or the caller's `out`) and the buffers made per call; with the makers of
-        those buffers (`made`, the output's first). None where the output is no kernel parameter."""
+        those buffers (`make_output`, `make_temps`). None where the output is no kernel parameter."""
         made = [slot for slot in self.order if type(slot) is tuple]
         if not any(is_output for _, _, is_output in made):
             return None
@@ -242,7 +242,7 @@ class _Call:
             else:
                 shape = array.shape
             expected.append(Expected(shape, array.strides, array.dtype))
-        self.made = [_maker(template, dtype, self.dynamic) for template, dtype, _ in made]
+        self.make_output, *self.make_temps = [_maker(template, dtype, self.dynamic) for template, dtype, _ in made]
         for template, dtype, is_output in made:
             rest, index = template
             expected.append(Expected(rest if index is None else (Dim(index),) + rest, None, np.dtype(dtype))
@@ -259,12 +259,12 @@ class _Call:
         if len(arrays) != self.count:
             return None
         try:
-            made = [make(arrays) for make in self.made]
+            if out is None:
+                out = self.make_output(arrays)
+            temps = [make(arrays) for make in self.make_temps] if self.make_temps else ()
         except (AttributeError, IndexError, TypeError):
             return None
-        if out is not None:
-            made[0] = out
-        return made[0] if self.checked(*arrays, *made) == 0 else None
+        return out if self.checked(*arrays, out, *temps) == 0 else None
 
     def __call__(self, arrays: list[np.ndarray], out=None) -> np.ndarray:
         for index in self.arguments:
