@@ -50,8 +50,8 @@ class ActionResult:
     status: 'applied' (legal, measured, now the current schedule), 'illegal' (isl found a
     broken dependence), 'refused' (the transform does not apply, e.g. an unknown loop),
     'wrong' (legal but the compiled kernel disagreed with the reference: a looptool bug),
-    'kept' (tuning found nothing faster), 'exported', or 'error'.  Only 'applied' changes
-    the schedule.  Timings are those of the schedule that is current after the action."""
+    'kept' (tuning found nothing faster), 'exported', 'used' (the edited function now runs the
+    current schedule), or 'error'.  Only 'applied' changes the schedule.  Timings are those of the schedule that is current after the action."""
 
     action: str
     status: str
@@ -100,12 +100,12 @@ class ActionResult:
         return " | ".join(parts)
 
     def __str__(self) -> str:
-        verdict = {"applied": "legal", "kept": "kept current schedule", "exported": "exported"}.get(
+        verdict = {"applied": "legal", "kept": "kept current schedule", "exported": "exported", "used": "used"}.get(
             self.status, self.status.upper())
         line = f"[{self.index}] {self.action}: {verdict}"
         if self.reason and self.reason != "legal":
             line += f": {self.reason}"
-        if self.status not in ("applied", "kept", "exported"):
+        if self.status not in ("applied", "kept", "exported", "used"):
             line += " (schedule unchanged)"
         timing = self.timing_text()
         return line + (f"\n    current schedule: {timing}" if timing else "")
@@ -502,6 +502,22 @@ class ScheduleEditor:
         files = ", ".join(sorted(p.name for p in Path(out).iterdir()))
         return self._record(ActionResult(f"export to {out}", "exported", True, f"wrote {files}", path=str(out),
                                          **self._timing_fields(self.current)))
+
+    def use(self) -> ActionResult:
+        """Make the edited function run the current schedule from now on, for calls of the example's
+        signature (`Function.use_schedule`); refused when the editor edits a tensor."""
+        if self.function is None:
+            return self._refused("use in the function", ValueError(
+                "the editor edits a tensor, not an lt.function: export the schedule, or pass it to "
+                "Tensor.numpy(schedule=...)"))
+        name, action = self.function.__name__, f"use in {self.function.__name__}"
+        try:
+            self.function.use_schedule(self.tree, *self.example)
+        except Exception as err:
+            return self.record_error(action, err)
+        shapes = ", ".join(str(tuple(np.shape(a))) for a in self.example)
+        return self._record(ActionResult(action, "used", True, f"{name}'s calls of the signature of {shapes} run "
+                                         f"this schedule", **self._timing_fields(self.current)))
 
     def record_error(self, action: str, err: Exception) -> ActionResult:
         """Record that `action` failed with an unexpected exception (status 'error'); the

@@ -5,9 +5,13 @@
 """
 from __future__ import annotations
 
+import importlib
 import shlex
 import sys
 
+import numpy as np
+
+from looptool import runtime
 from .editor import ActionResult, ScheduleEditor
 from .render import marked_text
 
@@ -26,6 +30,7 @@ TERMINAL_HELP = """commands (the selected stage/loop is used when a name is left
   undo | reset              previous schedule / default schedule
   tune TRIALS               run the tuner, keep the faster schedule
   export PATH               lt.export the current schedule
+  use                       an lt.function runs the current schedule from now on (this process)
   history | json | help | quit"""
 
 
@@ -68,6 +73,7 @@ def run_command(core: ScheduleEditor, line: str) -> str | None:
             "undo": lambda: core.undo(), "reset": lambda: core.reset(),
             "tune": lambda: core.tune(int(args[0]) if args else 10),
             "export": lambda: core.export(args[0]),
+            "use": lambda: core.use(),
             "place": lambda: _terminal_place(core, args),
         }
         if cmd not in actions:
@@ -77,6 +83,37 @@ def run_command(core: ScheduleEditor, line: str) -> str | None:
         return f"error: {err or 'missing argument'} (type help)"
     text = str(result)
     return text + ("\n" + _marked(core) if result.applied else "")
+
+
+def _edited(spec: str, example: list[str] | None) -> tuple[object, dict]:
+    """What the terminal edits and `ScheduleEditor`'s options for it: a workload (`tuner.workloads.resolve`),
+    or an lt.function named module:function with its example arrays (`example_arrays`)."""
+    from tuner import workloads
+    module, _, attribute = spec.partition(":")
+    found = None
+    if attribute and module not in workloads.BUILTIN:
+        found = getattr(importlib.import_module(module), attribute, None)
+    if isinstance(found, runtime.Function):
+        if not example:
+            raise ValueError(f"{spec} is an lt.function: give the shapes of its example arrays, one per "
+                             f"parameter ({', '.join(name for name, _ in found.params)}), with --example")
+        return found, {"example": example_arrays(example)}
+    if example:
+        raise ValueError(f"--example is for an lt.function; {spec} is a workload")
+    return workloads.resolve(spec), {}
+
+
+def example_arrays(shapes: list[str], seed: int = 0) -> tuple[np.ndarray, ...]:
+    """Random normal arrays of shapes written SIZExSIZE... with an optional :DTYPE (default float32)."""
+    rng, arrays = np.random.default_rng(seed), []
+    for text in shapes:
+        shape, _, dtype = text.partition(":")
+        try:
+            sizes = tuple(int(size) for size in shape.split("x")) if shape else ()
+            arrays.append(rng.standard_normal(sizes).astype(dtype or "float32"))
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"example shape {text!r}: write sizes like 64x32, optionally :float64 ({err})") from None
+    return tuple(arrays)
 
 
 def _marked(core: ScheduleEditor) -> str:
@@ -90,17 +127,24 @@ def _terminal_place(core: ScheduleEditor, args: list[str]) -> ActionResult:
 
 
 def main(argv=None) -> int:
-    """`python -m looptool.notebook [WORKLOAD]`: the editor in a terminal (reads commands from stdin)."""
+    """`python -m looptool.notebook [WORKLOAD] [--example SHAPE ...]`: the editor in a terminal (reads
+    commands from stdin)."""
     import argparse
     parser = argparse.ArgumentParser(prog="python -m looptool.notebook",
                                      description="Edit a workload's schedule in the terminal: legality and "
                                                  "speed after every change.")
     parser.add_argument("workload", nargs="?", default="matmul:128x128x128",
-                        help="matmul:MxKxN, softmax:RxC, layernorm:RxC or module:function (as for looptool tune)")
+                        help="matmul:MxKxN, softmax:RxC, layernorm:RxC or module:function (as for looptool tune; "
+                             "an lt.function takes --example)")
+    parser.add_argument("--example", nargs="+", metavar="SHAPE[:DTYPE]",
+                        help="for an lt.function: the shapes of its example arrays, one per parameter, e.g. "
+                             "64x32 32x16:float64 (random normal, float32 unless a dtype is given)")
     args = parser.parse_args(argv)
-    from tuner import workloads
-    work = workloads.resolve(args.workload)
-    core = ScheduleEditor(work)
+    try:
+        target, options = _edited(args.workload, args.example)
+        core = ScheduleEditor(target, **options)
+    except ValueError as err:
+        parser.error(str(err))
     interactive = sys.stdin.isatty()
     print(f"looptool schedule editor: {core.name} (type help)\n")
     print(_marked(core))

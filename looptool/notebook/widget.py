@@ -32,7 +32,7 @@ def _ipywidgets():
 
 #: The colour of each `ActionResult.status` in the widget's status pane and log.
 STATUS_COLORS = {"applied": "#2e7d32", "illegal": "#c62828", "refused": "#b26a00", "wrong": "#c62828",
-                 "error": "#c62828", "kept": "#1565c0", "exported": "#1565c0"}
+                 "error": "#c62828", "kept": "#1565c0", "exported": "#1565c0", "used": "#2e7d32"}
 
 
 class LoopTreeEditor:
@@ -69,7 +69,9 @@ class LoopTreeEditor:
                  ("cache", "cache", "Read the buffer through a copy stage (then place the copy to pack a tile)"),
                  ("undo", "↶ undo", "Back to the previous schedule"),
                  ("tune", "tune from here", "Run the tuner; keep the faster of its best and this schedule"),
-                 ("export", "export", "lt.export the current schedule's kernel to the folder")]
+                 ("export", "export", "lt.export the current schedule's kernel to the folder"),
+                 ("use", "use in the function", "The edited lt.function runs this schedule from now on "
+                                                "(calls of the example's signature)")]
         self.buttons = {key: w.Button(description=label, tooltip=tip, layout=small) for key, label, tip in specs}
         for key in ("undo",):
             self.buttons[key].button_style = "warning"
@@ -93,7 +95,7 @@ class LoopTreeEditor:
                                              self.consumer_dropdown.value),
             "cache": lambda: self.core.cache(self.buffer_dropdown.value, order=self.order.value or None),
             "undo": lambda: self.core.undo(), "tune": lambda: self.core.tune(int(self.trials.value)),
-            "export": lambda: self.core.export(self.path.value),
+            "export": lambda: self.core.export(self.path.value), "use": lambda: self.core.use(),
         }
         for key, fn in handlers.items():
             self.buttons[key].on_click(lambda _b, fn=fn, key=key: self._run(key, fn))
@@ -104,7 +106,8 @@ class LoopTreeEditor:
             w.HBox([b["move_out"], b["move_in"], self.factor, b["split"], b["unroll"], b["vectorize"],
                     b["parallel"], b["clear"]]),
             w.HBox([self.consumer_dropdown, self.depth, b["place"], self.buffer_dropdown, self.order, b["cache"]]),
-            w.HBox([b["undo"], self.trials, b["tune"], self.path, b["export"]]),
+            w.HBox([b["undo"], self.trials, b["tune"], self.path, b["export"]]
+                   + ([b["use"]] if self.core.function is not None else [])),
         ])
         right = w.VBox([self.status, self.plot], layout=layout(width="480px"))
         self.widget = w.VBox([self.title, controls, w.HBox([self.tree_view, right]), self.log])
@@ -150,6 +153,7 @@ class LoopTreeEditor:
     undo = _act("undo")
     tune = _act("tune")
     export = _act("export")
+    use = _act("use")
     del _act
 
     @property
@@ -240,7 +244,8 @@ def status_html(core: ScheduleEditor) -> str:
     last, cur = core.results[-1], core.current
     color = STATUS_COLORS.get(last.status, "#333")
     word = {"applied": "✔ legal", "illegal": "✘ illegal", "refused": "✘ refused", "wrong": "✘ wrong result",
-            "error": "✘ error", "kept": "● kept current schedule", "exported": "✔ exported"}[last.status]
+            "error": "✘ error", "kept": "● kept current schedule", "exported": "✔ exported",
+            "used": "✔ used"}[last.status]
     parts = [f'<div style="font-weight:bold;color:{color}">{word}: {html.escape(last.action)}</div>']
     if last.reason and last.reason != "legal":
         parts.append(f'<div style="color:{color};white-space:pre-wrap;font-size:12px">{html.escape(last.reason)}'

@@ -31,7 +31,7 @@ from ..schedule import LoopTree
 from . import gpu
 from .checked_entry import Address, Dim, Entry, Expected
 from .cpu import (ALIGNED_FROM_BYTES, Kernel, aligned_empty, buffer_array, check_output, chosen_tree, data_address,
-                  kernel_for, lower_on_host)
+                  kernel_for, loop_tree_of, lower_on_host)
 from .sizes import DynamicSizes
 
 
@@ -58,7 +58,8 @@ class Function:
     """A traced, compiled function: call it with arrays (NumPy, or anything `np.asarray` takes) in the
     order of its parameters, and optionally `out=` (an aligned C-contiguous array of the result's
     shape and dtype). Each new signature (shapes, dtypes, strides of the arguments) is traced once and
-    compiled with the tuned schedule stored for it, else the automatic one, as `Tensor.numpy()` does."""
+    compiled with the schedule `use_schedule` set for it, else the tuned schedule stored for it, else the
+    automatic one, as `Tensor.numpy()` does."""
 
     def __init__(self, fn, scope: dict | None = None):
         # `scope`: the names where `fn` was decorated, for annotations kept as strings
@@ -75,6 +76,7 @@ class Function:
         self._calls: dict[tuple, _Call] = {}
         self._last_trace: list[weakref.ref] = []       # the host arrays of the latest trace, not kept alive
         self._fast: _Call | None = None                 # the latest host call's signature, tried first
+        self._schedules: dict[tuple, object] = {}       # signature -> the schedule `use_schedule` set
         # per parameter, whether its first dim is dynamic (its size is then left out of the signature);
         # empty where none is
         leading = [bool(spec.dims) and getattr(spec.dims[0], "dynamic", False) for _, spec in self.params]
@@ -100,17 +102,49 @@ class Function:
                     return self._on_gpu(arrays, out)
                 arrays = [np.asarray(a) for a in arrays]
                 break
-        if self._leading:    # one kernel for every size of a dynamic dim: the signature leaves it out
-            key = tuple([(a.shape[1:] if lead else a.shape, a.dtype, a.strides)
-                         for a, lead in zip(arrays, self._leading)])
-        else:
-            key = tuple([(a.shape, a.dtype, a.strides) for a in arrays])
+        key = self._signature(arrays)
         call = self._calls.get(key)
         if call is None:
             call = self._calls[key] = self._traced(arrays)
         result = call(arrays, out)
         self._fast = call if call.checked is not None else None
         return result
+
+    def _signature(self, arrays) -> tuple:
+        """The signature of host arrays: each one's shape, dtype and strides (a dynamic first size left out:
+        one kernel serves every size)."""
+        if self._leading:
+            return tuple([(a.shape[1:] if lead else a.shape, a.dtype, a.strides)
+                          for a, lead in zip(arrays, self._leading)])
+        return tuple([(a.shape, a.dtype, a.strides) for a in arrays])
+
+    def use_schedule(self, schedule, *arrays) -> None:
+        """From now on, run calls of these host arrays' signature under `schedule` (a LoopTree, a Schedule
+        or its JSON text: e.g. the notebook editor's, `ScheduleEditor.use()`) instead of the tuned or
+        automatic one; None goes back to those. Compiled now: a schedule that is illegal (for any size
+        of a dynamic dim) is refused here, and the signature keeps what it ran before."""
+        self._check_count(arrays)
+        if any(gpu.is_device_array(a) for a in arrays):
+            raise TypeError(f"{self.fn.__name__}.use_schedule takes host arrays (CPU schedules); got device arrays")
+        arrays = [np.asarray(a) for a in arrays]
+        key = self._signature(arrays)
+        before = self._schedules.pop(key, None)
+        if schedule is not None:
+            self._schedules[key] = schedule
+        try:
+            call = self._traced(arrays)
+        except Exception:
+            self._schedules.pop(key, None)
+            if before is not None:
+                self._schedules[key] = before
+            raise
+        self._calls[key], self._fast = call, None
+
+    def _schedule_for(self, arrays) -> object:
+        """The schedule `use_schedule` set for these host arrays' signature, else None (tuned or automatic)."""
+        if not self._schedules or any(gpu.is_device_array(a) for a in arrays):
+            return None
+        return self._schedules.get(self._signature([np.asarray(a) for a in arrays]))
 
     def last_example(self) -> tuple | None:
         """The arrays of the latest call on the host that traced a new signature, while they are all still
@@ -135,9 +169,10 @@ class Function:
         return result
 
     def loop_tree(self, *arrays) -> LoopTree:
-        """The loop tree that runs for arrays of these arrays' signature: the tuned one stored for it,
-        else the automatic one (its `explain()` says why)."""
-        return chosen_tree(lower_on_host(self.tensor(*arrays).node)[0])
+        """The loop tree that runs for arrays of these arrays' signature: the one `use_schedule` set, else
+        the tuned one stored for it, else the automatic one (its `explain()` says why)."""
+        node, schedule = self.tensor(*arrays).node, self._schedule_for(arrays)
+        return chosen_tree(lower_on_host(node)[0]) if schedule is None else loop_tree_of(node, schedule)
 
     def explain(self, *arrays) -> str:
         """Why the loop tree that runs for these arrays' signature looks as it does."""
@@ -145,7 +180,7 @@ class Function:
 
     def kernel(self, *arrays) -> Kernel:
         """The compiled kernel for arrays of these arrays' signature (`.llvm_ir`, `.assembly`, `.loop_tree`)."""
-        return kernel_for(self.tensor(*arrays).node)
+        return kernel_for(self.tensor(*arrays).node, self._schedule_for(arrays))
 
     def _on_gpu(self, arrays, out):
         """The call on device arrays (CuPy, PyTorch, DLPack): traced once per signature (`gpu.device_facts`),
@@ -187,7 +222,7 @@ class Function:
                 raise ValueError(f"{self.fn.__name__} captures an array of dims {buf.dims} (shape "
                                  f"{slots[buf.name].shape}) over a dynamic dim; its size would be fixed: pass it as "
                                  f"an argument")
-        return _Call(kernel_for(node), slots, [name for name, _ in self.params], arrays, self._leading)
+        return _Call(kernel_for(node, self._schedules.get(self._signature(arrays))), slots, [name for name, _ in self.params], arrays, self._leading)
 
 
 def _slot(array: np.ndarray, views: list[np.ndarray]):

@@ -492,6 +492,40 @@ def test_the_editor_exports_a_dynamic_function_by_its_parameters(tmp_path, rng):
     assert manifest["schedule"] == json.loads(ed.schedule.to_json())
 
 
+def test_the_editor_applies_its_schedule_back_onto_the_function(rng):
+    """`ScheduleEditor.use()` (the terminal's `use`): the function's calls of the example's signature run
+    the edited schedule from then on; on a tensor it is refused."""
+    matmul = traced_matmul()
+    a_np, b_np = matmul_inputs()
+    ed = ScheduleEditor(matmul, example=(a_np, b_np), measure=False)
+    assert ed.split(8, "n").applied and ed.vectorize().applied
+    used = ed.use()
+    assert used.status == "used" and "matmul's calls of the signature of (24, 40), (40, 48)" in used.reason
+    assert "(schedule unchanged)" not in str(used) and not used.applied
+    assert matmul.loop_tree(a_np, b_np).schedule.steps == ed.schedule.steps
+    other = rng.standard_normal((24, 40)).astype(np.float32)
+    got = matmul(other, b_np)
+    assert np.abs(got - other.astype(np.float64) @ b_np).max() < 1e-5 * np.abs(other.astype(np.float64) @ b_np).max()
+    assert run_command(ed, "undo").startswith("[") and "used" in run_command(ed, "use")
+    assert matmul.loop_tree(a_np, b_np).schedule.steps == ed.schedule.steps == (("split", "t0", "n", 8),)
+    refused = ScheduleEditor(matmul.tensor(a_np, b_np), measure=False).use()
+    assert refused.status == "refused" and "not an lt.function" in refused.reason
+
+
+def test_terminal_main_edits_a_function_on_example_shapes():
+    script = "select t0 n\nsplit 8\nvectorize\nuse\nquit\n"
+    command = [sys.executable, "-m", "looptool.notebook", "tests.notebook.example_functions:matmul"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([*command, "--example", "16x24", "24x32"], input=script, capture_output=True, text=True,
+                         cwd=ROOT, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "looptool schedule editor: matmul" in out.stdout and "in0: f32[16, 24] input" in out.stdout
+    assert "vectorize t0.n.1: legal" in out.stdout and "use in matmul: used" in out.stdout
+    missing = subprocess.run(command, input="", capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
+    assert missing.returncode == 2
+    assert "is an lt.function: give the shapes of its example arrays, one per parameter (a, b)" in missing.stderr
+
+
 def test_the_widget_edits_a_function():
     pytest.importorskip("ipywidgets")
     from looptool.notebook import LoopTreeEditor
@@ -501,3 +535,5 @@ def test_the_widget_edits_a_function():
     assert "matmul" in w.title.value and "for k in 0..40" in w.tree_view.value
     w.move_in("k")
     assert w.core.loops() == ["m", "n", "k"] and w.results[-1].applied
+    w.buttons["use"].click()
+    assert "✔ used" in w.status.value and matmul.loop_tree(a_np, b_np).schedule.steps == w.core.schedule.steps

@@ -210,6 +210,48 @@ def test_an_argument_copied_while_lowering_is_refused_not_frozen_into_the_kernel
         matmul(a, b)
 
 
+def test_use_schedule_runs_a_signature_under_a_given_schedule(rng):
+    """`use_schedule(schedule, *arrays)`: that signature's calls (and its loop_tree and kernel) run the
+    schedule from now on, other signatures keep theirs; an illegal one is refused and changes nothing;
+    None goes back to the tuned or automatic schedule."""
+    matmul, _ = counted_matmul()
+    a, b = rng.standard_normal((16, 24)).astype(np.float32), rng.standard_normal((24, 32)).astype(np.float32)
+    automatic = matmul.loop_tree(a, b)
+    assert_close(matmul(a, b), a.astype(np.float64) @ b, 1e-5)
+    edited = matmul.tensor(a, b).loop_tree().split("n", 8).vectorize("n.1")
+    matmul.use_schedule(edited, a, b)
+    assert matmul.loop_tree(a, b).schedule.steps == edited.schedule.steps
+    assert matmul.kernel(a, b).loop_tree.schedule.steps == edited.schedule.steps
+    for _ in range(2):
+        other = rng.standard_normal((16, 24)).astype(np.float32)
+        assert_close(matmul(other, b), other.astype(np.float64) @ b, 1e-5)
+    assert matmul.loop_tree(a[:8], b).schedule.steps == matmul.tensor(a[:8], b).loop_tree().auto().schedule.steps
+    illegal = matmul.tensor(a, b).loop_tree().parallel("k")
+    with pytest.raises(lt.IllegalScheduleError, match="k"):
+        matmul.use_schedule(illegal, a, b)
+    assert matmul.loop_tree(a, b).schedule.steps == edited.schedule.steps
+    assert_close(matmul(a, b), a.astype(np.float64) @ b, 1e-5)
+    matmul.use_schedule(None, a, b)
+    assert matmul.loop_tree(a, b).schedule.steps == automatic.schedule.steps
+    with pytest.raises(TypeError, match=r"matmul takes 2 arrays \(a, b\), got 1"):
+        matmul.use_schedule(edited, a)
+
+
+def test_use_schedule_on_a_dynamic_dim_serves_every_size(rng):
+    batch = lt.symbols("batch", dynamic=True)[0]
+
+    @lt.function
+    def layer(x: lt.In[batch, k], w: lt.In[k, n]):
+        return lt.relu((x * w).sum(k))
+    x, w = rng.standard_normal((37, 24)).astype(np.float32), rng.standard_normal((24, 40)).astype(np.float32)
+    split = layer.tensor(x, w).loop_tree().split("batch", 8).parallel("batch.0")
+    layer.use_schedule(split, x, w)
+    for size in (1, 8, 9, 100):
+        xs = rng.standard_normal((size, 24)).astype(np.float32)
+        assert_close(layer(xs, w), np.maximum(xs.astype(np.float64) @ w, 0), 1e-5)
+        assert "for batch.0 in 0..ceil(BATCH/8)" in str(layer.loop_tree(xs, w))
+
+
 def test_the_notebook_editor_takes_a_functions_traced_tensor(rng):
     """`matmul.tensor(a, b)` is the lazy tensor the function compiles: the editor works on it as on any
     tensor, over the program the function's kernel runs."""
