@@ -67,8 +67,9 @@ def export(tensor, path, schedule=None, *, input_names=None, tuning: dict | None
         tensor, input_names = _traced(tensor, example, input_names)
     program, _ = runtime.lower_on_host(tensor.node)
     if device == "gpu" and program.dynamic:
-        raise NotImplementedError(f"export: dynamic dims {[d for d, _ in program.dynamic]} run on the CPU only so "
-                                  f"far; export them with device='cpu'")
+        raise NotImplementedError(f"export: GPU artifacts with dynamic dims {[d for d, _ in program.dynamic]} are not "
+                                  f"written yet (the kernels run on the GPU through .cuda() and lt.function); export "
+                                  f"them with device='cpu'")
     names = list(input_names or [b.name for b in program.inputs])
     clashing = [dim for dim, _ in program.dynamic if dim in names or dim == "out"]
     if clashing:

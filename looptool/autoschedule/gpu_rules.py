@@ -51,6 +51,11 @@ ROW_SHARED_SHARE = 0.25      # of a block's shared memory, the most a row kept t
 def gpu_tree(program: ir.Program, gpu: GpuTarget) -> LoopTree:
     """The automatic schedule of `program` on `gpu`; `explain()` on the result gives the reasons."""
     reasons = [gpu.describe()]
+    if program.dynamic:      # the rules size tiles, shared buffers and tensor-core tiles at fixed sizes
+        tree = default_gpu_tree(program)
+        return LoopTree(tree.program, tree.schedule, tuple(reasons + [
+            f"dynamic dims {[dim for dim, _ in program.dynamic]}: one output element per thread, the dynamic "
+            f"dims' loops over blocks sized at launch (the other rules plan at fixed sizes)"]))
     for rule in (_fused_rows, _per_stage):
         planner, label = _Planner(program, gpu), rule.__name__.strip("_").replace("_", " ")
         try:

@@ -47,7 +47,8 @@ from .gpu_copies import TENSOR_MAP_BYTES, TENSOR_MAPS, AsyncCopyLowering, buffer
 from .gpu_tensor_cores import (WGMMA_ALIGN, WGMMA_ARCHS, Swizzle, TensorCoreLowering, WgmmaLayout,  # noqa: F401
                                holds_wgmma)
 from .llvm import (F32, F64, I32, I64, IDENTITY, INLINE_F32, ITEM_BYTES, MEMORY_TYPE, REDUCE_BINARY, VALUE_TYPE, ZERO,
-                   FunctionBuilder, Lanes, constant, element_type, hoisted_tail_checks, kernel_params)
+                   FunctionBuilder, Lanes, constant, element_type, hoisted_tail_checks, kernel_params,
+                   size_variable)
 
 TRIPLE = "nvptx64-nvidia-cuda"
 DATA_LAYOUT = "e-p:64:64:64-i64:64-i128:128-v16:16-v32:32-n16:32:64"
@@ -61,7 +62,8 @@ VECTOR_STORE_BYTES = 16
 
 @dataclass
 class Launch:
-    """One kernel of the module: its name and launch dimensions (x, y, z)."""
+    """One kernel of the module: its name and launch dimensions (x, y, z); a grid extent that is an
+    `ir.Size` is worked out at launch from the size of its dynamic dim (a parameter of the kernel)."""
 
     name: str
     grid: tuple[int, int, int]
@@ -71,8 +73,9 @@ class Launch:
 
 @dataclass
 class GpuModule:
-    """PTX text, the kernels to launch in order, the buffer name of each parameter, and the
-    parameters whose packed accesses assume 16-byte aligned memory."""
+    """PTX text, the kernels to launch in order, the buffer name of each parameter (then
+    `size_variable(dim)` for each dynamic dim's size, a 64-bit integer parameter), and the parameters
+    whose packed accesses assume 16-byte aligned memory."""
 
     ptx: str
     llvm_ir: str
@@ -141,19 +144,24 @@ def _module(tree: LoopTree, tiles: dict[int, TensorTile], copies: dict[int, Bulk
     module = llir.Module(name="looptool_gpu")
     module.triple = TRIPLE
     module.data_layout = DATA_LAYOUT
-    params = kernel_params(tree) + ([TENSOR_MAPS] if copies else [])
+    pointers = kernel_params(tree) + ([TENSOR_MAPS] if copies else [])
+    sizes = [size_variable(dim) for dim, _ in tree.program.dynamic]       # then each dynamic dim's size (i64)
+    params = pointers + sizes
     launches, aligned = [], set()
     for index, nodes in enumerate(kernel_nodes(tree.root)):
         name = f"looptool_k{index}"
-        fn = llir.Function(module, llir.FunctionType(llir.VoidType(), [llir.PointerType()] * len(params)), name=name)
+        kind = llir.FunctionType(llir.VoidType(), [llir.PointerType()] * len(pointers) + [I64] * len(sizes))
+        fn = llir.Function(module, kind, name=name)
         fn.calling_convention = "ptx_kernel"
-        for arg, buffer in zip(fn.args, params):
+        for arg, buffer in zip(fn.args, pointers):
             arg.name = buffer
             if buffer in tree.buffers and tree.buffers[buffer].kind == "input":
                 arg.add_attribute("noalias")   # written buffers are shared between threads: not noalias
+        for arg, (dim, _) in zip(fn.args[len(pointers):], tree.program.dynamic):
+            arg.name = f"size.{dim}"
         grid, block = launch_dims(nodes)
-        builder = _GpuBuilder(tree, fn, dict(zip(params, fn.args)), aligned_params, tiles, copies, block, dynamic)
-        builder.body(nodes, {})
+        builder = _GpuBuilder(tree, fn, dict(zip(pointers, fn.args)), aligned_params, tiles, copies, block, dynamic)
+        builder.body(nodes, dict(zip(sizes, fn.args[len(pointers):])))
         builder.finish()
         aligned |= builder.aligned_params
         needed = builder.shared_bytes if dynamic or builder.shared_bytes > STATIC_SHARED else 0
@@ -193,7 +201,8 @@ def launch_dims(nodes: list) -> tuple[tuple[int, int, int], tuple[int, int, int]
     for current in _loop_nodes(nodes):
         loop = current.loop
         if loop.annotation in GPU_AXES:
-            extents[loop.annotation] = max(extents[loop.annotation], loop.extent * _threads_per_value(current))
+            extents[loop.annotation] = _widest(extents[loop.annotation], loop.extent * _threads_per_value(current)
+                                               if not isinstance(loop.extent, ir.Size) else loop.extent, loop)
         if tensor_role(loop):
             extents["thread.x"] = WARP         # the lanes of the warps that run its tiles
             if is_warpgroup(tensor_role(loop)[0]):
@@ -204,6 +213,18 @@ def launch_dims(nodes: list) -> tuple[tuple[int, int, int], tuple[int, int, int]
         raise ValueError(f"a GPU block of {block[0]}x{block[1]}x{block[2]} threads exceeds the 1024-thread limit; "
                          f"split the thread-bound loops")
     return grid, block
+
+
+def _widest(extent: int, other: int, loop) -> int:
+    """The launch extent along an axis that two loops bound to it need: the larger, where both are known
+    (an `ir.Size`, sized at launch, only with loops of one iteration or of the same run-time extent)."""
+    if not isinstance(extent, ir.Size) and not isinstance(other, ir.Size):
+        return max(extent, other)
+    if extent == 1 or other == 1 or str(extent) == str(other):
+        return other if extent == 1 else extent
+    raise NotImplementedError(f"loop '{loop.name}' runs {other} iterations on {loop.annotation}, where another loop "
+                              f"of the kernel runs {extent}: a GPU axis bound to a dynamic dim takes loops of that "
+                              f"extent only")
 
 
 def _threads_per_value(node: LoopNode) -> int:

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import ir
+
 ENTRY = "looptool_launch"
 
 
 @dataclass(frozen=True)
 class KernelLaunch:
-    """One kernel to launch: its loaded `CUfunction` handle and its launch shape."""
+    """One kernel to launch: its loaded `CUfunction` handle and its launch shape (a grid extent that is
+    an `ir.Size` is ceil(n / divisor) of the size n the block holds for its dim, `size_slots`)."""
 
     function: int
     grid: tuple[int, int, int]
@@ -29,15 +32,18 @@ def launch_block_words(param_count: int) -> int:
     return 1 + 2 * param_count
 
 
-def launcher_ir(launch_kernel: int, kernels: list[KernelLaunch], param_count: int, name: str = ENTRY) -> str:
+def launcher_ir(launch_kernel: int, kernels: list[KernelLaunch], param_count: int, name: str = ENTRY,
+                size_slots: dict[str, int] | None = None) -> str:
     """LLVM IR of `i32 name(ptr block)`, which launches `kernels` in order on the block's stream
-    through `cuLaunchKernel` (found at address `launch_kernel`) with the block's parameters."""
+    through `cuLaunchKernel` (found at address `launch_kernel`) with the block's parameters; a dynamic
+    dim's size is the value of parameter `size_slots[dim]`."""
     lines = [f"define i32 @{name}(ptr %block) {{", "entry:",
              "  %stream = load ptr, ptr %block",
              f"  %params = getelementptr i64, ptr %block, i64 {1 + param_count}",
              f"  %launch = inttoptr i64 {launch_kernel} to ptr"]
     for number, kernel in enumerate(kernels):
-        dims = ", ".join(f"i32 {d}" for d in (*kernel.grid, *kernel.block, kernel.shared))
+        grid = [_extent(lines, extent, f"g{number}.{axis}", size_slots or {}) for axis, extent in enumerate(kernel.grid)]
+        dims = ", ".join([f"i32 {d}" for d in grid] + [f"i32 {d}" for d in (*kernel.block, kernel.shared)])
         lines += [f"  %f{number} = inttoptr i64 {kernel.function} to ptr",
                   f"  %r{number} = call i32 %launch(ptr %f{number}, {dims}, ptr %stream, ptr %params, ptr null)",
                   f"  %bad{number} = icmp ne i32 %r{number}, 0",
@@ -45,3 +51,17 @@ def launcher_ir(launch_kernel: int, kernels: list[KernelLaunch], param_count: in
                   f"refused{number}:", f"  ret i32 {number + 1}", f"next{number}:"]
     lines += ["  ret i32 0", "}", ""]
     return "\n".join(lines)
+
+
+def _extent(lines: list[str], extent, name: str, size_slots: dict[str, int]) -> str:
+    """A grid extent as an i32 operand: the number, or (an `ir.Size`) ceil(n / divisor) of its dim's size
+    read from the block, computed by instructions added to `lines`."""
+    if not isinstance(extent, ir.Size):
+        return str(extent)
+    dim = extent.dim
+    lines += [f"  %{name}.at = getelementptr i64, ptr %block, i64 {1 + size_slots[dim]}",
+              f"  %{name}.n = load i64, ptr %{name}.at",
+              f"  %{name}.up = add i64 %{name}.n, {extent.divisor - 1}",
+              f"  %{name}.q = udiv i64 %{name}.up, {extent.divisor}",
+              f"  %{name} = trunc i64 %{name}.q to i32"]
+    return f"%{name}"

@@ -262,10 +262,8 @@ class Tensor:
     def cuda(self, schedule=None):
         """Run on the GPU (CuPy, `looptool[gpu]`) under `schedule`; returns a CuPy array that stays on
         the device (for a bfloat16 result, which CuPy cannot type, a `looptool.runtime.gpu.BFloat16Array`).
-        Inputs already on the GPU (CuPy, PyTorch, DLPack) are used in place. Dynamic dims run on the CPU only."""
-        if self.node.dynamic:
-            raise NotImplementedError(f"cuda(): dynamic dims {sorted(self.node.dynamic)} run on the CPU only so far; "
-                                      f"use .numpy(), or symbols without dynamic=True")
+        Inputs already on the GPU (CuPy, PyTorch, DLPack) are used in place. A kernel with dynamic dims
+        takes their sizes at launch (its grid too): one kernel serves every size."""
         return BACKEND.get().evaluate_on_gpu(self.node, schedule)
 
     def loop_tree(self, schedule=None):

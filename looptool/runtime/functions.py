@@ -190,13 +190,18 @@ class Function:
             name = self.params[facts.index(None)][0]
             raise TypeError(f"{self.fn.__name__}: argument {name} is on the host while others are on the GPU; "
                             f"pass every argument on one device")
-        key = tuple([signature for signature, _ in facts])
+        signatures = [signature for signature, _ in facts]
+        if self._leading:       # a dynamic first dim's size is left out: one kernel serves every size
+            signatures = [(kind, shape[1:] if lead else shape, *rest)
+                          for (kind, shape, *rest), lead in zip(signatures, self._leading)]
+        key = tuple(signatures)
         addresses = [address for _, address in facts]
         call = self._calls.get(key)
         if call is None:
             tensors = [self._named(a, name, spec) for a, (name, spec) in zip(arrays, self.params)]
-            call = self._calls[key] = gpu.DeviceFunctionCall(self._result(tensors).node, addresses, list(arrays))
-        return call(addresses, out)
+            call = self._calls[key] = gpu.DeviceFunctionCall(self._result(tensors).node, addresses, list(arrays),
+                                                             [name for name, _ in self.params])
+        return call(addresses, out, arrays)
 
     def _named(self, data, name: str, spec: In) -> Tensor:
         try:

@@ -34,6 +34,7 @@ from ..schedule import LoopTree
 from . import ptx_cache, tuning_db
 from .cache import KernelCache
 from .schedules import resolve_schedule, schedule_steps
+from .sizes import DynamicSizes
 
 OPT_IN_SHARED_ATTRIBUTE = 97           # cudaDevAttrMaxSharedMemoryPerBlockOptin
 MULTIPROCESSORS_ATTRIBUTE = 16         # cudaDevAttrMultiProcessorCount
@@ -259,9 +260,10 @@ class Launcher:
 
     def through_cupy(self, start: int):
         args = tuple(np.uint64(self.block[1 + i]) for i in range(len(self.params)))
-        launches = self.loaded.module.launches
+        launches, slots = self.loaded.module.launches, size_slots(self.loaded.module)
         for launch, function in list(zip(launches, self.loaded.functions))[start:]:
-            function(launch.grid, launch.block, args, shared_mem=launch.dynamic_shared)
+            grid = grid_at(launch.grid, lambda dim: self.block[1 + slots[dim]])
+            function(grid, launch.block, args, shared_mem=launch.dynamic_shared)
 
 
 @dataclass(frozen=True)
@@ -287,17 +289,31 @@ def load_module(module: codegen_gpu.GpuModule) -> LoadedModule:
     kernels = [gpu_launch.KernelLaunch(function.ptr, launch.grid, launch.block, launch.dynamic_shared)
                for launch, function in zip(module.launches, functions)]
     launch_kernel = ctypes.cast(_libcuda().cuLaunchKernel, ctypes.c_void_p).value
-    return LoadedModule(module, cuda_module, functions, native_launcher(kernels, len(module.params), launch_kernel))
+    launcher = native_launcher(kernels, len(module.params), launch_kernel, size_slots(module))
+    return LoadedModule(module, cuda_module, functions, launcher)
+
+
+def size_slots(module: codegen_gpu.GpuModule) -> dict[str, int]:
+    """Each dynamic dim's parameter index in a module (its size, a 64-bit integer parameter)."""
+    prefix = codegen_gpu.size_variable("")
+    return {name[len(prefix):]: index for index, name in enumerate(module.params) if name.startswith(prefix)}
+
+
+def grid_at(grid: tuple, words: Callable[[str], int]) -> tuple[int, int, int]:
+    """A launch's grid where its extents sized at launch (`ir.Size`) take the sizes `words(dim)` gives."""
+    return tuple(-(-words(g.dim) // g.divisor) if isinstance(g, ir.Size) else g for g in grid)
 
 
 _LAUNCHER_NUMBERS = itertools.count()
 
 
-def native_launcher(kernels: list, param_count: int, launch_kernel: int) -> Callable:
+def native_launcher(kernels: list, param_count: int, launch_kernel: int,
+                    slots: dict[str, int] | None = None) -> Callable:
     """The compiled `codegen.gpu_launch` function for these kernels, calling `cuLaunchKernel` at address
-    `launch_kernel`, as a ctypes function of the argument block's address."""
+    `launch_kernel`, as a ctypes function of the argument block's address (dynamic dims' sizes at their
+    parameters' `slots`)."""
     name = f"{gpu_launch.ENTRY}_{next(_LAUNCHER_NUMBERS)}"
-    module = llvm.parse_assembly(gpu_launch.launcher_ir(launch_kernel, kernels, param_count, name))
+    module = llvm.parse_assembly(gpu_launch.launcher_ir(launch_kernel, kernels, param_count, name, slots))
     module.triple = codegen_cpu.HostTarget.get().triple
     engine = _launcher_engine()
     engine.add_module(module)
@@ -327,8 +343,11 @@ class ModuleRunner:
     module again for inputs that are not 16-byte aligned where the module assumes they are."""
 
     def __init__(self, module: codegen_gpu.GpuModule, inputs: list[BufferSpec], scratch: list[BufferSpec],
-                 output: str, unaligned: Callable[[], codegen_gpu.GpuModule]):
+                 output: str, unaligned: Callable[[], codegen_gpu.GpuModule], dynamic: DynamicSizes | None = None):
         self.module, self.inputs, self.scratch, self.output = module, inputs, scratch, output
+        # dynamic dims: where a call reads their sizes (the inputs' first axes), and the shapes at those sizes
+        self.dynamic = dynamic or DynamicSizes((), [], [])
+        self.output_template = self.dynamic.template(next(spec.shape for spec in scratch if spec.name == output))
         self._unaligned = unaligned
         self._loaded = {True: load_module(module)}
         self._entries: dict[tuple, Callable] = {}
@@ -345,7 +364,9 @@ class ModuleRunner:
         `out`) and launches the kernels (`entry`): the inputs' device views and the module for their
         alignment are worked out here, not on every call. Host arrays are copied at every call (they
         may have changed)."""
-        devices = [checked_input(spec, array) for spec, array in zip(self.inputs, arrays)]
+        sizes = self.sizes(arrays)
+        devices = [checked_input(spec, array, self.dynamic.at(self.dynamic.template(spec.shape), sizes))
+                   for spec, array in zip(self.inputs, arrays)]
         pointers = [device.data.ptr for device in devices]
         run = self.entry(self.aligned(pointers), shape)
         host = [(index, array) for index, array in enumerate(arrays) if not is_device_array(array)]
@@ -356,16 +377,31 @@ class ModuleRunner:
                 pointers[:] = [device.data.ptr for device in devices]
                 for index, device in copies:
                     pointers[index] = device.data.ptr
-            return self.launch(run, pointers, out)
+            return self.launch(run, pointers, out, sizes)
         return call
 
-    def launch(self, run: Callable, pointers: list[int], out=None):
+    def sizes(self, arrays: list) -> list[int]:
+        """The sizes of the dynamic dims in a call on `arrays` (in `inputs` order): read from their first
+        axes, checked where inputs share a dim and against each dim's minimum (`DynamicSizes.of`)."""
+        if not self.dynamic.dims:
+            return []
+        for spec, array in zip(self.inputs, arrays):
+            if len(array.shape) != len(spec.shape):
+                raise ValueError(f"GPU kernel input {spec.name} expects {len(spec.shape)} dimensions; got shape "
+                                 f"{tuple(array.shape)}")
+        return self.dynamic.of(arrays)
+
+    def output_shape(self, sizes: list[int]) -> tuple[int, ...]:
+        """The output's shape at these sizes of the dynamic dims."""
+        return self.dynamic.at(self.output_template, sizes)
+
+    def launch(self, run: Callable, pointers: list[int], out=None, sizes: list[int] = ()):
         """`run` (an `entry` for aligned buffers) on the inputs at `pointers`: into a new array, which it
         returns, or into `out` (through the entry for its alignment), which it returns."""
         if out is None:
-            return run(pointers)
+            return run(pointers, None, sizes)
         address = kernel_argument(out).data.ptr
-        (run if address % 16 == 0 else self.entry(self.aligned(pointers + [address])))(pointers, address)
+        (run if address % 16 == 0 else self.entry(self.aligned(pointers + [address])))(pointers, address, sizes)
         return out
 
     def aligned(self, pointers: list[int]) -> bool:
@@ -375,11 +411,12 @@ class ModuleRunner:
         return all(pointer % 16 == 0 for name, pointer in zip(names, pointers) if name in self.module.aligned)
 
     def entry(self, aligned: bool, shape: tuple[int, ...] | None = None) -> Callable:
-        """`run(inputs, out=None)`: launch the kernels of the module for `aligned` buffers on the inputs at
-        device addresses `inputs` (in the order of `inputs`), into the output at address `out`, or into a
-        new CuPy array (in `shape` if given), which it returns. Temps are raw allocations from CuPy's
-        stream-ordered pool, given back once launched; TMA tensor maps are kept by the addresses they
-        were encoded for."""
+        """`run(inputs, out=None, sizes=())`: launch the kernels of the module for `aligned` buffers on the
+        inputs at device addresses `inputs` (in the order of `inputs`), at `sizes` of the dynamic dims,
+        into the output at address `out`, or into a new CuPy array (in `shape` if given, else the
+        output's at the sizes), which it returns. Temps are raw allocations from CuPy's stream-ordered
+        pool, given back once launched; TMA tensor maps are kept by the addresses they were encoded
+        for."""
         key = (aligned, shape)
         if key not in self._entries:
             self._entries[key] = self._entry(aligned, shape)
@@ -392,19 +429,25 @@ class ModuleRunner:
         module = loaded.module
         specs = {spec.name: spec for spec in self.scratch}
         output = specs.pop(self.output)
-        temps = [(name, math.prod(spec.shape) * codegen_gpu.ITEM_BYTES[spec.dtype]) for name, spec in specs.items()
-                 if name in module.params]
+        temps = [(name, spec) for name, spec in specs.items() if name in module.params]
         maps = [codegen_gpu.TENSOR_MAPS] if module.tensor_maps else []
-        varying = [spec.name for spec in self.inputs] + [name for name, _ in temps] + [self.output] + maps
+        sizes = [codegen_gpu.size_variable(dim) for dim in self.dynamic.dims]
+        varying = [spec.name for spec in self.inputs] + [name for name, _ in temps] + [self.output] + maps + sizes
         used = [i for i, name in enumerate(varying) if name in module.params]     # an input no kernel reads: none
         launcher = Launcher(loaded, [varying[i] for i in used])
-        temp_bytes = [nbytes for _, nbytes in temps]
+        sources = [varying.index(copy.source) for copy in module.tensor_maps]     # where each TMA source's address is
+        if sizes and maps:
+            raise NotImplementedError("TMA copies in a kernel with dynamic dims: their tensor maps are encoded "
+                                      "for fixed shapes")
+        if sizes:
+            return self._dynamic_run(launcher, [spec for _, spec in temps], output, shape, used,
+                                     len(varying))
+        temp_bytes = [math.prod(spec.shape) * codegen_gpu.ITEM_BYTES[spec.dtype] for _, spec in temps]
         output_array = _array_maker(shape or output.shape, output.dtype)
         output_bytes = max(1, math.prod(output.shape) * codegen_gpu.ITEM_BYTES[output.dtype])
-        sources = [varying.index(copy.source) for copy in module.tensor_maps]     # where each TMA source's address is
         alloc = cupy().cuda.alloc
 
-        def run(inputs: list[int], out: int | None = None):
+        def run(inputs: list[int], out: int | None = None, _sizes=()):
             # the result's array is made after the launch: the kernels start that much sooner
             memory = alloc(output_bytes) if out is None else None
             kept = [alloc(max(nbytes, 1)) for nbytes in temp_bytes]      # alive until launched
@@ -415,6 +458,31 @@ class ModuleRunner:
                 pointers.append(kept[-1].data.ptr)
             launcher(pointers if len(used) == len(varying) else [pointers[i] for i in used])
             return None if memory is None else output_array(memory)
+        return run
+
+    def _dynamic_run(self, launcher: Launcher, temps: list[BufferSpec], output: BufferSpec, shape, used: list[int],
+                     count: int) -> Callable:
+        """`run` of a module with dynamic dims: the temps, the output and the grid at a call's sizes, which
+        follow the buffers' addresses among the launch's words (no TMA maps: such modules have none)."""
+        shapes = [(self.dynamic.template(spec.shape), codegen_gpu.ITEM_BYTES[spec.dtype]) for spec in temps]
+        limits = [(self.dynamic.dims.index(extent.dim), extent.divisor, f"block.{axis}", launch.name)
+                  for launch in launcher.loaded.module.launches
+                  for axis, extent in zip("xyz", launch.grid) if isinstance(extent, ir.Size)]
+        alloc, item = cupy().cuda.alloc, codegen_gpu.ITEM_BYTES[output.dtype]
+
+        def run(inputs: list[int], out: int | None = None, sizes=()):
+            for index, divisor, axis, name in limits:
+                if -(-sizes[index] // divisor) > templates.GRID_LIMITS[axis]:
+                    raise ValueError(f"dynamic dim '{self.dynamic.dims[index]}' has size {sizes[index]}: kernel {name} "
+                                     f"would launch {-(-sizes[index] // divisor)} blocks along {axis}, over the GPU's "
+                                     f"{templates.GRID_LIMITS[axis]}")
+            result = self.output_shape(sizes)
+            memory = alloc(max(1, math.prod(result) * item)) if out is None else None
+            kept = [alloc(max(1, math.prod(self.dynamic.at(template, sizes)) * item_bytes))
+                    for template, item_bytes in shapes]
+            words = inputs + [temp.ptr for temp in kept] + [memory.ptr if out is None else out] + list(sizes)
+            launcher(words if len(used) == count else [words[i] for i in used])
+            return None if memory is None else _array_maker(shape or result, output.dtype)(memory)
         return run
 
     def tensor_maps(self, copies: tuple[BulkCopy, ...], sources: tuple[int, ...]):
@@ -434,13 +502,14 @@ class ModuleRunner:
         return cupy().asarray(np.frombuffer(encoded, dtype=np.uint8))
 
 
-def checked_input(spec: BufferSpec, array):
+def checked_input(spec: BufferSpec, array, shape: tuple[int, ...] | None = None):
     """The kernel argument for an input array (copied to the device where it is on the host), where its
-    shape, dtype and strides are those of `spec`; else a ValueError naming both."""
-    device = as_device(array)
-    if device.shape != spec.shape or device.dtype.name != spec.dtype or \
+    shape (`shape`, for a spec with dynamic dims: at the call's sizes), dtype and strides are those of
+    `spec`; else a ValueError naming both."""
+    device, shape = as_device(array), spec.shape if shape is None else shape
+    if device.shape != shape or device.dtype.name != spec.dtype or \
             tuple(s // device.itemsize for s in device.strides) != spec.strides:
-        raise ValueError(f"GPU kernel input {spec.name} expects shape {spec.shape}, {spec.dtype}, strides "
+        raise ValueError(f"GPU kernel input {spec.name} expects shape {shape}, {spec.dtype}, strides "
                          f"{spec.strides}; got {device.shape}, {device.dtype}, {device.strides}")
     return kernel_argument(device)
 
@@ -455,7 +524,8 @@ class GpuKernel:
         self.ptx, self.llvm_ir = self.module.ptx, self.module.llvm_ir
         self.runner = ModuleRunner(self.module, input_specs(tree.program), scratch_specs(tree),
                                    tree.program.output.name,
-                                   lambda: ptx_cache.generate(tree, self.arch, aligned_params=False))
+                                   lambda: ptx_cache.generate(tree, self.arch, aligned_params=False),
+                                   DynamicSizes.of_program(tree.program, [buf.name for buf in tree.program.inputs]))
 
     def __call__(self, arrays: list, out=None):
         """Run on device (or host, copied) arrays in `program.inputs` order, into `out` if given;
@@ -574,7 +644,7 @@ def gathered(program: ir.Program) -> ir.Im2col | None:
     """The gather and the matrix product `.cuda()` runs a convolution as (`ir.im2col`), where no tuned
     schedule is stored for it on this GPU, the gathered matrix takes at most IM2COL_BYTES and the product
     gets a matrix template (its accumulators in registers: `cache_write`); else None."""
-    parts = ir.im2col(program)
+    parts = None if program.dynamic else ir.im2col(program)      # (its matrix's size would be a dynamic one's)
     if parts is None or tuning_db.lookup(program, target_name()) is not None:
         return None
     matrix = parts.product.inputs[0]
@@ -637,8 +707,8 @@ def lowered_for(node, schedule=None) -> tuple[ir.Program, list]:
 
 def _split_k(program: ir.Program) -> ir.Program:
     """`program` with its float32 contraction's k cut into parts (`ir.split_k`) where this GPU's SMs ask
-    for it (`autoschedule.gpu.split_k_parts`)."""
-    if templates.contraction_dtype(program) != "float32":
+    for it (`autoschedule.gpu.split_k_parts`; not over a dynamic dim's program, planned at one size)."""
+    if templates.contraction_dtype(program) != "float32" or program.dynamic:
         return program
     parts = templates.split_k_parts(program, gpu_target().sms)
     return ir.split_k(program, parts) if parts > 1 else program
@@ -686,7 +756,7 @@ class DeviceFunctionCall:
     product, as `.cuda()` runs it), called on other arrays of the same signature by their addresses. The result is a PyTorch tensor where the arguments are, else a
     CuPy array; `out` (of the same kind, C-contiguous, the result's shape and dtype) takes it instead."""
 
-    def __init__(self, node, addresses: list[int], arguments: list):
+    def __init__(self, node, addresses: list[int], arguments: list, names: list[str] | None = None):
         program, arrays = lowered_for(node)
         self.constants = [kernel_argument(as_device(array)) for array in arrays]       # kept alive
         pointers = [device.data.ptr for device in self.constants]
@@ -710,37 +780,48 @@ class DeviceFunctionCall:
             inputs = [0, pointers[parts.other]]       # 0: the gathered matrix, a fresh aligned one each call
         self.order = [source(p) for p in inputs]
         self.runner = kernel.runner
-        self.run = self.runner.entry(self.runner.aligned(inputs), self.shape)
+        # dynamic dims: each size read from the arguments at every call (one kernel, grid sized at launch)
+        names = names or [f"{i}" for i in range(len(addresses))]
+        labels = [f"argument {names[i]}" if argument else "a captured array" for argument, i in self.order]
+        self.dynamic = DynamicSizes.of_program(program, labels, [i if argument else None for argument, i in self.order])
+        for (argument, _), buffer in zip(self.order, program.inputs):
+            if not argument and buffer.dims and buffer.dims[0] in self.dynamic.dims:
+                raise ValueError(f"a function on the GPU captures an array of dims {buffer.dims} over a dynamic dim; "
+                                 f"its size would be fixed: pass it as an argument")
+        self.run = self.runner.entry(self.runner.aligned(inputs), None if self.dynamic.dims else self.shape)
         self.new_torch_result = next((self.torch_result_maker(a) for a in arguments if _is_torch(a)), None)
 
-    def __call__(self, addresses: list[int], out=None):
+    def __call__(self, addresses: list[int], out=None, arguments: list = ()):
+        """Launch on the arguments at `addresses` (the arrays themselves in `arguments`, whose first axes
+        give the sizes of dynamic dims), into `out` where given."""
         inputs = [addresses[i] if argument else i for argument, i in self.order]
         if self.gather is not None:
             run_gather, (argument, i) = self.gather
             gathered_matrix = kernel_argument(run_gather([addresses[i] if argument else i]))   # alive until launched
             inputs[0] = gathered_matrix.data.ptr
+        sizes = self.dynamic.of(arguments) if self.dynamic.dims else ()
         if out is None and self.new_torch_result is None:
-            return self.run(inputs)
-        result = self.new_torch_result() if out is None else self.checked(out)
+            return self.run(inputs, None, sizes)
+        shape = self.runner.output_shape(sizes) if sizes else self.shape
+        result = self.new_torch_result(shape) if out is None else self.checked(out, shape)
         address = result.data_ptr() if _is_torch(result) else kernel_argument(result).data.ptr
         run = self.run if address % 16 == 0 else self.runner.entry(self.runner.aligned(inputs + [address]))
-        run(inputs, address)
+        run(inputs, address, sizes)
         return result
 
     def torch_result_maker(self, like) -> Callable:
-        """A function of no arguments making an uninitialized torch tensor for the result, on `like`'s device."""
+        """A function of the result's shape making an uninitialized torch tensor for it, on `like`'s device."""
         import torch
-        return functools.partial(torch.empty, self.shape, dtype=getattr(torch, self.dtype),
-                                 device=like.device)
+        return functools.partial(torch.empty, dtype=getattr(torch, self.dtype), device=like.device)
 
-    def checked(self, out):
+    def checked(self, out, shape: tuple[int, ...]):
         """`out`, where it can take the result: a device array of its shape and dtype, C-contiguous."""
         if not is_device_array(out):
             raise ValueError(f"out must be a device array (the arguments are); got {type(out).__name__}")
         contiguous = out.is_contiguous() if _is_torch(out) else kernel_argument(as_device(out)).flags.c_contiguous
         dtype = str(out.dtype).replace("torch.", "")
-        if tuple(out.shape) != self.shape or dtype != self.dtype or not contiguous:
-            raise ValueError(f"out must be a C-contiguous device array of shape {self.shape} and dtype {self.dtype}; "
-                             f"got {type(out).__name__} of shape {tuple(out.shape)}, {dtype}"
+        if tuple(out.shape) != tuple(shape) or dtype != self.dtype or not contiguous:
+            raise ValueError(f"out must be a C-contiguous device array of shape {tuple(shape)} and dtype "
+                             f"{self.dtype}; got {type(out).__name__} of shape {tuple(out.shape)}, {dtype}"
                              + ("" if contiguous else ", not contiguous"))
         return out

@@ -32,6 +32,7 @@ from pathlib import Path
 import llvmlite
 import llvmlite.binding as llvm
 
+from .. import ir
 from ..analysis.tma import BulkCopy
 from ..codegen import gpu as codegen_gpu
 from ..schedule import LoopTree
@@ -110,13 +111,26 @@ def write(path: Path, module: codegen_gpu.GpuModule):
 
 
 def fields_of(module: codegen_gpu.GpuModule) -> dict:
-    """A module as JSON-ready fields."""
-    return {**dataclasses.asdict(module), "aligned": list(module.aligned)}
+    """A module as JSON-ready fields (a grid extent sized at launch as its dim, divisor and planned size)."""
+    launches = [{**dataclasses.asdict(launch), "grid": [grid_field(extent) for extent in launch.grid]}
+                for launch in module.launches]
+    return {**dataclasses.asdict(module), "launches": launches, "aligned": list(module.aligned)}
+
+
+def grid_field(extent: int) -> int | list:
+    """A grid extent as JSON: the number, or [dim, divisor, representative] for an `ir.Size`."""
+    return [extent.dim, extent.divisor, extent.representative] if isinstance(extent, ir.Size) else extent
+
+
+def grid_extent(field: int | list) -> int:
+    """The grid extent of `grid_field`'s field."""
+    return ir.Size(*field) if isinstance(field, list) else field
 
 
 def module_of(fields: dict) -> codegen_gpu.GpuModule:
     """The module of `fields_of`'s fields."""
-    launches = [codegen_gpu.Launch(**{**launch, "grid": tuple(launch["grid"]), "block": tuple(launch["block"])})
+    launches = [codegen_gpu.Launch(**{**launch, "grid": tuple(grid_extent(g) for g in launch["grid"]),
+                                      "block": tuple(launch["block"])})
                 for launch in fields["launches"]]
     return codegen_gpu.GpuModule(fields["ptx"], fields["llvm_ir"], launches, list(fields["params"]), fields["arch"],
                                  tuple(fields["aligned"]), tuple(BulkCopy(**copy) for copy in fields["tensor_maps"]))

@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 from .. import ir
 from ..ir import Program
 
-GPU_AXES = ("block.x", "block.y", "block.z", "thread.x", "thread.y", "thread.z")
+BLOCK_AXES = ("block.x", "block.y", "block.z")
+GPU_AXES = BLOCK_AXES + ("thread.x", "thread.y", "thread.z")
 ANNOTATIONS = ("", "unroll", "vectorize", "parallel") + GPU_AXES
 PIPELINE = "pipeline"      # annotation 'pipeline.<stages>.<in flight>[.tma]': see `pipeline_depth`
 COPIERS = ("cp.async", "tma")
@@ -197,10 +198,10 @@ class Schedule:
         if annotation not in ANNOTATIONS and pipeline_depth(annotation) is None:
             raise ValueError(f"unknown loop annotation {annotation!r}; use one of {ANNOTATIONS}")
         i, lp = self._loop(stage, loop)
-        if isinstance(lp.extent, ir.Size) and annotation not in ("", "parallel"):
+        if isinstance(lp.extent, ir.Size) and annotation not in ("", "parallel", *BLOCK_AXES):
             raise ValueError(f"cannot mark loop '{loop}' of stage {stage} {annotation!r}: it runs {lp.extent} "
                              f"iterations, a number known only at run time (dynamic dim '{lp.dim}'); split it and "
-                             f"mark the inner loop")
+                             f"mark the inner loop (or bind it to blocks: the grid is sized at launch)")
         sched = self.of(stage)
         loops = sched.loops[:i] + (replace(lp, annotation=annotation),) + sched.loops[i + 1:]
         return self._with(stage, replace(sched, loops=loops), ("annotate", stage, loop, annotation))

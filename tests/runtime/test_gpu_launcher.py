@@ -11,11 +11,11 @@ LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint] * 7, c
                           ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)
 
 
-def recording_launch(calls: list, refuse: int | None = None):
-    """A stand-in for cuLaunchKernel: records (function, dims, stream, parameter values, extra) and
-    returns an error for the launch numbered `refuse`."""
+def recording_launch(calls: list, refuse: int | None = None, count: int = 3):
+    """A stand-in for cuLaunchKernel: records (function, dims, stream, the first `count` parameter values,
+    extra) and returns an error for the launch numbered `refuse`."""
     def launch(function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
-        values = [ctypes.c_uint64.from_address(params[i]).value for i in range(3)]
+        values = [ctypes.c_uint64.from_address(params[i]).value for i in range(count)]
         calls.append((function, (gx, gy, gz), (bx, by, bz), shared, stream, values, extra))
         return 700 if len(calls) - 1 == refuse else 0
     return LAUNCH(launch)

@@ -1,0 +1,181 @@
+"""Dynamic dims on the GPU (issue 28): kernels that take each dynamic dim's size as a 64-bit parameter
+and a grid sized at launch. On any machine: the schedule, the PTX's size parameters, the launcher's grid
+read from the size, the PTX cache's record of it. On a GPU (`-m gpu`): `.cuda()` and `lt.function` on
+device arrays at many sizes of one kernel, against float64, and bad sizes refused in words."""
+import ctypes
+
+import numpy as np
+import pytest
+
+import looptool as lt
+from looptool import ir
+from looptool.codegen import gpu as codegen_gpu
+from looptool.codegen import gpu_launch
+from looptool.runtime import gpu as runtime_gpu
+from looptool.runtime import ptx_cache
+from looptool.runtime.cpu import lower_on_host
+from tests.helpers import assert_close
+from tests.runtime.test_gpu_launcher import block_of, recording_launch
+
+b = lt.symbols("b", dynamic=True)[0]
+k, n = lt.symbols("k n")
+
+
+def layer(rows, rng):
+    x = rng.standard_normal((rows, 24)).astype(np.float32)
+    w = rng.standard_normal((24, 40)).astype(np.float32)
+    return lt.relu((lt.Tensor(x).to(b, k) * lt.Tensor(w).to(k, n)).sum(k)), np.maximum(x.astype(np.float64) @ w, 0)
+
+
+def softmax(rows, rng, cols=33):
+    x = rng.standard_normal((rows, cols)).astype(np.float32)
+    t = lt.Tensor(x).to(b, k)
+    e = (t - t.max(k)).exp()
+    ref = np.exp(x.astype(np.float64) - x.max(1, keepdims=True))
+    return e / e.sum(k), ref / ref.sum(1, keepdims=True)
+
+
+def test_the_automatic_gpu_schedule_binds_dynamic_loops_to_blocks_and_says_why(rng):
+    c, _ = softmax(37, rng)
+    program, _ = lower_on_host(c.node)
+    tree = runtime_gpu.automatic_tree(program, "sm_90")
+    assert tree.check() == (True, "legal")
+    assert "for b.0 in 0..ceil(B/128)  [block.x]" in str(tree) and "for b in 0..B  [block.y]" in str(tree)
+    assert "dynamic dims ['b']: one output element per thread" in tree.explain()
+    with pytest.raises(ValueError, match="runs B iterations, a number known only at run time"):
+        c.loop_tree().bind("b", "thread.x", stage="t2")
+
+
+def test_the_ptx_takes_each_dynamic_size_and_the_grid_is_sized_at_launch(rng):
+    c, _ = softmax(37, rng)
+    program, _ = lower_on_host(c.node)
+    module = codegen_gpu.generate(runtime_gpu.automatic_tree(program, "sm_90"), "sm_90")
+    assert module.params[-1] == "#b" and [str(launch.grid) for launch in module.launches] == \
+        ["(Size(ceil(B/128)), 1, 1)", "(Size(ceil(B/128)), 1, 1)", "(1, Size(B), 1)"]
+    assert module.ptx.count(".param .u64 .ptr") == 3 * (len(module.params) - 1)     # buffers: pointers
+    assert f".param .u64 looptool_k0_param_{len(module.params) - 1}\n" in module.ptx       # the size: a number
+    assert runtime_gpu.size_slots(module) == {"b": len(module.params) - 1}
+    assert ptx_cache.module_of(ptx_cache.fields_of(module)).launches == module.launches   # kept as sizes
+
+
+@pytest.mark.parametrize("rows", [1, 128, 129, 70000])
+def test_the_launcher_works_the_grid_out_from_the_size_parameter(rows):
+    calls = []
+    stub = recording_launch(calls)
+    kernels = [gpu_launch.KernelLaunch(0x1000, (ir.Size("b", 128), 1, 1), (128, 1, 1), 0),
+               gpu_launch.KernelLaunch(0x2000, (2, ir.Size("b"), 1), (64, 1, 1), 0)]
+    launcher = runtime_gpu.native_launcher(kernels, 3, ctypes.cast(stub, ctypes.c_void_p).value, {"b": 2})
+    block = block_of(0xAB, [11, 22, rows])
+    assert launcher(ctypes.c_void_p(ctypes.addressof(block))) == 0
+    assert [call[1] for call in calls] == [(-(-rows // 128), 1, 1), (2, rows, 1)]
+    assert calls[0][5] == [11, 22, rows]
+
+
+class FakeCupy:
+    """What `ModuleRunner` asks of CuPy, without a GPU: allocations (recorded, at made-up addresses),
+    the current stream, and arrays as (shape, dtype, bytes) records."""
+
+    def __init__(self):
+        self.allocations = []
+        self.cuda = self
+
+    def alloc(self, nbytes):
+        memory = type("Memory", (), {"ptr": 0x10000 * (1 + len(self.allocations)), "nbytes": nbytes})()
+        self.allocations.append(memory)
+        return memory
+
+    def get_current_stream(self):
+        return type("Stream", (), {"ptr": 0x5})()
+
+    def ndarray(self, shape, dtype, memory):
+        return ("array", shape, dtype, memory.nbytes)
+
+
+def test_a_module_runner_sizes_the_grid_temps_and_output_at_each_call(rng, monkeypatch):
+    """The runner of a dynamic module (with the driver and CuPy stood in for): each call's sizes are read
+    from the inputs, passed to the kernels after the buffers' addresses, and size the grid (worked out by
+    the native launcher), the temps and the output."""
+    calls, fake = [], FakeCupy()
+    stub = recording_launch(calls, count=5)
+
+    def loaded(module):
+        kernels = [gpu_launch.KernelLaunch(0x1000 + i, launch.grid, launch.block, 0)
+                   for i, launch in enumerate(module.launches)]
+        launcher = runtime_gpu.native_launcher(kernels, len(module.params), ctypes.cast(stub, ctypes.c_void_p).value,
+                                               runtime_gpu.size_slots(module))
+        return runtime_gpu.LoadedModule(module, None, [], launcher)
+    monkeypatch.setattr(runtime_gpu, "load_module", loaded)
+    c, _ = softmax(37, rng)
+    program, _ = lower_on_host(c.node)
+    tree = runtime_gpu.automatic_tree(program, "sm_90")
+    module = codegen_gpu.generate(tree, "sm_90")
+    monkeypatch.setattr(runtime_gpu, "cupy", lambda: fake)
+    runner = runtime_gpu.ModuleRunner(module, runtime_gpu.input_specs(program), runtime_gpu.scratch_specs(tree),
+                                      program.output.name, lambda: module,
+                                      runtime_gpu.DynamicSizes.of_program(program, ["x"]))
+    run = runner.entry(True)
+    for rows in (1, 300):
+        calls.clear()
+        assert runner.sizes([np.zeros((rows, 33), np.float32)]) == [rows]
+        result = run([0xA00], None, [rows])
+        assert result == ("array", (rows, 33), np.dtype(np.float32), rows * 33 * 4)
+        temps = [memory.nbytes for memory in fake.allocations[-2:]]    # made after the output
+        assert temps == [rows * 4, rows * 4]                          # the row maxima and sums, B floats each
+        assert [call[1] for call in calls] == [(-(-rows // 128), 1, 1)] * 2 + [(1, rows, 1)]
+        output, *temps = fake.allocations[-3:]
+        assert calls[0][5] == [0xA00, temps[0].ptr, temps[1].ptr, output.ptr, rows]     # buffers, then the size
+    with pytest.raises(ValueError, match="GPU kernel input in0 expects 2 dimensions; got shape \\(33,\\)"):
+        runner.sizes([np.zeros(33, np.float32)])
+    with pytest.raises(ValueError, match="dynamic dim 'b' has size 70000: kernel looptool_k2 would launch 70000 "
+                                         "blocks along block.y, over the GPU's 65535"):
+        run([0xA00], None, [70000])
+
+
+@pytest.mark.gpu
+def test_cuda_runs_one_kernel_at_every_size(rng):
+    from tests.gpu_helpers import cupy_or_skip
+    cp = cupy_or_skip()
+    for make in (layer, softmax):
+        before = runtime_gpu.CACHE.misses
+        for rows in (1, 5, 128, 129, 1000):
+            c, ref = make(rows, rng)
+            got = c.cuda()
+            assert got.shape == ref.shape
+            assert_close(cp.asnumpy(got), ref, 1e-5)
+        assert runtime_gpu.CACHE.misses - before <= 1
+
+
+@pytest.mark.gpu
+def test_a_function_on_device_arrays_traces_once_for_every_size(rng):
+    from tests.gpu_helpers import cupy_or_skip
+    cp = cupy_or_skip()
+    traces = []
+
+    @lt.function
+    def blend(x: lt.In[b, k], y: lt.In[b, k], w: lt.In[k, n]):
+        traces.append(x.shape)
+        return ((x + y) * w).sum(k)
+    w = rng.standard_normal((24, 40)).astype(np.float32)
+    for rows in (3, 64, 300, 2):
+        x, y = rng.standard_normal((2, rows, 24)).astype(np.float32)
+        got = blend(cp.asarray(x), cp.asarray(y), cp.asarray(w))
+        assert isinstance(got, cp.ndarray) and got.shape == (rows, 40)
+        assert_close(cp.asnumpy(got), (x.astype(np.float64) + y) @ w, 1e-5)
+        out = cp.full((rows, 40), cp.nan, dtype=cp.float32)
+        assert blend(cp.asarray(x), cp.asarray(y), cp.asarray(w), out=out) is out
+        assert_close(cp.asnumpy(out), (x.astype(np.float64) + y) @ w, 1e-5)
+    assert len(traces) == 1
+    with pytest.raises(ValueError, match=r"dim 'b' has size 2 in argument x .* but 1 in argument y"):
+        blend(cp.asarray(x), cp.asarray(y[:1]), cp.asarray(w))
+    with pytest.raises(ValueError, match=r"out must be a C-contiguous device array of shape \(2, 40\)"):
+        blend(cp.asarray(x), cp.asarray(y), cp.asarray(w), out=cp.empty((3, 40), cp.float32))
+
+
+@pytest.mark.gpu
+def test_a_size_over_the_grid_limit_is_refused_in_words(rng):
+    from tests.gpu_helpers import cupy_or_skip
+    cp = cupy_or_skip()
+    x = cp.zeros((70000, 2), cp.float32)
+    with pytest.raises(ValueError, match=r"dynamic dim 'b' has size 70000: kernel looptool_k0 would launch 70000 "
+                                         r"blocks along block.y, over the GPU's 65535"):
+        (lt.Tensor(x).to(b, k) * 2.0).cuda()
