@@ -37,6 +37,7 @@ from .codegen import gpu as codegen_gpu
 from .codegen import threadpool as codegen_threadpool
 from .errors import ArtifactError
 from .runtime import gpu as runtime_gpu
+from .runtime import ptx_cache
 from .runtime import threadpool
 from .version import __version__
 
@@ -66,10 +67,6 @@ def export(tensor, path, schedule=None, *, input_names=None, tuning: dict | None
     if isinstance(tensor, runtime.Function):
         tensor, input_names = _traced(tensor, example, input_names)
     program, _ = runtime.lower_on_host(tensor.node)
-    if device == "gpu" and program.dynamic:
-        raise NotImplementedError(f"export: GPU artifacts with dynamic dims {[d for d, _ in program.dynamic]} are not "
-                                  f"written yet (the kernels run on the GPU through .cuda() and lt.function); export "
-                                  f"them with device='cpu'")
     names = list(input_names or [b.name for b in program.inputs])
     clashing = [dim for dim, _ in program.dynamic if dim in names or dim == "out"]
     if clashing:
@@ -160,11 +157,13 @@ def _gpu_files(tree, arch: str, out: Path) -> tuple[list[str], dict]:
         (out / name).write_text(text)
     compiled_for = re.search(r"^\.target (\w+)", module.ptx, re.M).group(1)    # sm_90a where wgmma or TMA
     fields = {"entry": [launch.name for launch in module.launches], "target": {"device": "gpu", "arch": compiled_for},
-              "gpu": {"launches": [dataclasses.asdict(launch) for launch in module.launches],
+              "gpu": {"launches": [{**dataclasses.asdict(launch), "grid": [ptx_cache.grid_field(g) for g in launch.grid]}
+                                   for launch in module.launches],
                       "params": module.params, "aligned": list(module.aligned),
                       "tensor_maps": [dataclasses.asdict(copy) for copy in module.tensor_maps],
                       "buffers": [b.name for b in tree.program.inputs],
-                      "scratch": [dataclasses.asdict(spec) for spec in runtime_gpu.scratch_specs(tree)],
+                      "scratch": [{**dataclasses.asdict(spec), "shape": _shape_field(spec.shape)}
+                                  for spec in runtime_gpu.scratch_specs(tree)],
                       "output_buffer": tree.program.output.name}}
     return sorted(files), fields
 
@@ -224,16 +223,23 @@ def _build_shared_library(out: Path) -> bool:
     return True
 
 
+def _dynamic_sizes(manifest: dict) -> runtime.DynamicSizes:
+    """Where a loaded kernel's calls read the sizes of its dynamic dims: the inputs' first axes named
+    by a dim in the manifest (errors are `ArtifactError`s naming the inputs)."""
+    inputs = manifest["inputs"]
+    return runtime.DynamicSizes(
+        [(spec["dim"], spec["min"]) for spec in manifest.get("dynamic", [])],
+        [spec["shape"][0] if spec["shape"] and isinstance(spec["shape"][0], str) else None for spec in inputs],
+        [f"input {spec['name']}" for spec in inputs], error=ArtifactError)
+
+
 class LoadedKernel:
     """An exported kernel loaded back: call it with arrays by position or by input name."""
 
     def __init__(self, path: Path, manifest: dict, engine, address: int):
         self.path, self.manifest, self._engine = path, manifest, engine
         self.inputs, self.output = manifest["inputs"], manifest["output"]
-        self.dynamic = runtime.DynamicSizes(
-            [(spec["dim"], spec["min"]) for spec in manifest.get("dynamic", [])],
-            [spec["shape"][0] if spec["shape"] and isinstance(spec["shape"][0], str) else None for spec in self.inputs],
-            [f"input {spec['name']}" for spec in self.inputs], error=ArtifactError)
+        self.dynamic = _dynamic_sizes(manifest)
         self._output_shape = self.dynamic.template(self.output["shape"])
         argtypes = [ctypes.c_void_p] * (len(self.inputs) + 1) + [ctypes.c_int64] * len(self.dynamic.dims)
         self._fn = ctypes.CFUNCTYPE(ctypes.c_int, *argtypes)(address)
@@ -299,11 +305,11 @@ class LoadedGpuKernel:
         scratch = [runtime_gpu.BufferSpec(spec["name"], tuple(spec["shape"]), spec["dtype"], tuple(spec["strides"]))
                    for spec in gpu["scratch"]]
         self.runner = runtime_gpu.ModuleRunner(module, specs, scratch, gpu["output_buffer"],
-                                               lambda: self._module(unaligned, gpu, ()))
+                                               lambda: self._module(unaligned, gpu, ()), _dynamic_sizes(manifest))
 
     def _module(self, ptx: Path, gpu: dict, aligned) -> codegen_gpu.GpuModule:
-        launches = [codegen_gpu.Launch(launch["name"], tuple(launch["grid"]), tuple(launch["block"]),
-                                       launch["dynamic_shared"]) for launch in gpu["launches"]]
+        launches = [codegen_gpu.Launch(launch["name"], tuple(ptx_cache.grid_extent(g) for g in launch["grid"]),
+                                       tuple(launch["block"]), launch["dynamic_shared"]) for launch in gpu["launches"]]
         return codegen_gpu.GpuModule(ptx.read_text(), (self.path / "kernel.ll").read_text(), launches, gpu["params"],
                                      self.manifest["target"]["arch"], tuple(aligned),
                                      tuple(BulkCopy(**copy) for copy in gpu["tensor_maps"]))

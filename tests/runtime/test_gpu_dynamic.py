@@ -131,6 +131,23 @@ def test_a_module_runner_sizes_the_grid_temps_and_output_at_each_call(rng, monke
         run([0xA00], None, [70000])
 
 
+def test_a_gpu_artifact_takes_the_sizes_as_kernel_parameters(rng, tmp_path):
+    """`lt.export(..., device="gpu")` of a program with a dynamic dim: the manifest names the size
+    parameter after the buffers, keeps each grid extent sized at launch as [dim, divisor, planned size],
+    and the shapes of the buffers a call makes by the dim's name."""
+    import json
+    c, _ = softmax(37, rng)
+    lt.export(c, tmp_path / "softmax", device="gpu", arch="sm_90")
+    manifest = json.loads((tmp_path / "softmax" / "manifest.json").read_text())
+    gpu = manifest["gpu"]
+    assert manifest["format_version"] == 3 and manifest["dynamic"] == [{"dim": "b", "min": 1}]
+    assert gpu["params"][-1] == "#b" and [launch["grid"] for launch in gpu["launches"]] == \
+        [[["b", 128, 256], 1, 1], [["b", 128, 256], 1, 1], [1, ["b", 1, 256], 1]]
+    assert [spec["shape"] for spec in gpu["scratch"]] == [["b"], ["b"], ["b", 33]]
+    assert manifest["inputs"][0]["shape"] == ["b", 33]
+    assert ".param .u64 looptool_k2_param_4\n" in (tmp_path / "softmax" / "kernel.ptx").read_text()
+
+
 @pytest.mark.gpu
 def test_cuda_runs_one_kernel_at_every_size(rng):
     from tests.gpu_helpers import cupy_or_skip
@@ -179,3 +196,20 @@ def test_a_size_over_the_grid_limit_is_refused_in_words(rng):
     with pytest.raises(ValueError, match=r"dynamic dim 'b' has size 70000: kernel looptool_k0 would launch 70000 "
                                          r"blocks along block.y, over the GPU's 65535"):
         (lt.Tensor(x).to(b, k) * 2.0).cuda()
+
+
+@pytest.mark.gpu
+def test_a_loaded_gpu_artifact_runs_every_size(rng, tmp_path):
+    from tests.gpu_helpers import cupy_or_skip
+    cp = cupy_or_skip()
+    c, _ = layer(37, rng)
+    lt.export(c, tmp_path / "layer", device="gpu")
+    loaded = lt.load(tmp_path / "layer")
+    _, weights = lower_on_host(c.node)[1]                      # the traced weights
+    for rows in (1, 2, 37, 129, 1024):
+        x = rng.standard_normal((rows, 24)).astype(np.float32)
+        got = loaded(x, weights)
+        assert isinstance(got, cp.ndarray) and got.shape == (rows, 40)
+        assert_close(cp.asnumpy(got), np.maximum(x.astype(np.float64) @ weights, 0), 1e-5)
+    with pytest.raises(lt.ArtifactError, match="dynamic dim 'b' has size 0 in input in0 .* from 1 up"):
+        loaded(np.zeros((0, 24), np.float32), weights)
