@@ -2,7 +2,8 @@
 
 A 64³ float32 matmul on one thread, timed interleaved in batches of CALLS calls (median of the
 batches): through `lt.function` (making its result, and into `out=`), the same compiled kernel called
-directly with the three arrays (`Kernel.array_entry`: the kernel alone, unchecked, into one `out`), `Kernel.__call__` with a list of arrays, `c.numpy()` on a built expression, and
+directly with the three arrays (`Kernel.array_entry`: the kernel alone, unchecked, into one `out`),
+`Kernel.__call__` with a list of arrays, `c.numpy()` on a built expression, and
 NumPy's `a @ b` (BLAS held to one thread). The call overhead is the function's time less the kernel
 alone's. Writes function_calls.json and .md to `--out`.
 """

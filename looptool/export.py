@@ -157,8 +157,8 @@ def _gpu_files(tree, arch: str, out: Path) -> tuple[list[str], dict]:
         (out / name).write_text(text)
     compiled_for = re.search(r"^\.target (\w+)", module.ptx, re.M).group(1)    # sm_90a where wgmma or TMA
     fields = {"entry": [launch.name for launch in module.launches], "target": {"device": "gpu", "arch": compiled_for},
-              "gpu": {"launches": [{**dataclasses.asdict(launch), "grid": [ptx_cache.grid_field(g) for g in launch.grid]}
-                                   for launch in module.launches],
+              "gpu": {"launches": [{**dataclasses.asdict(launch),
+                                    "grid": [ptx_cache.grid_field(g) for g in launch.grid]} for launch in module.launches],
                       "params": module.params, "aligned": list(module.aligned),
                       "tensor_maps": [dataclasses.asdict(copy) for copy in module.tensor_maps],
                       "buffers": [b.name for b in tree.program.inputs],

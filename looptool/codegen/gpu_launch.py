@@ -42,7 +42,8 @@ def launcher_ir(launch_kernel: int, kernels: list[KernelLaunch], param_count: in
              f"  %params = getelementptr i64, ptr %block, i64 {1 + param_count}",
              f"  %launch = inttoptr i64 {launch_kernel} to ptr"]
     for number, kernel in enumerate(kernels):
-        grid = [_extent(lines, extent, f"g{number}.{axis}", size_slots or {}) for axis, extent in enumerate(kernel.grid)]
+        grid = [_extent(lines, extent, f"g{number}.{axis}", size_slots or {})
+                for axis, extent in enumerate(kernel.grid)]
         dims = ", ".join([f"i32 {d}" for d in grid] + [f"i32 {d}" for d in (*kernel.block, kernel.shared)])
         lines += [f"  %f{number} = inttoptr i64 {kernel.function} to ptr",
                   f"  %r{number} = call i32 %launch(ptr %f{number}, {dims}, ptr %stream, ptr %params, ptr null)",

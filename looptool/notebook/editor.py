@@ -51,7 +51,8 @@ class ActionResult:
     broken dependence), 'refused' (the transform does not apply, e.g. an unknown loop),
     'wrong' (legal but the compiled kernel disagreed with the reference: a looptool bug),
     'kept' (tuning found nothing faster), 'exported', 'used' (the edited function now runs the
-    current schedule), or 'error'.  Only 'applied' changes the schedule.  Timings are those of the schedule that is current after the action."""
+    current schedule), or 'error'.  Only 'applied' changes the schedule.  Timings are those of
+    the schedule that is current after the action."""
 
     action: str
     status: str
@@ -100,8 +101,8 @@ class ActionResult:
         return " | ".join(parts)
 
     def __str__(self) -> str:
-        verdict = {"applied": "legal", "kept": "kept current schedule", "exported": "exported", "used": "used"}.get(
-            self.status, self.status.upper())
+        verdict = {"applied": "legal", "kept": "kept current schedule", "exported": "exported",
+                   "used": "used"}.get(self.status, self.status.upper())
         line = f"[{self.index}] {self.action}: {verdict}"
         if self.reason and self.reason != "legal":
             line += f": {self.reason}"

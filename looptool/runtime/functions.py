@@ -84,6 +84,8 @@ class Function:
         functools.update_wrapper(self, fn)
 
     def __call__(self, *arrays, out=None):
+        """The function on these arrays (into `out` where given): through the latest host signature's
+        checked entry when they fit it, else checked in Python (`_checked_call`)."""
         fast = self._fast
         if fast is not None:                 # the latest host signature's checked entry: one ctypes call
             result = fast.run(arrays, out)
@@ -227,7 +229,8 @@ class Function:
                 raise ValueError(f"{self.fn.__name__} captures an array of dims {buf.dims} (shape "
                                  f"{slots[buf.name].shape}) over a dynamic dim; its size would be fixed: pass it as "
                                  f"an argument")
-        return _Call(kernel_for(node, self._schedules.get(self._signature(arrays))), slots, [name for name, _ in self.params], arrays, self._leading)
+        kernel = kernel_for(node, self._schedules.get(self._signature(arrays)))
+        return _Call(kernel, slots, [name for name, _ in self.params], arrays, self._leading)
 
 
 def _slot(array: np.ndarray, views: list[np.ndarray]):
