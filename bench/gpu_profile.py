@@ -16,10 +16,12 @@ from .gpu_suite import workloads
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="profile rows whose name contains this")
+    parser.add_argument("--shapes", choices=("suite", "even", "other"), default="suite",
+                        help="which of bench.gpu_suite's shape sets")
     args = parser.parse_args(argv)
     import torch
     torch.backends.cuda.matmul.allow_tf32 = False
-    for name, build in workloads(torch):
+    for name, build in workloads(torch, args.shapes):
         if args.only not in name:
             continue
         tensor, baseline, _, _ = build()

@@ -6,7 +6,9 @@ pass along a row, which sets the threads a row gets) on softmax, row and column 
 at a large and an odd size; `float32_blocks`, the register-tile template's block tile (rows, columns:
 `autoschedule.gpu.FLOAT32_BLOCKS` held to one) on float32 matmuls; `thread_tile_rows`,
 `gpu_rules.THREAD_TILE_ROWS` (outputs along a second dim a thread walking a reduction takes) on 3x3
-convolutions; `row_walk_unroll`, `gpu_rules.ROW_WALK_UNROLL` on attention heads; `strided_unroll`,
+convolutions; `row_walk_unroll`, `gpu_rules.ROW_WALK_UNROLL` on attention heads; `walk_bytes_per_sm`, `gpu_rules.WALK_BYTES_PER_SM` (the most an
+attention head's weighted sum walked in its softmax's rows reads besides them, an SM; above it, two kernels) on the same; `rows_a_block`, `gpu_rules.ROWS_A_BLOCK` (the most rows a block
+of an attention head's weighted walk takes) on the same; `strided_unroll`,
 `gpu_rules.STRIDED_UNROLL` on softmax, layer norm and attention; `scalar_run`, `gpu_rules.SCALAR_RUN`
 on pointwise chains whose rows hold no whole vectors; `wgmma_blocks`, `autoschedule.gpu.WGMMA_BLOCKS` (the
 wgmma template's block tiles) on bfloat16 matmuls, batched with k = 64, square, and odd; `wgmma_edges`,
@@ -39,6 +41,8 @@ KNOBS = {
     "scalar_run": (lambda v: setattr(gpu_rules, "SCALAR_RUN", v), (4, 8, 16), "pointwise_cases"),
     "strided_unroll": (lambda v: setattr(gpu_rules, "STRIDED_UNROLL", v), (0, 8), "strided_cases"),
     "row_walk_unroll": (lambda v: setattr(gpu_rules, "ROW_WALK_UNROLL", v), (4, 8, 16, 32), "attention_cases"),
+    "walk_bytes_per_sm": (lambda v: setattr(gpu_rules, "WALK_BYTES_PER_SM", v), (1 << 40, 16 << 20, 0), "attention_cases"),
+    "rows_a_block": (lambda v: setattr(gpu_rules, "ROWS_A_BLOCK", v), (1, 2, 4, 8, 16), "attention_cases"),
     "thread_tile_rows": (lambda v: setattr(gpu_rules, "THREAD_TILE_ROWS", v), (1, 2, 4, 7, 8), "conv_cases"),
     "row_elements": (lambda v: setattr(gpu_rules, "ROW_ELEMENTS_PER_THREAD", v), (8, 16, 32), "row_cases"),
     "long_row": (lambda v: setattr(gpu_rules, "LONG_ROW", v), (32, 128, 512), "row_cases"),
@@ -67,16 +71,17 @@ def _wgmma_start(blocks, stages):
 def attention_cases(torch):
     gen = torch.Generator(device="cuda").manual_seed(1)
     out = []
-    for length in (1024, 1000, 4096):
-        q, k, v = (torch.randn(length, 64, device="cuda", generator=gen) for _ in range(3))
+    for length, width in ((1024, 64), (1000, 64), (4096, 64), (2048, 128)):
+        q, k, v = (torch.randn(length, width, device="cuda", generator=gen) for _ in range(3))
         si, sj, sd = lt.symbols("i j d")
-        scores = (lt.Tensor(q).to(si, sd) * lt.Tensor(k).to(sj, sd)).sum(sd) * 0.125
+        scale = width ** -0.5
+        scores = (lt.Tensor(q).to(si, sd) * lt.Tensor(k).to(sj, sd)).sum(sd) * scale
         e = (scores - scores.max(sj)).exp()
         head = (e / e.sum(sj) * lt.Tensor(v).to(sj, sd)).sum(sj)
 
-        def eager(q=q, k=k, v=v):
-            return torch.softmax(q @ k.T * 0.125, dim=1) @ v
-        out.append((f"attention {length}x64", head, eager,
+        def eager(q=q, k=k, v=v, scale=scale):
+            return torch.softmax(q @ k.T * scale, dim=1) @ v
+        out.append((f"attention {length}x{width}", head, eager,
                     lambda eager=eager, q=q, k=k, v=v: eager(q.double(), k.double(), v.double())))
     return out
 

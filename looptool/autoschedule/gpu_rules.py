@@ -33,6 +33,10 @@ UNROLL_WHOLE = 8            # inner reduction loops this short are unrolled whol
 WALK_UNROLL = 4             # copies of a reduction loop's body a thread walking it alone runs at once
 STRIDED_UNROLL = 8          # elements a thread striding along a row takes, at most, to have them unrolled
 ROW_WALK_UNROLL = 16        # ... where the walk is a whole row (attention's p . v): its loads come from L2
+# the most the walks in blocks of a row (attention's p . v) read besides their rows, an SM; above it the rows'
+# factor is written whole and the product is a contraction of its own (H100, --knob walk_bytes_per_sm: 4096 x 64
+# 0.64 -> 0.39 ms at 32 MiB an SM; 2048 x 128, 16 MiB, 0.170 against 0.174; 1024 x 64 stays fused, 0.041 against 0.084)
+WALK_BYTES_PER_SM = 16 << 20
 THREAD_TILE_ROWS = 4         # outputs along a second dim a thread walking a reduction takes at once
 SCALAR_RUN = 4               # elements a thread takes where rows hold no whole vectors
 VECTOR_BYTES = 16            # the widest global load and store (ld.global.v4.f32)
@@ -176,6 +180,9 @@ class _Planner:
         threads = self.row_threads(row)
         name = result.name
         weighted = bool(result.reduce_dims and inner)
+        walk = self.walk_bytes(result, inner) * math.prod(self.size(d) for d in shared) if weighted else 0
+        if walk > WALK_BYTES_PER_SM * self.gpu.sms:
+            return self.rows_then_product(result, group, row, shared, walk)
         factor = self.hoisted_factor(name) if weighted else None     # before the stage's other steps
         passes = list(group) + ([self.tree.program.stage(factor)] if factor else [])
         self.tree = self.tree.reorder(*shared, *inner, row, stage=name)
@@ -202,6 +209,27 @@ class _Planner:
                         f"({row} contiguous, {self.size(row)} long), the reductions' {threads} threads striding "
                         f"along it and combined; {how}")
         return self.tree
+
+    def walk_bytes(self, result: ir.Stage, inner: list[str]) -> int:
+        """Bytes a block a row of a weighted walk reads besides its row: the factor of its product that keeps
+        the `inner` dims (attention's v), read whole once for each row."""
+        loads = [ld for ld in ir.loads(result.expr) if set(inner) & set(self.tree.program.buffer_dims(ld.buffer))]
+        return max((math.prod(self.tree.program.buffer_shape(ld.buffer)) * templates.ITEM_BYTES[ld.dtype]
+                    for ld in loads), default=0)
+
+    def rows_then_product(self, result: ir.Stage, group, row: str, shared: list[str], walk: int) -> LoopTree | None:
+        """Two kernels where a weighted walk in the rows would read too much (`walk` bytes over all rows): the
+        factor of the product that leaves out its other dims (attention's softmax) computed whole by rows, a
+        block a row, then the product summed over `row` as a contraction on its template. None where the
+        product has no such factor."""
+        factor = self.hoisted_factor(result.name)
+        if factor is None:
+            return None
+        self.tree = self.tree.place(factor, None)
+        self.rows_by_block(self.tree.program.stage(factor), group, row, shared, [])
+        self.note(result.name, f"not walked in {factor}'s rows: blocks of a row would read {walk >> 20} MiB besides "
+                               f"their rows, over {WALK_BYTES_PER_SM >> 20} MiB an SM; {factor} is written whole first")
+        return self.tree if self.contraction_template(result.name) else None
 
     def hoisted_factor(self, stage: str) -> str | None:
         """`hoist` the factor of the stage's product that leaves out some of its dims; its new stage's

@@ -294,6 +294,29 @@ def test_an_attention_head_runs_its_softmax_and_weighted_sum_as_one_kernel(rng):
     assert_close(lt.Kernel(tree, 1)(ir.lower(out.node)[1]), p / p.sum(1, keepdims=True) @ v, 1e-5)
 
 
+def _attention_head(rng, length, width):
+    q, k, v = (rng.standard_normal((length, width)).astype(np.float32) for _ in range(3))
+    i, j, d = lt.symbols("i j d")
+    scores = (lt.Tensor(q).to(i, d) * lt.Tensor(k).to(j, d)).sum(d) * width ** -0.5
+    e = (scores - scores.max(j)).exp()
+    s = q.astype(np.float64) @ k.T.astype(np.float64) * width ** -0.5
+    p = np.exp(s - s.max(1, keepdims=True))
+    return (e / e.sum(j) * lt.Tensor(v).to(j, d)).sum(j), p / p.sum(1, keepdims=True) @ v
+
+
+@pytest.mark.parametrize("sms, fused", [(132, True), (8, False)])
+def test_an_attention_head_s_weighted_sum_is_a_product_of_its_own_where_walking_it_in_the_rows_reads_too_much(
+        rng, sms, fused):
+    """A block a row reads all of v once for each row: 1024 rows of a 1024 x 64 v read 256 MiB, 2 MiB an SM of
+    an H100, which runs it fused; on 8 SMs (32 MiB an SM) the softmax is written whole and p . v is a contraction."""
+    out, ref = _attention_head(rng, 1024, 64)
+    tree, module = scheduled(out, dataclasses.replace(H100, sms=sms))
+    assert ("t3: not walked in t3.f's rows" in tree.explain()) != fused, tree.explain()
+    assert ("t3.f: f32[1024, 1024] temp" in str(tree)) != fused
+    assert ("t3: a contraction" in tree.explain()) != fused
+    assert_close(lt.Kernel(tree, 1)(ir.lower(out.node)[1]), ref, 1e-5)       # the tree's loops on this CPU
+
+
 @pytest.mark.parametrize("m, k, n, block", [(1000, 1000, 1000, "128x128"), (3000, 2000, 1000, "128x256"),
                                            (2048, 576, 64, "128x64")])
 def test_wgmma_takes_128x64_blocks_only_for_products_at_most_64_wide(m, k, n, block):
