@@ -1,8 +1,8 @@
 """What a call costs through `lt.function` (issue 28): `python -m bench.function_calls [--out DIR]`.
 
 A 64³ float32 matmul on one thread, timed interleaved in batches of CALLS calls (median of the
-batches): through `lt.function` (making its result, and into `out=`), the same compiled kernel called
-directly with the three arrays (`Kernel.array_entry`: the kernel alone, unchecked, into one `out`),
+batches): through `lt.function` (making its result, into `out=`, and with its rows a dynamic dim), the
+same compiled kernel called directly with the three arrays (`Kernel.array_entry`: the kernel alone, unchecked, into one `out`),
 `Kernel.__call__` with a list of arrays, `c.numpy()` on a built expression, and
 NumPy's `a @ b` (BLAS held to one thread). The call overhead is the function's time less the kernel
 alone's. Writes function_calls.json and .md to `--out`.
@@ -48,15 +48,22 @@ def main(argv=None):
     @lt.function
     def matmul(a: lt.In[m, k], b: lt.In[k, n]):
         return (a * b).sum(k)
+    rows = lt.symbols("rows", dynamic=True)[0]
+
+    @lt.function
+    def dynamic(a: lt.In[rows, k], b: lt.In[k, n]):      # one kernel for every number of rows
+        return (a * b).sum(k)
 
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal((SIZE, SIZE)).astype(np.float32) for _ in range(2))
     error = float(np.abs(matmul(a, b) - a.astype(np.float64) @ b).max() / np.abs(a.astype(np.float64) @ b).max())
     kernel = matmul.kernel(a, b)
+    dynamic(a, b)
     out = np.empty((SIZE, SIZE), np.float32)
     expression = (lt.Tensor(a).to(m, k) * lt.Tensor(b).to(k, n)).sum(k)
     with threadpool_limits(1):
         us = per_call_us({"lt.function": lambda: matmul(a, b), "lt.function, out=": lambda: matmul(a, b, out=out),
+                          "lt.function, dynamic rows": lambda: dynamic(a, b),
                           "kernel alone": lambda: kernel.array_entry(a, b, out),
                           "Kernel(arrays)": lambda: kernel([a, b]), "c.numpy()": expression.numpy,
                           "NumPy a @ b": lambda: a @ b})

@@ -339,9 +339,14 @@ def _maker(template: tuple, dtype: str, dynamic: DynamicSizes):
     """A function of a call's arrays that makes a buffer of planned shape `template` (`DynamicSizes.template`:
     a dynamic first size is read from the argument the call reads it from)."""
     rest, index = template
+    dtype = np.dtype(dtype)
+    row = math.prod(rest) * dtype.itemsize      # bytes: the whole buffer, or one value of its dynamic first axis
     if index is None:
-        small = math.prod(rest) * np.dtype(dtype).itemsize < ALIGNED_FROM_BYTES
-        dtype = np.dtype(dtype)
-        return (lambda arrays: np.empty(rest, dtype)) if small else (lambda arrays: aligned_empty(rest, dtype))
+        return (lambda arrays: np.empty(rest, dtype)) if row < ALIGNED_FROM_BYTES else \
+            (lambda arrays: aligned_empty(rest, dtype))
     position = dynamic.sources[index][0][0]
-    return lambda arrays: buffer_array((arrays[position].shape[0],) + rest, dtype)
+
+    def make(arrays):
+        rows = arrays[position].shape[0]
+        return (np.empty if rows * row < ALIGNED_FROM_BYTES else aligned_empty)((rows, *rest), dtype)
+    return make
