@@ -31,7 +31,13 @@ BLOCK_THREADS = 256          # 8 warps: 8 blocks fill an SM of 2048 threads, and
 MAX_BLOCK_THREADS = 1024
 UNROLL_WHOLE = 8            # inner reduction loops this short are unrolled whole when walked
 WALK_UNROLL = 4             # copies of a reduction loop's body a thread walking it alone runs at once
-STRIDED_UNROLL = 8          # elements a thread striding along a row takes, at most, to have them unrolled
+# elements a thread striding along a row takes, at most, to have them unrolled; and the elements a row gives
+# each thread per pass (which sets the threads a row gets). H100, session 14, --knob row_share (8/8 -> 32/32):
+# softmax 8192^2 0.214 -> 0.194 ms, 1000x3001 18.2 -> 17.7 us, 256x20000 30.1 -> 29.1 us; row sums 8192^2
+# 0.109 -> 0.094 ms; layer norms and dot products unchanged. Fewer threads a row keep more rows in flight.
+STRIDED_UNROLL = 32
+ROW_ELEMENTS_PER_THREAD = 32
+WEIGHTED_ROW_ELEMENTS = 8    # ... where the row's block also walks a weighted sum (attention 1024x64: 39.9 us, 44.4 at 32)
 ROW_WALK_UNROLL = 16        # ... where the walk is a whole row (attention's p . v): its loads come from L2
 # the most the walks in blocks of a row (attention's p . v) read besides their rows, an SM; above it the rows'
 # factor is written whole and the product is a contraction of its own (H100, --knob walk_bytes_per_sm: 4096 x 64
@@ -40,8 +46,7 @@ WALK_BYTES_PER_SM = 16 << 20
 THREAD_TILE_ROWS = 4         # outputs along a second dim a thread walking a reduction takes at once
 SCALAR_RUN = 4               # elements a thread takes where rows hold no whole vectors
 VECTOR_BYTES = 16            # the widest global load and store (ld.global.v4.f32)
-ROW_ELEMENTS_PER_THREAD = 8  # a row's elements each thread takes per pass (loads in flight per thread)
-BLOCK_CHUNK = BLOCK_THREADS * ROW_ELEMENTS_PER_THREAD   # the least a block's partial result sums
+BLOCK_CHUNK = BLOCK_THREADS * 8      # the least a block's partial result sums (8 loads in flight a thread)
 THREAD_CHUNK = 8             # the least a thread's partial result sums
 # a reduction along rows at least this long takes a block a row; shorter rows, a thread a row (one warp a
 # row was one block of 32 threads for 2-4 elements a lane: H100, bench.gpu_rules_variants --knob long_row,
@@ -172,9 +177,9 @@ class _Planner:
         does too where it is pointwise or reduces the row alone; where it also keeps `inner` dims, its
         threads take the last of them and walk the row, the factor of its product that leaves them out
         (attention's softmax) computed once for the row first (`hoist`), into shared memory."""
-        threads = self.row_threads(row)
         name = result.name
         weighted = bool(result.reduce_dims and inner)
+        threads = self.row_threads(row, WEIGHTED_ROW_ELEMENTS if weighted else ROW_ELEMENTS_PER_THREAD)
         walk = self.walk_bytes(result, inner) * math.prod(self.size(d) for d in shared) if weighted else 0
         if walk > WALK_BYTES_PER_SM * self.gpu.sms:
             return self.rows_then_product(result, group, row, shared, walk)
@@ -270,9 +275,9 @@ class _Planner:
                                f"contiguous, so a thread takes one {x} ({threads} a block) and walks {row}")
         return self.tree
 
-    def row_threads(self, row: str) -> int:
-        """Threads that share a row: about ROW_ELEMENTS_PER_THREAD elements each, whole warps."""
-        wanted = _pow2_at_least(-(-self.size(row) // ROW_ELEMENTS_PER_THREAD))
+    def row_threads(self, row: str, elements: int = ROW_ELEMENTS_PER_THREAD) -> int:
+        """Threads that share a row: about `elements` elements each, whole warps."""
+        wanted = _pow2_at_least(-(-self.size(row) // elements))
         return max(WARP_LANES, min(MAX_BLOCK_THREADS, wanted))
 
     def strided(self, stage: str, dim: str, threads: int):

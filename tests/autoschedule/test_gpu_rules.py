@@ -45,7 +45,7 @@ def test_a_dot_product_is_a_grid_wide_reduction_in_two_kernels(rng):
 
 
 @pytest.mark.parametrize("cols, described", [(77, "reduction along n (rows of 77, shorter than 128): a thread 4 outputs"),
-                                            (300, "reduction along n (contiguous): a block an output, 64 threads")])
+                                            (300, "reduction along n (contiguous): a block an output, 32 threads")])
 def test_short_rows_are_summed_a_thread_a_row_long_ones_a_block_a_row(rng, cols, described):
     """Rows shorter than LONG_ROW (128) would give a block of one warp 2-4 elements a lane: a thread walks
     each (row sum 100000x77 0.48 -> 1.42x torch on an H100); rows of 300 keep a block a row."""
@@ -75,7 +75,7 @@ def test_softmax_rows_run_as_one_kernel_with_a_block_a_row(rng):
     assert "shfl.sync.bfly" in module.ptx
     assert "in0 read once, its row kept in shared memory" in tree.explain() and "in0.t2: f32[1, 1000] local" in str(tree)
     global_reads = [line for line in module.ptx.splitlines() if "ld.global" in line]
-    assert len(global_reads) <= 8 and "ld.shared" in module.ptx      # one pass over the row in global memory
+    assert len(global_reads) <= gpu_rules.STRIDED_UNROLL and "ld.shared" in module.ptx     # one pass over the row in global memory
     assert_close(sm.numpy(tree), ref, 1e-5)
 
 
