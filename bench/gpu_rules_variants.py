@@ -9,7 +9,8 @@ at a large and an odd size; `float32_blocks`, the register-tile template's block
 convolutions; `row_walk_unroll`, `gpu_rules.ROW_WALK_UNROLL` on attention heads; `walk_bytes_per_sm`, `gpu_rules.WALK_BYTES_PER_SM` (the most an
 attention head's weighted sum walked in its softmax's rows reads besides them, an SM; above it, two kernels) on the same; `rows_a_block`, `gpu_rules.ROWS_A_BLOCK` (the most rows a block
 of an attention head's weighted walk takes) on the same; `strided_unroll`,
-`gpu_rules.STRIDED_UNROLL` on softmax, layer norm and attention; `row_share`, both of those at once (elements a thread
+`gpu_rules.STRIDED_UNROLL` on softmax, layer norm and attention; `share_row_values`, `gpu_rules.SHARE_ROW_VALUES` (a row group's exp computed once) on
+the same; `row_share`, both of those at once (elements a thread
 takes per pass, and unrolled) on the same; `scalar_run`, `gpu_rules.SCALAR_RUN`
 on pointwise chains whose rows hold no whole vectors; `wgmma_blocks`, `autoschedule.gpu.WGMMA_BLOCKS` (the
 wgmma template's block tiles) on bfloat16 matmuls, batched with k = 64, square, and odd; `wgmma_edges`,
@@ -41,6 +42,7 @@ from bench.gpu_suite import interleaved_ms
 KNOBS = {
     "scalar_run": (lambda v: setattr(gpu_rules, "SCALAR_RUN", v), (4, 8, 16), "pointwise_cases"),
     "strided_unroll": (lambda v: setattr(gpu_rules, "STRIDED_UNROLL", v), (0, 8), "strided_cases"),
+    "share_row_values": (lambda v: setattr(gpu_rules, "SHARE_ROW_VALUES", v), (False, True), "strided_cases"),
     "row_share": (lambda v: (setattr(gpu_rules, "ROW_ELEMENTS_PER_THREAD", v[0]), setattr(gpu_rules, "STRIDED_UNROLL", v[1])),
                   ((8, 8), (16, 16), (12, 16), (32, 32)), "strided_cases"),
     "row_walk_unroll": (lambda v: setattr(gpu_rules, "ROW_WALK_UNROLL", v), (4, 8, 16, 32), "attention_cases"),

@@ -37,6 +37,7 @@ WALK_UNROLL = 4             # copies of a reduction loop's body a thread walking
 # 0.109 -> 0.094 ms; layer norms and dot products unchanged. Fewer threads a row keep more rows in flight.
 STRIDED_UNROLL = 32
 ROW_ELEMENTS_PER_THREAD = 32
+SHARE_ROW_VALUES = True      # a row group's exp computed once (`share`; --knob share_row_values)
 WEIGHTED_ROW_ELEMENTS = 8    # ... where the row's block also walks a weighted sum (attention 1024x64: 39.9 us, 44.4 at 32)
 ROW_WALK_UNROLL = 16        # ... where the walk is a whole row (attention's p . v): its loads come from L2
 # the most the walks in blocks of a row (attention's p . v) read besides their rows, an SM; above it the rows'
@@ -123,6 +124,14 @@ def contiguous_dim(program: ir.Program, stage: ir.Stage) -> str | None:
     return None
 
 
+def in_rows(stage: ir.Stage, row: str, outer: list[str]) -> bool:
+    """Whether `stage` can run in the rows of a row group: it reduces `row` to dims of `outer`, or is
+    pointwise over `row` and those dims (a value a later reduction of the group reads)."""
+    if stage.reduce_dims:
+        return stage.reduce_dims == (row,) and set(stage.dims) <= set(outer)
+    return set(stage.dims) <= set(outer) | {row}
+
+
 def _dividing(size: int, factor: int) -> int:
     """The least divisor of `size` from `factor` up to twice it (blocks with no ragged end, whose
     reads need no guard and stay vectors), else `factor`."""
@@ -160,17 +169,35 @@ class _Planner:
             (earlier[-1].reduce_dims[0] if len(earlier[-1].reduce_dims) == 1 else None)
         outer = [d for d in result.dims if d != row]
         group = []
-        while earlier and earlier[-1].reduce_dims == (row,) and set(earlier[-1].dims) <= set(outer):
+        while earlier and (in_rows(earlier[-1], row, outer) if group else earlier[-1].reduce_dims == (row,)):
             group.insert(0, earlier.pop())
         if row is None or not group or (not result.reduce_dims and row not in result.dims):
             return None
+        by_block = contiguous_dim(program, result) == row or not outer
+        if by_block and self.size(row) <= STRIDED_UNROLL * self.row_threads(row):
+            group = self.shared_values(group)
         for stage in earlier:
             self.schedule_stage(stage.name)
         shared = [d for d in outer if any(d in st.dims for st in group)]
         inner = [d for d in outer if d not in shared]
-        if contiguous_dim(program, result) == row or not outer:
-            return self.rows_by_block(result, group, row, shared, inner)
+        if by_block:
+            return self.rows_by_block(self.tree.program.output, group, row, shared, inner)
         return self.rows_by_thread(result, group, row, outer)
+
+    def shared_values(self, group: list[ir.Stage]) -> list[ir.Stage]:
+        """The group with each exp (log, tanh, erf) that a reduction of it and later stages both compute made a
+        stage of its own (`share`: a softmax's exp(x - max), once a value instead of twice), placed in the
+        rows with the rest. Only for rows whose threads' slices are unrolled, so they stay in registers (H100,
+        --knob share_row_values: softmax 1000x3001 20.5 -> 15.0 us, 256x20000 29.4 -> 24.1 us; a row of
+        50257, kept in memory, 0.70 -> 1.01 ms)."""
+        for stage in [st.name for st in group if st.reduce_dims and SHARE_ROW_VALUES]:
+            try:
+                self.tree = self.tree.share(stage)
+            except ValueError:
+                continue
+            self.note(stage, f"its exp (or other costly value) computed once, into {stage}.e, which later passes read")
+        names = {st.name for st in group} | {f"{st.name}.e" for st in group}
+        return [st for st in self.tree.program.stages if st.name in names]
 
     def rows_by_block(self, result: ir.Stage, group, row: str, shared: list[str], inner: list[str]) -> LoopTree:
         """A block a row (the `shared` dims); the group's threads stride along it and combine. The result
