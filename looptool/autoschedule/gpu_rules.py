@@ -209,7 +209,13 @@ class _Planner:
         threads = self.row_threads(row, WEIGHTED_ROW_ELEMENTS if weighted else ROW_ELEMENTS_PER_THREAD)
         walk = self.walk_bytes(result, inner) * math.prod(self.size(d) for d in shared) if weighted else 0
         if walk > WALK_BYTES_PER_SM * self.gpu.sms:
-            return self.rows_then_product(result, group, row, shared, walk)
+            kept = self.tree, list(self.reasons)
+            split = self.rows_then_product(result, group, row, shared, walk)
+            if split is not None:
+                return split
+            self.tree, self.reasons = kept
+            self.note(name, f"walked in the rows although that reads {walk >> 20} MiB: its product has no "
+                            f"contraction template (a bfloat16 v against float32 softmax values, say)")
         factor = self.hoisted_factor(name) if weighted else None     # before the stage's other steps
         passes = list(group) + ([self.tree.program.stage(factor)] if factor else [])
         self.tree = self.tree.reorder(*shared, *inner, row, stage=name)
