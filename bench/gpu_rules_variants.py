@@ -9,14 +9,17 @@ at a large and an odd size; `float32_blocks`, the register-tile template's block
 convolutions; `row_walk_unroll`, `gpu_rules.ROW_WALK_UNROLL` on attention heads; `walk_bytes_per_sm`, `gpu_rules.WALK_BYTES_PER_SM` (the most an
 attention head's weighted sum walked in its softmax's rows reads besides them, an SM; above it, two kernels) on the same; `rows_a_block`, `gpu_rules.ROWS_A_BLOCK` (the most rows a block
 of an attention head's weighted walk takes) on the same; `strided_unroll`,
-`gpu_rules.STRIDED_UNROLL` on softmax, layer norm and attention; `scalar_run`, `gpu_rules.SCALAR_RUN`
+`gpu_rules.STRIDED_UNROLL` on softmax, layer norm and attention; `share_row_values`, `gpu_rules.SHARE_ROW_VALUES` (a row group's exp computed once) on
+the same; `row_share`, both of those at once (elements a thread
+takes per pass, and unrolled) on the same; `scalar_run`, `gpu_rules.SCALAR_RUN`
 on pointwise chains whose rows hold no whole vectors; `wgmma_blocks`, `autoschedule.gpu.WGMMA_BLOCKS` (the
 wgmma template's block tiles) on bfloat16 matmuls, batched with k = 64, square, and odd; `wgmma_edges`,
 `autoschedule.gpu.WGMMA_EDGE_TILES` (odd sizes as one wgmma kernel with guarded edge tiles, or padded) on the same;
 `wgmma_stages`, the wgmma template's block tiles and pipeline stages together, on the same;
 `row_shared_share`, `gpu_rules.ROW_SHARED_SHARE` (the share of a block's shared memory a row kept there
 may take) on the row cases; `long_row`, `gpu_rules.LONG_ROW` (rows shorter than it are summed a thread a row, not a block a row) on the
-row cases; `split_k_blocks`, `autoschedule.gpu.SPLIT_K_BLOCKS` (0: no split-k) on float32 matmuls;
+row cases; `split_k_blocks`, `autoschedule.gpu.SPLIT_K_BLOCKS` (0: no split-k) on float32 matmuls; `split_k_run`,
+`autoschedule.gpu.SPLIT_K_RUN` (the shortest run of k a part sums) on the same;
 `vector_store_bytes`, `codegen.gpu.VECTOR_STORE_BYTES` (a code generator's constant: run it with
 LOOPTOOL_CACHE_DIR= so no cached PTX is read) on batched bf16 products, float32 and bfloat16 results. For each
 workload and value, the automatic schedule's kernels run on a NaN-poisoned output, are compared with
@@ -40,6 +43,9 @@ from bench.gpu_suite import interleaved_ms
 KNOBS = {
     "scalar_run": (lambda v: setattr(gpu_rules, "SCALAR_RUN", v), (4, 8, 16), "pointwise_cases"),
     "strided_unroll": (lambda v: setattr(gpu_rules, "STRIDED_UNROLL", v), (0, 8), "strided_cases"),
+    "share_row_values": (lambda v: setattr(gpu_rules, "SHARE_ROW_VALUES", v), (False, True), "strided_cases"),
+    "row_share": (lambda v: (setattr(gpu_rules, "ROW_ELEMENTS_PER_THREAD", v[0]), setattr(gpu_rules, "STRIDED_UNROLL", v[1])),
+                  ((8, 8), (16, 16), (12, 16), (32, 32)), "strided_cases"),
     "row_walk_unroll": (lambda v: setattr(gpu_rules, "ROW_WALK_UNROLL", v), (4, 8, 16, 32), "attention_cases"),
     "walk_bytes_per_sm": (lambda v: setattr(gpu_rules, "WALK_BYTES_PER_SM", v), (1 << 40, 16 << 20, 0), "attention_cases"),
     "rows_a_block": (lambda v: setattr(gpu_rules, "ROWS_A_BLOCK", v), (1, 2, 4, 8, 16), "attention_cases"),
@@ -54,6 +60,7 @@ KNOBS = {
                                                                           ((128, 256),)), "wgmma_cases"),
     "wgmma_edges": (lambda v: setattr(templates, "WGMMA_EDGE_TILES", v), (False, True), "wgmma_cases"),
     "split_k_blocks": (lambda v: setattr(templates, "SPLIT_K_BLOCKS", v), (0, 2, 3, 4), "matmul_cases"),
+    "split_k_run": (lambda v: setattr(templates, "SPLIT_K_RUN", v), (64, 128, 256, 512), "matmul_cases"),
     "vector_store_bytes": (lambda v: setattr(codegen_gpu, "VECTOR_STORE_BYTES", v), (16, 8, 4, 16), "write_back_cases"),
     "wgmma_stages": (lambda v: _wgmma_start(*v), ((((128, 256), (128, 128), (128, 64)), 3), (((128, 128),), 1),
                                                  (((128, 128),), 2), (((128, 64),), 1), (((128, 64),), 2),

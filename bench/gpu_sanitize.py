@@ -135,6 +135,7 @@ def automatic_workloads() -> dict:
     e = (scores - scores.max(sj)).exp()
     p = np.exp(q.astype(np.float64) @ k.T * 0.25 - (q.astype(np.float64) @ k.T * 0.25).max(1, keepdims=True))
     out["attention head 100x24"] = ((e / e.sum(sj) * lt.Tensor(v).to(sj, sd)).sum(sj), p / p.sum(1, keepdims=True) @ v)
+    out["attention head 100x24, softmax written whole"] = out["attention head 100x24"]
     bias = rng.standard_normal(200, dtype=np.float32)
     a, b = rng.standard_normal((300, 100), dtype=np.float32), rng.standard_normal((100, 200), dtype=np.float32)
     out["matmul with bias and relu fused 300x100x200"] = (
@@ -162,17 +163,20 @@ def automatic_workloads() -> dict:
 def automatic_draws() -> list[dict]:
     """The automatic GPU schedule of each of `automatic_workloads()` on the program `.cuda()` runs
     (`runtime.gpu.lowered_for`: flattened where pointwise), as draws (the cases named for wgmma edge
-    tiles with `WGMMA_EDGE_TILES` on, those padded onto wgmma with it off); and where `.cuda()` runs
+    tiles with `WGMMA_EDGE_TILES` on, those padded onto wgmma with it off, the attention head's softmax
+    written whole with `WALK_BYTES_PER_SM` at 0); and where `.cuda()` runs
     more than that program (a convolution's gather and product), the whole `.cuda()` call as one more."""
     target = runtime_gpu.gpu_target()
-    draws, default = [], templates.WGMMA_EDGE_TILES
+    draws, default, walk = [], templates.WGMMA_EDGE_TILES, gpu_rules.WALK_BYTES_PER_SM
     for name, (tensor, _) in automatic_workloads().items():
         if "edge tiles" in name or "padded onto" in name:
             templates.WGMMA_EDGE_TILES = "edge tiles" in name
+        if "softmax written whole" in name:
+            gpu_rules.WALK_BYTES_PER_SM = 0
         try:
             tree = gpu_rules.gpu_tree(runtime_gpu.lowered_for(tensor.node)[0], target)
         finally:
-            templates.WGMMA_EDGE_TILES = default
+            templates.WGMMA_EDGE_TILES, gpu_rules.WALK_BYTES_PER_SM = default, walk
         draws.append({"workload": name, "schedule": tree.schedule.to_json(), "as_cuda_lowers": True})
         if len(runtime_gpu.planned_trees(tensor.node)) > 1:
             draws.append({"workload": name, "cuda_call": True})

@@ -250,8 +250,8 @@ class PostgresCluster:
         self.port = free_port()
         options = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
                    f"-c synchronous_commit=off -c full_page_writes=off")
-        self._run(self.bindir / "pg_ctl", "-D", self.data, "-l", self.root / "server.log", "-w", "-t", "60",
-                  "-o", options, "start")
+        self.options = options
+        self.resume()
         if (self.bindir / "createdb").exists():
             self._run(self.bindir / "createdb", "-h", "127.0.0.1", "-p", self.port, "-U", "postgres", "looptool")
         else:
@@ -268,6 +268,15 @@ class PostgresCluster:
                 conn.execute(sqlalchemy.text(f'CREATE DATABASE "{name}"'))
         finally:
             engine.dispose()
+
+    def pause(self):
+        """Stop the server (fast: open connections are cut), keeping its data for `resume`."""
+        self._run(self.bindir / "pg_ctl", "-D", self.data, "-m", "fast", "-w", "-t", "60", "stop")
+
+    def resume(self):
+        """Start the server on its data and port (again, after `pause`)."""
+        self._run(self.bindir / "pg_ctl", "-D", self.data, "-l", self.root / "server.log", "-w", "-t", "60",
+                  "-o", self.options, "start")
 
     def log(self) -> str:
         try:

@@ -32,6 +32,7 @@ from looptool.runtime import tuning_db
 from looptool.schedule import LoopTree, Schedule
 
 from . import costmodel, scheduler, space
+from .retrying import RetryingStorage
 from .worker import MeasureError, Measurer, lowered, measured_sizes
 
 log = logging.getLogger("looptool.tuner")
@@ -53,8 +54,9 @@ def default_storage() -> str:
 
 
 def make_storage(url: str | None):
-    """An Optuna storage for a URL; RDB storages get heartbeats so killed trials are marked failed, and
-    SQLite files a write-ahead log (a trial's dozens of small writes cost about 1.5 ms each instead of 5)."""
+    """An Optuna storage for a URL; RDB storages get heartbeats so killed trials are marked failed, SQLite
+    files a write-ahead log (a trial's dozens of small writes cost about 1.5 ms each instead of 5), and
+    database servers a wrapper that waits out an unreachable server (`retrying.RetryingStorage`)."""
     url = url or default_storage()
     if not url.startswith(("sqlite", "postgresql", "mysql")):
         return url
@@ -63,7 +65,7 @@ def make_storage(url: str | None):
         try:
             storage = optuna.storages.RDBStorage(url, heartbeat_interval=5, grace_period=20,
                                                  engine_kwargs={"connect_args": {"timeout": 30}}
-                                                 if url.startswith("sqlite") else {})
+                                                 if url.startswith("sqlite") else {"pool_pre_ping": True})
         except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError) as err:
             # Processes creating the same fresh database race to create its tables and stamp its
             # schema version (UNIQUE constraint failed: alembic_version.version_num); the loser
@@ -75,7 +77,8 @@ def make_storage(url: str | None):
             continue
         if url.startswith("sqlite"):
             _write_ahead_log(storage.engine)
-        return storage
+            return storage
+        return RetryingStorage(storage)
 
 
 def _write_ahead_log(engine):
@@ -302,11 +305,24 @@ class Tuning:
         transfer, the prior is read again first (only where other studies gained trials)."""
         if self.transfer:
             self.sampler.prior = self._prior()
-        remaining = trials - self.finished()
-        if remaining > 0:
-            self.study.optimize(self.objective, n_trials=remaining, timeout=timeout, catch=(TrialFailed,),
-                                callbacks=[optuna.study.MaxTrialsCallback(trials, states=FINISHED)],
-                                show_progress_bar=self.progress)
+        started = time.monotonic()
+        while (remaining := trials - self.finished()) > 0:
+            left = None if timeout is None else timeout - (time.monotonic() - started)
+            if left is not None and left <= 0:
+                return
+            try:
+                self.study.optimize(self.objective, n_trials=remaining, timeout=left, catch=(TrialFailed,),
+                                    callbacks=[optuna.study.MaxTrialsCallback(trials, states=FINISHED)],
+                                    show_progress_bar=self.progress)
+                return
+            except (optuna.exceptions.UpdateFinishedTrialError, ValueError) as err:
+                # another worker failed this one's running trial as stale (its heartbeats stopped while the
+                # database was down): Optuna then refuses its attributes, or its result ("Cannot tell a FAIL
+                # trial"); the result is dropped, the study goes on
+                if not isinstance(err, optuna.exceptions.UpdateFinishedTrialError) and \
+                        not str(err).startswith("Cannot tell a "):
+                    raise
+                log.warning("a trial was failed by another worker while this one measured it (%s); going on", err)
 
     def default_seconds(self) -> float:
         """The default schedule's time (on a GPU: one output per thread), measured once per study by

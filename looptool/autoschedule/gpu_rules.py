@@ -31,7 +31,14 @@ BLOCK_THREADS = 256          # 8 warps: 8 blocks fill an SM of 2048 threads, and
 MAX_BLOCK_THREADS = 1024
 UNROLL_WHOLE = 8            # inner reduction loops this short are unrolled whole when walked
 WALK_UNROLL = 4             # copies of a reduction loop's body a thread walking it alone runs at once
-STRIDED_UNROLL = 8          # elements a thread striding along a row takes, at most, to have them unrolled
+# elements a thread striding along a row takes, at most, to have them unrolled; and the elements a row gives
+# each thread per pass (which sets the threads a row gets). H100, session 14, --knob row_share (8/8 -> 32/32):
+# softmax 8192^2 0.214 -> 0.194 ms, 1000x3001 18.2 -> 17.7 us, 256x20000 30.1 -> 29.1 us; row sums 8192^2
+# 0.109 -> 0.094 ms; layer norms and dot products unchanged. Fewer threads a row keep more rows in flight.
+STRIDED_UNROLL = 32
+ROW_ELEMENTS_PER_THREAD = 32
+SHARE_ROW_VALUES = True      # a row group's exp computed once (`share`; --knob share_row_values)
+WEIGHTED_ROW_ELEMENTS = 8    # ... where the row's block also walks a weighted sum (attention 1024x64: 39.9 us, 44.4 at 32)
 ROW_WALK_UNROLL = 16        # ... where the walk is a whole row (attention's p . v): its loads come from L2
 # the most the walks in blocks of a row (attention's p . v) read besides their rows, an SM; above it the rows'
 # factor is written whole and the product is a contraction of its own (H100, --knob walk_bytes_per_sm: 4096 x 64
@@ -40,8 +47,7 @@ WALK_BYTES_PER_SM = 16 << 20
 THREAD_TILE_ROWS = 4         # outputs along a second dim a thread walking a reduction takes at once
 SCALAR_RUN = 4               # elements a thread takes where rows hold no whole vectors
 VECTOR_BYTES = 16            # the widest global load and store (ld.global.v4.f32)
-ROW_ELEMENTS_PER_THREAD = 8  # a row's elements each thread takes per pass (loads in flight per thread)
-BLOCK_CHUNK = BLOCK_THREADS * ROW_ELEMENTS_PER_THREAD   # the least a block's partial result sums
+BLOCK_CHUNK = BLOCK_THREADS * 8      # the least a block's partial result sums (8 loads in flight a thread)
 THREAD_CHUNK = 8             # the least a thread's partial result sums
 # a reduction along rows at least this long takes a block a row; shorter rows, a thread a row (one warp a
 # row was one block of 32 threads for 2-4 elements a lane: H100, bench.gpu_rules_variants --knob long_row,
@@ -123,6 +129,14 @@ def contiguous_dim(program: ir.Program, stage: ir.Stage) -> str | None:
     return None
 
 
+def in_rows(stage: ir.Stage, row: str, outer: list[str]) -> bool:
+    """Whether `stage` can run in the rows of a row group: it reduces `row` to dims of `outer`, or is
+    pointwise over `row` and those dims (a value a later reduction of the group reads)."""
+    if stage.reduce_dims:
+        return stage.reduce_dims == (row,) and set(stage.dims) <= set(outer)
+    return set(stage.dims) <= set(outer) | {row}
+
+
 def _dividing(size: int, factor: int) -> int:
     """The least divisor of `size` from `factor` up to twice it (blocks with no ragged end, whose
     reads need no guard and stay vectors), else `factor`."""
@@ -160,29 +174,53 @@ class _Planner:
             (earlier[-1].reduce_dims[0] if len(earlier[-1].reduce_dims) == 1 else None)
         outer = [d for d in result.dims if d != row]
         group = []
-        while earlier and earlier[-1].reduce_dims == (row,) and set(earlier[-1].dims) <= set(outer):
+        while earlier and (in_rows(earlier[-1], row, outer) if group else earlier[-1].reduce_dims == (row,)):
             group.insert(0, earlier.pop())
         if row is None or not group or (not result.reduce_dims and row not in result.dims):
             return None
+        by_block = contiguous_dim(program, result) == row or not outer
+        if by_block and self.size(row) <= STRIDED_UNROLL * self.row_threads(row):
+            group = self.shared_values(group)
         for stage in earlier:
             self.schedule_stage(stage.name)
         shared = [d for d in outer if any(d in st.dims for st in group)]
         inner = [d for d in outer if d not in shared]
-        if contiguous_dim(program, result) == row or not outer:
-            return self.rows_by_block(result, group, row, shared, inner)
+        if by_block:
+            return self.rows_by_block(self.tree.program.output, group, row, shared, inner)
         return self.rows_by_thread(result, group, row, outer)
+
+    def shared_values(self, group: list[ir.Stage]) -> list[ir.Stage]:
+        """The group with each exp (log, tanh, erf) that a reduction of it and later stages both compute made a
+        stage of its own (`share`: a softmax's exp(x - max), once a value instead of twice), placed in the
+        rows with the rest. Only for rows whose threads' slices are unrolled, so they stay in registers (H100,
+        --knob share_row_values: softmax 1000x3001 20.5 -> 15.0 us, 256x20000 29.4 -> 24.1 us; a row of
+        50257, kept in memory, 0.70 -> 1.01 ms)."""
+        for stage in [st.name for st in group if st.reduce_dims and SHARE_ROW_VALUES]:
+            try:
+                self.tree = self.tree.share(stage)
+            except ValueError:
+                continue
+            self.note(stage, f"its exp (or other costly value) computed once, into {stage}.e, which later passes read")
+        names = {st.name for st in group} | {f"{st.name}.e" for st in group}
+        return [st for st in self.tree.program.stages if st.name in names]
 
     def rows_by_block(self, result: ir.Stage, group, row: str, shared: list[str], inner: list[str]) -> LoopTree:
         """A block a row (the `shared` dims); the group's threads stride along it and combine. The result
         does too where it is pointwise or reduces the row alone; where it also keeps `inner` dims, its
         threads take the last of them and walk the row, the factor of its product that leaves them out
         (attention's softmax) computed once for the row first (`hoist`), into shared memory."""
-        threads = self.row_threads(row)
         name = result.name
         weighted = bool(result.reduce_dims and inner)
+        threads = self.row_threads(row, WEIGHTED_ROW_ELEMENTS if weighted else ROW_ELEMENTS_PER_THREAD)
         walk = self.walk_bytes(result, inner) * math.prod(self.size(d) for d in shared) if weighted else 0
         if walk > WALK_BYTES_PER_SM * self.gpu.sms:
-            return self.rows_then_product(result, group, row, shared, walk)
+            kept = self.tree, list(self.reasons)
+            split = self.rows_then_product(result, group, row, shared, walk)
+            if split is not None:
+                return split
+            self.tree, self.reasons = kept
+            self.note(name, f"walked in the rows although that reads {walk >> 20} MiB: its product has no "
+                            f"contraction template (a bfloat16 v against float32 softmax values, say)")
         factor = self.hoisted_factor(name) if weighted else None     # before the stage's other steps
         passes = list(group) + ([self.tree.program.stage(factor)] if factor else [])
         self.tree = self.tree.reorder(*shared, *inner, row, stage=name)
@@ -275,9 +313,9 @@ class _Planner:
                                f"contiguous, so a thread takes one {x} ({threads} a block) and walks {row}")
         return self.tree
 
-    def row_threads(self, row: str) -> int:
-        """Threads that share a row: about ROW_ELEMENTS_PER_THREAD elements each, whole warps."""
-        wanted = _pow2_at_least(-(-self.size(row) // ROW_ELEMENTS_PER_THREAD))
+    def row_threads(self, row: str, elements: int = ROW_ELEMENTS_PER_THREAD) -> int:
+        """Threads that share a row: about `elements` elements each, whole warps."""
+        wanted = _pow2_at_least(-(-self.size(row) // elements))
         return max(WARP_LANES, min(MAX_BLOCK_THREADS, wanted))
 
     def strided(self, stage: str, dim: str, threads: int):

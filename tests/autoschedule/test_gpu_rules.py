@@ -45,7 +45,7 @@ def test_a_dot_product_is_a_grid_wide_reduction_in_two_kernels(rng):
 
 
 @pytest.mark.parametrize("cols, described", [(77, "reduction along n (rows of 77, shorter than 128): a thread 4 outputs"),
-                                            (300, "reduction along n (contiguous): a block an output, 64 threads")])
+                                            (300, "reduction along n (contiguous): a block an output, 32 threads")])
 def test_short_rows_are_summed_a_thread_a_row_long_ones_a_block_a_row(rng, cols, described):
     """Rows shorter than LONG_ROW (128) would give a block of one warp 2-4 elements a lane: a thread walks
     each (row sum 100000x77 0.48 -> 1.42x torch on an H100); rows of 300 keep a block a row."""
@@ -73,9 +73,11 @@ def test_softmax_rows_run_as_one_kernel_with_a_block_a_row(rng):
     assert "one kernel" in tree.explain() and len(module.launches) == 1
     assert module.launches[0].grid == (37, 1, 1) and module.launches[0].block[0] % 32 == 0
     assert "shfl.sync.bfly" in module.ptx
-    assert "in0 read once, its row kept in shared memory" in tree.explain() and "in0.t2: f32[1, 1000] local" in str(tree)
+    assert "in0 read once, its row kept in shared memory" in tree.explain() and "in0.t0: f32[1, 1000] local" in str(tree)
+    assert "t1: its exp (or other costly value) computed once, into t1.e" in tree.explain()
+    assert str(tree).count("exp(") == 1 and "t2[m, n] = (t1.e[m, n] / t1[m])" in str(tree)
     global_reads = [line for line in module.ptx.splitlines() if "ld.global" in line]
-    assert len(global_reads) <= 8 and "ld.shared" in module.ptx      # one pass over the row in global memory
+    assert len(global_reads) <= gpu_rules.STRIDED_UNROLL and "ld.shared" in module.ptx     # one pass over the row in global memory
     assert_close(sm.numpy(tree), ref, 1e-5)
 
 
@@ -284,7 +286,7 @@ def test_an_attention_head_runs_its_softmax_and_weighted_sum_as_one_kernel(rng):
     e = (scores - scores.max(j)).exp()
     out = (e / e.sum(j) * lt.Tensor(v).to(j, d)).sum(j)
     tree, module = scheduled(out)
-    assert "t0: a contraction: register tiles" in tree.explain() and "t1, t2 placed in its rows" in tree.explain()
+    assert "t0: a contraction: register tiles" in tree.explain() and "t1, t2.e, t2 placed in its rows" in tree.explain()
     assert "reading t3.f (the factor of its product that leaves out d" in tree.explain()
     assert "t3.f: f32[1, 256] local" in str(tree) and "exp" not in str(tree).split("t3[i, d] += ")[1]
     assert module.launches[-1].grid == (256, 1, 1) and len(module.launches) == 4
@@ -292,6 +294,31 @@ def test_an_attention_head_runs_its_softmax_and_weighted_sum_as_one_kernel(rng):
     p = np.exp(s - s.max(1, keepdims=True))
     # the tree's own loops on this CPU (bound loops run as plain loops), on the program the GPU lowers
     assert_close(lt.Kernel(tree, 1)(ir.lower(out.node)[1]), p / p.sum(1, keepdims=True) @ v, 1e-5)
+
+
+@pytest.mark.parametrize("cols, shared", [(1000, True), (32768, True), (50257, False)])
+def test_a_softmax_computes_its_exp_once_where_the_row_stays_in_registers(rng, cols, shared):
+    """Shared, exp(x - max) is one stage read by the sum and the division; a row longer than 1024 threads
+    unroll (32 each) would keep it in memory, which was slower (50257: 0.70 -> 1.01 ms on an H100)."""
+    sm, ref = row_softmax(rng.standard_normal((4, cols)).astype(np.float32))
+    tree, _ = scheduled(sm)
+    assert ("computed once, into t1.e" in tree.explain()) == shared
+    assert str(tree).count("exp(") == (1 if shared else 2)
+    if cols < 5000:
+        assert_close(lt.Kernel(tree, 1)(ir.lower(sm.node)[1]), ref, 1e-5)
+
+
+def test_an_attention_head_whose_product_takes_no_contraction_template_stays_fused(rng):
+    """bfloat16 v against the float32 softmax: the product has no template, so the walk stays in the rows
+    (not the per-stage fallback) even where it reads too much."""
+    q, k, v = (rng.standard_normal((1024, 64)).astype(ml_dtypes.bfloat16) for _ in range(3))
+    i, j, d = lt.symbols("i j d")
+    e = ((lt.Tensor(q).to(i, d) * lt.Tensor(k).to(j, d)).sum(d) * 0.125)
+    e = (e - e.max(j)).exp()
+    out = (e / e.sum(j) * lt.Tensor(v).to(j, d)).sum(j)
+    tree, module = scheduled(out, dataclasses.replace(H100, sms=1))
+    assert "walked in the rows although that reads 128 MiB" in tree.explain() and "t3: one kernel" in tree.explain()
+    assert module.launches[-1].grid == (1024, 1, 1)
 
 
 def _attention_head(rng, length, width):

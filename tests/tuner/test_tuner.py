@@ -31,9 +31,9 @@ from tuner import report, space, worker, workloads
 from tuner import study as tuner_study
 from tuner.study import study_name_for
 
-from tests.tuner_helpers import (CASES, PNG_SIGNATURE, REPO, PostgresCluster, assert_trials_consistent,
-                           count_finished, finished_states, looptool_cli, matmul_case, postgres_bindir,
-                           postgres_driver, rel_err, softmax_case, sqlite_url, subprocess_env,
+from tests.tuner_helpers import (CASES, PNG_SIGNATURE, REPO, assert_trials_consistent,
+                           count_finished, finished_states, looptool_cli, matmul_case,
+                           rel_err, softmax_case, sqlite_url, subprocess_env,
                            unwritten_stages)
 
 pytestmark = [
@@ -496,32 +496,6 @@ def test_two_cli_processes_on_one_fresh_study(tmp_path):
 
 
 # 7. PostgreSQL ---------------------------------------------------------------------------------
-
-@pytest.fixture(scope="session")
-def postgres_url():
-    """A throw-away PostgreSQL cluster (initdb in a temp dir, 127.0.0.1, free port); its URL.
-
-    Needs the server binaries (Debian/Ubuntu: apt-get install postgresql), as root a `postgres`
-    user (the Debian package creates it), and a driver (pip install psycopg2-binary)."""
-    driver = postgres_driver()
-    if driver is None:
-        pytest.skip("no PostgreSQL driver importable: pip install psycopg2-binary (or psycopg)")
-    bindir = postgres_bindir()
-    if bindir is None:
-        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) not found on PATH or in "
-                    "/usr/lib/postgresql/*/bin: apt-get install postgresql")
-    why = PostgresCluster.missing_user()
-    if why:
-        pytest.skip(why)
-    cluster = PostgresCluster(bindir, driver)
-    try:
-        url = cluster.start()
-    except Exception as err:
-        cluster.stop()
-        pytest.fail(f"could not start PostgreSQL from {bindir}: {err}\n{cluster.log()[-2000:]}")
-    yield url
-    cluster.stop()
-
 
 def test_postgresql_storage_tunes_and_resumes(postgres_url):
     case = matmul_case(24, 20, 28)
