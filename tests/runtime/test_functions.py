@@ -71,6 +71,20 @@ def test_steady_calls_skip_the_python_checks(rng, monkeypatch):
     assert checked == [1]
 
 
+def test_where_the_array_fields_are_not_found_every_call_checks_in_python(rng, monkeypatch):
+    """No checked entry (ndarray's fields not where NumPy's header puts them): calls take the Python
+    checks, with the same results and errors."""
+    from looptool.runtime import cpu
+    monkeypatch.setattr(cpu, "array_fields", lambda: None)
+    matmul, _ = counted_matmul()
+    a, b = rng.standard_normal((9, 5)).astype(np.float32), rng.standard_normal((5, 7)).astype(np.float32)
+    for _ in range(2):
+        assert_close(matmul(a, b), a.astype(np.float64) @ b, 1e-5)
+    with pytest.raises(ValueError, match="out shares memory with input b"):
+        square = rng.standard_normal((6, 6)).astype(np.float32)
+        matmul(square.copy(), square, out=square)
+
+
 def test_after_a_steady_call_every_bad_input_is_still_refused_in_words(rng):
     """The checked entry refuses what the checks in Python refuse; they then raise the same errors."""
     matmul, _ = counted_matmul()
