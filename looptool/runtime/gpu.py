@@ -716,15 +716,21 @@ def _split_k(program: ir.Program) -> ir.Program:
 
 def _viewed(array, buffer: ir.Buffer):
     """`array` as `buffer` lays it out, a view of the same elements (a device array from `as_device`; a host
-    array stays on the host, copied at each call)."""
-    if tuple(array.shape) == buffer.shape:
+    array stays on the host, copied at each call). A dynamic dim's extent (`ir.Size`) is the array's own."""
+    shape = tuple(size if isinstance(planned, ir.Size) else planned
+                  for size, planned in zip(array.shape, buffer.shape)) if len(array.shape) == len(buffer.shape) \
+        else buffer.shape
+    if tuple(array.shape) == shape:
         return array
+    if any(isinstance(planned, ir.Size) for planned in shape):
+        raise ValueError(f"input {buffer.name} of shape {tuple(array.shape)} cannot be viewed as {buffer.shape}: "
+                         f"its rank differs where a dim is dynamic")
     viewed = array if isinstance(array, np.ndarray) else as_device(array)
     if isinstance(viewed, BFloat16Array):         # (a flattened pointwise program's input: a reshape)
-        return viewed.reshape(buffer.shape)
+        return viewed.reshape(shape)
     strides = tuple(stride * viewed.itemsize for stride in buffer.strides)
     tricks = np.lib.stride_tricks if isinstance(viewed, np.ndarray) else cupy().lib.stride_tricks
-    return tricks.as_strided(viewed, buffer.shape, strides)
+    return tricks.as_strided(viewed, shape, strides)
 
 
 def to_host(array) -> np.ndarray:

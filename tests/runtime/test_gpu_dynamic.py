@@ -35,6 +35,17 @@ def softmax(rows, rng, cols=33):
     return e / e.sum(k), ref / ref.sum(1, keepdims=True)
 
 
+@pytest.mark.parametrize("rows", [1, 255, 256, 1000])
+def test_the_arrays_cuda_runs_on_keep_every_row_of_a_dynamic_dim(rng, rows):
+    """`lowered_for` views each input as its buffer lays it out; a dynamic dim's planned extent (256) is no
+    view's size: 1000 rows were viewed as their first 256 (found on an H100: the result was made for 1000
+    rows on memory for 256)."""
+    c, _ = layer(rows, rng)
+    program, arrays = runtime_gpu.lowered_for(c.node)
+    assert [a.shape for a in arrays] == [(rows, 24), (24, 40)]
+    assert runtime_gpu.DynamicSizes.of_program(program, ["x", "w"]).of(arrays) == [rows]
+
+
 def test_the_automatic_gpu_schedule_binds_dynamic_loops_to_blocks_and_says_why(rng):
     c, _ = softmax(37, rng)
     program, _ = lower_on_host(c.node)
