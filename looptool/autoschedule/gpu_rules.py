@@ -61,11 +61,8 @@ ROW_SHARED_SHARE = 0.25      # of a block's shared memory, the most a row kept t
 def gpu_tree(program: ir.Program, gpu: GpuTarget) -> LoopTree:
     """The automatic schedule of `program` on `gpu`; `explain()` on the result gives the reasons."""
     reasons = [gpu.describe()]
-    if program.dynamic:      # the rules size tiles, shared buffers and tensor-core tiles at fixed sizes
-        tree = default_gpu_tree(program)
-        return LoopTree(tree.program, tree.schedule, tuple(reasons + [
-            f"dynamic dims {[dim for dim, _ in program.dynamic]}: one output element per thread, the dynamic "
-            f"dims' loops over blocks sized at launch (the other rules plan at fixed sizes)"]))
+    if program.dynamic:
+        return dynamic_tree(program, gpu, reasons)
     for rule in (_fused_rows, _per_stage):
         planner, label = _Planner(program, gpu), rule.__name__.strip("_").replace("_", " ")
         try:
@@ -82,6 +79,40 @@ def gpu_tree(program: ir.Program, gpu: GpuTarget) -> LoopTree:
     reasons.append("one output element per thread: no rule applied")
     tree = default_gpu_tree(program)
     return LoopTree(tree.program, tree.schedule, tuple(reasons))
+
+
+def dynamic_tree(program: ir.Program, gpu: GpuTarget, reasons: list[str]) -> LoopTree:
+    """The schedule of a program with dynamic dims: the rows rule (one kernel, a block a row) where the
+    dynamic dims are rows the whole program runs in (no stage reduces one, every stage is placed in the
+    result's rows, and only loops over blocks, sized at launch, take their sizes); else one output element
+    per thread. The other rules size tiles, shared buffers and tensor-core tiles at fixed sizes."""
+    dims = [dim for dim, _ in program.dynamic]
+    if not set(dims) & {d for st in program.stages for d in st.reduce_dims}:
+        planner = _Planner(program, gpu)
+        try:
+            tree = _fused_rows(planner)
+        except ValueError:
+            tree = None
+        if tree is not None and rows_over_blocks(tree) and tree.check()[0]:
+            return LoopTree(tree.program, tree.schedule, tuple(reasons + planner.reasons + [
+                f"dynamic dims {dims}: rows over blocks, their count set at launch"]))
+    tree = default_gpu_tree(program)
+    return LoopTree(tree.program, tree.schedule, tuple(reasons + [
+        f"dynamic dims {dims}: one output element per thread, the dynamic dims' loops over blocks sized at "
+        f"launch (the other rules plan at fixed sizes)"]))
+
+
+def rows_over_blocks(tree: LoopTree) -> bool:
+    """Whether every stage but the result is placed in the result's loops, and every loop whose extent is
+    set at run time (`ir.Size`) is bound to blocks."""
+    output = tree.program.output.name
+    for stage in tree.program.stages:
+        if stage.name != output and tree.schedule.of(stage.name).consumer != output:
+            return False
+        if any(isinstance(lp.extent, ir.Size) and not lp.annotation.startswith("block.")
+               for lp in tree.schedule.of(stage.name).loops):
+            return False
+    return True
 
 
 def default_gpu_tree(program: ir.Program) -> LoopTree:

@@ -9,6 +9,7 @@ import pytest
 
 import looptool as lt
 from looptool import ir
+from looptool.autoschedule import gpu_rules
 from looptool.codegen import gpu as codegen_gpu
 from looptool.codegen import gpu_launch
 from looptool.runtime import gpu as runtime_gpu
@@ -47,11 +48,16 @@ def test_the_arrays_cuda_runs_on_keep_every_row_of_a_dynamic_dim(rng, rows):
 
 
 def test_the_automatic_gpu_schedule_binds_dynamic_loops_to_blocks_and_says_why(rng):
-    c, _ = softmax(37, rng)
-    program, _ = lower_on_host(c.node)
-    tree = runtime_gpu.automatic_tree(program, "sm_90")
+    c, ref = softmax(37, rng)
+    program, arrays = lower_on_host(c.node)
+    tree = runtime_gpu.automatic_tree(program, "sm_90")       # the rows rule: a block a row, B blocks
     assert tree.check() == (True, "legal")
-    assert "for b.0 in 0..ceil(B/128)  [block.x]" in str(tree) and "for b in 0..B  [block.y]" in str(tree)
+    assert "for b in 0..B  [block.x]" in str(tree) and "t2: one kernel: t0, t1.e, t1 placed in its rows" in tree.explain()
+    assert "dynamic dims ['b']: rows over blocks, their count set at launch" in tree.explain()
+    assert_close(lt.Kernel(tree, 1)(arrays), ref, 1e-5)          # the tree's loops on this CPU
+    product, _ = layer(37, rng)
+    tree = runtime_gpu.automatic_tree(lower_on_host(product.node)[0], "sm_90")
+    assert tree.check() == (True, "legal") and "for b in 0..B  [block.y]" in str(tree)
     assert "dynamic dims ['b']: one output element per thread" in tree.explain()
     with pytest.raises(ValueError, match="runs B iterations, a number known only at run time"):
         c.loop_tree().bind("b", "thread.x", stage="t2")
@@ -60,7 +66,7 @@ def test_the_automatic_gpu_schedule_binds_dynamic_loops_to_blocks_and_says_why(r
 def test_the_ptx_takes_each_dynamic_size_and_the_grid_is_sized_at_launch(rng):
     c, _ = softmax(37, rng)
     program, _ = lower_on_host(c.node)
-    module = codegen_gpu.generate(runtime_gpu.automatic_tree(program, "sm_90"), "sm_90")
+    module = codegen_gpu.generate(gpu_rules.default_gpu_tree(program), "sm_90")     # grids of ceil(B/128) too
     assert module.params[-1] == "#b" and [str(launch.grid) for launch in module.launches] == \
         ["(Size(ceil(B/128)), 1, 1)", "(Size(ceil(B/128)), 1, 1)", "(1, Size(B), 1)"]
     assert module.ptx.count(".param .u64 .ptr") == 3 * (len(module.params) - 1)     # buffers: pointers
@@ -118,7 +124,7 @@ def test_a_module_runner_sizes_the_grid_temps_and_output_at_each_call(rng, monke
     monkeypatch.setattr(runtime_gpu, "load_module", loaded)
     c, _ = softmax(37, rng)
     program, _ = lower_on_host(c.node)
-    tree = runtime_gpu.automatic_tree(program, "sm_90")
+    tree = gpu_rules.default_gpu_tree(program)         # three kernels with temps of B floats between them
     module = codegen_gpu.generate(tree, "sm_90")
     monkeypatch.setattr(runtime_gpu, "cupy", lambda: fake)
     runner = runtime_gpu.ModuleRunner(module, runtime_gpu.input_specs(program), runtime_gpu.scratch_specs(tree),
@@ -152,11 +158,11 @@ def test_a_gpu_artifact_takes_the_sizes_as_kernel_parameters(rng, tmp_path):
     manifest = json.loads((tmp_path / "softmax" / "manifest.json").read_text())
     gpu = manifest["gpu"]
     assert manifest["format_version"] == 3 and manifest["dynamic"] == [{"dim": "b", "min": 1}]
-    assert gpu["params"][-1] == "#b" and [launch["grid"] for launch in gpu["launches"]] == \
-        [[["b", 128, 256], 1, 1], [["b", 128, 256], 1, 1], [1, ["b", 1, 256], 1]]
-    assert [spec["shape"] for spec in gpu["scratch"]] == [["b"], ["b"], ["b", 33]]
+    assert gpu["params"] == ["in0", "t2", "#b"] and [launch["grid"] for launch in gpu["launches"]] == \
+        [[["b", 1, 256], 1, 1]]                      # the rows rule: one kernel, a block a row
+    assert [spec["shape"] for spec in gpu["scratch"]] == [["b", 33]]
     assert manifest["inputs"][0]["shape"] == ["b", 33]
-    assert ".param .u64 looptool_k2_param_4\n" in (tmp_path / "softmax" / "kernel.ptx").read_text()
+    assert ".param .u64 looptool_k0_param_2\n" in (tmp_path / "softmax" / "kernel.ptx").read_text()
 
 
 @pytest.mark.gpu
