@@ -383,8 +383,8 @@ class FunctionBuilder:
             for ix, n, stride in zip(plan.element_index(tuple(ix.substitute(stmt.index) for ix in index)),
                                      plan.shape, plan.strides):
                 at = self.affine(ix, env)
-                if not self.known_within(ix, n, stmt):
-                    at = self.smin(self.smax(at, ZERO), constant(I64, n - 1))
+                if isinstance(n, ir.Size) or not self.known_within(ix, n, stmt):     # a dynamic axis: its run-time size
+                    at = self.smin(self.smax(at, ZERO), self.builder.sub(self.extent(n, env), constant(I64, 1)))
                 offset = b.add(offset, b.mul(at, constant(I64, stride)))
         return self.element(self.pointers[buffer], offset, plan.dtype)
 

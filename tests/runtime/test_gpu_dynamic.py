@@ -3,6 +3,8 @@ and a grid sized at launch. On any machine: the schedule, the PTX's size paramet
 read from the size, the PTX cache's record of it. On a GPU (`-m gpu`): `.cuda()` and `lt.function` on
 device arrays at many sizes of one kernel, against float64, and bad sizes refused in words."""
 import ctypes
+import functools
+import re
 
 import numpy as np
 import pytest
@@ -47,14 +49,19 @@ def test_the_arrays_cuda_runs_on_keep_every_row_of_a_dynamic_dim(rng, rows):
     assert runtime_gpu.DynamicSizes.of_program(program, ["x", "w"]).of(arrays) == [rows]
 
 
-def test_the_automatic_gpu_schedule_binds_dynamic_loops_to_blocks_and_says_why(rng):
-    c, ref = softmax(37, rng)
+@pytest.mark.parametrize("rows", [37, 300])
+def test_the_automatic_gpu_schedule_binds_dynamic_loops_to_blocks_and_says_why(rng, rows):
+    """Over 256 rows too: a clamped read past the row's tail once clamped the row index to the dim's
+    planned 256 rows, not its size (wrong results from row 256 on, found on an H100)."""
+    c, ref = softmax(rows, rng, cols=3001)
     program, arrays = lower_on_host(c.node)
     tree = runtime_gpu.automatic_tree(program, "sm_90")       # the rows rule: a block a row, B blocks
     assert tree.check() == (True, "legal")
     assert "for b in 0..B  [block.x]" in str(tree) and "t2: one kernel: t0, t1.e, t1 placed in its rows" in tree.explain()
     assert "dynamic dims ['b']: rows over blocks, their count set at launch" in tree.explain()
     assert_close(lt.Kernel(tree, 1)(arrays), ref, 1e-5)          # the tree's loops on this CPU
+    clamps = re.findall(r"icmp slt i64 %\S+, (\d+)\n", codegen_gpu.generate(tree, "sm_90").llvm_ir)
+    assert "255" not in clamps        # a clamped row index goes to B - 1, not to the planned 256 rows' last
     product, _ = layer(37, rng)
     tree = runtime_gpu.automatic_tree(lower_on_host(product.node)[0], "sm_90")
     assert tree.check() == (True, "legal") and "for b in 0..B  [block.y]" in str(tree)
@@ -169,7 +176,7 @@ def test_a_gpu_artifact_takes_the_sizes_as_kernel_parameters(rng, tmp_path):
 def test_cuda_runs_one_kernel_at_every_size(rng):
     from tests.gpu_helpers import cupy_or_skip
     cp = cupy_or_skip()
-    for make in (layer, softmax):
+    for make in (layer, softmax, functools.partial(softmax, cols=3001)):
         before = runtime_gpu.CACHE.misses
         for rows in (1, 5, 128, 129, 1000):
             c, ref = make(rows, rng)
