@@ -376,7 +376,7 @@ class Builder:
             if self.decide(f"{name}.pack.{found.reused}", pays, (pays, not pays)):
                 enclosing = set(before + [col_outer, reduce_outer, row_blocks, col_tiles])
                 depth = max((i + 1 for i, lp in enumerate(outer) if lp in enclosing), default=0)
-                self.pack(stage, found, outer[:depth], reductions)
+                self.pack(stage, found, outer[:depth], reductions, (vectors, lanes))
             self.pack_broadcast(stage, found, outer, set(before + [col_outer, reduce_outer, row_blocks]), col_tiles,
                                 block_rows)
         if parallel:
@@ -463,17 +463,35 @@ class Builder:
         footprint = math.prod(self.program.buffer_shape(found.reused)) * itemsize
         return gathered or footprint > self.target.l1 // model.CACHE_SHARE
 
-    def pack(self, stage: ir.Stage, found: structure.Contraction, blocks: list[str], reductions: list[str]):
+    def pack(self, stage: ir.Stage, found: structure.Contraction, blocks: list[str], reductions: list[str],
+             tile_loops: tuple[str | None, str | None]):
         """Copy the reused operand's micro-panel (reductions outer, columns innermost) inside the loops
-        `blocks`, the last of which steps over column tiles: one contiguous panel per tile."""
+        `blocks`, the last of which steps over column tiles: one contiguous panel per tile, each of its
+        rows copied as the register tile reads it (`tile_loops`: the tile's vector and lane loops)."""
         dims = self.program.buffer_dims(found.reused)
         order = tuple([d for d in reductions if d in dims] + [d for d in dims if d not in reductions and d != found.col]
                       + [found.col])
         if sorted(order) != sorted(dims):
             return
-        self.copy_operand(stage.name, found.reused, order, len(blocks))
+        copy = self.copy_operand(stage.name, found.reused, order, len(blocks))
         self.note(stage.name, f"pack {found.reused} as ({', '.join(order)}) {_once_per(blocks)}: it is re-read by "
-                              f"every row tile, and packed its micro-panel is one contiguous block")
+                              f"every row tile, and packed its micro-panel is one contiguous block"
+                              f"{self.vector_copy(copy, tile_loops)}")
+
+    def vector_copy(self, copy: str, tile_loops: tuple[str | None, str | None]) -> str:
+        """Copy each row of a packed micro-panel by the register tile's vectors where the tile's lanes are the
+        copy's innermost loop: its lane loop vectorized, its vector loop unrolled, so that a tile cut by the edge of the columns has its tail tested once per tile
+        (`codegen.llvm.hoisted_tail_checks`) and a full one copies whole vectors. Left scalar, the copy's last
+        vector was tested in every row, and LLVM made each row's copy a call of memcpy of variable length
+        (matmul 997x1001x1003, AVX2: about 170 000 calls); the reason's tail, or ''."""
+        own = [lp.name for lp in self.schedule.of(copy).loops]
+        vectors, lanes = tile_loops
+        if not own or own[-1] != lanes:      # a convolution's filter copy runs its window inside the columns
+            return ""
+        self.schedule = self.schedule.annotate(copy, lanes, "vectorize")
+        if own[-2:-1] == [vectors]:
+            self.schedule = self.schedule.annotate(copy, vectors, "unroll")
+        return ", each row copied by the register tile's vectors"
 
     def copy_operand(self, stage: str, buffer: str, order: tuple[str, ...], depth: int) -> str:
         """Read `buffer` in `stage` through a copy laid out in `order`, made inside the stage's first

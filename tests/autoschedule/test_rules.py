@@ -94,6 +94,19 @@ def test_the_column_panel_lives_in_a_thread_s_share_of_l3(registers, bits):
 
 
 @pytest.mark.parametrize("registers, bits", [(16, 256), (32, 512)])
+def test_the_reused_operand_is_packed_by_the_register_tile_s_vectors(registers, bits):
+    """Each row of a packed micro-panel is copied as the tile reads it: the copy's lane loop vectorized (8 or
+    16 lanes), its vector loop unrolled; odd sizes, so the last column tile is cut inside a vector."""
+    c, program, ref = matmul_program(257, 511, 129)
+    tree = auto_tree(program, fake(registers, bits))
+    copy = tree.schedule.of("in1.t0").loops
+    assert (copy[-1].annotation, copy[-1].extent) == ("vectorize", bits // 32)
+    assert copy[-2].annotation == "unroll" and copy[-2].dim == "n"
+    assert "each row copied by the register tile's vectors" in tree.explain()
+    assert_close(c.numpy(tree), ref, 1e-5)
+
+
+@pytest.mark.parametrize("registers, bits", [(16, 256), (32, 512)])
 def test_the_broadcast_operand_is_packed_when_its_rows_spread_beyond_l2(registers, bits):
     """1024 rows 2 KiB apart: a row block spans more than half of L2, so it is copied (rows
     outer, reductions inner) once per reduction block; 200x300 rows (1200 bytes apart) are not."""
