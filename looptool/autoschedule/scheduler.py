@@ -335,13 +335,16 @@ class Builder:
                             f"a {kc}x{tile.columns} micro-panel takes {tile.columns * kc * itemsize // 1024} KiB, "
                             f"at most {ways} of L1's {self.target.l1_ways} ways; the {tile.rows}x{kc} slice it "
                             f"meets and the results share the rest")
-        panel_cache, block_cache = model.panel_caches(self.target)
         col_outer, col_rest = self.cache_block(name, found.col, kc, itemsize, tile.columns, found.reused,
-                                               (panel_cache, "its share of L3"))
+                                               (model.panel_room(self.target), "half of its share of L3 at most"))
         col_tiles, col_tile = self.split(name, col_rest, tile.columns)
         vectors, lanes = self.split(name, col_tile, tile.lanes)
+        ways = model.block_ways(self.target, tile, kc, itemsize)
         row_blocks, row_rest = self.cache_block(name, found.row, kc, itemsize, tile.rows, found.broadcast,
-                                                (block_cache, "L2"))
+                                                (ways * (self.target.l2 // self.target.l2_ways),
+                                                 f"{ways} of L2's {self.target.l2_ways} ways at most (one is left to "
+                                                 f"the results, the rest to the {kc}x{tile.columns} micro-panels "
+                                                 f"passing through)"))
         block_rows = self.extent(name, row_rest)
         row_tiles, rows = self.split(name, row_rest, tile.rows)
         others = structure.by_stride(self.program, stage, [d for d in stage.dims if d not in (found.row, found.col)])
@@ -412,7 +415,7 @@ class Builder:
         """Whether a parallel column loop may move outside the reduction blocks: there each thread
         re-reads the whole broadcast operand once per column tile, which stays in cache only if it
         fits in half of this thread's share of L3, where the model keeps what is re-read by column tile
-        (`model.panel_caches`); else each reduction block gets its own parallel region. (Held to half
+        (`model.panel_room`); else each reduction block gets its own parallel region. (Held to half
         of L2 before, 1024³ opened 14 regions a call: 2 threads on the Zen 4 EPYC, interleaved, 12.9 ms
         against 11.7 ms outermost, XLA 10.5; 512³ 1.58 against 1.27 ms.)"""
         size = math.prod(self.program.buffer_shape(found.broadcast)) * itemsize
@@ -442,17 +445,17 @@ class Builder:
         return model.RegisterTile(rows, columns // lanes, lanes)
 
     def cache_block(self, stage: str, dim: str, kc: int, itemsize: int, multiple: int, operand: str,
-                    cache: tuple[int, str]):
+                    room: tuple[int, str]):
         """Block `dim` (by a multiple of the tile) so that the kc-long slices of `operand` along it
-        fill half of `cache` (bytes, name) at most; (outer, inner) loop names."""
+        fill `room` (bytes, and in words) at most; (outer, inner) loop names."""
         extent = self.program.size(dim)
-        block = model.balanced(extent, model.cache_block(cache[0], kc, itemsize), multiple)
+        block = model.balanced(extent, model.cache_block(room[0], kc, itemsize), multiple)
         block = self.decide(f"{stage}.{dim}.block", block, choices.halves_and_doubles(block, extent, multiple))
         block = min(extent, -(-block // multiple) * multiple)
         outer, inner = self.split(stage, dim, block)
         if outer:
             self.note(stage, f"{dim} block {block}: the {kc}x{block} panel of {operand} takes "
-                             f"{kc * block * itemsize // 1024} KiB, half of {cache[1]} at most")
+                             f"{kc * block * itemsize // 1024} KiB, {room[1]}")
         return outer, inner
 
     def packing_pays(self, stage: ir.Stage, found: structure.Contraction, itemsize: int) -> bool:

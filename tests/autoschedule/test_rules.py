@@ -14,8 +14,8 @@ from looptool.schedule import LoopTree
 from tests.helpers import assert_close
 
 
-def fake(registers=16, bits=256, cores=1, l1=32 * 1024, l2=512 * 1024, l3=32 << 20, l1_ways=8):
-    return Target("x86_64", bits, registers, True, l1, l2, l3, cores, l1_ways)
+def fake(registers=16, bits=256, cores=1, l1=32 * 1024, l2=512 * 1024, l3=32 << 20, l1_ways=8, l2_ways=8):
+    return Target("x86_64", bits, registers, True, l1, l2, l3, cores, l1_ways, l2_ways)
 
 
 def matmul_program(m=200, k=300, n=500):
@@ -76,6 +76,23 @@ def test_the_reduction_block_fills_the_l1_ways_its_panel_gets(registers, bits, w
     assert model.panel_ways(target, tile) == panel_ways
     assert {lp.name: lp.extent for lp in tree.schedule.of("t0").loops}["k.1"] == k_block
     assert f"at most {panel_ways} of L1's {ways} ways" in tree.explain()
+
+
+@pytest.mark.parametrize("registers, bits, l2, ways, block_ways, m_block", [
+    (16, 256, 512 << 10, 8, 6, 344),    # 4x24, kc 256: 6 ways of 64 KiB hold 384 rows, balanced to 3 x 344
+    (16, 256, 1 << 20, 16, 14, 512),    # 1 MiB in 16 ways of 64 KiB: 14 hold 896 rows, balanced to 2 x 512
+    (32, 512, 128 << 10, 8, 5, 260),    # 5x80, kc 74: the 23 KiB micro-panel takes 2 ways of 16 KiB
+])
+def test_the_broadcast_block_gets_the_l2_ways_the_micro_panels_leave(registers, bits, l2, ways, block_ways, m_block):
+    """BLIS's model for L2: the mc x kc block of the broadcast operand gets L2's ways but one for the results
+    and those a kc x nr micro-panel of the reused operand fills on its way to L1; odd sizes stay correct."""
+    _, program, _ = matmul_program(1024, 1024, 1024)
+    target = fake(registers, bits, l2=l2, l2_ways=ways)
+    tree = auto_tree(program, target)
+    assert re.search(r"m block (\d+)", tree.explain()).group(1) == str(m_block)
+    assert f"{block_ways} of L2's {ways} ways at most" in tree.explain()
+    c, odd, ref = matmul_program(257, 511, 129)
+    assert_close(c.numpy(auto_tree(odd, fake(registers, bits, l2=l2 // 16, l2_ways=ways))), ref, 1e-5)
 
 
 @pytest.mark.parametrize("registers, bits", [(16, 256), (32, 512)])
