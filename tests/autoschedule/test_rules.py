@@ -113,7 +113,8 @@ def test_the_column_panel_lives_in_a_thread_s_share_of_l3(registers, bits):
 @pytest.mark.parametrize("registers, bits", [(16, 256), (32, 512)])
 def test_the_reused_operand_is_packed_by_the_register_tile_s_vectors(registers, bits):
     """Each row of a packed micro-panel is copied as the tile reads it: the copy's lane loop vectorized (8 or
-    16 lanes), its vector loop unrolled; odd sizes, so the last column tile is cut inside a vector."""
+    16 lanes), its vector loop unrolled; odd sizes, so the last column tile is cut inside a vector. A
+    transposed operand (gathered lane by lane) keeps its scalar copy."""
     c, program, ref = matmul_program(257, 511, 129)
     tree = auto_tree(program, fake(registers, bits))
     copy = tree.schedule.of("in1.t0").loops
@@ -121,6 +122,14 @@ def test_the_reused_operand_is_packed_by_the_register_tile_s_vectors(registers, 
     assert copy[-2].annotation == "unroll" and copy[-2].dim == "n"
     assert "each row copied by the register tile's vectors" in tree.explain()
     assert_close(c.numpy(tree), ref, 1e-5)
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((257, 511), dtype=np.float32), rng.standard_normal((129, 511), dtype=np.float32)
+    s = lt.symbols("m k n")
+    transposed = (lt.Tensor(a).to(s.m, s.k) * lt.Tensor(b).to(s.n, s.k)).sum(s.k)     # B stored n-major
+    tree = auto_tree(lower_on_host(transposed.node)[0], fake(registers, bits))
+    assert "pack in1" in tree.explain() and "by the register tile's vectors" not in tree.explain()
+    assert "vectorize" not in [lp.annotation for lp in tree.schedule.of("in1.t0").loops]
+    assert_close(transposed.numpy(tree), a.astype(np.float64) @ b.T, 1e-5)
 
 
 @pytest.mark.parametrize("registers, bits", [(16, 256), (32, 512)])
