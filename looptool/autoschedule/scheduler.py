@@ -487,12 +487,13 @@ class Builder:
 
     def vector_copy(self, copy: str, tile_loops: tuple[str | None, str | None]) -> str:
         """Copy each row of a packed micro-panel by the register tile's vectors where the tile's lanes are the
-        copy's innermost loop (the caller asks only where the operand is contiguous along the columns: a
-        transposed one would be gathered lane by lane into each vector, which on the AVX-512 host ran 512³
-        with B stored n-major 3.18 ms against 2.76 ms copied by scalars): its lane loop vectorized, its vector loop unrolled, so that a tile cut by the edge of the columns has its tail tested once per tile
-        (`codegen.llvm.hoisted_tail_checks`) and a full one copies whole vectors. Left scalar, the copy's last
-        vector was tested in every row, and LLVM made each row's copy a call of memcpy of variable length
-        (matmul 997x1001x1003, AVX2: about 170 000 calls); the reason's tail, or ''."""
+        copy's innermost loop: its lane loop vectorized, its vector loop unrolled, so that a tile cut by the edge
+        of the columns has its tail tested once per tile (`codegen.llvm.hoisted_tail_checks`) and a full one
+        copies whole vectors. Left scalar, the copy's last vector was tested in every row, and LLVM made each
+        row's copy a call of memcpy of variable length (matmul 997x1001x1003, AVX2: 168 157 calls a call, now
+        6 996). The caller asks only where the operand is contiguous along the columns: a transposed one would
+        be gathered lane by lane into each vector (on the AVX-512 host 512³ with B stored n-major ran 3.18 ms so
+        against 2.76 ms copied by scalars, one run each, not side by side). The reason's tail, or ''."""
         own = [lp.name for lp in self.schedule.of(copy).loops]
         vectors, lanes = tile_loops
         if not own or own[-1] != lanes:      # a convolution's filter copy runs its window inside the columns
