@@ -3,7 +3,7 @@
 Everything is read from LLVM and the operating system, never from a table of CPU names:
 the vector width and the number of vector registers from LLVM's host features (AVX-512:
 32 registers of 512 bits; AVX/AVX2: 16 of 256; SSE2: 16 of 128; AArch64 NEON: 32 of 128),
-cache sizes and L1's associativity from sysfs (`/sys/devices/system/cpu/cpu0/cache/index*/{level,
+cache sizes and L1's and L2's associativity from sysfs (`/sys/devices/system/cpu/cpu0/cache/index*/{level,
 type,size,ways_of_associativity}`, then `os.sysconf`, then the defaults below), and the cores this
 process may run on from
 `os.sched_getaffinity`.  `Target` is a plain dataclass, so tests build fake ones.
@@ -39,6 +39,7 @@ DEFAULT_L3 = 8 * 1024 * 1024
 SYSCONF_NAMES = {1: "SC_LEVEL1_DCACHE_SIZE", 2: "SC_LEVEL2_CACHE_SIZE", 3: "SC_LEVEL3_CACHE_SIZE"}
 DEFAULTS = {1: DEFAULT_L1, 2: DEFAULT_L2, 3: DEFAULT_L3}
 DEFAULT_L1_WAYS = 8
+DEFAULT_L2_WAYS = 8
 
 CPU_VARIABLE = "LOOPTOOL_CPU"
 CACHES_VARIABLE = "LOOPTOOL_CPU_CACHES"
@@ -76,6 +77,7 @@ class Target:
     l3: int
     cores: int
     l1_ways: int = DEFAULT_L1_WAYS
+    l2_ways: int = DEFAULT_L2_WAYS
 
     @property
     def cache_bytes(self) -> tuple[int, int, int]:
@@ -135,15 +137,21 @@ def _sysfs_cache_sizes(root: Path) -> dict[int, int]:
 
 def l1_ways(root: Path = SYSFS_CACHE) -> int:
     """The L1 data cache's associativity: sysfs first, then os.sysconf, then DEFAULT_L1_WAYS."""
-    return _l1_data(root, "ways_of_associativity") or _sysconf("SC_LEVEL1_DCACHE_ASSOC") or DEFAULT_L1_WAYS
+    return _cache_ways(root, 1) or _sysconf("SC_LEVEL1_DCACHE_ASSOC") or DEFAULT_L1_WAYS
 
 
-def _l1_data(root: Path, field: str) -> int:
-    """A positive number from the sysfs file `field` of the L1 data cache, or 0."""
+def l2_ways(root: Path = SYSFS_CACHE) -> int:
+    """The L2 cache's associativity: sysfs first, then os.sysconf, then DEFAULT_L2_WAYS."""
+    return _cache_ways(root, 2) or _sysconf("SC_LEVEL2_CACHE_ASSOC") or DEFAULT_L2_WAYS
+
+
+def _cache_ways(root: Path, level: int) -> int:
+    """The sysfs `ways_of_associativity` of the data (or unified) cache of `level`, or 0."""
     for index in sorted(root.glob("index*")):
         try:
-            if int((index / "level").read_text()) == 1 and (index / "type").read_text().strip() == "Data":
-                return max(0, int((index / field).read_text()))
+            if int((index / "level").read_text()) == level and \
+                    (index / "type").read_text().strip() in ("Data", "Unified"):
+                return max(0, int((index / "ways_of_associativity").read_text()))
         except (OSError, ValueError):
             continue
     return 0
@@ -276,21 +284,21 @@ def named_caches(setting: str) -> dict[int, int]:
 
 
 def target_of(cpu: LlvmCpu, caches: str | None = None) -> Target:
-    """The target model of `cpu`: this host's features, caches (sysfs) and L1 ways, or for a named CPU
+    """The target model of `cpu`: this host's features, caches (sysfs) and L1 and L2 ways, or for a named CPU
     the features LLVM generates for it and the caches of `caches` (a LOOPTOOL_CPU_CACHES value, else the
     defaults); the cores are always those this process may use."""
     here = dict(llvm.get_host_cpu_features().items())
     if cpu.setting is None:
-        features, sizes, ways = here, cache_sizes(), l1_ways()
+        features, sizes, ways = here, cache_sizes(), (l1_ways(), l2_ways())
     else:
         features = probed_features(cpu)
         check_runs_here(cpu, features, here)
-        sizes, ways = dict(DEFAULTS), DEFAULT_L1_WAYS
+        sizes, ways = dict(DEFAULTS), (DEFAULT_L1_WAYS, DEFAULT_L2_WAYS)
     if caches is not None and caches.strip():
         sizes = named_caches(caches)
     bits, registers = vector_file(cpu.triple, features)
     fma = bool(features.get("fma") or features.get("neon") or cpu.triple.startswith(("aarch64", "arm64")))
-    return Target(cpu.triple.split("-")[0], bits, registers, fma, sizes[1], sizes[2], sizes[3], _cores(), ways)
+    return Target(cpu.triple.split("-")[0], bits, registers, fma, sizes[1], sizes[2], sizes[3], _cores(), *ways)
 
 
 @lru_cache(maxsize=1)

@@ -89,17 +89,28 @@ def panel_ways(target: Target, tile: RegisterTile) -> int:
     return max(fits, default=1)
 
 
-def cache_block(cache: int, kc: int, itemsize: int) -> int:
-    """nc or mc: how many kc-long slices of an operand fit in the share of a cache of `cache` bytes
-    the model allows."""
-    return max(1, cache // CACHE_SHARE // (kc * itemsize))
+def cache_block(room: int, kc: int, itemsize: int) -> int:
+    """nc or mc: how many kc-long slices of an operand fit in `room` bytes."""
+    return max(1, room // (kc * itemsize))
 
 
-def panel_caches(target: Target) -> tuple[int, int]:
-    """The caches the two blocks live in (BLIS): the kc x nc panel of the reused operand in this
-    thread's share of L3 (its micro-panels are re-read once per row block), the mc x kc block of
-    the broadcast operand in L2 (re-read once per column tile)."""
-    return target.l3 // target.cores, target.l2
+def panel_room(target: Target) -> int:
+    """Bytes for the kc x nc panel of the reused operand (BLIS): half of this thread's share of L3, where
+    its micro-panels are re-read once per row block."""
+    return target.l3 // target.cores // CACHE_SHARE
+
+
+def block_ways(target: Target, tile: RegisterTile, kc: int, itemsize: int) -> int:
+    """Of L2's ways, those the mc x kc block of the broadcast operand gets (BLIS's model, Low et al. 2016,
+    section 3.4, as `panel_ways` for L1): the block is re-read by every column tile while the reused
+    operand's kc x nr micro-panels stream through L2 on their way to L1; one way is left to the results,
+    the micro-panel gets the ways it fills, the block the rest.  With fewer than 4 ways (or none known) the
+    block gets half of L2."""
+    ways = target.l2_ways
+    if ways < 4:
+        return max(1, ways // CACHE_SHARE)
+    panel = -(-kc * tile.columns * itemsize // max(1, target.l2 // ways))
+    return max(1, ways - 1 - panel)
 
 
 def vector_width(target: Target, dtype: str, extent: int) -> int:

@@ -335,13 +335,16 @@ class Builder:
                             f"a {kc}x{tile.columns} micro-panel takes {tile.columns * kc * itemsize // 1024} KiB, "
                             f"at most {ways} of L1's {self.target.l1_ways} ways; the {tile.rows}x{kc} slice it "
                             f"meets and the results share the rest")
-        panel_cache, block_cache = model.panel_caches(self.target)
         col_outer, col_rest = self.cache_block(name, found.col, kc, itemsize, tile.columns, found.reused,
-                                               (panel_cache, "its share of L3"))
+                                               (model.panel_room(self.target), "half of its share of L3 at most"))
         col_tiles, col_tile = self.split(name, col_rest, tile.columns)
         vectors, lanes = self.split(name, col_tile, tile.lanes)
+        ways = model.block_ways(self.target, tile, kc, itemsize)
         row_blocks, row_rest = self.cache_block(name, found.row, kc, itemsize, tile.rows, found.broadcast,
-                                                (block_cache, "L2"))
+                                                (ways * (self.target.l2 // self.target.l2_ways),
+                                                 f"{ways} of L2's {self.target.l2_ways} ways at most (one is left to "
+                                                 f"the results, the rest to the {kc}x{tile.columns} micro-panels "
+                                                 f"passing through)"))
         block_rows = self.extent(name, row_rest)
         row_tiles, rows = self.split(name, row_rest, tile.rows)
         others = structure.by_stride(self.program, stage, [d for d in stage.dims if d not in (found.row, found.col)])
@@ -376,7 +379,7 @@ class Builder:
             if self.decide(f"{name}.pack.{found.reused}", pays, (pays, not pays)):
                 enclosing = set(before + [col_outer, reduce_outer, row_blocks, col_tiles])
                 depth = max((i + 1 for i, lp in enumerate(outer) if lp in enclosing), default=0)
-                self.pack(stage, found, outer[:depth], reductions)
+                self.pack(stage, found, outer[:depth], reductions, (vectors, lanes))
             self.pack_broadcast(stage, found, outer, set(before + [col_outer, reduce_outer, row_blocks]), col_tiles,
                                 block_rows)
         if parallel:
@@ -412,7 +415,7 @@ class Builder:
         """Whether a parallel column loop may move outside the reduction blocks: there each thread
         re-reads the whole broadcast operand once per column tile, which stays in cache only if it
         fits in half of this thread's share of L3, where the model keeps what is re-read by column tile
-        (`model.panel_caches`); else each reduction block gets its own parallel region. (Held to half
+        (`model.panel_room`); else each reduction block gets its own parallel region. (Held to half
         of L2 before, 1024³ opened 14 regions a call: 2 threads on the Zen 4 EPYC, interleaved, 12.9 ms
         against 11.7 ms outermost, XLA 10.5; 512³ 1.58 against 1.27 ms.)"""
         size = math.prod(self.program.buffer_shape(found.broadcast)) * itemsize
@@ -442,38 +445,63 @@ class Builder:
         return model.RegisterTile(rows, columns // lanes, lanes)
 
     def cache_block(self, stage: str, dim: str, kc: int, itemsize: int, multiple: int, operand: str,
-                    cache: tuple[int, str]):
+                    room: tuple[int, str]):
         """Block `dim` (by a multiple of the tile) so that the kc-long slices of `operand` along it
-        fill half of `cache` (bytes, name) at most; (outer, inner) loop names."""
+        fill `room` (bytes, and in words) at most; (outer, inner) loop names."""
         extent = self.program.size(dim)
-        block = model.balanced(extent, model.cache_block(cache[0], kc, itemsize), multiple)
+        block = model.balanced(extent, model.cache_block(room[0], kc, itemsize), multiple)
         block = self.decide(f"{stage}.{dim}.block", block, choices.halves_and_doubles(block, extent, multiple))
         block = min(extent, -(-block // multiple) * multiple)
         outer, inner = self.split(stage, dim, block)
         if outer:
             self.note(stage, f"{dim} block {block}: the {kc}x{block} panel of {operand} takes "
-                             f"{kc * block * itemsize // 1024} KiB, half of {cache[1]} at most")
+                             f"{kc * block * itemsize // 1024} KiB, {room[1]}")
         return outer, inner
 
     def packing_pays(self, stage: ir.Stage, found: structure.Contraction, itemsize: int) -> bool:
         """Packing the reused operand pays when its vectors are not contiguous (a transposed operand)
         or when it does not fit in the share of L1 the model allows (its rows would evict each other)."""
-        loads = [ld for ld in ir.loads(stage.expr) if ld.buffer == found.reused]
-        gathered = any(abs(structure.load_strides(self.program, ld).get(found.col, 0)) != 1 for ld in loads)
         footprint = math.prod(self.program.buffer_shape(found.reused)) * itemsize
-        return gathered or footprint > self.target.l1 // model.CACHE_SHARE
+        return self.gathered(stage, found) or footprint > self.target.l1 // model.CACHE_SHARE
 
-    def pack(self, stage: ir.Stage, found: structure.Contraction, blocks: list[str], reductions: list[str]):
+    def gathered(self, stage: ir.Stage, found: structure.Contraction) -> bool:
+        """Whether the reused operand's vectors are not contiguous along the columns (a transposed operand)."""
+        loads = [ld for ld in ir.loads(stage.expr) if ld.buffer == found.reused]
+        return any(abs(structure.load_strides(self.program, ld).get(found.col, 0)) != 1 for ld in loads)
+
+    def pack(self, stage: ir.Stage, found: structure.Contraction, blocks: list[str], reductions: list[str],
+             tile_loops: tuple[str | None, str | None]):
         """Copy the reused operand's micro-panel (reductions outer, columns innermost) inside the loops
-        `blocks`, the last of which steps over column tiles: one contiguous panel per tile."""
+        `blocks`, the last of which steps over column tiles: one contiguous panel per tile, each of its
+        rows copied as the register tile reads it (`tile_loops`: the tile's vector and lane loops)."""
         dims = self.program.buffer_dims(found.reused)
         order = tuple([d for d in reductions if d in dims] + [d for d in dims if d not in reductions and d != found.col]
                       + [found.col])
         if sorted(order) != sorted(dims):
             return
-        self.copy_operand(stage.name, found.reused, order, len(blocks))
+        contiguous = not self.gathered(stage, found)
+        copy = self.copy_operand(stage.name, found.reused, order, len(blocks))
+        by_vectors = self.vector_copy(copy, tile_loops) if contiguous else ""
         self.note(stage.name, f"pack {found.reused} as ({', '.join(order)}) {_once_per(blocks)}: it is re-read by "
-                              f"every row tile, and packed its micro-panel is one contiguous block")
+                              f"every row tile, and packed its micro-panel is one contiguous block{by_vectors}")
+
+    def vector_copy(self, copy: str, tile_loops: tuple[str | None, str | None]) -> str:
+        """Copy each row of a packed micro-panel by the register tile's vectors where the tile's lanes are the
+        copy's innermost loop: its lane loop vectorized, its vector loop unrolled, so that a tile cut by the edge
+        of the columns has its tail tested once per tile (`codegen.llvm.hoisted_tail_checks`) and a full one
+        copies whole vectors. Left scalar, the copy's last vector was tested in every row, and LLVM made each
+        row's copy a call of memcpy of variable length (matmul 997x1001x1003, AVX2: 168 157 calls a call, now
+        6 996). The caller asks only where the operand is contiguous along the columns: a transposed one would
+        be gathered lane by lane into each vector (on the AVX-512 host 512³ with B stored n-major ran 3.18 ms so
+        against 2.76 ms copied by scalars, one run each, not side by side). The reason's tail, or ''."""
+        own = [lp.name for lp in self.schedule.of(copy).loops]
+        vectors, lanes = tile_loops
+        if not own or own[-1] != lanes:      # a convolution's filter copy runs its window inside the columns
+            return ""
+        self.schedule = self.schedule.annotate(copy, lanes, "vectorize")
+        if own[-2:-1] == [vectors]:
+            self.schedule = self.schedule.annotate(copy, vectors, "unroll")
+        return ", each row copied by the register tile's vectors"
 
     def copy_operand(self, stage: str, buffer: str, order: tuple[str, ...], depth: int) -> str:
         """Read `buffer` in `stage` through a copy laid out in `order`, made inside the stage's first

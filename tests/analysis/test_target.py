@@ -25,6 +25,14 @@ def test_l1_associativity_is_read_from_the_data_cache_or_falls_back(tmp_path, mo
     assert target.l1_ways(tmp_path / "missing") == target.DEFAULT_L1_WAYS
 
 
+def test_l2_associativity_is_read_from_the_unified_cache_or_falls_back(tmp_path, monkeypatch):
+    write_cache(tmp_path, 0, 1, "Data", "48K", ways=12)
+    write_cache(tmp_path, 1, 2, "Unified", "2048K", ways=16)
+    assert target.l2_ways(tmp_path) == 16
+    monkeypatch.setattr(target.os, "sysconf", lambda name: 0)
+    assert target.l2_ways(tmp_path / "missing") == target.DEFAULT_L2_WAYS
+
+
 def test_cache_sizes_are_read_from_a_sysfs_folder_skipping_instruction_caches(tmp_path):
     write_cache(tmp_path, 0, 1, "Data", "48K")
     write_cache(tmp_path, 1, 1, "Instruction", "32K")

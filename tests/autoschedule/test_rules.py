@@ -14,8 +14,8 @@ from looptool.schedule import LoopTree
 from tests.helpers import assert_close
 
 
-def fake(registers=16, bits=256, cores=1, l1=32 * 1024, l2=512 * 1024, l3=32 << 20, l1_ways=8):
-    return Target("x86_64", bits, registers, True, l1, l2, l3, cores, l1_ways)
+def fake(registers=16, bits=256, cores=1, l1=32 * 1024, l2=512 * 1024, l3=32 << 20, l1_ways=8, l2_ways=8):
+    return Target("x86_64", bits, registers, True, l1, l2, l3, cores, l1_ways, l2_ways)
 
 
 def matmul_program(m=200, k=300, n=500):
@@ -78,6 +78,23 @@ def test_the_reduction_block_fills_the_l1_ways_its_panel_gets(registers, bits, w
     assert f"at most {panel_ways} of L1's {ways} ways" in tree.explain()
 
 
+@pytest.mark.parametrize("registers, bits, l2, ways, block_ways, m_block", [
+    (16, 256, 512 << 10, 8, 6, 344),    # 4x24, kc 256: 6 ways of 64 KiB hold 384 rows, balanced to 3 x 344
+    (16, 256, 1 << 20, 16, 14, 512),    # 1 MiB in 16 ways of 64 KiB: 14 hold 896 rows, balanced to 2 x 512
+    (32, 512, 128 << 10, 8, 5, 260),    # 5x80, kc 74: the 23 KiB micro-panel takes 2 ways of 16 KiB
+])
+def test_the_broadcast_block_gets_the_l2_ways_the_micro_panels_leave(registers, bits, l2, ways, block_ways, m_block):
+    """BLIS's model for L2: the mc x kc block of the broadcast operand gets L2's ways but one for the results
+    and those a kc x nr micro-panel of the reused operand fills on its way to L1; odd sizes stay correct."""
+    _, program, _ = matmul_program(1024, 1024, 1024)
+    target = fake(registers, bits, l2=l2, l2_ways=ways)
+    tree = auto_tree(program, target)
+    assert re.search(r"m block (\d+)", tree.explain()).group(1) == str(m_block)
+    assert f"{block_ways} of L2's {ways} ways at most" in tree.explain()
+    c, odd, ref = matmul_program(257, 511, 129)
+    assert_close(c.numpy(auto_tree(odd, fake(registers, bits, l2=l2 // 16, l2_ways=ways))), ref, 1e-5)
+
+
 @pytest.mark.parametrize("registers, bits", [(16, 256), (32, 512)])
 def test_the_column_panel_lives_in_a_thread_s_share_of_l3(registers, bits):
     """The kc x nc panel of the reused operand is sized to half of L3 / cores: a 32 MiB L3 leaves
@@ -91,6 +108,28 @@ def test_the_column_panel_lives_in_a_thread_s_share_of_l3(registers, bits):
     small = column_block(fake(registers, bits, l3=256 << 10))
     assert small < 1024
     assert column_block(fake(registers, bits, l3=512 << 10, cores=4)) < small
+
+
+@pytest.mark.parametrize("registers, bits", [(16, 256), (32, 512)])
+def test_the_reused_operand_is_packed_by_the_register_tile_s_vectors(registers, bits):
+    """Each row of a packed micro-panel is copied as the tile reads it: the copy's lane loop vectorized (8 or
+    16 lanes), its vector loop unrolled; odd sizes, so the last column tile is cut inside a vector. A
+    transposed operand (gathered lane by lane) keeps its scalar copy."""
+    c, program, ref = matmul_program(257, 511, 129)
+    tree = auto_tree(program, fake(registers, bits))
+    copy = tree.schedule.of("in1.t0").loops
+    assert (copy[-1].annotation, copy[-1].extent) == ("vectorize", bits // 32)
+    assert copy[-2].annotation == "unroll" and copy[-2].dim == "n"
+    assert "each row copied by the register tile's vectors" in tree.explain()
+    assert_close(c.numpy(tree), ref, 1e-5)
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((257, 511), dtype=np.float32), rng.standard_normal((129, 511), dtype=np.float32)
+    s = lt.symbols("m k n")
+    transposed = (lt.Tensor(a).to(s.m, s.k) * lt.Tensor(b).to(s.n, s.k)).sum(s.k)     # B stored n-major
+    tree = auto_tree(lower_on_host(transposed.node)[0], fake(registers, bits))
+    assert "pack in1" in tree.explain() and "by the register tile's vectors" not in tree.explain()
+    assert "vectorize" not in [lp.annotation for lp in tree.schedule.of("in1.t0").loops]
+    assert_close(transposed.numpy(tree), a.astype(np.float64) @ b.T, 1e-5)
 
 
 @pytest.mark.parametrize("registers, bits", [(16, 256), (32, 512)])
