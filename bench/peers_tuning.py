@@ -1,5 +1,5 @@
 """The tuner against TVM MetaSchedule, side by side: `python -m bench.peers_tuning [--trials 32 128]
-[--threads 1 2] [--only NAME] [--most-trials-only NAME]`.
+[--threads 1 2] [--only NAME] [--most-trials-only NAME ...] [--most-trials-threads 1]`.
 
 The suite (`SUITE`, issue 29): matmuls (square, both odd orders, a tall-skinny one), a batched matmul, a
 3×3 conv, softmax, layer norm and an attention head, each written for looptool (`bench.models`) and as
@@ -12,7 +12,8 @@ are checked against float64 and timed interleaved (shuffled rounds) with the Num
 to the thread count). Writes bench/results/peers_tuning.{json,md} and a chart of best-so-far against
 trials and against wall time (peers_tuning.png). A workload whose peer is not installed is reported as
 such. `--most-trials-only` runs the largest budget only on the workloads whose names contain one of
-the given strings (the others get the smaller budgets).
+the given strings, `--most-trials-threads` only at the given thread counts (the others get the smaller
+budgets).
 
 MetaSchedule's database file gives each record's run time in the order measured, but no clock: its
 best-so-far against wall time spreads the trials evenly over the tuning's wall time (looptool's too).
@@ -266,21 +267,23 @@ def compare(case: Case, trials: int, threads: int) -> dict:
                                         for who, run in (("looptool", lt_run), ("metaschedule", ms_run))}}
 
 
-def budgets(case: Case, trials: list[int], most_only: list[str]) -> list[int]:
-    """The trial budgets a case runs: all of them, or where `most_only` names others, all but the largest."""
-    if not most_only or any(name in case.workload.name or name in case.name for name in most_only):
+def budgets(case: Case, trials: list[int], threads: int, most_only: list[str], most_threads: list[int]) -> list[int]:
+    """The trial budgets a case runs on `threads` cores: all of them, or all but the largest where
+    `most_only` names other cases or `most_threads` other thread counts."""
+    named = not most_only or any(name in case.workload.name or name in case.name for name in most_only)
+    if named and (not most_threads or threads in most_threads):
         return trials
-    return [t for t in trials if t != max(trials)] or trials[:0]
+    return [t for t in trials if t != max(trials)]
 
 
-def child(threads: int, trials: list[int], only: str, most_only: list[str]) -> list[dict]:
+def child(threads: int, trials: list[int], only: str, most_only: list[str], most_threads: list[int]) -> list[dict]:
     """The rows of one thread count, in this process (pinned to `threads` cores)."""
     version = tvm_available()
     rows = []
     for case in SUITE:
         if only not in case.workload.name and only not in case.name:
             continue
-        for budget in budgets(case, trials, most_only):
+        for budget in budgets(case, trials, threads, most_only, most_threads):
             if version is None:
                 rows.append({"workload": case.name, "threads": threads, "trials": budget,
                              "missing": "TVM not installed (pip install '.[bench]')"})
@@ -294,7 +297,8 @@ def run_child(threads: int, args) -> list[dict]:
     """Run `child` for one thread count in a fresh process (its TVM thread pool that size); its rows."""
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         command = [sys.executable, "-m", "bench.peers_tuning", "--child", str(threads), "--child-out", out.name,
-                   "--trials", *map(str, args.trials), "--only", args.only, "--most-trials-only", *args.most_trials_only]
+                   "--trials", *map(str, args.trials), "--only", args.only, "--most-trials-only", *args.most_trials_only,
+                   "--most-trials-threads", *map(str, args.most_trials_threads)]
         subprocess.run(command, check=True, cwd=HERE.parent, env=dict(os.environ, TVM_NUM_THREADS=str(threads)))
         return json.loads(Path(out.name).read_text())
 
@@ -347,13 +351,16 @@ def main(argv=None):
     parser.add_argument("--only", default="", help="workloads whose name contains this")
     parser.add_argument("--most-trials-only", nargs="*", default=[],
                         help="run the largest --trials budget only on workloads whose names contain one of these")
+    parser.add_argument("--most-trials-threads", type=int, nargs="*", default=[],
+                        help="run the largest --trials budget only at these thread counts")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         pin_to_cores(args.child)
-        args.child_out.write_text(json.dumps(child(args.child, args.trials, args.only, args.most_trials_only)))
+        args.child_out.write_text(json.dumps(child(args.child, args.trials, args.only, args.most_trials_only,
+                                                       args.most_trials_threads)))
         return
     cpu = cpu_name()
     rows = [row for threads in dict.fromkeys(args.threads) for row in run_child(threads, args)]
