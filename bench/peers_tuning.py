@@ -1,5 +1,6 @@
 """The tuner against TVM MetaSchedule, side by side: `python -m bench.peers_tuning [--trials 32 128]
-[--threads 1 2] [--only NAME] [--most-trials-only NAME ...] [--most-trials-threads 1]`.
+[--threads 1 2] [--only NAME] [--most-trials-only NAME ...] [--most-trials-threads 1]
+[--all-cores-only NAME ...]`.
 
 The suite (`SUITE`, issue 29): matmuls (square, both odd orders, a tall-skinny one), a batched matmul, a
 3×3 conv, softmax, layer norm and an attention head, each written for looptool (`bench.models`) and as
@@ -13,7 +14,7 @@ to the thread count). Writes bench/results/peers_tuning.{json,md} and a chart of
 trials and against wall time (peers_tuning.png). A workload whose peer is not installed is reported as
 such. `--most-trials-only` runs the largest budget only on the workloads whose names contain one of
 the given strings, `--most-trials-threads` only at the given thread counts (the others get the smaller
-budgets).
+budgets); `--all-cores-only` runs the thread counts above one only on the workloads it names.
 
 MetaSchedule's database file gives each record's run time in the order measured, but no clock: its
 best-so-far against wall time spreads the trials evenly over the tuning's wall time (looptool's too).
@@ -270,18 +271,25 @@ def compare(case: Case, trials: int, threads: int) -> dict:
 def budgets(case: Case, trials: list[int], threads: int, most_only: list[str], most_threads: list[int]) -> list[int]:
     """The trial budgets a case runs on `threads` cores: all of them, or all but the largest where
     `most_only` names other cases or `most_threads` other thread counts."""
-    named = not most_only or any(name in case.workload.name or name in case.name for name in most_only)
-    if named and (not most_threads or threads in most_threads):
+    if (not most_only or named(case, most_only)) and (not most_threads or threads in most_threads):
         return trials
     return [t for t in trials if t != max(trials)]
 
 
-def child(threads: int, trials: list[int], only: str, most_only: list[str], most_threads: list[int]) -> list[dict]:
-    """The rows of one thread count, in this process (pinned to `threads` cores)."""
+def named(case: Case, names: list[str]) -> bool:
+    """Whether the case's name or title contains one of `names`."""
+    return any(name in case.workload.name or name in case.name for name in names)
+
+
+def child(threads: int, trials: list[int], only: str, most_only: list[str], most_threads: list[int],
+          all_cores_only: list[str]) -> list[dict]:
+    """The rows of one thread count, in this process (pinned to `threads` cores); above one thread, only
+    the cases `all_cores_only` names (all where it names none)."""
     version = tvm_available()
     rows = []
     for case in SUITE:
-        if only not in case.workload.name and only not in case.name:
+        if only not in case.workload.name and only not in case.name or \
+                threads > 1 and all_cores_only and not named(case, all_cores_only):
             continue
         for budget in budgets(case, trials, threads, most_only, most_threads):
             if version is None:
@@ -298,7 +306,7 @@ def run_child(threads: int, args) -> list[dict]:
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         command = [sys.executable, "-m", "bench.peers_tuning", "--child", str(threads), "--child-out", out.name,
                    "--trials", *map(str, args.trials), "--only", args.only, "--most-trials-only", *args.most_trials_only,
-                   "--most-trials-threads", *map(str, args.most_trials_threads)]
+                   "--most-trials-threads", *map(str, args.most_trials_threads), "--all-cores-only", *args.all_cores_only]
         subprocess.run(command, check=True, cwd=HERE.parent, env=dict(os.environ, TVM_NUM_THREADS=str(threads)))
         return json.loads(Path(out.name).read_text())
 
@@ -353,6 +361,8 @@ def main(argv=None):
                         help="run the largest --trials budget only on workloads whose names contain one of these")
     parser.add_argument("--most-trials-threads", type=int, nargs="*", default=[],
                         help="run the largest --trials budget only at these thread counts")
+    parser.add_argument("--all-cores-only", nargs="*", default=[],
+                        help="above one thread, run only the workloads whose names contain one of these")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
@@ -360,7 +370,7 @@ def main(argv=None):
     if args.child:
         pin_to_cores(args.child)
         args.child_out.write_text(json.dumps(child(args.child, args.trials, args.only, args.most_trials_only,
-                                                       args.most_trials_threads)))
+                                                       args.most_trials_threads, args.all_cores_only)))
         return
     cpu = cpu_name()
     rows = [row for threads in dict.fromkeys(args.threads) for row in run_child(threads, args)]
