@@ -96,7 +96,8 @@ def te_softmax(rows: int, cols: int) -> list:
 def te_layernorm(rows: int, cols: int) -> list:
     """Row layer norm (x - mean) / sqrt(var + 1e-5) * g + b."""
     from tvm import te
-    x, g, b = te.placeholder((rows, cols), name="X"), te.placeholder((cols,), name="G"), te.placeholder((cols,), name="B")
+    x = te.placeholder((rows, cols), name="X")
+    g, b = te.placeholder((cols,), name="G"), te.placeholder((cols,), name="B")
     j = te.reduce_axis((0, cols), name="j")
     total = te.compute((rows,), lambda i: te.sum(x[i, j], axis=j), name="total")
     d = te.compute((rows, cols), lambda i, c: x[i, c] - total[i] / cols, name="d")
@@ -268,7 +269,8 @@ def compare(case: Case, trials: int, threads: int) -> dict:
                                         for who, run in (("looptool", lt_run), ("metaschedule", ms_run))}}
 
 
-def budgets(case: Case, trials: list[int], threads: int, most_only: list[str], most_threads: list[int]) -> list[int]:
+def budgets(case: Case, trials: list[int], threads: int, most_only: list[str],
+            most_threads: list[int]) -> list[int]:
     """The trial budgets a case runs on `threads` cores: all of them, or all but the largest where
     `most_only` names other cases or `most_threads` other thread counts."""
     if (not most_only or named(case, most_only)) and (not most_threads or threads in most_threads):
@@ -288,8 +290,7 @@ def child(threads: int, trials: list[int], only: str, most_only: list[str], most
     version = tvm_available()
     rows = []
     for case in SUITE:
-        if only not in case.workload.name and only not in case.name or \
-                threads > 1 and all_cores_only and not named(case, all_cores_only):
+        if not named(case, [only]) or threads > 1 and all_cores_only and not named(case, all_cores_only):
             continue
         for budget in budgets(case, trials, threads, most_only, most_threads):
             if version is None:
@@ -305,8 +306,10 @@ def run_child(threads: int, args) -> list[dict]:
     """Run `child` for one thread count in a fresh process (its TVM thread pool that size); its rows."""
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         command = [sys.executable, "-m", "bench.peers_tuning", "--child", str(threads), "--child-out", out.name,
-                   "--trials", *map(str, args.trials), "--only", args.only, "--most-trials-only", *args.most_trials_only,
-                   "--most-trials-threads", *map(str, args.most_trials_threads), "--all-cores-only", *args.all_cores_only]
+                   "--trials", *map(str, args.trials), "--only", args.only,
+                   "--most-trials-only", *args.most_trials_only,
+                   "--most-trials-threads", *map(str, args.most_trials_threads),
+                   "--all-cores-only", *args.all_cores_only]
         subprocess.run(command, check=True, cwd=HERE.parent, env=dict(os.environ, TVM_NUM_THREADS=str(threads)))
         return json.loads(Path(out.name).read_text())
 
@@ -321,8 +324,9 @@ def table(rows: list[dict], header: str) -> str:
             lines.append(f"| {row['workload']} | {row['threads']} | {row['trials']} | {row['missing']} | | | | |")
             continue
         wall, err = row["wall_s"], row["rel_error"]
-        lines.append(f"| {row['workload']} | {row['threads']} | {row['trials']} | {row['looptool_x_metaschedule']:.2f} | "
-                     f"{row['looptool_x_numpy']:.2f} | {row['metaschedule_x_numpy']:.2f} | "
+        lines.append(f"| {row['workload']} | {row['threads']} | {row['trials']} | "
+                     f"{row['looptool_x_metaschedule']:.2f} | {row['looptool_x_numpy']:.2f} | "
+                     f"{row['metaschedule_x_numpy']:.2f} | "
                      f"{wall['looptool']:.0f}, {wall['metaschedule']:.0f} | "
                      f"{err['looptool']:.1e}, {err['metaschedule']:.1e} |")
     return "\n".join(lines) + "\n"
@@ -353,6 +357,8 @@ def plot(rows: list[dict], path: Path):
 
 
 def main(argv=None):
+    """The command line (the module docstring): each thread count's rows in a child process, then the
+    table, JSON and chart."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, nargs="+", default=[32])
     parser.add_argument("--threads", type=int, nargs="+", default=[1, len(os.sched_getaffinity(0))])

@@ -63,6 +63,7 @@ def compare(case, trials: int, reaches: list[int]) -> dict:
 
 
 def main(argv=None):
+    """The command line (the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, nargs="+", default=[32, 128])
     parser.add_argument("--reach", type=int, nargs="+", default=[1, 2])

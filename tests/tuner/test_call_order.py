@@ -1,7 +1,7 @@
 """A CPU trial is timed against the yardstick in two call orders, each kernel right after the other
 and each right after itself, and scored by the slower: a kernel whose speed depends on what ran before
-it, or that slows the yardstick run after it, is never kept for a speed it has in one order only. Timed on a fake clock that the fake kernels advance, so nothing here depends
-on this machine's speed."""
+it, or that slows the yardstick run after it, is never kept for a speed it has in one order only.
+Timed on a fake clock that the fake kernels advance, so nothing here depends on this machine's speed."""
 from __future__ import annotations
 
 import pytest
