@@ -9,8 +9,9 @@ its size once a process, from TVM_NUM_THREADS), pinned to that many cores. There
 trial budget, MetaSchedule (TVM 0.27, in the optional `bench` extra; target `num-cores` and
 `num_tuning_cores` the thread count) and looptool's tuner (a fresh study, `threads` the thread count)
 each tune it; each records its wall time and its best time after every trial. Then both best kernels
-are checked against float64 and timed interleaved (shuffled rounds) with the NumPy baseline (BLAS held
-to the thread count). Writes bench/results/peers_tuning.{json,md} and a chart of best-so-far against
+are checked against float64 and timed interleaved (shuffled rounds) with NumPy: the matmuls, the
+batched matmul and the attention head through BLAS held to the thread count (`Case.blas`), the others
+as `bench.models` has them (one thread). Writes bench/results/peers_tuning.{json,md} and a chart of best-so-far against
 trials and against wall time (peers_tuning.png). A workload whose peer is not installed is reported as
 such. `--most-trials-only` runs the largest budget only on the workloads whose names contain one of
 the given strings, `--most-trials-threads` only at the given thread counts (the others get the smaller
