@@ -4,8 +4,8 @@ On a CPU the space is centred on the automatic schedule for the target: every de
 automatic scheduler makes (register tile rows and columns, reduction and cache blocks, the loop
 order of a contraction, packing, placement of producers, the parallel loop, vector widths) is a
 parameter named by stage and dim, drawn from the value the scheduler chose and its neighbours
-(`looptool.autoschedule.automatic_choices`): halves and doubles of a block, a row or a vector
-more or less, the orders one swap away.  The same rules then build the schedule from the drawn
+(`looptool.autoschedule.automatic_choices`): a quarter to four times a block, two rows or two
+vectors more or less, the orders one swap away.  The same rules then build the schedule from the drawn
 values (`looptool.autoschedule.drawn_tree`), so a random draw lands near a good schedule and the
 automatic schedule is the draw that takes every centre value.
 """

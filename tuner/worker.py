@@ -9,9 +9,10 @@ schedule's on the same inputs (computed once per set), then times it.  A crash
 reports the failure and starts a new one.
 
 On a CPU a schedule is timed side by side with a yardstick, the automatic schedule
-compiled once at start-up: the two run in turn, and the trial's time is the median
-of the schedule's time over the yardstick's in each pair, times one calibrated
-yardstick time kept for the whole study.  A shared machine's speed drifts by 10-30 %
+compiled once at start-up: each round runs the yardstick twice, then the schedule twice,
+and the trial's time is the median of the schedule's time over the yardstick's in each
+round, in the slower of two call orders (each right after the other, each right after
+itself), times one calibrated yardstick time kept for the whole study.  A shared machine's speed drifts by 10-30 %
 over seconds; both kernels of a pair meet the same drift, so it cancels (a trial's
 spread fell from 18 % to 2-5 % of its time: docs/tuning.md).
 
@@ -236,15 +237,21 @@ def _timed(kernel, inputs) -> float:
 
 
 def _paired_runs(kernel, yardstick, inputs, repeats: int) -> tuple[float, float]:
-    """A warm-up run of each, then `repeats` pairs of runs in turn: (median of the kernel's time over
-    the yardstick's in each pair, wall seconds of all these runs)."""
-    spent = _timed(kernel, inputs) + _timed(yardstick, inputs)
-    ratios = []
+    """A warm-up run of each, then `repeats` rounds of the yardstick twice and the kernel twice: (the
+    kernel's time over the yardstick's in the slower of two call orders, each the median over the
+    rounds: each kernel right after itself (the second runs), and each right after the other (the
+    first runs: the yardstick's follows the kernel's last); wall seconds of all these runs). A kernel
+    whose speed depends on what ran before it, or that slows the yardstick run after it, is so never
+    kept for a speed it has in one order only (MetaSchedule kept one that ran at 61-88 GFLOP/s as it
+    was called: issue 29)."""
+    spent = _timed(yardstick, inputs) + _timed(kernel, inputs)
+    after_other, after_self = [], []
     for _ in range(repeats):
-        own, other = _timed(kernel, inputs), _timed(yardstick, inputs)
-        ratios.append(own / other)
-        spent += own + other
-    return float(np.median(ratios)), spent
+        times = [_timed(fn, inputs) for fn in (yardstick, yardstick, kernel, kernel)]
+        after_other.append(times[2] / times[0])
+        after_self.append(times[3] / times[1])
+        spent += sum(times)
+    return max(float(np.median(after_other)), float(np.median(after_self))), spent
 
 
 def _calibrate(yardstick, inputs, seconds: float = CALIBRATION_SECONDS) -> float:

@@ -6,12 +6,14 @@ import numpy as np
 import optuna
 import pytest
 
+import looptool as lt
 from looptool.analysis.target import Target, host
 from looptool.autoschedule import auto_tree
 from looptool.runtime import lower_on_host
 from tuner import space
 
 from tests.autoschedule.test_generality import WORKLOADS
+from tests.helpers import assert_close
 
 AVX2 = Target("x86_64", 256, 16, True, 32 * 1024, 512 * 1024, 32 << 20, 2)
 AVX512 = Target("x86_64", 512, 32, True, 48 * 1024, 1 << 20, 32 << 20, 2)
@@ -52,11 +54,11 @@ def test_random_draws_are_legal(name):
     assert legal >= 36, legal
 
 
-def test_each_parameter_is_drawn_from_the_automatic_value_and_its_neighbours():
+def test_each_parameter_is_drawn_from_the_automatic_value_and_two_steps_around_it():
     _, program = program_of("matmul")                     # 70 x 90 by 90 x 100
     centre = space.centre_of(program, AVX2.with_cores(2))
-    assert centre["t0.m.tile"].options == (3, 4, 5) and centre["t0.m.tile"].value == 4
-    assert centre["t0.n.tile"].options == (16, 24, 32) and centre["t0.n.tile"].value == 24
+    assert centre["t0.m.tile"].options == (2, 3, 4, 5, 6) and centre["t0.m.tile"].value == 4
+    assert centre["t0.n.tile"].options == (8, 16, 24, 32, 40) and centre["t0.n.tile"].value == 24
     assert centre["t0.pack.in1"].options == (True, False)
     assert centre["t0.parallel"].options[0] == "none"
     order = centre["t0.order"]
@@ -81,3 +83,31 @@ def test_draws_on_an_avx512_target_differ():
             trial = study.ask()
             assert vector_widths(space.sample(trial, tensor.loop_tree(), 1, target)) == {lanes}
             study.tell(trial, 1.0)
+
+
+def odd_matmul(rng):
+    """A matmul of odd sizes (none a multiple of a vector or of a register tile's rows)."""
+    a, b = rng.standard_normal((37, 29), dtype=np.float32), rng.standard_normal((29, 53), dtype=np.float32)
+    s = lt.symbols("m k n")
+    return (lt.Tensor(a).to(s.m, s.k) * lt.Tensor(b).to(s.k, s.n)).sum(s.k), a.astype(np.float64) @ b
+
+
+MOVES = dict(WORKLOADS, odd_matmul=odd_matmul)
+
+
+@pytest.mark.parametrize("target", ["avx2", "avx512"])
+@pytest.mark.parametrize("name", ["matmul", "odd_matmul", "batched_matmul", "conv2d_nchw", "softmax", "layernorm"])
+def test_every_move_from_the_centre_is_legal_and_correct(name, target):
+    """Each parameter moved alone to each of its other values (up to two steps: a quarter or four times
+    a block, two rows or two vectors more or less) on a fake AVX2 or AVX-512 target with 2 cores:
+    the schedule is built, passes the isl check and matches NumPy in float64."""
+    tensor, ref = MOVES[name](np.random.default_rng(0))
+    program = lower_on_host(tensor.node)[0]
+    model = TARGETS[target]
+    centre, params = space.centre_of(program, model.with_cores(2)), space.automatic_params(program, 2, model)
+    moves = [(n, option) for n, choice in centre.items() for option in choice.options if option != choice.value]
+    for param, option in moves:
+        tree = space.sample(optuna.trial.FixedTrial(dict(params, **{param: space.categorical(option)})),
+                            tensor.loop_tree(), 2, model)
+        assert tree.check() == (True, "legal"), (param, option)
+        assert_close(tensor.numpy(tree), ref, 1e-5)
