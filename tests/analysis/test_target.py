@@ -17,20 +17,16 @@ def write_cache(root, index, level, kind, size, ways=None):
         (folder / "ways_of_associativity").write_text(f"{ways}\n")
 
 
-def test_l1_associativity_is_read_from_the_data_cache_or_falls_back(tmp_path, monkeypatch):
+@pytest.mark.parametrize("level, kind, reader, default", [
+    (1, "Data", "l1_ways", "DEFAULT_L1_WAYS"), (2, "Unified", "l2_ways", "DEFAULT_L2_WAYS")])
+def test_a_cache_level_s_associativity_is_read_from_sysfs_or_falls_back(tmp_path, monkeypatch, level, kind,
+                                                                        reader, default):
     write_cache(tmp_path, 0, 1, "Instruction", "32K", ways=8)
     write_cache(tmp_path, 1, 1, "Data", "48K", ways=12)
-    assert target.l1_ways(tmp_path) == 12
+    write_cache(tmp_path, 2, 2, "Unified", "2048K", ways=16)
+    assert getattr(target, reader)(tmp_path) == {1: 12, 2: 16}[level]
     monkeypatch.setattr(target.os, "sysconf", lambda name: 0)
-    assert target.l1_ways(tmp_path / "missing") == target.DEFAULT_L1_WAYS
-
-
-def test_l2_associativity_is_read_from_the_unified_cache_or_falls_back(tmp_path, monkeypatch):
-    write_cache(tmp_path, 0, 1, "Data", "48K", ways=12)
-    write_cache(tmp_path, 1, 2, "Unified", "2048K", ways=16)
-    assert target.l2_ways(tmp_path) == 16
-    monkeypatch.setattr(target.os, "sysconf", lambda name: 0)
-    assert target.l2_ways(tmp_path / "missing") == target.DEFAULT_L2_WAYS
+    assert getattr(target, reader)(tmp_path / "missing") == getattr(target, default)
 
 
 def test_cache_sizes_are_read_from_a_sysfs_folder_skipping_instruction_caches(tmp_path):
