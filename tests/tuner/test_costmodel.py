@@ -269,3 +269,20 @@ def test_param_draw_keeps_its_base_without_mutation_and_redraws_values_that_do_n
     except space.InvalidDraw:
         pass
     assert fitted.params["t0.k.block"] <= 8
+
+
+def test_workers_sharing_a_study_do_not_measure_a_schedule_another_worker_took():
+    """Two samplers (two workers' processes) on one study rank alike: each skips the queued schedules a
+    trial of the other took since its round was chosen, so every trial measures a schedule of its own."""
+    case = matmul_case(64, 48, 96)
+    storage = optuna.storages.InMemoryStorage()
+    tree = case.tensor.loop_tree()
+    objective = _measured(tree, lambda drawn, params: synthetic_seconds(drawn))
+    optuna.create_study(study_name="shared", storage=storage)
+    workers = [optuna.load_study(study_name="shared", storage=storage, sampler=_costmodel_sampler(case, 0))
+               for _ in range(2)]
+    for _ in range(12):                       # turns, each worker's round chosen before the other's trials
+        for study in workers:
+            study.optimize(objective, n_trials=1)
+    keys = [costmodel.param_key(t.params) for t in workers[0].trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(keys) >= 20 and len(set(keys)) == len(keys)
