@@ -472,9 +472,10 @@ class ModuleRunner:
 
         def run(inputs: list[int], out: int | None = None, sizes=()):
             for index, divisor, axis, name in limits:
-                if -(-sizes[index] // divisor) > templates.GRID_LIMITS[axis]:
+                blocks = -(-sizes[index] // divisor)
+                if blocks > templates.GRID_LIMITS[axis]:
                     raise ValueError(f"dynamic dim '{self.dynamic.dims[index]}' has size {sizes[index]}: kernel {name} "
-                                     f"would launch {-(-sizes[index] // divisor)} blocks along {axis}, over the GPU's "
+                                     f"would launch {blocks} blocks along {axis}, over the GPU's "
                                      f"{templates.GRID_LIMITS[axis]}")
             result = self.output_shape(sizes)
             memory = alloc(max(1, math.prod(result) * item)) if out is None else None

@@ -29,8 +29,9 @@ class DynamicSizes:
         return cls(program.dynamic, [buf.dims[0] if buf.dims else None for buf in program.inputs], labels, positions)
 
     def of(self, arrays: list[np.ndarray]) -> list[int]:
-        """The size of each dynamic dim in a call on `arrays` (ranks checked): an error naming the
-        arrays and sizes where inputs sharing a dim disagree, or where one is below the dim's minimum."""
+        """The size of each dynamic dim in a call on `arrays` (their ranks already checked by the caller): an
+        error naming the arrays and sizes where inputs sharing a dim disagree, or where one is below the dim's
+        minimum."""
         sizes = []
         for first, others, minimum in self._reads:
             size = arrays[first].shape[0]
