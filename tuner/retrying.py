@@ -16,16 +16,22 @@ PATIENCE = 600.0            # seconds a storage call keeps trying before its err
 RETRY_WAIT_MAX = 5.0
 
 
-def lost_connection(err: Exception) -> bool:
-    """Whether `err` says the database could not be reached (a server down or restarting), not that the
-    call itself was wrong."""
+def lost_connection(err: BaseException | None) -> bool:
+    """Whether `err`, or an error it was raised from or while handling, says the database could not be reached
+    (a server down or restarting), not that the call itself was wrong. (Optuna reads trials again on the same
+    session when a read fails, so a lost connection can surface as SQLAlchemy's PendingRollbackError.)"""
     import sqlalchemy.exc
-    if isinstance(err, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)):
-        return True
-    if isinstance(err, sqlalchemy.exc.DBAPIError) and err.connection_invalidated:
-        return True
-    cause = err.__cause__
-    return isinstance(err, optuna.exceptions.StorageInternalError) and cause is not None and lost_connection(cause)
+    if not isinstance(err, (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError)):
+        return False
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)):
+            return True
+        if isinstance(err, sqlalchemy.exc.DBAPIError) and err.connection_invalidated:
+            return True
+        err = err.__cause__ or err.__context__
+    return False
 
 
 class RetryingStorage(BaseStorage, BaseHeartbeat):

@@ -59,9 +59,12 @@ def test_a_database_stopped_for_a_while_loses_no_completed_trial_and_every_worke
     workers = [start_worker(url, "fleet-outage", 40, seed, tmp_path / f"{seed}.sqlite") for seed in (0, 1)]
     before = completed(wait_for_trials(url, "fleet-outage", 6))
     postgres_cluster.pause()
-    time.sleep(8)
-    assert all(worker.poll() is None for worker in workers)           # waiting for the server, not dead
-    postgres_cluster.resume()
+    try:
+        time.sleep(8)
+        dead = [worker for worker in workers if worker.poll() is not None]
+    finally:
+        postgres_cluster.resume()
+    assert not dead, "a worker ended while the server was stopped:\n" + dead[0].communicate()[0][-3000:]
     for worker in workers:
         out, _ = worker.communicate(timeout=600)
         assert worker.returncode == 0, out[-3000:]
