@@ -7,6 +7,10 @@ size, scheduled for it; the dynamic one compiles one kernel, scheduled at the re
 timed interleaved in one process (median of calls; one thread unless `--threads`) and the ratio is static
 time over dynamic time (>= 0.95 is the issue's target). Results are checked against float64 first.
 Writes dynamic_sizes.json and .md to `--out`.
+
+`--device gpu`: the same functions on CuPy arrays at GPU sizes (`GPU_SIZES`, width `GPU_WIDTH`), plus the
+layer in bfloat16; each call's device time by CUDA events (best median of rounds taken in turn), written to
+dynamic_sizes_gpu.json and .md.
 """
 from __future__ import annotations
 
@@ -23,10 +27,12 @@ from .peers import cpu_name
 
 SIZES = (64, 300, 1000)
 WIDTH = 256
+GPU_SIZES = (256, 1000, 8192)
+GPU_WIDTH = 1024
 
 
-def _functions(batch):
-    """The workloads over batch dim `batch`: name -> (lt.function, its inputs at batch size B, reference)."""
+def _functions(batch, width: int = WIDTH, gpu: bool = False):
+    """The workloads over batch dim `batch`: name -> lt.function."""
     k, n = lt.symbols("k n")
 
     @lt.function
@@ -37,54 +43,93 @@ def _functions(batch):
     def softmax(x: lt.In[batch, n]):
         e = (x - x.max(n)).exp()
         return e / e.sum(n)
-    return {"relu(x @ w), k = n = 256": layer, "row softmax, n = 256": softmax}
+    functions = {f"relu(x @ w), k = n = {width}": layer, f"row softmax, n = {width}": softmax}
+    if gpu:
+        @lt.function
+        def layer_bf16(x: lt.In[batch, k], w: lt.In[k, n]):
+            return lt.relu((x * w).sum(k))
+        functions[f"bfloat16 relu(x @ w), k = n = {width}"] = layer_bf16
+    return functions
 
 
-def _inputs(name: str, size: int, rng) -> tuple[list[np.ndarray], np.ndarray]:
+def _inputs(name: str, size: int, width: int, rng) -> tuple[list[np.ndarray], np.ndarray]:
     """The arrays of a workload at batch size `size` and its float64 reference result."""
-    x = rng.standard_normal((size, WIDTH)).astype(np.float32)
-    if name.startswith("relu"):
-        w = rng.standard_normal((WIDTH, WIDTH)).astype(np.float32)
-        return [x, w], np.maximum(x.astype(np.float64) @ w, 0)
+    dtype = np.float32
+    if name.startswith("bfloat16"):
+        import ml_dtypes
+        dtype = ml_dtypes.bfloat16
+    x = rng.standard_normal((size, width)).astype(dtype)
+    if "relu" in name:
+        w = rng.standard_normal((width, width)).astype(dtype)
+        return [x, w], np.maximum(x.astype(np.float64) @ w.astype(np.float64), 0)
     e = np.exp(x - x.max(1, keepdims=True).astype(np.float64))
     return [x], e / e.sum(1, keepdims=True)
+
+
+def _cpu_row(static, dynamic, arrays, reference) -> tuple[float, float, float]:
+    """(static s, dynamic s, max relative error) of one workload at one size on the CPU."""
+    errors = [float(np.abs(fn(*arrays) - reference).max() / np.abs(reference).max()) for fn in (static, dynamic)]
+    times = timing.interleaved([lambda: static(*arrays), lambda: dynamic(*arrays)], budget=3.0, min_repeat=20)
+    return times[0].median, times[1].median, max(errors)
+
+
+def _gpu_row(static, dynamic, arrays, reference) -> tuple[float, float, float]:
+    """(static s, dynamic s, max relative error) of one workload at one size, on CuPy arrays, by CUDA events."""
+    from looptool.runtime import gpu as runtime_gpu
+    from .gpu import median_ms
+    cp = runtime_gpu.cupy()
+    device = [cp.asarray(a) for a in arrays]
+    errors = [float(np.abs(cp.asnumpy(fn(*device)).astype(np.float64) - reference).max() / np.abs(reference).max())
+              for fn in (static, dynamic)]
+    best = [float("inf")] * 2
+    for _ in range(3):
+        for i, fn in enumerate((static, dynamic)):
+            best[i] = min(best[i], median_ms(lambda: fn(*device)) / 1e3)
+    return best[0], best[1], max(errors)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
     args = parser.parse_args(argv)
+    gpu = args.device == "gpu"
     lt.set_num_threads(args.threads)
-    static = _functions(lt.symbols("b")[0])
-    dynamic = _functions(lt.symbols("b", dynamic=True)[0])
+    width, sizes, measure = (GPU_WIDTH, GPU_SIZES, _gpu_row) if gpu else (WIDTH, SIZES, _cpu_row)
+    static = _functions(lt.symbols("b")[0], width, gpu)
+    dynamic = _functions(lt.symbols("b", dynamic=True)[0], width, gpu)
     rng = np.random.default_rng(0)
     rows = []
     for name in static:
-        for size in SIZES:
-            arrays, reference = _inputs(name, size, rng)
-            errors = [float(np.abs(fn(*arrays) - reference).max() / np.abs(reference).max())
-                      for fn in (static[name], dynamic[name])]
-            times = timing.interleaved([lambda fn=static[name]: fn(*arrays), lambda fn=dynamic[name]: fn(*arrays)],
-                                       budget=3.0, min_repeat=20)
-            rows.append({"workload": name, "batch": size, "static_us": times[0].median * 1e6,
-                         "dynamic_us": times[1].median * 1e6, "ratio": times[0].median / times[1].median,
-                         "max_rel_error": max(errors)})
+        for size in sizes:
+            arrays, reference = _inputs(name, size, width, rng)
+            static_s, dynamic_s, error = measure(static[name], dynamic[name], arrays, reference)
+            rows.append({"workload": name, "batch": size, "static_us": static_s * 1e6, "dynamic_us": dynamic_s * 1e6,
+                         "ratio": static_s / dynamic_s, "max_rel_error": error})
     kernels = {name: len(fn._calls) for name, fn in dynamic.items()}
-    lines = [f"Dynamic vs static batch dim, {args.threads} thread(s), {cpu_name()}; µs a call (median), "
+    machine = _gpu_name() if gpu else f"{args.threads} thread(s), {cpu_name()}"
+    lines = [f"Dynamic vs static batch dim, {machine}; µs a call (median{' device time' if gpu else ''}), "
              f"ratio = static / dynamic",
              "", "| workload | batch | static µs | dynamic µs | ratio | max rel. error |",
              "| --- | ---: | ---: | ---: | ---: | ---: |",
              *[f"| {r['workload']} | {r['batch']} | {r['static_us']:.1f} | {r['dynamic_us']:.1f} | {r['ratio']:.3f} | "
                f"{r['max_rel_error']:.1e} |" for r in rows], "",
-             f"Dynamic functions compiled {kernels} kernel(s) for the {len(SIZES)} sizes."]
+             f"Dynamic functions compiled {kernels} kernel(s) for the {len(sizes)} sizes."]
     print("\n".join(lines))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        name = "dynamic_sizes" if args.threads == 1 else f"dynamic_sizes_{args.threads}threads"
-        (args.out / f"{name}.json").write_text(json.dumps({"cpu": cpu_name(), "threads": args.threads, "rows": rows,
+        name = "dynamic_sizes_gpu" if gpu else \
+            "dynamic_sizes" if args.threads == 1 else f"dynamic_sizes_{args.threads}threads"
+        (args.out / f"{name}.json").write_text(json.dumps({"machine": machine, "threads": args.threads, "rows": rows,
                                                           "kernels": kernels}, indent=1))
         (args.out / f"{name}.md").write_text("\n".join(lines) + "\n")
+
+
+def _gpu_name() -> str:
+    from looptool.runtime import gpu as runtime_gpu
+    cp = runtime_gpu.cupy()
+    return cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
 
 
 if __name__ == "__main__":

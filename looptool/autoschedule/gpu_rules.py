@@ -59,12 +59,11 @@ ROW_SHARED_SHARE = 0.25      # of a block's shared memory, the most a row kept t
 
 
 def gpu_tree(program: ir.Program, gpu: GpuTarget) -> LoopTree:
-    """The automatic schedule of `program` on `gpu`; `explain()` on the result gives the reasons."""
+    """The automatic schedule of `program` on `gpu`; `explain()` on the result gives the reasons. A program
+    with dynamic dims takes a rule's schedule only where it serves every size (`sized_at_launch`)."""
     reasons = [gpu.describe()]
-    if program.dynamic:
-        return dynamic_tree(program, gpu, reasons)
-    for rule in (_fused_rows, _per_stage):
-        planner, label = _Planner(program, gpu), rule.__name__.strip("_").replace("_", " ")
+    for label, rule in RULES.items():
+        planner = _Planner(program, gpu)
         try:
             tree = rule(planner)
         except ValueError as err:          # a rule's transform that does not apply to this program
@@ -72,47 +71,43 @@ def gpu_tree(program: ir.Program, gpu: GpuTarget) -> LoopTree:
             continue
         if tree is None:
             continue
+        if program.dynamic and not sized_at_launch(tree):
+            reasons.append(f"{label}: would split a dynamic dim or run it on threads (`sized_at_launch`)")
+            continue
         legal, why = tree.check()
         if legal:
-            return LoopTree(tree.program, tree.schedule, tuple(reasons + planner.reasons))
+            return LoopTree(tree.program, tree.schedule, tuple(reasons + planner.reasons + dynamic_reason(program)))
         reasons.append(f"{label}: refused by the legality check ({why})")
     reasons.append("one output element per thread: no rule applied")
     tree = default_gpu_tree(program)
-    return LoopTree(tree.program, tree.schedule, tuple(reasons))
+    return LoopTree(tree.program, tree.schedule, tuple(reasons + dynamic_reason(program)))
 
 
-def dynamic_tree(program: ir.Program, gpu: GpuTarget, reasons: list[str]) -> LoopTree:
-    """The schedule of a program with dynamic dims: the rows rule (one kernel, a block a row) where the
-    dynamic dims are rows the whole program runs in (no stage reduces one, every stage is placed in the
-    result's rows, and only loops over blocks, sized at launch, take their sizes); else one output element
-    per thread. The other rules size tiles, shared buffers and tensor-core tiles at fixed sizes."""
+def rule_tree(program: ir.Program, gpu: GpuTarget, rule: str) -> LoopTree | None:
+    """The schedule one of `RULES` gives `program`, unchecked (neither `sized_at_launch` nor the legality
+    check): for hunting a fault in a rule's trees (`bench.gpu_dynamic_tiles`)."""
+    return RULES[rule](_Planner(program, gpu))
+
+
+def dynamic_reason(program: ir.Program) -> list[str]:
+    """The reason a dynamic program's schedule serves every size, for `explain()`."""
+    if not program.dynamic:
+        return []
     dims = [dim for dim, _ in program.dynamic]
-    if not set(dims) & {d for st in program.stages for d in st.reduce_dims}:
-        planner = _Planner(program, gpu)
-        try:
-            tree = _fused_rows(planner)
-        except ValueError:
-            tree = None
-        if tree is not None and rows_over_blocks(tree) and tree.check()[0]:
-            return LoopTree(tree.program, tree.schedule, tuple(reasons + planner.reasons + [
-                f"dynamic dims {dims}: rows over blocks, their count set at launch"]))
-    tree = default_gpu_tree(program)
-    return LoopTree(tree.program, tree.schedule, tuple(reasons + [
-        f"dynamic dims {dims}: one output element per thread, the dynamic dims' loops over blocks sized at "
-        f"launch (the other rules plan at fixed sizes)"]))
+    return [f"dynamic dims {dims}: each runs whole, over blocks (its count set at launch) or in a thread's own "
+            f"walk, never split, so no tile of the kernel has a tail cut at a size known only at run time"]
 
 
-def rows_over_blocks(tree: LoopTree) -> bool:
-    """Whether every stage but the result is placed in the result's loops, and every loop whose extent is
-    set at run time (`ir.Size`) is bound to blocks."""
-    output = tree.program.output.name
-    for stage in tree.program.stages:
-        if stage.name != output and tree.schedule.of(stage.name).consumer != output:
-            return False
-        if any(isinstance(lp.extent, ir.Size) and not lp.annotation.startswith("block.")
-               for lp in tree.schedule.of(stage.name).loops):
-            return False
-    return True
+def sized_at_launch(tree: LoopTree) -> bool:
+    """Whether every loop whose extent is set at run time (`ir.Size`) runs its dim whole (not split) on a
+    block axis or as a plain loop a thread walks. Threads, unrolled and vectorized loops need their counts
+    when the kernel is built; tiles cut at a run-time size are refused for want of a GPU check (H100,
+    session 15: register tiles of relu(x @ w) over 128 dynamic rows, 96 x 200, wrote wrong rows 936-959 of
+    1000, though the same tree ran right on the CPU; their A tile, not transposed ahead, copied into shared
+    memory by guarded loads in a pipelined k loop of 3 tiles)."""
+    return all(not isinstance(lp.extent, ir.Size)
+               or (lp.extent.divisor == 1 and (lp.annotation.startswith("block.") or not lp.annotation))
+               for stage in tree.program.stages for lp in tree.schedule.of(stage.name).loops)
 
 
 def default_gpu_tree(program: ir.Program) -> LoopTree:
@@ -148,6 +143,9 @@ def _per_stage(planner: "_Planner") -> LoopTree:
             return planner.tree
         planner.schedule_stage(todo[0])
         done |= {todo[0]} | ({st.name for st in planner.tree.program.stages} - set(todo))
+
+
+RULES = {"fused rows": _fused_rows, "per stage": _per_stage}     # tried in this order
 
 
 def contiguous_dim(program: ir.Program, stage: ir.Stage) -> str | None:
@@ -427,10 +425,15 @@ class _Planner:
         """Put a contraction stage on the first template of `autoschedule.gpu` that the legality check
         accepts; a half-precision one off the tensor cores' grid first on zero-padded operands
         (`padded_on_tensor_cores`), or, where `WGMMA_EDGE_TILES` says so, first as one wgmma kernel with
-        guarded edge tiles (`wgmma_with_edges`). False where none fits."""
+        guarded edge tiles (`wgmma_with_edges`). False where none fits, and for half precision with dynamic
+        dims."""
         program, hopper = self.tree.program, self.gpu.tensor_cores == "wgmma"
         half = templates.contraction_dtype(program, name) in ("bfloat16", "float16")
         tries = (self.wgmma_with_edges, self.padded_on_tensor_cores)
+        if half and program.dynamic:
+            self.note(name, "no contraction template: the tensor-core templates copy by TMA, whose tensor maps "
+                            "are encoded at fixed sizes, and no other half-precision one is checked for dynamic dims")
+            return False
         if half and self.gpu.tensor_cores and not templates.tensor_tiles_fit(program, name) \
                 and any(fits(name) for fits in (tries if templates.WGMMA_EDGE_TILES else tries[::-1])):
             return True

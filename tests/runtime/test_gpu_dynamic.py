@@ -21,13 +21,29 @@ from tests.helpers import assert_close
 from tests.runtime.test_gpu_launcher import block_of, recording_launch
 
 b = lt.symbols("b", dynamic=True)[0]
-k, n = lt.symbols("k n")
+m, k, n = lt.symbols("m k n")
 
 
 def layer(rows, rng):
     x = rng.standard_normal((rows, 24)).astype(np.float32)
     w = rng.standard_normal((24, 40)).astype(np.float32)
     return lt.relu((lt.Tensor(x).to(b, k) * lt.Tensor(w).to(k, n)).sum(k)), np.maximum(x.astype(np.float64) @ w, 0)
+
+
+def wide_layer(rows, rng, dtype="float32"):
+    """relu(x @ w) with matrices that hold the register-tile template's block tiles (n = 200: a tail), the
+    case that found register tiles cut at a dynamic size wrong on an H100."""
+    x = rng.standard_normal((rows, 96)).astype(dtype)
+    w = rng.standard_normal((96, 200)).astype(dtype)
+    ref = np.maximum(x.astype(np.float64) @ w.astype(np.float64), 0)
+    return lt.relu((lt.Tensor(x).to(b, k) * lt.Tensor(w).to(k, n)).sum(k)), ref
+
+
+def batched(batch, rng):
+    """q . k over a dynamic batch of heads (k last in q: the template's transposed copy, batch first)."""
+    q = rng.standard_normal((batch, 130, 64)).astype(np.float32)
+    keys = rng.standard_normal((batch, 64, 128)).astype(np.float32)
+    return (lt.Tensor(q).to(b, m, k) * lt.Tensor(keys).to(b, k, n)).sum(k), q.astype(np.float64) @ keys
 
 
 def softmax(rows, rng, cols=33):
@@ -58,16 +74,45 @@ def test_the_automatic_gpu_schedule_binds_dynamic_loops_to_blocks_and_says_why(r
     tree = runtime_gpu.automatic_tree(program, "sm_90")       # the rows rule: a block a row, B blocks
     assert tree.check() == (True, "legal")
     assert "for b in 0..B  [block.x]" in str(tree) and "t2: one kernel: t0, t1.e, t1 placed in its rows" in tree.explain()
-    assert "dynamic dims ['b']: rows over blocks, their count set at launch" in tree.explain()
+    assert "dynamic dims ['b']: each runs whole, over blocks (its count set at launch)" in tree.explain()
     assert_close(lt.Kernel(tree, 1)(arrays), ref, 1e-5)          # the tree's loops on this CPU
     clamps = re.findall(r"icmp slt i64 %\S+, (\d+)\n", codegen_gpu.generate(tree, "sm_90").llvm_ir)
     assert "255" not in clamps        # a clamped row index goes to B - 1, not to the planned 256 rows' last
     product, _ = layer(37, rng)
     tree = runtime_gpu.automatic_tree(lower_on_host(product.node)[0], "sm_90")
     assert tree.check() == (True, "legal") and "for b in 0..B  [block.y]" in str(tree)
-    assert "dynamic dims ['b']: one output element per thread" in tree.explain()
+    assert "one output element per thread: no rule applied" in tree.explain()
     with pytest.raises(ValueError, match="runs B iterations, a number known only at run time"):
         c.loop_tree().bind("b", "thread.x", stage="t2")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_product_over_dynamic_rows_keeps_them_whole(rng, dtype):
+    """Register tiles would cut the dynamic rows into tiles of 128 with a tail at B; on an H100 such tiles
+    wrote wrong rows (936-959 of 1000; right on the CPU), so the dynamic rows run whole over blocks: one
+    output element per thread. bfloat16 takes no template at all (the tensor-core ones copy by TMA)."""
+    if dtype == "bfloat16":
+        dtype = pytest.importorskip("ml_dtypes").bfloat16
+    c, ref = wide_layer(300, rng, dtype)
+    program, arrays = lower_on_host(c.node)
+    tree = runtime_gpu.automatic_tree(program, "sm_90")
+    assert tree.check() == (True, "legal") and "for b in 0..B  [block.y]" in str(tree) and "ceil(B" not in str(tree)
+    assert "per stage: would split a dynamic dim or run it on threads" in tree.explain()
+    assert "dynamic dims ['b']: each runs whole, over blocks" in tree.explain()
+    if dtype != "float32":
+        planner = gpu_rules._Planner(program, runtime_gpu.gpu_target("sm_90"))
+        assert not planner.contraction_template("t0") and "copy by TMA" in planner.reasons[-1]
+    assert_close(lt.Kernel(tree, 1)(arrays), ref, 1e-5)          # the tree's loops on this CPU
+
+
+def test_a_dynamic_batch_of_products_takes_register_tiles_on_block_z(rng):
+    c, ref = batched(3, rng)
+    program, arrays = lower_on_host(c.node)
+    tree = runtime_gpu.automatic_tree(program, "sm_90")
+    assert tree.check() == (True, "legal") and "for b in 0..B  [block.z]" in str(tree)
+    assert "t0: a contraction: register tiles on CUDA cores" in tree.explain()
+    assert not codegen_gpu.generate(tree, "sm_90").tensor_maps
+    assert_close(lt.Kernel(tree, 1)(arrays), ref, 1e-5)
 
 
 def test_the_ptx_takes_each_dynamic_size_and_the_grid_is_sized_at_launch(rng):
@@ -176,7 +221,9 @@ def test_a_gpu_artifact_takes_the_sizes_as_kernel_parameters(rng, tmp_path):
 def test_cuda_runs_one_kernel_at_every_size(rng):
     from tests.gpu_helpers import cupy_or_skip
     cp = cupy_or_skip()
-    for make in (layer, softmax, functools.partial(softmax, cols=3001)):
+    bf16 = pytest.importorskip("ml_dtypes").bfloat16
+    for make in (layer, softmax, functools.partial(softmax, cols=3001), wide_layer,
+                 functools.partial(wide_layer, dtype=bf16), batched):
         before = runtime_gpu.CACHE.misses
         for rows in (1, 5, 128, 129, 1000):
             c, ref = make(rows, rng)
