@@ -14,9 +14,6 @@ INDEPENDENT_VECTORS = 4
 # A thread start and join costs about as much as this many simple loop iterations; a parallel
 # loop must give every thread at least this much work.
 WORK_PER_THREAD = 1 << 16
-# A parallel loop whose iterations do not divide among the cores leaves some idle at its end; it is
-# used only when at least this share of the cores' time is busy.
-THREAD_EFFICIENCY = 0.9
 # Caches hold the blocks a loop nest re-reads only if they leave room for what streams past:
 # blocks are sized to half of the cache level they live in.
 CACHE_SHARE = 2
@@ -134,7 +131,13 @@ def accumulator_block(target: Target, itemsize: int, extent: int, width: int) ->
 
 
 def worth_threads(target: Target, iterations: int, work: int) -> bool:
-    """Whether a loop of `iterations` over `work` scalar iterations in all should run on the cores."""
-    if target.cores < 2 or iterations < target.cores or work < WORK_PER_THREAD * target.cores:
-        return False
-    return iterations / (-(-iterations // target.cores) * target.cores) >= THREAD_EFFICIENCY
+    """Whether a loop of `iterations` over `work` scalar iterations in all gives every core an iteration
+    and work enough to pay for its thread."""
+    return target.cores >= 2 and iterations >= target.cores and work >= WORK_PER_THREAD * target.cores
+
+
+def threaded_time(target: Target, iterations: int, work: int, regions: int = 1) -> float:
+    """The work the busiest core does when a loop of `iterations` (over `work` in all) runs on the cores,
+    opened as a parallel region `regions` times a call (once per iteration of the loops around it): its
+    whole iterations' share of the work, and a thread start and join (WORK_PER_THREAD) per region."""
+    return -(-iterations // target.cores) / iterations * work + regions * WORK_PER_THREAD

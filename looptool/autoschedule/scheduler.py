@@ -258,7 +258,9 @@ class Builder:
         work that must pay for the threads, as the kernel's own check counts them for a loop of dynamic
         extent. (Counting the result alone kept softmax 300x256 on one thread of two: 69 us, against 40.)"""
         for name, outer in self.unthreaded:
-            loop = self.parallel(name, {lp: lp for lp in outer}, self.nest_work(name))
+            extents = [(lp.name, lp.extent) for lp in self.schedule.of(name).loops]
+            regions = {lp: math.prod(int(n) for _, n in extents[:[m for m, _ in extents].index(lp)]) for lp in outer}
+            loop = self.parallel(name, {lp: lp for lp in outer}, self.nest_work(name), regions)
             if loop:
                 self.schedule = self.schedule.annotate(name, loop, "parallel")
 
@@ -378,10 +380,15 @@ class Builder:
             raise ValueError(f"loop order {order!r} of stage {name} does not name its loops {list(roles)}")
         # in vector instructions (a multiply-add of `tile.lanes` lanes each), the unit WORK_PER_THREAD counts
         work = math.prod(size(d) for d in stage.loop_dims) // tile.lanes
-        parallel = self.parallel(name, {role: roles[role] for role in order.split()
-                                        if roles.get(role) and roles[role] != reduce_outer}, work)
-        if parallel and parallel not in (row_blocks, row_tiles) and (
-                self.sweep_fits(found, reduce_outer, itemsize) or self.splits_broadcast(stage, found, parallel)):
+        candidates = {role: roles[role] for role in order.split() if roles.get(role) and roles[role] != reduce_outer}
+
+        def moves_out(loop: str) -> bool:
+            return loop not in (row_blocks, row_tiles) and (
+                self.sweep_fits(found, reduce_outer, itemsize) or self.splits_broadcast(stage, found, loop))
+        regions = {role: 1 if moves_out(loop) else math.prod(self.extent(name, lp) for lp in outer[:outer.index(loop)])
+                   for role, loop in candidates.items()}
+        parallel = self.parallel(name, candidates, work, regions)
+        if parallel and moves_out(parallel):
             outer = [parallel] + [lp for lp in outer if lp != parallel]
             self.note(name, f"parallel {parallel} outermost: one parallel region per call (the packed "
                             f"panels it encloses are made by each thread)")
@@ -550,25 +557,34 @@ class Builder:
         if len(order) > 1:
             self.schedule = self.schedule.reorder(stage, *order)
 
-    def parallel(self, stage: str, candidates: dict[str, str], work: int) -> str | None:
-        """The loop to run on threads: of the `candidates` (role -> loop name, outer first), the rules
-        take the outermost with enough iterations for the cores; the pick may take another or none."""
+    def parallel(self, stage: str, candidates: dict[str, str], work: int,
+                 regions: dict[str, int] | None = None) -> str | None:
+        """The loop to run on threads: of the `candidates` (role -> loop name, outer first) with enough
+        iterations and work for the cores, the rules take the one whose busiest core finishes first
+        (`model.threaded_time`: whole iterations a core, and a start and join for each of the role's
+        `regions`, parallel regions a call; 1 where not given), the outermost of equals; the pick may take
+        another or none."""
         if self.target.cores < 2:
             return None
         extents = {lp.name: lp.extent for lp in self.schedule.of(stage).loops}
         # a loop of dynamic extent may run on threads: the kernel checks at run time that a call's size
         # gives them enough work (`model.worth_threads` there), and runs it serially where not
-        dynamic = {role for role, loop in candidates.items() if isinstance(extents[loop], ir.Size)}
+        dynamic = [role for role, loop in candidates.items() if isinstance(extents[loop], ir.Size)]
         busy = [role for role, loop in candidates.items() if extents[loop] >= self.target.cores or role in dynamic]
-        worth = [role for role in busy
-                 if role in dynamic or model.worth_threads(self.target, extents[candidates[role]], work)]
-        role = self.decide(f"{stage}.parallel", worth[0] if worth and self.allowed.threads else "none",
-                           ("none", *busy))
+        worth = [role for role in busy if model.worth_threads(self.target, extents[candidates[role]], work)]
+        regions = regions or {}
+        fastest = min(worth, key=lambda role: model.threaded_time(self.target, extents[candidates[role]], work,
+                                                                  regions.get(role, 1)), default="none")
+        first = next((role for role in busy if role in dynamic or role in worth), "none")
+        rule = (first if dynamic else fastest) if self.allowed.threads else "none"
+        role = self.decide(f"{stage}.parallel", rule, ("none", *busy))
         if role not in candidates:
             return None
         loop = candidates[role]
         when = " when a call's size gives each enough work" if role in dynamic else ""
-        self.note(stage, f"parallel {loop}: {extents[loop]} iterations for {self.target.cores} cores{when}")
+        opened = regions.get(role, 1)
+        times = f", opened {opened} times a call" if opened > 1 else ""
+        self.note(stage, f"parallel {loop}: {extents[loop]} iterations for {self.target.cores} cores{when}{times}")
         return loop
 
 

@@ -164,6 +164,23 @@ def test_a_contractions_work_is_counted_in_vector_instructions(bits, size, threa
     assert bool(parallel) is threads
 
 
+@pytest.mark.parametrize("registers, bits, tiles", [(32, 512, 7), (16, 256, 18)])
+def test_threads_take_the_loop_whose_busiest_core_finishes_first_regions_counted(registers, bits, tiles):
+    """331x277x413 on two cores: AVX-512's 64-wide tiles give 7 column tiles (4 and 3 a core); its 56 row
+    tiles split evenly but stay inside the k blocks and column tiles (a row loop moved out would repack
+    the reused operand), so they would open 3 x 7 = 21 parallel regions a call. The column tiles win:
+    0.496 ms a call against 0.517 (Zen 4, 2 threads). AVX2's 18 column tiles win anyway."""
+    _, program, ref = matmul_program(331, 277, 413)
+    tree = auto_tree(program, fake(registers, bits, cores=2))
+    assert f"t0: parallel n.0: {tiles} iterations for 2 cores" in tree.explain()
+    assert "parallel n.0 outermost: one parallel region per call" in tree.explain()
+    target = fake(registers, bits, cores=2)
+    work = 331 * 277 * 413 // target.lanes("float32")
+    assert model.threaded_time(target, 7, work, 1) < model.threaded_time(target, 56, work, 21)
+    assert model.threaded_time(target, 56, work, 1) < model.threaded_time(target, 7, work, 1)
+    assert_close(lt.Kernel(tree, 2)(lower_on_host(matmul_program(331, 277, 413)[0].node)[1]), ref, 1e-5)
+
+
 def test_a_parallel_loop_over_the_rows_of_a_large_image_runs_outermost(rng):
     """A 3x3 conv's 2-thread schedule: its output rows (oh) go to the threads; the image is larger than
     half of L2, but each row reads only its own input rows, so the parallel loop is the outermost (one
