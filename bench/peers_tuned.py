@@ -79,7 +79,8 @@ def table(data: dict) -> str:
     """The markdown table: per family the tuned and automatic kernels against XLA and PyTorch, then the
     geometric means and the lowest rows."""
     lines = [f"looptool tuned ({data['trials']} trials a workload, 1 thread) against XLA ({data['versions']['xla']}) "
-             f"and PyTorch ({data['versions']['torch']}) on {data['cpu']}; commit {data['commit']}; "
+             f"and PyTorch ({data['versions']['torch']}){' held to ' + data['peers_isa'] if data.get('peers_isa') else ''} "
+             f"on {data['cpu']}; commit {data['commit']}; "
              f"{data['wall_seconds'] / 60:.0f} min; load average {data['load']}. Ratios: peer time / looptool time.",
              "", "| family | workload | best trial (trials measured) | in the study: automatic / best | tuned ms | automatic ms "
              "| automatic / tuned | tuned x XLA | automatic x XLA | tuned x PyTorch |",
@@ -112,6 +113,8 @@ def main(argv=None):
     parser.add_argument("--keep", metavar="DIR", help="keep the study storage in DIR (default: a temporary one)")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--name", default="peers_tuned", help="file name stem of the results")
+    parser.add_argument("--peers-isa", choices=sorted(peers.PEER_ISA), default=None,
+                        help="hold XLA and PyTorch to these instructions (with LOOPTOOL_CPU=znver2: an AVX2 run)")
     args = parser.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     set_num_threads(1)
@@ -126,12 +129,14 @@ def main(argv=None):
             print(json.dumps({k: v for k, v in tuned[name].items() if k != "schedule"}), flush=True)
         schedules = Path(folder) / "schedules.json"
         schedules.write_text(json.dumps({name: t["schedule"] for name, t in tuned.items() if t["schedule"]}))
-        timed = peers.run_children([1], args.budget, ",".join(tuned), ("--schedules", str(schedules)))
+        timed = peers.run_children([1], args.budget, ",".join(tuned), ("--schedules", str(schedules)),
+                                   peers_isa=args.peers_isa)
     family_of = dict((name, family) for family, name in families)
     rows = [{"family": family_of[r["workload"]], **tuned[r["workload"]], **r} for r in timed]
     data = {"trials": args.trials, "seed": args.seed, "cpu": peers.cpu_name(), "commit": commit(),
             "versions": peers.available(), "wall_seconds": time.perf_counter() - started,
-            "load": f"{load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end", "rows": rows}
+            "load": f"{load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end", "peers_isa": args.peers_isa,
+            "rows": rows}
     text = table(data)
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
