@@ -157,8 +157,7 @@ def _gpu_files(tree, arch: str, out: Path) -> tuple[list[str], dict]:
         (out / name).write_text(text)
     compiled_for = re.search(r"^\.target (\w+)", module.ptx, re.M).group(1)    # sm_90a where wgmma or TMA
     fields = {"entry": [launch.name for launch in module.launches], "target": {"device": "gpu", "arch": compiled_for},
-              "gpu": {"launches": [{**dataclasses.asdict(launch),
-                                    "grid": [ptx_cache.grid_field(g) for g in launch.grid]} for launch in module.launches],
+              "gpu": {"launches": [ptx_cache.launch_fields(launch) for launch in module.launches],
                       "params": module.params, "aligned": list(module.aligned),
                       "tensor_maps": [dataclasses.asdict(copy) for copy in module.tensor_maps],
                       "buffers": [b.name for b in tree.program.inputs],
@@ -308,8 +307,7 @@ class LoadedGpuKernel:
                                                lambda: self._module(unaligned, gpu, ()), _dynamic_sizes(manifest))
 
     def _module(self, ptx: Path, gpu: dict, aligned) -> codegen_gpu.GpuModule:
-        launches = [codegen_gpu.Launch(launch["name"], tuple(ptx_cache.grid_extent(g) for g in launch["grid"]),
-                                       tuple(launch["block"]), launch["dynamic_shared"]) for launch in gpu["launches"]]
+        launches = [ptx_cache.launch_of(launch) for launch in gpu["launches"]]
         return codegen_gpu.GpuModule(ptx.read_text(), (self.path / "kernel.ll").read_text(), launches, gpu["params"],
                                      self.manifest["target"]["arch"], tuple(aligned),
                                      tuple(BulkCopy(**copy) for copy in gpu["tensor_maps"]))

@@ -112,25 +112,24 @@ def write(path: Path, module: codegen_gpu.GpuModule):
 
 def fields_of(module: codegen_gpu.GpuModule) -> dict:
     """A module as JSON-ready fields (a grid extent sized at launch as its dim, divisor and planned size)."""
-    launches = [{**dataclasses.asdict(launch), "grid": [grid_field(extent) for extent in launch.grid]}
-                for launch in module.launches]
-    return {**dataclasses.asdict(module), "launches": launches, "aligned": list(module.aligned)}
+    return {**dataclasses.asdict(module), "launches": [launch_fields(launch) for launch in module.launches],
+            "aligned": list(module.aligned)}
 
 
-def grid_field(extent: int) -> int | list:
-    """A grid extent as JSON: the number, or [dim, divisor, representative] for an `ir.Size`."""
-    return [extent.dim, extent.divisor, extent.representative] if isinstance(extent, ir.Size) else extent
+def launch_fields(launch: codegen_gpu.Launch) -> dict:
+    """A launch as JSON-ready fields: a grid extent sized at launch (`ir.Size`) as [dim, divisor, planned size]."""
+    grid = [[g.dim, g.divisor, g.representative] if isinstance(g, ir.Size) else g for g in launch.grid]
+    return {**dataclasses.asdict(launch), "grid": grid}
 
 
-def grid_extent(field: int | list) -> int:
-    """The grid extent of `grid_field`'s field."""
-    return ir.Size(*field) if isinstance(field, list) else field
+def launch_of(fields: dict) -> codegen_gpu.Launch:
+    """The launch of `launch_fields`'s fields."""
+    grid = tuple(ir.Size(*g) if isinstance(g, list) else g for g in fields["grid"])
+    return codegen_gpu.Launch(**{**fields, "grid": grid, "block": tuple(fields["block"])})
 
 
 def module_of(fields: dict) -> codegen_gpu.GpuModule:
     """The module of `fields_of`'s fields."""
-    launches = [codegen_gpu.Launch(**{**launch, "grid": tuple(grid_extent(g) for g in launch["grid"]),
-                                      "block": tuple(launch["block"])})
-                for launch in fields["launches"]]
+    launches = [launch_of(launch) for launch in fields["launches"]]
     return codegen_gpu.GpuModule(fields["ptx"], fields["llvm_ir"], launches, list(fields["params"]), fields["arch"],
                                  tuple(fields["aligned"]), tuple(BulkCopy(**copy) for copy in fields["tensor_maps"]))
