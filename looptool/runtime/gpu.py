@@ -175,13 +175,16 @@ def poisoned_empty(shape: tuple[int, ...], dtype: str):
     return array
 
 
-def _array_maker(shape: tuple[int, ...], dtype: str) -> Callable:
+def _array_maker(shape: tuple[int, ...] | None, dtype: str) -> Callable:
     """A function making a device array of `shape` and `dtype` (a `BFloat16Array` for bfloat16) on the
-    device memory it is given, with the dtype looked up once."""
+    device memory it is given, with the dtype looked up once; with `shape` None, of the memory and a shape."""
     cp = cupy()
     if dtype == dtypes.bfloat16.name:
-        return lambda memory: BFloat16Array(cp.ndarray(shape, np.uint16, memory))
-    return functools.partial(cp.ndarray, shape, np.dtype(dtype))
+        return lambda memory, shape=shape: BFloat16Array(cp.ndarray(shape, np.uint16, memory))
+    item = np.dtype(dtype)
+    if shape is None:
+        return lambda memory, shape: cp.ndarray(shape, item, memory)
+    return functools.partial(cp.ndarray, shape, item)
 
 
 def kernel_argument(array):
@@ -469,6 +472,7 @@ class ModuleRunner:
                   for launch in launcher.loaded.module.launches
                   for axis, extent in zip("xyz", launch.grid) if isinstance(extent, ir.Size)]
         alloc, item = cupy().cuda.alloc, codegen_gpu.ITEM_BYTES[output.dtype]
+        new_array = _array_maker(None, output.dtype)          # its shape given at each call
 
         def run(inputs: list[int], out: int | None = None, sizes=()):
             for index, divisor, axis, name in limits:
@@ -483,7 +487,7 @@ class ModuleRunner:
                     for template, item_bytes in shapes]
             words = inputs + [temp.ptr for temp in kept] + [memory.ptr if out is None else out] + list(sizes)
             launcher(words if len(used) == count else [words[i] for i in used])
-            return None if memory is None else _array_maker(shape or result, output.dtype)(memory)
+            return None if memory is None else new_array(memory, shape or result)
         return run
 
     def tensor_maps(self, copies: tuple[BulkCopy, ...], sources: tuple[int, ...]):
