@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 import looptool as lt
+from looptool.runtime import gpu as runtime_gpu
 
 from . import timing
 from .peers import cpu_name
@@ -75,7 +76,6 @@ def _cpu_row(static, dynamic, arrays, reference) -> tuple[float, float, float]:
 
 def _gpu_row(static, dynamic, arrays, reference) -> tuple[float, float, float]:
     """(static s, dynamic s, max relative error) of one workload at one size, on CuPy arrays, by CUDA events."""
-    from looptool.runtime import gpu as runtime_gpu
     from .gpu import median_ms
     cp = runtime_gpu.cupy()
     device = [cp.asarray(a) for a in arrays]
@@ -108,7 +108,7 @@ def main(argv=None):
             rows.append({"workload": name, "batch": size, "static_us": static_s * 1e6, "dynamic_us": dynamic_s * 1e6,
                          "ratio": static_s / dynamic_s, "max_rel_error": error})
     kernels = {name: len(fn._calls) for name, fn in dynamic.items()}
-    machine = _gpu_name() if gpu else f"{args.threads} thread(s), {cpu_name()}"
+    machine = runtime_gpu.gpu_target().name if gpu else f"{args.threads} thread(s), {cpu_name()}"
     lines = [f"Dynamic vs static batch dim, {machine}; µs a call (median{' device time' if gpu else ''}), "
              f"ratio = static / dynamic",
              "", "| workload | batch | static µs | dynamic µs | ratio | max rel. error |",
@@ -124,12 +124,6 @@ def main(argv=None):
         (args.out / f"{name}.json").write_text(json.dumps({"machine": machine, "threads": args.threads, "rows": rows,
                                                           "kernels": kernels}, indent=1))
         (args.out / f"{name}.md").write_text("\n".join(lines) + "\n")
-
-
-def _gpu_name() -> str:
-    from looptool.runtime import gpu as runtime_gpu
-    cp = runtime_gpu.cupy()
-    return cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
 
 
 if __name__ == "__main__":
