@@ -9,8 +9,9 @@ time over dynamic time (>= 0.95 is the issue's target). Results are checked agai
 Writes dynamic_sizes.json and .md to `--out`.
 
 `--device gpu`: the same functions on CuPy arrays at GPU sizes (`GPU_SIZES`, width `GPU_WIDTH`), plus the
-layer in bfloat16; each call's device time by CUDA events (best median of rounds taken in turn), written to
-dynamic_sizes_gpu.json and .md.
+layer in bfloat16; the ratio compares the kernels' device time a call (torch's profiler), and each call's
+time back to back (host work included where it is the longer) is shown beside it; best of rounds taken in
+turn, written to dynamic_sizes_gpu.json and .md.
 """
 from __future__ import annotations
 
@@ -74,18 +75,24 @@ def _cpu_row(static, dynamic, arrays, reference) -> tuple[float, float, float]:
     return times[0].median, times[1].median, max(errors)
 
 
-def _gpu_row(static, dynamic, arrays, reference) -> tuple[float, float, float]:
-    """(static s, dynamic s, max relative error) of one workload at one size, on CuPy arrays, by CUDA events."""
-    from .gpu import median_ms
+def _gpu_row(static, dynamic, arrays, reference) -> tuple[float, float, float, float, float]:
+    """(static s, dynamic s, max relative error, static call s, dynamic call s) of one workload at one
+    size, on CuPy arrays: the kernels' device time a call (torch's profiler, summed over the kernels a
+    call launches), best of 3 rounds taken in turn; and each call's time in calls launched back to back
+    (`bench.gpu.back_to_back_ms`: the larger of the kernels' time and the host's per-call work)."""
+    import torch
+
+    from .gpu import back_to_back_ms, kernel_times
     cp = runtime_gpu.cupy()
     device = [cp.asarray(a) for a in arrays]
     errors = [float(np.abs(cp.asnumpy(fn(*device)).astype(np.float64) - reference).max() / np.abs(reference).max())
               for fn in (static, dynamic)]
-    best = [float("inf")] * 2
+    kernels, calls = [float("inf")] * 2, [float("inf")] * 2
     for _ in range(3):
         for i, fn in enumerate((static, dynamic)):
-            best[i] = min(best[i], median_ms(lambda: fn(*device)) / 1e3)
-    return best[0], best[1], max(errors)
+            kernels[i] = min(kernels[i], sum(us for _, us in kernel_times(torch, lambda: fn(*device))) / 1e6)
+            calls[i] = min(calls[i], back_to_back_ms(lambda: fn(*device)) / 1e3)
+    return kernels[0], kernels[1], max(errors), calls[0], calls[1]
 
 
 def main(argv=None):
@@ -104,17 +111,21 @@ def main(argv=None):
     for name in static:
         for size in sizes:
             arrays, reference = _inputs(name, size, width, rng)
-            static_s, dynamic_s, error = measure(static[name], dynamic[name], arrays, reference)
+            static_s, dynamic_s, error, *calls = measure(static[name], dynamic[name], arrays, reference)
             rows.append({"workload": name, "batch": size, "static_us": static_s * 1e6, "dynamic_us": dynamic_s * 1e6,
-                         "ratio": static_s / dynamic_s, "max_rel_error": error})
+                         "ratio": static_s / dynamic_s, "max_rel_error": error,
+                         **({"static_call_us": calls[0] * 1e6, "dynamic_call_us": calls[1] * 1e6} if calls else {})})
     kernels = {name: len(fn._calls) for name, fn in dynamic.items()}
     machine = runtime_gpu.gpu_target().name if gpu else f"{args.threads} thread(s), {cpu_name()}"
-    lines = [f"Dynamic vs static batch dim, {machine}; µs a call (median{' device time' if gpu else ''}), "
-             f"ratio = static / dynamic",
-             "", "| workload | batch | static µs | dynamic µs | ratio | max rel. error |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |",
+    timed = "the kernels' device time a call (torch's profiler); a call: back to back, by CUDA events" if gpu \
+        else "median"
+    calls = " static call µs | dynamic call µs |" if gpu else ""
+    lines = [f"Dynamic vs static batch dim, {machine}; µs a call ({timed}), ratio = static / dynamic",
+             "", f"| workload | batch | static µs | dynamic µs | ratio | max rel. error |{calls}",
+             "| --- | ---: | ---: | ---: | ---: | ---: |" + (" ---: | ---: |" if gpu else ""),
              *[f"| {r['workload']} | {r['batch']} | {r['static_us']:.1f} | {r['dynamic_us']:.1f} | {r['ratio']:.3f} | "
-               f"{r['max_rel_error']:.1e} |" for r in rows], "",
+               f"{r['max_rel_error']:.1e} |" + (f" {r['static_call_us']:.1f} | {r['dynamic_call_us']:.1f} |" if gpu else "")
+               for r in rows], "",
              f"Dynamic functions compiled {kernels} kernel(s) for the {len(sizes)} sizes."]
     print("\n".join(lines))
     if args.out:

@@ -62,6 +62,25 @@ def median_ms(fn, repeat: int = 20) -> float:
     return float(np.median(times))
 
 
+def back_to_back_ms(fn, calls: int = 20, repeat: int = 5) -> float:
+    """Median over `repeat` rounds of the device time of `calls` calls of fn() launched back to back,
+    divided by `calls`: the kernels' own time, the host's per-call work hidden behind them where it is
+    shorter (as in a model's steady state), in milliseconds."""
+    cp = runtime_gpu.cupy()
+    fn()
+    cp.cuda.Stream.null.synchronize()
+    times = []
+    for _ in range(repeat):
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        for _ in range(calls):
+            fn()
+        stop.record()
+        stop.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, stop) / calls)
+    return float(np.median(times))
+
+
 def check_and_time(tensor, schedule, reference: np.ndarray, repeat: int):
     """(relative error, median ms, PTX) of one schedule on poisoned outputs."""
     cp = runtime_gpu.cupy()

@@ -92,7 +92,7 @@ def contraction_candidates(tree: LoopTree, stage: str, hopper: bool, sms: int | 
     """(description, tree) for each template that fits the contraction `stage`, best first: half
     precision on tensor cores (`TENSOR_START`: wgmma on a Hopper GPU, `WGMMA_ONE_K_TILE` where k is one
     k tile, then mma, which takes narrower edges) where its sizes are whole mma tiles; then register tiles on CUDA cores (`FLOAT32_TILES`, 2-D inputs with k last
-    transposed ahead), where its matrices hold a block tile, the tile chosen for a GPU of `sms` SMs
+    and rows of a fixed size transposed ahead), where its matrices hold a block tile, the tile chosen for a GPU of `sms` SMs
     (`least_work_block`; so is the wgmma template's). The legality check still has the last word (wgmma's wide tiles, for one, take no tail)."""
     dtype = contraction_dtype(tree.program, stage)
     candidates = []
@@ -112,7 +112,7 @@ def contraction_candidates(tree: LoopTree, stage: str, hopper: bool, sms: int | 
         try:
             block = least_work_block(tree.program, stage, sms, FLOAT32_BLOCKS)
             candidates.append((f"register tiles on CUDA cores, {block[0]}x{block[1]} a block (inputs with k last "
-                               f"transposed ahead), cp.async k tiles", _float32_tree(tree, stage, block)))
+                               f"and fixed rows transposed ahead), cp.async k tiles", _float32_tree(tree, stage, block)))
         except ValueError as err:
             LOG.debug("no register-tile template for %s: %s", stage, err)
     return candidates
@@ -215,8 +215,9 @@ def _float32_tree(tree: LoopTree, stage: str, block: tuple[int, int] = FLOAT32_B
     for buffer in ahead:
         tree = transposed_ahead(tree, st.name, buffer)
     shared = tuple(f"{b}.{st.name}" if b in ahead else b for b in inputs)
+    as_stored = [f"{b}.{st.name}" for b in ahead] + [b for b in inputs if dynamic_rows_k_last(tree, st.name, b)]
     tree = register_tiled(tree, st.name, p["x_threads"], p["x_groups"], p["vector"], p["y_threads"], p["y_tile"],
-                          p["k_tile"], True, shared, tuple(f"{b}.{st.name}" for b in ahead), y_groups=p["y_groups"])
+                          p["k_tile"], True, shared, tuple(as_stored), y_groups=p["y_groups"])
     return tree.pipeline(f"{st.reduce_dims[0]}.0", p["stages"], stage=f"{st.name}.acc")
 
 
@@ -320,12 +321,23 @@ def transposed_ahead(tree: LoopTree, stage: str, buffer: str, tile: int = 32) ->
 
 def transposable(tree: LoopTree, stage: str, buffer: str) -> bool:
     """Whether `transposed_ahead` applies: an input whose last dim is the stage's reduction dim, 2-D or
-    with one leading pure dim (a batch, within the grid's z limit)."""
+    with one leading pure dim (a batch, within the grid's z limit), and whose rows are not a dynamic dim
+    (they become the transposed copy's last axis, whose stride would be a size known only at run time)."""
     dims = _layout(tree.program, buffer)
     reduce_dims = tree.program.stage(stage).reduce_dims
     batch_fits = len(dims) == 2 or (len(dims) == 3 and dims[0] not in reduce_dims
                                     and tree.program.size(dims[0]) <= GRID_LIMITS["block.z"])
-    return batch_fits and dims[-2] not in reduce_dims and dims[-1] in reduce_dims
+    return batch_fits and dims[-2] not in reduce_dims and dims[-1] in reduce_dims \
+        and not isinstance(tree.program.size(dims[-2]), ir.Size)
+
+
+def dynamic_rows_k_last(tree: LoopTree, stage: str, buffer: str) -> bool:
+    """Whether `buffer` is an input laid out (rows, k) whose rows are a dynamic dim, so not transposed
+    ahead: its k tiles are copied into shared memory as stored (16 bytes at a time, pipelined by cp.async)
+    and the register tile reads them along k, not transposed word by word on the way."""
+    dims = _layout(tree.program, buffer)
+    return len(dims) >= 2 and dims[-1] in tree.program.stage(stage).reduce_dims \
+        and isinstance(tree.program.size(dims[-2]), ir.Size)
 
 
 def tile_dims(stage) -> tuple[str, str | None, list[str]]:

@@ -72,7 +72,7 @@ def gpu_tree(program: ir.Program, gpu: GpuTarget) -> LoopTree:
         if tree is None:
             continue
         if program.dynamic and not sized_at_launch(tree):
-            reasons.append(f"{label}: would split a dynamic dim or run it on threads (`sized_at_launch`)")
+            reasons.append(f"{label}: would run a dynamic extent on threads or unrolled (`sized_at_launch`)")
             continue
         legal, why = tree.check()
         if legal:
@@ -83,30 +83,21 @@ def gpu_tree(program: ir.Program, gpu: GpuTarget) -> LoopTree:
     return LoopTree(tree.program, tree.schedule, tuple(reasons + dynamic_reason(program)))
 
 
-def rule_tree(program: ir.Program, gpu: GpuTarget, rule: str) -> LoopTree | None:
-    """The schedule one of `RULES` gives `program`, unchecked (neither `sized_at_launch` nor the legality
-    check): for hunting a fault in a rule's trees (`bench.gpu_dynamic_tiles`)."""
-    return RULES[rule](_Planner(program, gpu))
-
-
 def dynamic_reason(program: ir.Program) -> list[str]:
     """The reason a dynamic program's schedule serves every size, for `explain()`."""
     if not program.dynamic:
         return []
     dims = [dim for dim, _ in program.dynamic]
-    return [f"dynamic dims {dims}: each runs whole, over blocks (its count set at launch) or in a thread's own "
-            f"walk, never split, so no tile of the kernel has a tail cut at a size known only at run time"]
+    return [f"dynamic dims {dims}: their outer loops over blocks (their counts set at launch) or in a thread's "
+            f"own walk; tiles cut by a tail at a dynamic size test it against the size the kernel takes"]
 
 
 def sized_at_launch(tree: LoopTree) -> bool:
-    """Whether every loop whose extent is set at run time (`ir.Size`) runs its dim whole (not split) on a
-    block axis or as a plain loop a thread walks. Threads, unrolled and vectorized loops need their counts
-    when the kernel is built; tiles cut at a run-time size are refused for want of a GPU check (H100,
-    session 15: register tiles of relu(x @ w) over 128 dynamic rows, 96 x 200, wrote wrong rows 936-959 of
-    1000, though the same tree ran right on the CPU; their A tile, not transposed ahead, copied into shared
-    memory by guarded loads in a pipelined k loop of 3 tiles)."""
-    return all(not isinstance(lp.extent, ir.Size)
-               or (lp.extent.divisor == 1 and (lp.annotation.startswith("block.") or not lp.annotation))
+    """Whether every loop whose extent is set at run time (`ir.Size`: a dynamic dim, or the outer loop of
+    its split) runs on a block axis or as a plain loop a thread walks: threads, unrolled and vectorized
+    loops need their counts when the kernel is built. A split's inner loops keep a fixed extent; their tail
+    at the run-time size is tested against the size the kernel takes."""
+    return all(not isinstance(lp.extent, ir.Size) or lp.annotation.startswith("block.") or not lp.annotation
                for stage in tree.program.stages for lp in tree.schedule.of(stage.name).loops)
 
 
@@ -430,10 +421,6 @@ class _Planner:
         program, hopper = self.tree.program, self.gpu.tensor_cores == "wgmma"
         half = templates.contraction_dtype(program, name) in ("bfloat16", "float16")
         tries = (self.wgmma_with_edges, self.padded_on_tensor_cores)
-        if half and program.dynamic:
-            self.note(name, "no contraction template: the tensor-core templates copy by TMA, whose tensor maps "
-                            "are encoded at fixed sizes, and no other half-precision one is checked for dynamic dims")
-            return False
         if half and self.gpu.tensor_cores and not templates.tensor_tiles_fit(program, name) \
                 and any(fits(name) for fits in (tries if templates.WGMMA_EDGE_TILES else tries[::-1])):
             return True

@@ -518,13 +518,29 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
         for lim in node.limits:
             rest = self.affine(lim.rest, env)
             if isinstance(values, list):
+                rooms = [self.room(lim, value, env) for value in values]
+                room = constant(llir.VectorType(I64, len(values)), [r.constant for r in rooms]) \
+                    if all(isinstance(r, llir.Constant) for r in rooms) else self.lanes_of(rooms)
                 rest = self.splat(rest, len(values))
-                room = constant(rest.type, [lim.bound - lim.coeff * value for value in values])
             else:
-                room = constant(I64, lim.bound - lim.coeff * values)
+                room = self.room(lim, values, env)
             holds = b.icmp_signed("<", rest, room)
             inside = holds if inside is None else b.and_(inside, holds)
         return inside
+
+    def room(self, lim, value: int, env: dict) -> llir.Value:
+        """bound - coeff * value of a tail: a constant, or for a bound set at run time an i64 of the size
+        the kernel takes."""
+        if not isinstance(lim.bound, ir.Size):
+            return constant(I64, lim.bound - lim.coeff * value)
+        return self.builder.sub(self.extent(lim.bound, env), constant(I64, lim.coeff * value))
+
+    def lanes_of(self, scalars: list[llir.Value]) -> llir.Value:
+        """A vector of these i64 values, lane by lane."""
+        vector = constant(llir.VectorType(I64, len(scalars)), None)
+        for lane, scalar in enumerate(scalars):
+            vector = self.builder.insert_element(vector, scalar, constant(I32, lane))
+        return vector
 
     def edge_tail(self, node: LoopNode) -> bool:
         """Whether this copy of the code runs a register tile's tail loop as an edge tile: its tail is

@@ -184,7 +184,7 @@ class TensorCoreLowering:
         present = constant(llir.IntType(1), 1)
         for node in nodes:
             for lim in node.limits if node.loop.name not in whole else ():
-                inside = b.icmp_signed("<", self.affine(lim.rest, base), constant(I64, lim.bound))
+                inside = b.icmp_signed("<", self.affine(lim.rest, base), self.extent(lim.bound, base))
                 present = b.and_(present, inside)     # a tail of whole tiles: there or not, for the whole warp
         with b.if_then(present):
             self.tile(tile, stmt, base)
@@ -204,20 +204,41 @@ class TensorCoreLowering:
             sources = self.tile_elements(tile.a.buffer, tile.a.index, tile, stmt, base, lane)
             places = self.element_envs(tile, base, lane)
             inside = self.inside_tails(tile, places)
-            if inside is not None:          # a wgmma tile cut by a tail: each element stored under its guard
-                for source, place, target, holds in zip(sources, places, targets, inside):
-                    with self.builder.if_then(holds):
-                        value = self.load_value(source, tile.dtype)
-                        self.store_value(self.written_back(stage.expr, tile.a, value, stmt, place), target, stage.dtype)
+            if inside is None:
+                self.write_back(tile, stmt, sources, places, targets, base)
                 return
-            values = [self.load_value(source, tile.dtype) for source in sources]
-            values = [self.written_back(stage.expr, tile.a, value, stmt, env) for value, env in zip(values, places)]
-            self.store_tile(values, targets, tile, stmt, base)
+            with self.builder.if_else(self.tile_inside_tails(tile, base)) as (whole, cut):
+                with whole:                 # most tiles of a wgmma kernel cut by a tail lie wholly inside it
+                    self.write_back(tile, stmt, sources, places, targets, base)
+                with cut:                   # the edge tiles: each element stored under its guard
+                    for source, place, target, holds in zip(sources, places, targets, inside):
+                        with self.builder.if_then(holds):
+                            value = self.load_value(source, tile.dtype)
+                            self.store_value(self.written_back(stage.expr, tile.a, value, stmt, place), target,
+                                             stage.dtype)
             return
         if is_warpgroup(tile.instruction):
             self.wgmma(tile, stmt, base, targets)
         else:
             self.mma_sync(tile, stmt, base, targets, lane)
+
+    def write_back(self, tile: TensorTile, stmt: StmtNode, sources: list, places: list[dict], targets: list,
+                   base: dict):
+        """A copy tile's elements loaded from the accumulator, through the stage's expression, stored."""
+        values = [self.load_value(source, tile.dtype) for source in sources]
+        values = [self.written_back(stmt.stage.expr, tile.a, value, stmt, env) for value, env in zip(values, places)]
+        self.store_tile(values, targets, tile, stmt, base)
+
+    def tile_inside_tails(self, tile: TensorTile, base: dict) -> llir.Value:
+        """Whether a whole wgmma copy tile (its loops from 0 to their extents, at loop values `base`) lies
+        inside the tails that cut its m and n loops: its last element does."""
+        b = self.builder
+        holds = constant(llir.IntType(1), 1)
+        for node in (tile.loops["m"], tile.loops["n"]):
+            for lim in node.limits:
+                last = b.add(self.affine(lim.rest, base), constant(I64, lim.coeff * (node.loop.extent - 1)))
+                holds = b.and_(holds, b.icmp_signed("<", last, self.extent(lim.bound, base)))
+        return holds
 
     def inside_tails(self, tile: TensorTile, places: list[dict]) -> list[llir.Value] | None:
         """For each element of a wgmma copy tile whose m or n loop a tail cuts (the tile is computed whole:
@@ -231,7 +252,7 @@ class TensorCoreLowering:
             holds = constant(llir.IntType(1), 1)
             for node, lim in limits:
                 value = b.add(b.mul(constant(I64, lim.coeff), place[node.loop.name]), self.affine(lim.rest, place))
-                holds = b.and_(holds, b.icmp_signed("<", value, constant(I64, lim.bound)))
+                holds = b.and_(holds, b.icmp_signed("<", value, self.extent(lim.bound, place)))
             inside.append(holds)
         return inside
 

@@ -439,12 +439,8 @@ class ModuleRunner:
         used = [i for i, name in enumerate(varying) if name in module.params]     # an input no kernel reads: none
         launcher = Launcher(loaded, [varying[i] for i in used])
         sources = [varying.index(copy.source) for copy in module.tensor_maps]     # where each TMA source's address is
-        if sizes and maps:
-            raise NotImplementedError("TMA copies in a kernel with dynamic dims: their tensor maps are encoded "
-                                      "for fixed shapes")
         if sizes:
-            return self._dynamic_run(launcher, [spec for _, spec in temps], output, shape, used,
-                                     len(varying))
+            return self._dynamic_run(launcher, [spec for _, spec in temps], output, shape, used, len(varying), sources)
         temp_bytes = [math.prod(spec.shape) * codegen_gpu.ITEM_BYTES[spec.dtype] for _, spec in temps]
         output_array = _array_maker(shape or output.shape, output.dtype)
         output_bytes = max(1, math.prod(output.shape) * codegen_gpu.ITEM_BYTES[output.dtype])
@@ -464,9 +460,11 @@ class ModuleRunner:
         return run
 
     def _dynamic_run(self, launcher: Launcher, temps: list[BufferSpec], output: BufferSpec, shape, used: list[int],
-                     count: int) -> Callable:
-        """`run` of a module with dynamic dims: the temps, the output and the grid at a call's sizes, which
-        follow the buffers' addresses among the launch's words (no TMA maps: such modules have none)."""
+                     count: int, sources: list[int]) -> Callable:
+        """`run` of a module with dynamic dims: the temps, the output, the grid and the TMA tensor maps (of
+        the copies' sources, at `sources` among the buffers' addresses) at a call's sizes, which follow the
+        buffers' addresses (and the maps') among the launch's words."""
+        copies = launcher.loaded.module.tensor_maps
         shapes = [(self.dynamic.template(spec.shape), codegen_gpu.ITEM_BYTES[spec.dtype]) for spec in temps]
         limits = [(self.dynamic.dims.index(extent.dim), extent.divisor, f"block.{axis}", launch.name)
                   for launch in launcher.loaded.module.launches
@@ -485,23 +483,28 @@ class ModuleRunner:
             memory = alloc(max(1, math.prod(result) * item)) if out is None else None
             kept = [alloc(max(1, math.prod(self.dynamic.at(template, sizes)) * item_bytes))
                     for template, item_bytes in shapes]
-            words = inputs + [temp.ptr for temp in kept] + [memory.ptr if out is None else out] + list(sizes)
+            words = inputs + [temp.ptr for temp in kept] + [memory.ptr if out is None else out]
+            if copies:
+                kept.append(self.tensor_maps(copies, tuple([words[i] for i in sources]), tuple(sizes)))
+                words.append(kept[-1].data.ptr)
+            words += sizes
             launcher(words if len(used) == count else [words[i] for i in used])
             return None if memory is None else new_array(memory, shape or result)
         return run
 
-    def tensor_maps(self, copies: tuple[BulkCopy, ...], sources: tuple[int, ...]):
-        """The device array of the TMA copies' tensor maps for their sources at these addresses (kept by
-        the addresses)."""
-        return self._tensor_maps.get(sources, lambda: self._encode_tensor_maps(copies, sources))
+    def tensor_maps(self, copies: tuple[BulkCopy, ...], sources: tuple[int, ...], sizes: tuple[int, ...] = ()):
+        """The device array of the TMA copies' tensor maps for their sources at these addresses, at these
+        sizes of the dynamic dims (kept by both)."""
+        return self._tensor_maps.get((sources, sizes), lambda: self._encode_tensor_maps(copies, sources, sizes))
 
-    def _encode_tensor_maps(self, copies: tuple[BulkCopy, ...], sources: tuple[int, ...]):
+    def _encode_tensor_maps(self, copies: tuple[BulkCopy, ...], sources: tuple[int, ...], sizes: tuple[int, ...]):
         for copy, pointer in zip(copies, sources):
             if pointer % GLOBAL_ALIGN:
                 raise ValueError(f"input {copy.source} starts at address {pointer:#x}, not {GLOBAL_ALIGN}-byte aligned: "
                                  f"this kernel copies it with TMA, which needs aligned tensors (pass a fresh array)")
         specs = {spec.name: spec for spec in self.inputs + self.scratch}
-        encoded = b"".join(tensor_map(copy, pointer, specs[copy.source].shape, specs[copy.source].strides,
+        shapes = {name: self.dynamic.at(self.dynamic.template(spec.shape), sizes) for name, spec in specs.items()}
+        encoded = b"".join(tensor_map(copy, pointer, shapes[copy.source], specs[copy.source].strides,
                                       codegen_gpu.ITEM_BYTES[specs[copy.source].dtype])
                            for copy, pointer in zip(copies, sources))
         return cupy().asarray(np.frombuffer(encoded, dtype=np.uint8))

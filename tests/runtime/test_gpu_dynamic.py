@@ -4,6 +4,7 @@ read from the size, the PTX cache's record of it. On a GPU (`-m gpu`): `.cuda()`
 device arrays at many sizes of one kernel, against float64, and bad sizes refused in words."""
 import ctypes
 import functools
+import json
 import re
 
 import numpy as np
@@ -74,34 +75,40 @@ def test_the_automatic_gpu_schedule_binds_dynamic_loops_to_blocks_and_says_why(r
     tree = runtime_gpu.automatic_tree(program, "sm_90")       # the rows rule: a block a row, B blocks
     assert tree.check() == (True, "legal")
     assert "for b in 0..B  [block.x]" in str(tree) and "t2: one kernel: t0, t1.e, t1 placed in its rows" in tree.explain()
-    assert "dynamic dims ['b']: each runs whole, over blocks (its count set at launch)" in tree.explain()
+    assert "dynamic dims ['b']: their outer loops over blocks (their counts set at launch)" in tree.explain()
     assert_close(lt.Kernel(tree, 1)(arrays), ref, 1e-5)          # the tree's loops on this CPU
     clamps = re.findall(r"icmp slt i64 %\S+, (\d+)\n", codegen_gpu.generate(tree, "sm_90").llvm_ir)
     assert "255" not in clamps        # a clamped row index goes to B - 1, not to the planned 256 rows' last
     product, _ = layer(37, rng)
     tree = runtime_gpu.automatic_tree(lower_on_host(product.node)[0], "sm_90")
-    assert tree.check() == (True, "legal") and "for b in 0..B  [block.y]" in str(tree)
-    assert "one output element per thread: no rule applied" in tree.explain()
+    assert tree.check() == (True, "legal") and "for b.0.0 in 0..ceil(B/16)  [block.x]" in str(tree)
+    assert "t0: reduction along k (rows of 24, shorter than 128): a thread an output x 4 along b" in tree.explain()
     with pytest.raises(ValueError, match="runs B iterations, a number known only at run time"):
         c.loop_tree().bind("b", "thread.x", stage="t2")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_a_product_over_dynamic_rows_keeps_them_whole(rng, dtype):
-    """Register tiles would cut the dynamic rows into tiles of 128 with a tail at B; on an H100 such tiles
-    wrote wrong rows (936-959 of 1000; right on the CPU), so the dynamic rows run whole over blocks: one
-    output element per thread. bfloat16 takes no template at all (the tensor-core ones copy by TMA)."""
+def test_a_product_over_dynamic_rows_takes_the_contraction_templates_with_tails_at_the_size(rng, dtype):
+    """Register tiles (float32; A not transposed ahead: its rows would be the copy's last axis) and wgmma
+    tiles fed by TMA (bfloat16; the tensor maps encoded at each call's sizes) cut the dynamic rows into
+    tiles of 128, the last one cut by a tail at B that every guard tests against the size the kernel takes.
+    An edge tile's guards once tested the dim's planned 256 rows instead: on an H100 rows 936-959 of 1000
+    were never written (the threads whose second group of rows lay past B took the edge tile, whose
+    guards held nowhere)."""
     if dtype == "bfloat16":
         dtype = pytest.importorskip("ml_dtypes").bfloat16
     c, ref = wide_layer(300, rng, dtype)
     program, arrays = lower_on_host(c.node)
     tree = runtime_gpu.automatic_tree(program, "sm_90")
-    assert tree.check() == (True, "legal") and "for b in 0..B  [block.y]" in str(tree) and "ceil(B" not in str(tree)
-    assert "per stage: would split a dynamic dim or run it on threads" in tree.explain()
-    assert "dynamic dims ['b']: each runs whole, over blocks" in tree.explain()
-    if dtype != "float32":
-        planner = gpu_rules._Planner(program, runtime_gpu.gpu_target("sm_90"))
-        assert not planner.contraction_template("t0") and "copy by TMA" in planner.reasons[-1]
+    assert tree.check() == (True, "legal") and "for b.0 in 0..ceil(B/128)  [block.y]" in str(tree)
+    assert "< B  [unroll]" in str(tree) or "< B  [wgmma" in str(tree)
+    described = "wgmma tensor-core tiles" if dtype != "float32" else "register tiles on CUDA cores"
+    assert f"t0: a contraction: {described}" in tree.explain()
+    assert "t1: fused into the contraction's write-back" in tree.explain()
+    module = codegen_gpu.generate(tree, "sm_90")
+    assert bool(module.tensor_maps) == (dtype != "float32") and "in0.t0" not in module.params
+    bounds = {int(v) for v in re.findall(r"icmp slt i64 %\S+, (\d+)\n", module.llvm_ir)}
+    assert not bounds & set(range(ir.REPRESENTATIVE_SIZE - 8, ir.REPRESENTATIVE_SIZE + 1))   # 256 - k: a planned bound
     assert_close(lt.Kernel(tree, 1)(arrays), ref, 1e-5)          # the tree's loops on this CPU
 
 
@@ -263,10 +270,14 @@ def test_a_function_on_device_arrays_traces_once_for_every_size(rng):
 def test_a_size_over_the_grid_limit_is_refused_in_words(rng):
     from tests.gpu_helpers import cupy_or_skip
     cp = cupy_or_skip()
-    x = cp.zeros((70000, 2), cp.float32)
+    x = cp.arange(140000, dtype=cp.float32).reshape(70000, 2)
+    doubled = lt.Tensor(x).to(b, k) * 2.0
+    program, _ = lower_on_host(doubled.node)
+    rows_on_y = runtime_gpu.GpuKernel(gpu_rules.default_gpu_tree(program))       # a block a row, along y
     with pytest.raises(ValueError, match=r"dynamic dim 'b' has size 70000: kernel looptool_k0 would launch 70000 "
                                          r"blocks along block.y, over the GPU's 65535"):
-        (lt.Tensor(x).to(b, k) * 2.0).cuda()
+        rows_on_y([x])
+    assert_close(cp.asnumpy(doubled.cuda()), cp.asnumpy(x) * 2.0, 1e-6)        # automatic: 128 rows a block, on x
 
 
 @pytest.mark.gpu
@@ -284,3 +295,20 @@ def test_a_loaded_gpu_artifact_runs_every_size(rng, tmp_path):
         assert_close(cp.asnumpy(got), np.maximum(x.astype(np.float64) @ weights, 0), 1e-5)
     with pytest.raises(lt.ArtifactError, match="dynamic dim 'b' has size 0 in input in0 .* from 1 up"):
         loaded(np.zeros((0, 24), np.float32), weights)
+
+
+@pytest.mark.gpu
+def test_a_loaded_bfloat16_gpu_artifact_encodes_its_tensor_maps_at_each_size(rng, tmp_path):
+    from tests.gpu_helpers import cupy_or_skip
+    cp = cupy_or_skip()
+    bf16 = pytest.importorskip("ml_dtypes").bfloat16
+    c, _ = wide_layer(300, rng, bf16)
+    lt.export(c, tmp_path / "layer", device="gpu")
+    loaded = lt.load(tmp_path / "layer")
+    assert json.loads((tmp_path / "layer" / "manifest.json").read_text())["gpu"]["tensor_maps"]     # wgmma by TMA
+    _, weights = lower_on_host(c.node)[1]
+    for rows in (1, 129, 300, 1000):
+        x = rng.standard_normal((rows, 96)).astype(bf16)
+        got = loaded(x, weights)
+        assert got.shape == (rows, 200)
+        assert_close(cp.asnumpy(got), np.maximum(x.astype(np.float64) @ weights.astype(np.float64), 0), 1e-5)
