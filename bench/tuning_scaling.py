@@ -1,8 +1,8 @@
 """Tuning throughput against the workers measuring one study: `python -m bench.tuning_scaling --device gpu` on a
 multi-GPU host, `--device cpu` on a machine's cores.
 
-For each worker count (1, 2, ... up to the GPUs present or the cores, or `--workers`), a fresh study of the
-same workload (GPU: a bfloat16 matmul; CPU: a float32 one, `--size`) runs `--trials` trials with
+For each worker count (1, 2, ... up to the GPUs present or the cores, or `--workers`; or those of `--counts`),
+a fresh study of the same workload (GPU: a bfloat16 matmul; CPU: a float32 one, `--size`) runs `--trials` trials with
 `tuner.tune(..., device="gpu", gpus=[0..k-1])` or `tuner.tune(..., jobs=k, threads=1)`; the report gives each
 study's wall time, trials an hour, best-so-far against wall time, and its best kernel's time, so speed-up and
 quality are read together. Studies and the tuning database live in a temporary folder, and the kernel caches
@@ -64,6 +64,8 @@ def main(argv=None):
     parser.add_argument("--size", type=int, default=None, help="matmul size (default: 2048 on a GPU, 256 on the CPU)")
     parser.add_argument("--workers", type=int, default=None,
                         help="most workers (default: every GPU of this host, or every core)")
+    parser.add_argument("--counts", type=int, nargs="+", default=None,
+                        help="the worker counts to run, the first the baseline (default: 1 to the most)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     folder = Path(tempfile.mkdtemp(prefix="tuning_scaling_"))
@@ -76,10 +78,10 @@ def main(argv=None):
     else:
         count = args.workers or os.cpu_count()
     tensor, described = workload(args.device, args.size or (2048 if args.device == "gpu" else 256))
-    rows = [study_run(tensor, args.device, k, args.trials, folder) for k in range(1, count + 1)]
+    rows = [study_run(tensor, args.device, k, args.trials, folder) for k in args.counts or range(1, count + 1)]
     one = rows[0]
     how = "gpus=[...]" if args.device == "gpu" else "jobs=k, threads=1"
-    lines = [f"{machine(args.device, count)}; {described}, {args.trials} trials a study "
+    lines = [f"{machine(args.device, max(row['workers'] for row in rows))}; {described}, {args.trials} trials a study "
              f"(tuner.tune(..., device='{args.device}', {how}))",
              "| workers | wall s | trials complete | trials an hour | x one worker | best kernel us | x one worker's best |",
              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]

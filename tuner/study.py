@@ -33,7 +33,7 @@ from looptool.schedule import LoopTree, Schedule
 
 from . import costmodel, scheduler, space
 from .retrying import RetryingStorage
-from .worker import MeasureError, Measurer, lowered, measured_sizes
+from .worker import MeasureError, Measurer, WorkerLost, lowered, measured_sizes
 
 log = logging.getLogger("looptool.tuner")
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -210,6 +210,9 @@ class Objective:
             result = self.measurer.measure(tree.schedule.steps, inject_crash=trial.number in self.inject_crash_at)
         except MeasureError as err:
             trial.set_user_attr("failure", str(err))
+            if isinstance(err, WorkerLost):
+                log.warning("%s", err)
+                trial.study.stop()          # this process's optimize loop ends after this trial
             raise TrialFailed(str(err)) from None
         seconds = study_seconds(trial.study, self.measurer, result)
         trial.set_user_attr("compile_seconds", result.compile_seconds)
@@ -381,9 +384,10 @@ def _helper_job(args: tuple, settings: dict, trials: int, timeout: float | None)
 
 def open_tuning(tensor, storage: str | None = None, study_name: str | None = None, threads: int = 1,
                 device: str = "cpu", from_automatic: bool = True, sizes: dict | None = None, **settings) -> Tuning:
-    """Create (or resume) the tensor's study and open its `Tuning` (`settings` are its arguments), with
-    the default schedule measured.  A new study's first trial is the space's centre (`start_from_automatic`)
-    unless not `from_automatic` (bench.tune_quality leaves it out so that every sampler starts cold)."""
+    """Create (or resume) the tensor's study and open its `Tuning` (`settings` are its arguments).  A new
+    study's first trial is the space's centre (`start_from_automatic`) unless not `from_automatic`
+    (bench.tune_quality leaves it out so that every sampler starts cold). The default schedule is measured
+    when the result is asked for (`Tuning.result`), so helper processes start and trials begin at once."""
     program = lowered(tensor.node, device)[0]
     name = study_name or study_name_for(program, threads, device, sizes)
     tuning = Tuning(tensor.node, storage or default_storage(), name, threads=threads, device=device, sizes=sizes,
@@ -391,7 +395,6 @@ def open_tuning(tensor, storage: str | None = None, study_name: str | None = Non
     _describe_workload(tuning.study, program, target_name(device))
     if from_automatic and not tuning.study.trials:
         start_from_automatic(tuning.study, program, threads, device)
-    tuning.default_seconds()
     return tuning
 
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+STARTS_BEFORE_GIVING_UP = 3
 STARTUP_TIMEOUT = 300.0
 INPUT_SETS = 2          # random input sets per worker, used in turn by its trials
 CALIBRATION_SECONDS = 0.5  # the yardstick is timed at start-up in rounds of CALIBRATION_RUNS runs for this
@@ -53,6 +54,11 @@ DEFAULT_SIZES = (16, 256, 2048)
 
 class MeasureError(RuntimeError):
     """A trial whose kernel failed: crashed, timed out, or computed a wrong result."""
+
+
+class WorkerLost(MeasureError):
+    """The measuring worker failed to start `STARTS_BEFORE_GIVING_UP` times in a row (its GPU gone, say):
+    this process stops measuring, the study goes on in the others."""
 
 
 @dataclass
@@ -485,6 +491,7 @@ class Measurer:
         self._process = None
         self._conn = None
         self._compiler: Compiler | None = None
+        self.failed_starts = 0
 
     def prefetch(self, schedules):
         """Compile these schedules (lists of steps) ahead, in order, in the compile process (CPU only)."""
@@ -523,10 +530,23 @@ class Measurer:
         if self.yardstick_seconds is None:
             self.yardstick_seconds = ready["yardstick_seconds"]
 
+    def _start_or_give_up(self):
+        """Start the worker; a `WorkerLost` once it has failed to start `STARTS_BEFORE_GIVING_UP` times in a row."""
+        try:
+            self._start()
+        except MeasureError as err:
+            self.failed_starts += 1
+            if self.failed_starts >= STARTS_BEFORE_GIVING_UP:
+                where = f" on GPU {self.gpu}" if self.gpu is not None else ""
+                raise WorkerLost(f"{err}; the measuring worker{where} failed to start {self.failed_starts} times in "
+                                 f"a row: this process stops measuring") from None
+            raise
+        self.failed_starts = 0
+
     def measure(self, steps, inject_crash: bool = False) -> Measurement:
         """Compile, check and time one schedule; raise MeasureError when the trial must fail."""
         if self._process is None or not self._process.is_alive():
-            self._start()
+            self._start_or_give_up()
         compiled = self._compiler.take(steps, self.timeout) if self._compiler else None
         pids = self._compiler.pids if self._compiler else []
         try:

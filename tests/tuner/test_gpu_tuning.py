@@ -115,6 +115,25 @@ def test_a_study_on_every_gpu_of_the_host_measures_on_each(rng, tmp_path, monkey
     assert_close(cp.asnumpy(c.cuda()), ref, 1e-5)
 
 
+@pytest.mark.gpu
+def test_a_gpu_that_is_not_there_fails_three_trials_and_the_study_goes_on(rng, tmp_path, monkeypatch):
+    """gpus=[0, N] on a host of N GPUs: the helper pinned to the missing one fails to start its worker three
+    times, fails those trials and stops; GPU 0 finishes the study."""
+    cp = cupy_or_skip()
+    pytest.importorskip("optuna")
+    from tuner import study
+    monkeypatch.setenv("LOOPTOOL_TUNING_DB", str(tmp_path / "tuned.sqlite"))
+    missing = cp.cuda.runtime.getDeviceCount()
+    c, ref = matmul(rng, 256, 128, 256)
+    result = study.tune(c, trials=10, storage=f"sqlite:///{tmp_path / 's.sqlite'}", seed=0, progress=False,
+                        device="gpu", repeats=3, gpus=[0, missing])
+    failures = [t.user_attrs.get("failure", "") for t in result.study.trials if t.state.name == "FAIL"]
+    assert sum(f"GPU {missing} failed to start 3 times in a row" in failure for failure in failures) == 1
+    assert sum("while starting" in failure for failure in failures) == 3
+    assert sum(t.state.name == "COMPLETE" for t in result.study.trials) >= 5
+    assert_close(cp.asnumpy(c.cuda()), ref, 1e-5)
+
+
 def test_gpus_are_refused_for_a_cpu_study(rng):
     pytest.importorskip("optuna")
     from tuner import study
