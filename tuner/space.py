@@ -268,7 +268,9 @@ def _gpu_tiles(trial: optuna.Trial, tree: LoopTree, stage: str) -> LoopTree:
         y_size = tree.program.size(y)
         y_threads = _choose(trial, f"{stage}.gpu.y.threads", [t for t in GPU_THREADS_Y if t <= y_size])
         y_tile = _choose(trial, f"{stage}.gpu.y.tile", [t for t in GPU_REGISTER_TILE if t <= y_size])
-        y_groups = _choose(trial, f"{stage}.gpu.y.groups", [g for g in GPU_ROW_GROUPS if y_tile % g == 0])
+        y_groups = _choose(trial, f"{stage}.gpu.y.groups", list(GPU_ROW_GROUPS))     # the same choices in every
+        if y_tile % y_groups:                                                         # trial (Optuna requires it)
+            raise ValueError(f"{y_tile} rows a thread do not come in {y_groups} runs")
         if y_threads * y_tile > y_size:
             raise ValueError(f"a block tile of {y_threads * y_tile} rows exceeds the {y_size} there are")
     if x_threads * vector * x_groups > x_size:
