@@ -423,7 +423,7 @@ class Builder:
         22 lines a set). Packed, its lines are consecutive and spread over all sets. Not for an operand
         read under padding guards (a guarded copy costs what it saves). (Until issue #27 the rule packed
         a block spanning more than half of L2, however its lines fell: 257x511x129's 257 rows 2044 bytes
-        apart, 4 lines a set at most, were copied once per reduction block, 5 % of the call.)"""
+        apart, 2 lines a set at most, were copied once per reduction block, 5 % of the call.)"""
         depth = max((i + 1 for i, lp in enumerate(outer) if lp in enclosing), default=0)
         reads = broadcast_reads(stage.expr, found.broadcast)
         plain = all(isinstance(e, ir.Load) and not e.clamped for e in reads)
