@@ -4,7 +4,7 @@ Everything is read from LLVM and the operating system, never from a table of CPU
 the vector width and the number of vector registers from LLVM's host features (AVX-512:
 32 registers of 512 bits; AVX/AVX2: 16 of 256; SSE2: 16 of 128; AArch64 NEON: 32 of 128),
 cache sizes and L1's and L2's associativity from sysfs (`/sys/devices/system/cpu/cpu0/cache/index*/{level,
-type,size,ways_of_associativity}`, then `os.sysconf`, then the defaults below), and the cores this
+type,size,ways_of_associativity,coherency_line_size}`, then `os.sysconf`, then the defaults below), and the cores this
 process may run on from
 `os.sched_getaffinity`.  `Target` is a plain dataclass, so tests build fake ones.
 
@@ -40,6 +40,7 @@ SYSCONF_NAMES = {1: "SC_LEVEL1_DCACHE_SIZE", 2: "SC_LEVEL2_CACHE_SIZE", 3: "SC_L
 DEFAULTS = {1: DEFAULT_L1, 2: DEFAULT_L2, 3: DEFAULT_L3}
 DEFAULT_L1_WAYS = 8
 DEFAULT_L2_WAYS = 8
+DEFAULT_LINE = 64
 
 CPU_VARIABLE = "LOOPTOOL_CPU"
 CACHES_VARIABLE = "LOOPTOOL_CPU_CACHES"
@@ -78,6 +79,7 @@ class Target:
     cores: int
     l1_ways: int = DEFAULT_L1_WAYS
     l2_ways: int = DEFAULT_L2_WAYS
+    line: int = DEFAULT_LINE
 
     @property
     def cache_bytes(self) -> tuple[int, int, int]:
@@ -145,13 +147,23 @@ def l2_ways(root: Path = SYSFS_CACHE) -> int:
     return _cache_ways(root, 2) or _sysconf("SC_LEVEL2_CACHE_ASSOC") or DEFAULT_L2_WAYS
 
 
+def line_size(root: Path = SYSFS_CACHE) -> int:
+    """The L2 cache's line in bytes: sysfs first, then os.sysconf, then DEFAULT_LINE."""
+    return _cache_figure(root, 2, "coherency_line_size") or _sysconf("SC_LEVEL2_CACHE_LINESIZE") or DEFAULT_LINE
+
+
 def _cache_ways(root: Path, level: int) -> int:
     """The sysfs `ways_of_associativity` of the data (or unified) cache of `level`, or 0."""
+    return _cache_figure(root, level, "ways_of_associativity")
+
+
+def _cache_figure(root: Path, level: int, name: str) -> int:
+    """The sysfs figure `name` of the data (or unified) cache of `level`, or 0."""
     for index in sorted(root.glob("index*")):
         try:
             if int((index / "level").read_text()) == level and \
                     (index / "type").read_text().strip() in ("Data", "Unified"):
-                return max(0, int((index / "ways_of_associativity").read_text()))
+                return max(0, int((index / name).read_text()))
         except (OSError, ValueError):
             continue
     return 0
@@ -284,16 +296,16 @@ def named_caches(setting: str) -> dict[int, int]:
 
 
 def target_of(cpu: LlvmCpu, caches: str | None = None) -> Target:
-    """The target model of `cpu`: this host's features, caches (sysfs) and L1 and L2 ways, or for a named CPU
+    """The target model of `cpu`: this host's features, caches (sysfs), L1 and L2 ways and line, or for a named CPU
     the features LLVM generates for it and the caches of `caches` (a LOOPTOOL_CPU_CACHES value, else the
     defaults); the cores are always those this process may use."""
     here = dict(llvm.get_host_cpu_features().items())
     if cpu.setting is None:
-        features, sizes, ways = here, cache_sizes(), (l1_ways(), l2_ways())
+        features, sizes, ways = here, cache_sizes(), (l1_ways(), l2_ways(), line_size())
     else:
         features = probed_features(cpu)
         check_runs_here(cpu, features, here)
-        sizes, ways = dict(DEFAULTS), (DEFAULT_L1_WAYS, DEFAULT_L2_WAYS)
+        sizes, ways = dict(DEFAULTS), (DEFAULT_L1_WAYS, DEFAULT_L2_WAYS, DEFAULT_LINE)
     if caches is not None and caches.strip():
         sizes = named_caches(caches)
     bits, registers = vector_file(cpu.triple, features)

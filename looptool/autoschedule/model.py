@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..analysis.target import Target
 
 # Independent vectors in flight in a loop with no reuse: an add or FMA has a latency of about
@@ -108,6 +110,14 @@ def block_ways(target: Target, tile: RegisterTile, kc: int, itemsize: int) -> in
         return max(1, ways // CACHE_SHARE)
     panel = -(-kc * tile.columns * itemsize // max(1, target.l2 // ways))
     return max(1, ways - 1 - panel)
+
+
+def set_load(target: Target, offsets: np.ndarray) -> int:
+    """The most lines of L2 that data at byte `offsets` (from a line's start) puts in one set of L2 (a
+    line's set is its number modulo L2 / ways / line): the ways it needs to stay in L2 as it lies."""
+    sets = max(1, target.l2 // max(1, target.l2_ways) // target.line)
+    lines = np.unique(np.asarray(offsets, dtype=np.int64).ravel() // target.line)
+    return int(np.bincount(lines % sets).max())
 
 
 def vector_width(target: Target, dtype: str, extent: int) -> int:

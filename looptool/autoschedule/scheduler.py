@@ -409,25 +409,33 @@ class Builder:
                 depth = max((i + 1 for i, lp in enumerate(outer) if lp in enclosing), default=0)
                 self.pack(stage, found, outer[:depth], reductions, (vectors, lanes))
             self.pack_broadcast(stage, found, outer, set(before + [col_outer, reduce_outer, row_blocks]), col_tiles,
-                                block_rows)
+                                {found.row: block_rows, first: block, **{d: size(d) for d in rest}}, ways)
         if parallel:
             self.schedule = self.schedule.annotate(name, parallel, "parallel")
 
     def pack_broadcast(self, stage: ir.Stage, found: structure.Contraction, outer: list[str], enclosing: set,
-                       col_tiles: str | None, block_rows: int):
+                       col_tiles: str | None, block: dict[str, int], ways: int):
         """Copy the broadcast operand's row block (rows outer, reductions inner) inside the loops
-        `enclosing` when its rows lie so far apart that the block spans more than half of L2 (its
-        kc-long pieces then miss each other's cache lines and, a power of two apart, share cache
-        sets) and every column tile re-reads the copy.  Not for an operand read under padding guards
-        (a guarded copy costs what it saves)."""
+        `enclosing` when every column tile re-reads the copy and the block, as it lies in the operand
+        (`block`: its extent along each dim), would not stay in L2: some set of L2 would hold more of its
+        lines than the `ways` the model gives the block (`model.block_ways`), so each column tile would
+        read it again from L3 (rows a power of two apart share sets: 1024³ on AVX2, 344 rows 4 KiB apart,
+        22 lines a set). Packed, its lines are consecutive and spread over all sets. Not for an operand
+        read under padding guards (a guarded copy costs what it saves). (Until issue #27 the rule packed
+        a block spanning more than half of L2, however its lines fell: 257x511x129's 257 rows 2044 bytes
+        apart, 2 lines a set at most, were copied once per reduction block, 5 % of the call.)"""
         depth = max((i + 1 for i, lp in enumerate(outer) if lp in enclosing), default=0)
         reads = broadcast_reads(stage.expr, found.broadcast)
         plain = all(isinstance(e, ir.Load) and not e.clamped for e in reads)
-        stride = max(abs(structure.load_strides(self.program, e).get(found.row, 0)) for e in reads) if plain else 0
-        span = block_rows * stride * np.dtype(stage.dtype).itemsize
         candidate = self.allowed.pack and plain and col_tiles is not None and col_tiles in outer[depth:]
-        pays = candidate and span > self.target.l2 // model.CACHE_SHARE
+        needed = self.set_load(reads, block, np.dtype(stage.dtype).itemsize) if candidate else 0
+        pays = needed > ways
+        shape = "x".join(str(block[d]) for d in block)
         if not self.decide(f"{stage.name}.pack.{found.broadcast}", pays, (pays, not pays) if candidate else (False,)):
+            if candidate:
+                self.note(stage.name, f"{found.broadcast} read in place: its {shape} block puts at most {needed} "
+                                      f"lines in one set of L2, within the {ways} of its {self.target.l2_ways} ways "
+                                      f"the block gets")
             return
         dims = self.program.buffer_dims(found.broadcast)
         order = tuple([d for d in dims if d not in stage.reduce_dims and d != found.row] + [found.row]
@@ -436,8 +444,21 @@ class Builder:
         loops = sorted(self.schedule.of(copy).loops, key=lambda lp: order.index(lp.dim))
         self.reorder(copy, [lp.name for lp in loops])
         self.note(stage.name, f"pack {found.broadcast} as ({', '.join(order)}) {_once_per(outer[:depth])}: every "
-                              f"{found.col} tile re-reads the copy; its {block_rows}-row block spans {span // 1024} KiB, "
-                              f"more than half of L2, packed its rows are contiguous")
+                              f"{found.col} tile re-reads the copy; read in place, its {shape} block would put "
+                              f"{needed} lines in one set of L2, more than the {ways} of its {self.target.l2_ways} "
+                              f"ways the block gets; packed its lines are consecutive")
+
+    def set_load(self, reads: list[ir.Expr], block: dict[str, int], itemsize: int) -> int:
+        """The most lines of L2 one set holds of the block of `block`'s extents that `reads` (loads) read
+        in place (`model.set_load`)."""
+        most = 0
+        for load in reads:
+            strides = structure.load_strides(self.program, load)
+            offsets = np.zeros((), dtype=np.int64)
+            for dim, extent in block.items():
+                offsets = np.add.outer(offsets, np.arange(extent, dtype=np.int64) * strides.get(dim, 0) * itemsize)
+            most = max(most, model.set_load(self.target, offsets))
+        return most
 
     def sweep_fits(self, found: structure.Contraction, reduce_outer: str | None, itemsize: int) -> bool:
         """Whether a parallel column loop may move outside the reduction blocks: there each thread

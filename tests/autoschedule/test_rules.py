@@ -133,15 +133,44 @@ def test_the_reused_operand_is_packed_by_the_register_tile_s_vectors(registers, 
 
 
 @pytest.mark.parametrize("registers, bits", [(16, 256), (32, 512)])
-def test_the_broadcast_operand_is_packed_when_its_rows_spread_beyond_l2(registers, bits):
-    """1024 rows 2 KiB apart: a row block spans more than half of L2, so it is copied (rows
-    outer, reductions inner) once per reduction block; 200x300 rows (1200 bytes apart) are not."""
+def test_the_broadcast_operand_is_packed_when_its_rows_crowd_sets_of_l2(registers, bits):
+    """1024 rows 2 KiB apart: a row block's rows fall in every 32nd line of L2's 64 KiB ways, so some
+    set would hold more of its lines than the block's ways, and it is copied (rows outer, reductions
+    inner) once per reduction block; 200x300 rows (1200 bytes apart) spread over the sets and are not."""
     c, program, ref = matmul_program(1024, 512, 512)
     tree = auto_tree(program, fake(registers, bits))
     assert "pack in0 as (m, k)" in tree.explain()
     assert_close(c.numpy(tree), ref, 1e-5)
     _, small, _ = matmul_program(200, 300, 500)
-    assert "pack in0" not in auto_tree(small, fake(registers, bits)).explain()
+    explained = auto_tree(small, fake(registers, bits)).explain()
+    assert "pack in0" not in explained and "in0 read in place" in explained
+
+
+@pytest.mark.parametrize("registers, bits, l2", [(16, 256, 512 * 1024), (32, 512, 1 << 20)])
+def test_a_broadcast_block_that_spans_half_of_l2_but_spreads_over_its_sets_is_read_in_place(registers, bits, l2):
+    """Issue #27: 257 rows of 511 floats span 513 KiB, more than half of a 1 MiB L2, and the rule before
+    copied them once per reduction block (5 % of the call on the Zen 4, AVX-512); 2044 bytes apart, their
+    kc-long pieces put at most 2 lines in a set of L2, within the block's ways, so they are read in place.
+    129 rows likewise on AVX2's 512 KiB L2; 256 rows 2 KiB apart there crowd every 32nd line (8 a set)."""
+    target = fake(registers, bits, l2=l2)
+    c, program, ref = matmul_program(257, 511, 129)
+    tree = auto_tree(program, target)
+    if bits == 512:
+        assert "in0 read in place: its 257x73 block puts at most 2 lines in one set of L2" in tree.explain()
+        assert_close(c.numpy(tree), ref, 1e-5)
+    else:
+        assert "pack in0 as (m, k)" in tree.explain()      # 257x256: 8 lines a set
+        assert "in0 read in place" in auto_tree(matmul_program(129, 511, 257)[1], target).explain()
+        assert "pack in0 as (m, k)" in auto_tree(matmul_program(256, 512, 128)[1], target).explain()
+
+
+def test_set_load_counts_the_lines_of_a_block_in_the_fullest_set_of_l2():
+    """8 rows a way apart (64 KiB in a 512 KiB 8-way L2 of 64-byte lines) fall in the same sets: 8 lines a
+    set; 8 rows one line apart fill 8 sets once each."""
+    target = fake(l2=512 * 1024, l2_ways=8)
+    pieces = np.arange(16) * 4                        # 16 floats: one line a row
+    assert model.set_load(target, np.add.outer(np.arange(8) * 65536, pieces)) == 8
+    assert model.set_load(target, np.add.outer(np.arange(8) * 64, pieces)) == 1
 
 
 def test_threads_only_with_several_cores_and_enough_work():

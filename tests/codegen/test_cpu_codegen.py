@@ -124,6 +124,29 @@ def test_an_edge_tile_keeps_its_accumulators_across_a_nest_of_reduction_loops(rn
         case.check(kernel(ir.lower(t.node)[1]))
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_an_edge_tile_skips_its_vectors_past_the_edge(rng, threads):
+    """A 4x24 tile of 3 vectors over 35 columns: the edge tile's 11 columns need 2 vectors, and its third,
+    wholly past the edge, is neither multiplied nor added. The column tiles run on threads, so the
+    outlined body serves every tile: the tile loop is emitted once per count of live vectors (a switch
+    on it, not a branch per vector inside the reduction loop), with 4, 8 and 12 multiply-adds a step."""
+    case = matmul(rng, 10, 37, 35)
+    t = case.make()
+    tree = (t.loop_tree().split("m", 4).split("n", 24).split("n.1", 8)
+            .reorder("n.0", "m.0", "k", "m.1", "n.1.0", "n.1.1")
+            .unroll("m.1").unroll("n.1.0").vectorize("n.1.1"))
+    kernel = t.compile(tree.parallel("n.0") if threads > 1 else tree)
+    labels = set(re.findall(r'^"?([\w.]+)"?:', kernel.llvm_ir, flags=re.M))
+    assert {"k.edge1", "k.edge2", "k.edge3"} <= labels
+    multiplies, block = {}, None
+    for line in kernel.llvm_ir.splitlines():
+        label = re.match(r'^"?([\w.]+)"?:', line)
+        block = label.group(1) if label else block
+        multiplies[block] = multiplies.get(block, 0) + bool(re.search(r"llvm\.fma\.v8f32|fmul <8 x float>", line))
+    assert {4, 8, 12} <= set(multiplies.values())
+    case.check(kernel(ir.lower(t.node)[1]))
+
+
 def test_register_tile_updates_of_one_result_share_its_register(rng):
     """k split and its inner part unrolled inside the vectorized tile: two unrolled copies update the
     same results in turn, so they share one accumulator (the loop tree's order of additions)."""
