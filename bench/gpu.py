@@ -47,25 +47,15 @@ def kernel_times(torch, fn, calls: int = 20) -> list[tuple[str, float]]:
 
 
 def median_ms(fn, repeat: int = 20) -> float:
-    """Median device time of fn() in milliseconds, measured with CUDA events after a warm-up."""
-    cp = runtime_gpu.cupy()
-    fn()
-    cp.cuda.Stream.null.synchronize()
-    times = []
-    for _ in range(repeat):
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, stop))
-    return float(np.median(times))
+    """Median device time of fn() in milliseconds, measured with CUDA events after a warm-up (the host's
+    work before the launch included: the GPU waits for it)."""
+    return back_to_back_ms(fn, calls=1, repeat=repeat)
 
 
 def back_to_back_ms(fn, calls: int = 20, repeat: int = 5) -> float:
     """Median over `repeat` rounds of the device time of `calls` calls of fn() launched back to back,
-    divided by `calls`: the kernels' own time, the host's per-call work hidden behind them where it is
-    shorter (as in a model's steady state), in milliseconds."""
+    divided by `calls`, in milliseconds (after a warm-up): with many calls, the kernels' own time, the
+    host's per-call work hidden behind them where it is shorter (as in a model's steady state)."""
     cp = runtime_gpu.cupy()
     fn()
     cp.cuda.Stream.null.synchronize()
