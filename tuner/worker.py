@@ -20,13 +20,15 @@ A program with dynamic dims is measured at several sizes (`measured_sizes`: the 
 named, else `DEFAULT_SIZES`): each is checked and timed against the yardstick at that
 size, and the trial's ratio is the geometric mean of the sizes' ratios; the yardstick's
 calibrated time is the geometric mean of its seconds per row (seconds over the product of
-the dynamic sizes) at each size.
+the dynamic sizes) at each size. On a GPU (no yardstick) a trial's seconds are the geometric mean of its
+seconds per row at each size.
 """
 from __future__ import annotations
 
 import contextlib
 import itertools
 import json
+import math
 import multiprocessing as mp
 import numbers
 import multiprocessing.connection as mp_connection
@@ -291,11 +293,14 @@ def resume(pids):
             os.kill(pid, signal.SIGCONT)
 
 
-def _gpu_trials(node, repeats: int, seed: int):
-    """Trials on the GPU: fixed random inputs on the device, each trial's output poisoned with NaN,
-    checked against the default GPU schedule, timed with CUDA events around GPU_CALLS launches (one
-    where the checked run took over GPU_SLOW_SECONDS; steady enough: no yardstick).
-    Returns the trial function and None."""
+def _gpu_trials(node, repeats: int, seed: int, sizes: dict | None = None):
+    """Trials on the GPU: fixed random inputs on the device at each point of `measured_sizes` (one for a
+    static program), each trial's output poisoned with NaN, checked against the default GPU schedule,
+    timed with CUDA events around GPU_CALLS launches (one where the checked run took over GPU_SLOW_SECONDS;
+    steady enough: no yardstick); a trial's seconds are the geometric mean over the points of its seconds
+    per row (over the product of the dynamic sizes: 1 for a static program). Returns the trial function and
+    None."""
+    from looptool import ir
     from looptool.autoschedule import gpu_rules
     from looptool.runtime import gpu as runtime_gpu
     from looptool.schedule import LoopTree, Schedule
@@ -304,34 +309,49 @@ def _gpu_trials(node, repeats: int, seed: int):
     card = f"{runtime_gpu.gpu_target().name} {cp.cuda.Device().pci_bus_id}"
     program, _ = lowered(node, "gpu")
     rng = np.random.default_rng(seed)
-    inputs = [runtime_gpu.as_device(fresh_input(buffer, rng)) for buffer in program.inputs]
-    expected = runtime_gpu.to_host(runtime_gpu.GpuKernel(gpu_rules.default_gpu_tree(program))(inputs)).astype(np.float64)
+    reference = runtime_gpu.GpuKernel(gpu_rules.default_gpu_tree(program))
+    cases = []                                   # (point, inputs, the default schedule's result on them)
+    for point in measured_sizes(program, sizes):
+        fixed = ir.with_fixed_sizes(program, point) if point else program
+        inputs = [runtime_gpu.as_device(fresh_input(buffer, rng)) for buffer in fixed.inputs]
+        cases.append((point, inputs, runtime_gpu.to_host(reference(inputs)).astype(np.float64)))
 
     def run_trial(request):
         started = time.perf_counter()
         kernel = runtime_gpu.GpuKernel(LoopTree(program, Schedule.default(program).apply(request["steps"])))
         compile_seconds = time.perf_counter() - started
-        out = runtime_gpu.poisoned_empty(expected.shape, program.output.dtype)
-        running = time.perf_counter()
-        got = runtime_gpu.to_host(kernel(inputs, out=out)).astype(np.float64)
-        running = time.perf_counter() - running
-        error, wrong = _wrong_result(got, expected, program.output.dtype, "default GPU schedule")
-        if wrong:
-            return wrong
-        launch = kernel.prepare(inputs, out)           # inputs checked once: the kernels' own time is timed
-        calls = GPU_CALLS if running < GPU_SLOW_SECONDS else 1
-        times = []
-        for _ in range(request.get("repeats") or repeats):
-            start, stop = cp.cuda.Event(), cp.cuda.Event()
-            start.record()
-            for _ in range(calls):
-                launch(out)
-            stop.record()
-            stop.synchronize()
-            times.append(cp.cuda.get_elapsed_time(start, stop) / 1e3 / calls)
-        return {"seconds": float(np.median(times)), "compile": compile_seconds, "relative_error": error,
-                "running": running + sum(times), "gpu": card}
+        per_row, running, worst = [], 0.0, 0.0
+        for point, inputs, expected in cases:
+            out = runtime_gpu.poisoned_empty(expected.shape, program.output.dtype)
+            ran = time.perf_counter()
+            got = runtime_gpu.to_host(kernel(inputs, out=out)).astype(np.float64)
+            ran = time.perf_counter() - ran
+            error, wrong = _wrong_result(got, expected, program.output.dtype, "default GPU schedule")
+            if wrong:
+                return wrong
+            times = _gpu_times(cp, kernel.prepare(inputs, out), out, GPU_CALLS if ran < GPU_SLOW_SECONDS else 1,
+                               request.get("repeats") or repeats)
+            per_row.append(float(np.median(times)) / math.prod(point.values()))
+            running, worst = running + ran + sum(times), max(worst, error)
+        reply = {"seconds": _geometric_mean(per_row), "compile": compile_seconds, "relative_error": worst,
+                 "running": running, "gpu": card}
+        return dict(reply, sizes=[point for point, _, _ in cases]) if program.dynamic else reply
     return run_trial, None
+
+
+def _gpu_times(cp, launch, out, calls: int, repeats: int) -> list[float]:
+    """Seconds a call of `launch` (inputs checked once: the kernels' own time), in `repeats` rounds of
+    `calls` launches between two CUDA events."""
+    times = []
+    for _ in range(repeats):
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        for _ in range(calls):
+            launch(out)
+        stop.record()
+        stop.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, stop) / 1e3 / calls)
+    return times
 
 
 def compile_processes() -> int:
@@ -484,8 +504,7 @@ class Measurer:
                  gpu: int | None = None):
         self.node, self.repeats, self.timeout, self.seed, self.threads = node, repeats, timeout, seed, threads
         self.device, self.yardstick_seconds, self.gpu = device, yardstick_seconds, gpu
-        if device == "cpu":                   # refused here, in the caller, rather than in the worker
-            measured_sizes(lowered(node)[0], sizes)
+        measured_sizes(lowered(node)[0], sizes)       # refused here, in the caller, rather than in the worker
         self.sizes = sizes
         self._context = mp.get_context("spawn")
         self._process = None
@@ -599,6 +618,6 @@ def _worker_main(conn, node, repeats, seed, threads, device, calibrate, sizes, g
     import looptool
     if threads:
         looptool.set_num_threads(threads)
-    trials = _gpu_trials(node, repeats, seed) if device == "gpu" else \
+    trials = _gpu_trials(node, repeats, seed, sizes) if device == "gpu" else \
         _cpu_trials(node, repeats, seed, calibrate, sizes)
     _serve(conn, *trials)

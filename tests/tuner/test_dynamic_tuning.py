@@ -170,3 +170,27 @@ def test_cli_tune_takes_sizes(tmp_path):
                                       "--sizes", "b=3,x"), capture_output=True, text=True, timeout=300, cwd=REPO,
                          env=subprocess_env(tuning_db=tmp_path / "tuned.sqlite"))
     assert bad.returncode != 0 and "--sizes 'b=3,x': write DIM=SIZE,SIZE,..." in bad.stderr
+
+
+@pytest.mark.gpu
+def test_a_gpu_study_of_a_dynamic_program_measures_at_the_named_sizes(tmp_path, monkeypatch):
+    """On the GPU too: each trial runs at every size named (checked against the default schedule there),
+    its seconds the geometric mean of seconds per row; `.cuda()` then runs the stored schedule at sizes
+    never measured."""
+    from tests.gpu_helpers import cupy_or_skip
+    cp = cupy_or_skip()
+    monkeypatch.setenv("LOOPTOOL_TUNING_DB", str(tmp_path / "tuned.sqlite"))
+    tuning_db.forget_memo()
+    layer, x, w = dynamic_layer()
+    url = sqlite_url(tmp_path / "gpu.sqlite")
+    result = tuner.tune(layer.tensor(x, w), trials=6, storage=url, seed=0, progress=False, repeats=2,
+                        sampler="random", device="gpu", sizes={"b": [5, 300]})
+    study = optuna.load_study(study_name=result.study.study_name, storage=url)
+    assert study.user_attrs["measured_sizes"] == [{"b": 5}, {"b": 300}]
+    complete = [t for t in study.trials if t.state == S.COMPLETE]
+    assert complete and all(t.user_attrs.get("gpu") for t in complete)
+    rng = np.random.default_rng(2)
+    for size in (1, 37, 1000):
+        xs = rng.standard_normal((size, x.shape[1])).astype(np.float32)
+        got = cp.asnumpy(layer(cp.asarray(xs), cp.asarray(w)))
+        assert rel_err(got, np.maximum(xs.astype(np.float64) @ w.astype(np.float64), 0)) < 1e-5
