@@ -60,7 +60,8 @@ def machine(device: str, workers: int) -> str:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("gpu", "cpu"), default="gpu")
-    parser.add_argument("--trials", type=int, default=40)
+    parser.add_argument("--trials", type=int, default=200,
+                        help="trials a study (fewer: each process's start-up weighs on the ratios)")
     parser.add_argument("--size", type=int, default=None, help="matmul size (default: 2048 on a GPU, 256 on the CPU)")
     parser.add_argument("--workers", type=int, default=None,
                         help="most workers (default: every GPU of this host, or every core)")
