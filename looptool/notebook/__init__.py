@@ -22,8 +22,8 @@ editor as a line-oriented terminal program, for people without Jupyter.
 from .editor import MAX_RELATIVE_ERROR, ActionResult, ScheduleEditor, estimate_flops
 from .render import line_nodes, marked_text, tree_html
 from .terminal import TERMINAL_HELP, main, run_command
-from .widget import STATUS_COLORS, LoopTreeEditor, log_html, status_html
+from .widget import LoopTreeEditor, log_html, status_html
 
 __all__ = ["MAX_RELATIVE_ERROR", "ActionResult", "ScheduleEditor", "estimate_flops", "line_nodes", "marked_text",
-           "tree_html", "TERMINAL_HELP", "main", "run_command", "STATUS_COLORS", "LoopTreeEditor", "log_html",
+           "tree_html", "TERMINAL_HELP", "main", "run_command", "LoopTreeEditor", "log_html",
            "status_html"]

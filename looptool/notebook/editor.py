@@ -43,6 +43,27 @@ MAX_RELATIVE_ERROR = SCHEDULE_TOLERANCE
 
 
 # Results ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Verdict:
+    """How an `ActionResult.status` reads: its word in the log, its mark and colour in the widget, and
+    whether the action went through (the schedule changed, or was kept or saved as asked)."""
+
+    word: str
+    mark: str
+    colour: str
+    went_through: bool
+
+
+VERDICTS = {"applied": Verdict("legal", "✔", "#2e7d32", True),
+            "illegal": Verdict("ILLEGAL", "✘", "#c62828", False),
+            "refused": Verdict("REFUSED", "✘", "#b26a00", False),
+            "wrong": Verdict("WRONG", "✘", "#c62828", False),
+            "error": Verdict("ERROR", "✘", "#c62828", False),
+            "kept": Verdict("kept current schedule", "●", "#1565c0", True),
+            "exported": Verdict("exported", "✔", "#1565c0", True),
+            "used": Verdict("used", "✔", "#2e7d32", True)}
+
+
 @dataclass
 class ActionResult:
     """What one editor action did.
@@ -101,12 +122,11 @@ class ActionResult:
         return " | ".join(parts)
 
     def __str__(self) -> str:
-        verdict = {"applied": "legal", "kept": "kept current schedule", "exported": "exported",
-                   "used": "used"}.get(self.status, self.status.upper())
-        line = f"[{self.index}] {self.action}: {verdict}"
+        verdict = VERDICTS[self.status]
+        line = f"[{self.index}] {self.action}: {verdict.word}"
         if self.reason and self.reason != "legal":
             line += f": {self.reason}"
-        if self.status not in ("applied", "kept", "exported", "used"):
+        if not verdict.went_through:
             line += " (schedule unchanged)"
         timing = self.timing_text()
         return line + (f"\n    current schedule: {timing}" if timing else "")

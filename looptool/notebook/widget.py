@@ -18,7 +18,7 @@ import numpy as np
 
 from looptool.schedule.looptree import LoopTree
 
-from .editor import ActionResult, ScheduleEditor
+from .editor import VERDICTS, ActionResult, ScheduleEditor
 
 
 def _ipywidgets():
@@ -28,11 +28,6 @@ def _ipywidgets():
         raise ImportError("LoopTreeEditor needs ipywidgets: pip install 'looptool[notebook]' (or ipywidgets>=8); "
                           "without Jupyter, use ScheduleEditor or `python -m looptool.notebook`") from None
     return ipywidgets
-
-
-#: The colour of each `ActionResult.status` in the widget's status pane and log.
-STATUS_COLORS = {"applied": "#2e7d32", "illegal": "#c62828", "refused": "#b26a00", "wrong": "#c62828",
-                 "error": "#c62828", "kept": "#1565c0", "exported": "#1565c0", "used": "#2e7d32"}
 
 
 class LoopTreeEditor:
@@ -242,15 +237,13 @@ class LoopTreeEditor:
 def status_html(core: ScheduleEditor) -> str:
     """The verdict of the last action and the current schedule's timings, as HTML."""
     last, cur = core.results[-1], core.current
-    color = STATUS_COLORS.get(last.status, "#333")
-    word = {"applied": "✔ legal", "illegal": "✘ illegal", "refused": "✘ refused", "wrong": "✘ wrong result",
-            "error": "✘ error", "kept": "● kept current schedule", "exported": "✔ exported",
-            "used": "✔ used"}[last.status]
+    verdict = VERDICTS[last.status]
+    color, word = verdict.colour, f"{verdict.mark} {verdict.word.lower()}"
     parts = [f'<div style="font-weight:bold;color:{color}">{word}: {html.escape(last.action)}</div>']
     if last.reason and last.reason != "legal":
         parts.append(f'<div style="color:{color};white-space:pre-wrap;font-size:12px">{html.escape(last.reason)}'
                      f"</div>")
-    if last.status in ("illegal", "refused", "wrong", "error"):
+    if not verdict.went_through:
         parts.append('<div style="font-size:12px;color:#555">the schedule is unchanged</div>')
     if cur.seconds is not None:
         rows = [("current", f"{cur.seconds * 1e3:.3f} ms"
@@ -270,7 +263,7 @@ def log_html(results: list[ActionResult], last: int = 8) -> str:
     """The last few actions as a small table."""
     rows = []
     for r in results[-last:][::-1]:
-        color = STATUS_COLORS.get(r.status, "#333")
+        color = VERDICTS[r.status].colour
         timing = f"{r.seconds * 1e3:.3f} ms" if r.status == "applied" and r.seconds is not None else ""
         reason = "" if r.reason == "legal" else r.reason
         if len(reason) > 140:
