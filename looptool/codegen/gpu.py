@@ -520,7 +520,7 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
             if isinstance(values, list):
                 rooms = [self.room(lim, value, env) for value in values]
                 room = constant(llir.VectorType(I64, len(values)), [r.constant for r in rooms]) \
-                    if all(isinstance(r, llir.Constant) for r in rooms) else self.lanes_of(rooms)
+                    if all(isinstance(r, llir.Constant) for r in rooms) else self.packed(rooms)
                 rest = self.splat(rest, len(values))
             else:
                 room = self.room(lim, values, env)
@@ -534,13 +534,6 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
         if not isinstance(lim.bound, ir.Size):
             return constant(I64, lim.bound - lim.coeff * value)
         return self.builder.sub(self.extent(lim.bound, env), constant(I64, lim.coeff * value))
-
-    def lanes_of(self, scalars: list[llir.Value]) -> llir.Value:
-        """A vector of these i64 values, lane by lane."""
-        vector = constant(llir.VectorType(I64, len(scalars)), None)
-        for lane, scalar in enumerate(scalars):
-            vector = self.builder.insert_element(vector, scalar, constant(I32, lane))
-        return vector
 
     def edge_tail(self, node: LoopNode) -> bool:
         """Whether this copy of the code runs a register tile's tail loop as an edge tile: its tail is
