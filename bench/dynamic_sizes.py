@@ -3,7 +3,8 @@
 Each workload is one `lt.function` written twice, over a static batch dim and over a dynamic one
 (`lt.symbols("b", dynamic=True)`): the static function traces and compiles a kernel for each batch
 size, scheduled for it; the dynamic one compiles one kernel, scheduled at the representative size
-(`ir.REPRESENTATIVE_SIZE`), that takes the batch size as an argument. At three batch sizes both are
+(`ir.REPRESENTATIVE_SIZE`), that takes the batch size as an argument (on the GPU, one per size class,
+`ir.size_class`: 256 and 1000 rows share one, 8192 rows get one planned at 4096). At three batch sizes both are
 timed interleaved in one process (median of calls; one thread unless `--threads`) and the ratio is static
 time over dynamic time (>= 0.95 is the issue's target). Results are checked against float64 first.
 Writes dynamic_sizes.json and .md to `--out`.

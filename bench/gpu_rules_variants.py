@@ -7,8 +7,7 @@ at a large and an odd size; `float32_blocks`, the register-tile template's block
 `autoschedule.gpu.FLOAT32_BLOCKS` held to one) on float32 matmuls; `thread_tile_rows`,
 `gpu_rules.THREAD_TILE_ROWS` (outputs along a second dim a thread walking a reduction takes) on 3x3
 convolutions; `row_walk_unroll`, `gpu_rules.ROW_WALK_UNROLL` on attention heads; `walk_bytes_per_sm`, `gpu_rules.WALK_BYTES_PER_SM` (the most an
-attention head's weighted sum walked in its softmax's rows reads besides them, an SM; above it, two kernels) on the same; `rows_a_block`, `gpu_rules.ROWS_A_BLOCK` (the most rows a block
-of an attention head's weighted walk takes) on the same; `strided_unroll`,
+attention head's weighted sum walked in its softmax's rows reads besides them, an SM; above it, two kernels) on the same; `strided_unroll`,
 `gpu_rules.STRIDED_UNROLL` on softmax, layer norm and attention; `share_row_values`, `gpu_rules.SHARE_ROW_VALUES` (a row group's exp computed once) on
 the same; `row_share`, both of those at once (elements a thread
 takes per pass, and unrolled) on the same; `scalar_run`, `gpu_rules.SCALAR_RUN`
@@ -19,7 +18,8 @@ wgmma template's block tiles) on bfloat16 matmuls, batched with k = 64, square, 
 `row_shared_share`, `gpu_rules.ROW_SHARED_SHARE` (the share of a block's shared memory a row kept there
 may take) on the row cases; `long_row`, `gpu_rules.LONG_ROW` (rows shorter than it are summed a thread a row, not a block a row) on the
 row cases; `split_k_blocks`, `autoschedule.gpu.SPLIT_K_BLOCKS` (0: no split-k) on float32 matmuls; `split_k_run`,
-`autoschedule.gpu.SPLIT_K_RUN` (the shortest run of k a part sums) on the same;
+`autoschedule.gpu.SPLIT_K_RUN` (the shortest run of k a part sums) on the same; `half_split_k`, the shortest
+run of k a half-precision part sums (`autoschedule.gpu.HALF_SPLIT_K_RUN`; 0: no split-k) on bfloat16 matmuls;
 `vector_store_bytes`, `codegen.gpu.VECTOR_STORE_BYTES` (a code generator's constant: run it with
 LOOPTOOL_CACHE_DIR= so no cached PTX is read) on batched bf16 products, float32 and bfloat16 results. For each
 workload and value, the automatic schedule's kernels run on a NaN-poisoned output, are compared with
@@ -48,7 +48,6 @@ KNOBS = {
                   ((8, 8), (16, 16), (12, 16), (32, 32)), "strided_cases"),
     "row_walk_unroll": (lambda v: setattr(gpu_rules, "ROW_WALK_UNROLL", v), (4, 8, 16, 32), "attention_cases"),
     "walk_bytes_per_sm": (lambda v: setattr(gpu_rules, "WALK_BYTES_PER_SM", v), (1 << 40, 16 << 20, 0), "attention_cases"),
-    "rows_a_block": (lambda v: setattr(gpu_rules, "ROWS_A_BLOCK", v), (1, 2, 4, 8, 16), "attention_cases"),
     "thread_tile_rows": (lambda v: setattr(gpu_rules, "THREAD_TILE_ROWS", v), (1, 2, 4, 7, 8), "conv_cases"),
     "row_elements": (lambda v: setattr(gpu_rules, "ROW_ELEMENTS_PER_THREAD", v), (8, 16, 32), "row_cases"),
     "long_row": (lambda v: setattr(gpu_rules, "LONG_ROW", v), (32, 128, 512), "row_cases"),
@@ -61,6 +60,8 @@ KNOBS = {
     "wgmma_edges": (lambda v: setattr(templates, "WGMMA_EDGE_TILES", v), (False, True), "wgmma_cases"),
     "split_k_blocks": (lambda v: setattr(templates, "SPLIT_K_BLOCKS", v), (0, 2, 3, 4), "matmul_cases"),
     "split_k_run": (lambda v: setattr(templates, "SPLIT_K_RUN", v), (64, 128, 256, 512), "matmul_cases"),
+    "half_split_k": (lambda v: (setattr(templates, "HALF_SPLIT_K_BLOCKS", int(v > 0)),
+                                setattr(templates, "HALF_SPLIT_K_RUN", v or 1)), (0, 512, 1024), "wgmma_cases"),
     "vector_store_bytes": (lambda v: setattr(codegen_gpu, "VECTOR_STORE_BYTES", v), (16, 8, 4, 16), "write_back_cases"),
     "wgmma_stages": (lambda v: _wgmma_start(*v), ((((128, 256), (128, 128), (128, 64)), 3), (((128, 128),), 1),
                                                  (((128, 128),), 2), (((128, 64),), 1), (((128, 64),), 2),
@@ -152,11 +153,16 @@ def wgmma_cases(torch):
     gen = torch.Generator(device="cuda").manual_seed(1)
     out = []
     for batch, m, k, n in ((16, 1024, 64, 1024), (1, 4096, 4096, 4096), (1, 1000, 1000, 1000), (1, 25088, 576, 64),
-                           (1, 2000, 304, 500), (1, 3000, 2000, 1000), (1, 2048, 512, 8192)):
-        a = torch.randn(batch, m, k, device="cuda", generator=gen).to(torch.bfloat16)
-        b = torch.randn(batch, k, n, device="cuda", generator=gen).to(torch.bfloat16)
+                           (1, 2000, 304, 500), (1, 3000, 2000, 1000), (1, 2048, 512, 8192), (1, 768, 3072, 768),
+                           (0, 768, 3072, 768), (0, 256, 16384, 256), (0, 1024, 1024, 1024), (0, 512, 8192, 1024)):
+        a = torch.randn(max(batch, 1), m, k, device="cuda", generator=gen).to(torch.bfloat16)
+        b = torch.randn(max(batch, 1), k, n, device="cuda", generator=gen).to(torch.bfloat16)
         sb, sm, sk, sn = lt.symbols("b m k n")
-        c = (lt.Tensor(a).to(sb, sm, sk) * lt.Tensor(b).to(sb, sk, sn)).sum(sk)
+        if batch:
+            c = (lt.Tensor(a).to(sb, sm, sk) * lt.Tensor(b).to(sb, sk, sn)).sum(sk)
+        else:                   # (a product of matrices: batch 0)
+            a, b = a[0], b[0]
+            c = (lt.Tensor(a).to(sm, sk) * lt.Tensor(b).to(sk, sn)).sum(sk)
         out.append((f"matmul bf16 {batch}x{m}x{k}x{n}", c, lambda a=a, b=b: a @ b,
                     lambda a=a, b=b: a.double() @ b.double()))
     return out

@@ -151,6 +151,13 @@ def automatic_workloads() -> dict:
     edges = lt.relu((lt.Tensor(a16).to(s.m, s.k) * lt.Tensor(b16).to(s.k, s.n)).sum(s.k) * 0.5)
     out["bf16 matmul on wgmma, edge tiles stored under guards, rounded to bf16 130x64x200"] = (
         edges.astype(lt.bfloat16), np.maximum(a16.astype(np.float64) @ b16.astype(np.float64) * 0.5, 0))
+    a16, b16 = (v.astype(dtypes.bfloat16) for v in (rng.standard_normal((208, 2048)), rng.standard_normal((2048, 136))))
+    split = (lt.Tensor(a16).to(s.m, s.k) * lt.Tensor(b16).to(s.k, s.n)).sum(s.k)
+    product = a16.astype(np.float64) @ b16.astype(np.float64)
+    out["bf16 matmul split along k, parts on wgmma with edge tiles 208x2048x136"] = (split, product)
+    bias = rng.standard_normal(136, dtype=np.float32)
+    out["bf16 matmul split along k, bias, relu and a cast to bf16 after the parts' sum 208x2048x136"] = (
+        lt.relu(split + lt.Tensor(bias).to(s.n)).astype(lt.bfloat16), np.maximum(product + bias, 0))
     xt = lt.Tensor(g).to(m, n)
     shifted = xt - xt.max(n)
     g64 = g.astype(np.float64) - g.astype(np.float64).max(1, keepdims=True)

@@ -197,6 +197,8 @@ def workloads(torch, shapes: str = "suite"):
         ("matmul f32 768x3072x768", matmul(768, 3072, 768, torch.float32)),
         ("matmul bf16 3000x2000x1000", matmul(3000, 2000, 1000, bf16)),
         ("matmul bf16 2048x512x8192", matmul(2048, 512, 8192, bf16)),
+        ("matmul bf16 512x8192x1024", matmul(512, 8192, 1024, bf16)),
+        ("matmul bf16 512x8192x1024, bf16 result", matmul_rounded(512, 8192, 1024)),
         ("batched matmul bf16 12x512x128x512", batched(12, 512, 128, 512, bf16)),
         ("softmax f32 2048x50257", softmax(2048, 50257, torch.float32)),
         ("layer norm f32 512x768", layer_norm(512, 768)),

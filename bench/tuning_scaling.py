@@ -5,7 +5,8 @@ For each worker count (1, 2, ... up to the GPUs present or the cores, or `--work
 a fresh study of the same workload (GPU: a bfloat16 matmul; CPU: a float32 one, `--size`) runs `--trials` trials with
 `tuner.tune(..., device="gpu", gpus=[0..k-1])` or `tuner.tune(..., jobs=k, threads=1)`; the report gives each
 study's wall time, trials an hour, best-so-far against wall time, and its best kernel's time, so speed-up and
-quality are read together. Studies and the tuning database live in a temporary folder, and the kernel caches
+quality are read together; the rate between the first and the last finished trial is given too (the
+start-up of the processes weighs on a short study's wall time). Studies and the tuning database live in a temporary folder, and the kernel caches
 are off (the studies draw the same schedules). `--out DIR` writes {gpu,cpu}_tuning_scaling.{json,md}.
 """
 from __future__ import annotations
@@ -32,8 +33,31 @@ def study_run(tensor, device: str, workers: int, trials: int, folder: Path) -> d
         best = min(best, trial.value)
         curve.append([round(trial.datetime_complete.timestamp() - started, 2), best])
     return {"workers": workers, "wall_s": wall, "trials": len(result.study.trials), "complete": len(done),
-            "trials_an_hour": len(done) / wall * 3600, "best_s": best, "best_so_far": curve,
-            "cards": sorted({t.user_attrs.get("gpu", "") for t in done})}
+            "trials_an_hour": len(done) / wall * 3600, "steady_trials_an_hour": steady_rate(curve),
+            "best_s": best, "best_so_far": curve, "cards": sorted({t.user_attrs.get("gpu", "") for t in done})}
+
+
+def steady_rate(curve: list) -> float:
+    """Trials an hour between the first and the last finished trial (`curve`: [seconds, best] a trial):
+    the rate once every worker runs, with the start-up (processes, imports, the first compile) and the
+    last trials' wait left out."""
+    if len(curve) < 2 or curve[-1][0] <= curve[0][0]:
+        return 0.0
+    return (len(curve) - 1) / (curve[-1][0] - curve[0][0]) * 3600
+
+
+def table(rows: list[dict]) -> list[str]:
+    """The markdown table of the studies, each against the first (one worker)."""
+    one = rows[0]
+    steady = [steady_rate(r["best_so_far"]) for r in rows]
+    lines = ["| workers | wall s | trials complete | trials an hour | x one worker | after the first trial: an hour "
+             "| x one worker | best kernel us | x one worker's best |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r, rate in zip(rows, steady):
+        lines.append(f"| {r['workers']} | {r['wall_s']:.0f} | {r['complete']}/{r['trials']} | "
+                     f"{r['trials_an_hour']:.0f} | {r['trials_an_hour'] / one['trials_an_hour']:.2f} | "
+                     f"{rate:.0f} | {rate / steady[0]:.2f} | {r['best_s'] * 1e6:.1f} | {one['best_s'] / r['best_s']:.3f} |")
+    return lines
 
 
 def workload(device: str, size: int):
@@ -80,16 +104,9 @@ def main(argv=None):
         count = args.workers or os.cpu_count()
     tensor, described = workload(args.device, args.size or (2048 if args.device == "gpu" else 256))
     rows = [study_run(tensor, args.device, k, args.trials, folder) for k in args.counts or range(1, count + 1)]
-    one = rows[0]
     how = "gpus=[...]" if args.device == "gpu" else "jobs=k, threads=1"
     lines = [f"{machine(args.device, max(row['workers'] for row in rows))}; {described}, {args.trials} trials a study "
-             f"(tuner.tune(..., device='{args.device}', {how}))",
-             "| workers | wall s | trials complete | trials an hour | x one worker | best kernel us | x one worker's best |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for r in rows:
-        lines.append(f"| {r['workers']} | {r['wall_s']:.0f} | {r['complete']}/{r['trials']} | "
-                     f"{r['trials_an_hour']:.0f} | {r['trials_an_hour'] / one['trials_an_hour']:.2f} | "
-                     f"{r['best_s'] * 1e6:.1f} | {one['best_s'] / r['best_s']:.3f} |")
+             f"(tuner.tune(..., device='{args.device}', {how}))"] + table(rows)
     write_results(args.out, f"{args.device}_tuning_scaling", rows, "\n".join(lines))
 
 

@@ -29,6 +29,13 @@ FLOAT32_TILES = {"x_threads": 16, "x_groups": 2, "vector": 4, "y_threads": 16, "
 # blocks an SM; 512^3 0.039 -> 0.032; 1024^3 0.066 either way)
 SPLIT_K_BLOCKS = 4
 SPLIT_K_RUN = 256
+# and a half-precision one on tensor cores (whose blocks fill an SM alone): parts that give one block an
+# SM, each at least HALF_SPLIT_K_RUN long and a whole number of the template's k tiles (H100, session 17,
+# bench.gpu_rules_variants --knob half_split_k, kernels' ms unsplit / runs of 512 / 1024: bf16
+# 256x16384x256 0.115 / 0.024 / 0.025, 512x8192x1024 0.067 / 0.047 / 0.036, 768x3072x768 0.032 / 0.028 /
+# 0.024, 1024^3 0.017 / 0.022 / unsplit)
+HALF_SPLIT_K_BLOCKS = 1
+HALF_SPLIT_K_RUN = 1024
 # the block tiles (rows, columns) that template takes, largest first, for problems too small to fill
 # the GPU with 128 x 128 (bench.gpu_rules_variants --knob float32_blocks: 1024^3 0.61 -> 0.87x torch).
 # Not 64 rows: on the H100 (session 12) 64 x 64 and 64 x 128 ran 3.3-4x slower than 128 x 64 at every
@@ -72,19 +79,44 @@ def contraction_dtype(program: ir.Program, stage: str | None = None) -> str | No
     return dtypes[0] if len(dtypes) == 2 and dtypes[0] is not None and dtypes[0] == dtypes[1] else None
 
 
-def split_k_parts(program: ir.Program, sms: int) -> int:
-    """The parts `ir.split_k` cuts a one-stage float32 contraction's k into on a GPU of `sms` SMs: where its
-    register-tile blocks (`least_work_block`) are fewer than the SMs, the fewest dividing k, each at least
-    SPLIT_K_RUN long, that give SPLIT_K_BLOCKS blocks an SM (where none does, the most); else 1 (no split)."""
-    stage = program.output
-    if contraction_dtype(program) != "float32" or len(stage.dims) < 2:      # (a dot product: the reduction rules)
+def split_k_parts(program: ir.Program, sms: int, hopper: bool = True) -> int:
+    """The parts `ir.split_k` cuts a contraction's k into (its first stage's, maybe followed by an epilogue)
+    on a GPU of `sms` SMs (`hopper`: with
+    wgmma) where its blocks are fewer than the SMs: float32 on register tiles (`least_work_block`), the
+    fewest dividing k, each at least SPLIT_K_RUN long, that give SPLIT_K_BLOCKS blocks an SM (where none
+    does, the most); half precision on tensor cores likewise with its template's block
+    (`wgmma_block`, or mma's), HALF_SPLIT_K_BLOCKS and runs of HALF_SPLIT_K_RUN in whole k tiles. Else 1."""
+    stage = program.stages[0]
+    dtype = contraction_dtype(program, stage.name)
+    if len(stage.dims) < 2 or dtype is None:      # (a dot product: the reduction rules)
         return 1
-    blocks = block_count(program, stage.name, least_work_block(program, stage.name, sms, FLOAT32_BLOCKS))
+    if dtype == "float32":
+        whole = block_count(program, stage.name, least_work_block(program, stage.name, sms, FLOAT32_BLOCKS))
+
+        def blocks(parts: int) -> int:
+            return whole * parts
+        per_sm, shortest, k_tile = SPLIT_K_BLOCKS, SPLIT_K_RUN, 1
+    elif len(stage.dims) == 2 and tensor_tiles_fit(program, stage.name):     # (a batch: no second batch dim)
+        blocks = _half_blocks(program, sms, hopper)
+        per_sm, shortest, k_tile = HALF_SPLIT_K_BLOCKS, HALF_SPLIT_K_RUN, TENSOR_START["wgmma" if hopper else "mma"][2]
+    else:
+        return 1
     size = program.size(stage.reduce_dims[0])
-    if blocks >= sms or not SPLIT_K_BLOCKS:
+    if blocks(1) >= sms or not per_sm:
         return 1
-    dividing = [parts for parts in range(2, size // SPLIT_K_RUN + 1) if size % parts == 0]
-    return next((parts for parts in dividing if blocks * parts >= SPLIT_K_BLOCKS * sms), max(dividing, default=1))
+    dividing = [parts for parts in range(2, size // shortest + 1) if size % (parts * k_tile) == 0]
+    return next((parts for parts in dividing if blocks(parts) >= per_sm * sms), max(dividing, default=1))
+
+
+def _half_blocks(program: ir.Program, sms: int, hopper: bool):
+    """A function of the parts giving the blocks a half-precision contraction cut into them takes on its
+    tensor-core template (whose block the parts' program chooses again: `wgmma_block`, or mma's)."""
+    def blocks(parts: int) -> int:
+        split = ir.split_k(program, parts) if parts > 1 else program
+        stage = split.stages[0].name
+        block = wgmma_block(split, stage, sms) if hopper else TENSOR_START["mma"][0]
+        return block_count(split, stage, block)
+    return blocks
 
 
 def contraction_candidates(tree: LoopTree, stage: str, hopper: bool, sms: int | None = None) \

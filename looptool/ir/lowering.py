@@ -260,7 +260,8 @@ def pointwise_body(node: graph.Node) -> list[graph.Node]:
     return body
 
 
-def lower(node: graph.Node, prepare_input=None, separate_costly: bool = False) -> tuple[Program, list]:
+def lower(node: graph.Node, prepare_input=None, separate_costly: bool = False,
+          planned: dict[str, int] | None = None) -> tuple[Program, list]:
     """Lower a graph to a Program plus the input arrays, in the order of `Program.inputs`.
 
     `prepare_input(array)`, when given, replaces each input array first (the runtime uses it
@@ -268,7 +269,8 @@ def lower(node: graph.Node, prepare_input=None, separate_costly: bool = False) -
     `separate_costly`, a transcendental value that two reductions read and a costly factor of a
     contraction are stages of their own (`separate_stages`): the CPU runtime lowers so; the GPU's
     rules fuse such programs (an attention head's softmax and weighted sum) into one kernel instead,
-    and want them inlined."""
+    and want them inlined. A dynamic dim is planned at its size in `planned` (dim -> size), else at
+    REPRESENTATIVE_SIZE (`with_dynamic_sizes`)."""
     shared = separate_stages(node) if separate_costly else set()
     lowering = _Lowering(prepare_input or (lambda array: array), shared)
     if isinstance(node, graph.Reduce):
@@ -280,14 +282,15 @@ def lower(node: graph.Node, prepare_input=None, separate_costly: bool = False) -
                                      node.dims))
     sizes = tuple(sorted(node.sizes.items()))
     program = Program(tuple(lowering.inputs), tuple(lowering.stages), sizes)
-    return (with_dynamic_sizes(program, node.dynamic) if node.dynamic else program), lowering.arrays
+    return (with_dynamic_sizes(program, node.dynamic, planned or {}) if node.dynamic else program), lowering.arrays
 
 
-def with_dynamic_sizes(program: Program, dynamic: dict[str, int]) -> Program:
+def with_dynamic_sizes(program: Program, dynamic: dict[str, int], planned: dict[str, int]) -> Program:
     """`program` with the sizes of its `dynamic` dims (dim -> minimum) replaced by `Size`s at their
-    representative size, so one program (and one kernel) stands for every size. Each array with a
-    dynamic dim must have it first: strides then never depend on a dynamic size."""
-    sizes = {d: Size(d, 1, max(REPRESENTATIVE_SIZE, minimum)) for d, minimum in dynamic.items()}
+    representative size (`planned`'s where it names the dim, else REPRESENTATIVE_SIZE; never below the
+    minimum), so one program (and one kernel) stands for every size. Each array with a dynamic dim must
+    have it first: strides then never depend on a dynamic size."""
+    sizes = {d: Size(d, 1, max(planned.get(d, REPRESENTATIVE_SIZE), minimum)) for d, minimum in dynamic.items()}
     for dims, what in [(b.dims, f"input {b.name}") for b in program.inputs] + \
             [(st.dims, f"the result of stage {st.name}") for st in program.stages]:
         late = [d for d in dims[1:] if d in sizes]

@@ -21,6 +21,19 @@ REDUCE_IDENTITY = {"sum": 0.0, "max": float("-inf"), "min": float("inf")}
 # The size a dynamic dim is planned at (schedules are chosen, and costs modelled, there), unless its
 # minimum is larger.
 REPRESENTATIVE_SIZE = 256
+# On a GPU, whose best tiles depend on how many blocks fill its SMs, a dynamic dim is planned at its
+# size class instead: REPRESENTATIVE_SIZE times a power of SIZE_CLASS_RATIO (`size_class`).
+SIZE_CLASS_RATIO = 4
+
+
+def size_class(n: int) -> int:
+    """The size class of a dynamic dim of size `n`: REPRESENTATIVE_SIZE times the largest power of
+    SIZE_CLASS_RATIO not above n / REPRESENTATIVE_SIZE (REPRESENTATIVE_SIZE for smaller n). A kernel
+    planned at a class runs every size; sizes of one class share it."""
+    planned = REPRESENTATIVE_SIZE
+    while planned * SIZE_CLASS_RATIO <= n:
+        planned *= SIZE_CLASS_RATIO
+    return planned
 
 
 class Size(int):

@@ -11,20 +11,22 @@ from .program import Affine, Buffer, Load, Program, Stage, loads, plain_dims, re
 
 
 def split_k(program: Program, parts: int) -> Program | None:
-    """`program`, a one-stage sum over one dim k of products of plain reads of its inputs (every index a
-    dim), with k cut into `parts` runs of equal length (`parts` divides it): stage `<name>.part`
-    [k_o, dims...] sums each run, the result stage sums the parts. None where the program is not such a
-    contraction or `parts` does not divide k."""
-    if len(program.stages) != 1 or program.dynamic or parts < 2:
+    """`program`, a sum over one dim k of products of plain reads of its inputs (every index a dim),
+    maybe followed by pointwise stages (an epilogue: a bias, relu, a cast), with k cut into `parts` runs
+    of equal length (`parts` divides it): stage `<name>.part` [k_o, dims...] sums each run, the sum's
+    stage sums the parts, the epilogue follows unchanged. None where the program is not such a
+    contraction, an input it cuts is read by the epilogue too, or `parts` does not divide k."""
+    if not program.stages or program.dynamic or parts < 2:
         return None
-    stage = program.output
-    if stage.reduce_op != "sum" or len(stage.reduce_dims) != 1:
+    stage, *epilogue = program.stages
+    if stage.reduce_op != "sum" or len(stage.reduce_dims) != 1 or any(st.reduce_dims for st in epilogue):
         return None
     k, = stage.reduce_dims
     size = program.size(k)
     reads = list(loads(stage.expr))
     inputs = {buffer.name: buffer for buffer in program.inputs}
-    if size % parts or any(ld.buffer not in inputs or plain_dims(ld) is None for ld in reads):
+    later = {ld.buffer for st in epilogue for ld in loads(st.expr)}
+    if size % parts or any(ld.buffer not in inputs or plain_dims(ld) is None or ld.buffer in later for ld in reads):
         return None
     outer, inner = program.fresh_dim(f"{k}_o"), program.fresh_dim(f"{k}_i")
     run = size // parts
@@ -41,7 +43,7 @@ def split_k(program: Program, parts: int) -> Program | None:
                   Load(part.name, Affine.identity((outer, *stage.dims)), part.dtype), stage.dtype,
                   (outer, *stage.dims))
     sizes = tuple(item for item in program.sizes if item[0] != k) + ((outer, parts), (inner, run))
-    return Program(split_inputs, (part, total), sizes)
+    return Program(split_inputs, (part, total, *epilogue), sizes)
 
 
 def _split_buffer(buffer: Buffer, reads: list[Load], k: str, outer: str, inner: str, parts: int, run: int) -> Buffer:

@@ -26,6 +26,7 @@ import weakref
 import numpy as np
 
 from ..frontend import Tensor
+from .. import ir
 from ..ir.lowering import graph_nodes
 from ..schedule import LoopTree
 from . import gpu
@@ -193,8 +194,8 @@ class Function:
             raise TypeError(f"{self.fn.__name__}: argument {name} is on the host while others are on the GPU; "
                             f"pass every argument on one device")
         signatures = [signature for signature, _ in facts]
-        if self._leading:       # a dynamic first dim's size is left out: one kernel serves every size
-            signatures = [(kind, shape[1:] if lead else shape, *rest)
+        if self._leading:       # a dynamic first dim's size stands by its size class: the size its kernel is planned at
+            signatures = [(kind, (ir.size_class(shape[0]), *shape[1:]) if lead else shape, *rest)
                           for (kind, shape, *rest), lead in zip(signatures, self._leading)]
         key = tuple(signatures)
         addresses = [address for _, address in facts]

@@ -701,24 +701,40 @@ def lowered_for(node, schedule=None) -> tuple[ir.Program, list]:
     lowering (an attention head's softmax inlined into its weighted sum, which the GPU rules fuse) with
     a pointwise program's two innermost dims flattened into one where every array lays them out so
     (`ir.flattened`: the inputs are viewed flat, no copy); or the CPU's (costly values in stages of their
-    own: what `c.loop_tree()` shows) where `schedule` is a loop tree made on that one."""
-    program, arrays = ir.lower(node)
+    own: what `c.loop_tree()` shows) where `schedule` is a loop tree made on that one. Dynamic dims are
+    planned at `planned_sizes`."""
+    planned = planned_sizes(node, schedule)
+    program, arrays = ir.lower(node, planned=planned)
     if schedule is None:
         flat = _split_k(ir.flattened(program))
         return flat, [_viewed(array, buffer) for array, buffer in zip(arrays, flat.inputs)]
     if isinstance(schedule, LoopTree) and schedule.program != program:
-        separate, same_inputs = ir.lower(node, separate_costly=True)
+        separate, same_inputs = ir.lower(node, separate_costly=True, planned=planned)
         if separate == schedule.program:
             return separate, same_inputs
     return program, arrays
 
 
+def planned_sizes(node, schedule=None) -> dict[str, int]:
+    """The sizes a graph's dynamic dims are planned at on the GPU: a given loop tree's own, else each
+    dim's size class (`ir.size_class`) at its size in the traced arrays, so that a large batch gets the
+    tiles that fill the SMs at its scale (every planned kernel still runs every size)."""
+    if isinstance(schedule, LoopTree):
+        return {dim: n.representative for dim, n in schedule.program.sizes if isinstance(n, ir.Size)}
+    return {dim: ir.size_class(node.sizes[dim]) for dim in node.dynamic}
+
+
 def _split_k(program: ir.Program) -> ir.Program:
-    """`program` with its float32 contraction's k cut into parts (`ir.split_k`) where this GPU's SMs ask
-    for it (`autoschedule.gpu.split_k_parts`; not over a dynamic dim's program, planned at one size)."""
-    if templates.contraction_dtype(program) != "float32" or program.dynamic:
+    """`program` with its contraction's k cut into parts (`ir.split_k`) where this GPU's SMs ask for it
+    (`autoschedule.gpu.split_k_parts`; not over a dynamic dim's program, planned at one size; not where
+    there is no GPU to fill)."""
+    if templates.contraction_dtype(program, program.stages[0].name) is None or program.dynamic:
         return program
-    parts = templates.split_k_parts(program, gpu_target().sms)
+    try:
+        target = gpu_target()
+    except RuntimeError:
+        return program
+    parts = templates.split_k_parts(program, target.sms, target.tensor_cores == "wgmma")
     return ir.split_k(program, parts) if parts > 1 else program
 
 
@@ -734,9 +750,9 @@ def _viewed(array, buffer: ir.Buffer):
         raise ValueError(f"input {buffer.name} of shape {tuple(array.shape)} cannot be viewed as {buffer.shape}: "
                          f"its rank differs where a dim is dynamic")
     viewed = array if isinstance(array, np.ndarray) else as_device(array)
-    if isinstance(viewed, BFloat16Array):         # (a flattened pointwise program's input: a reshape)
-        return viewed.reshape(shape)
     strides = tuple(stride * viewed.itemsize for stride in buffer.strides)
+    if isinstance(viewed, BFloat16Array):         # (its bits viewed so: CuPy has no bfloat16)
+        return BFloat16Array(cupy().lib.stride_tricks.as_strided(viewed.bits, shape, strides))
     tricks = np.lib.stride_tricks if isinstance(viewed, np.ndarray) else cupy().lib.stride_tricks
     return tricks.as_strided(viewed, shape, strides)
 

@@ -48,6 +48,29 @@ def test_split_k_refuses_what_it_cannot_cut(rng):
     sm, sn = lt.symbols("m n")
     row_max = lt.Tensor(rng.standard_normal((4, 6)).astype(np.float32)).to(sm, sn).max(sn)
     assert ir.split_k(ir.lower(row_max.node)[0], 2) is None           # only sums are cut
+    x = lt.Tensor(rng.standard_normal((4, 6)).astype(np.float32)).to(sm, sn)
+    softmax_like = (x * lt.Tensor(rng.standard_normal((6, 6)).astype(np.float32)).to(sn, lt.symbols("o")[0])) \
+        .sum(sn).max(lt.symbols("o")[0])
+    assert ir.split_k(ir.lower(softmax_like.node)[0], 2) is None      # what follows the sum must be pointwise
+    uses_x_again = (x * x).sum(sn) + x.sum(sn)
+    assert ir.split_k(ir.lower(uses_x_again.node)[0], 2) is None
+
+
+def test_split_k_keeps_an_epilogue_after_the_parts_are_summed(rng):
+    """relu(x @ w + bias) in bfloat16: the parts, their sum, then the epilogue as it was, on wgmma tiles
+    and run on this CPU against float64."""
+    sm, sk, sn = lt.symbols("m k n")
+    a = rng.standard_normal((128, 2048)).astype(lt.bfloat16)
+    b = rng.standard_normal((2048, 136)).astype(lt.bfloat16)
+    bias = rng.standard_normal(136).astype(np.float32)
+    layer = lt.relu((lt.Tensor(a).to(sm, sk) * lt.Tensor(b).to(sk, sn)).sum(sk) + lt.Tensor(bias).to(sn))
+    program, arrays = ir.lower(layer.node)
+    split = ir.split_k(program, templates.split_k_parts(program, 132))
+    assert [st.name for st in split.stages] == ["t0.part", "t0", "t1"] and split.stage("t1") == program.stage("t1")
+    tree = gpu_rules.gpu_tree(split, GpuTarget("sm_90", 132))
+    assert tree.check() == (True, "legal") and "t0.part: a contraction: wgmma tensor-core tiles" in tree.explain()
+    got = lt.Kernel(tree, 1)([viewed(x, buffer) for x, buffer in zip(arrays, split.inputs)])
+    assert_close(got, np.maximum(a.astype(np.float64) @ b.astype(np.float64) + bias, 0), 1e-5)
 
 
 @pytest.mark.parametrize("m, k, n, sms, parts", [(1000, 1500, 777, 132, 5), (4096, 4096, 4096, 132, 1),
@@ -61,10 +84,45 @@ def test_float32_contractions_with_fewer_blocks_than_sms_are_split(rng, m, k, n,
     sm, sk, sn = lt.symbols("m k n")
     program = ir.Program((ir.Buffer("in0", ("m", "k"), (m, k), "float32", (k, 1)),
                           ir.Buffer("in1", ("k", "n"), (k, n), "float32", (n, 1))),
-                         ir.lower((lt.Tensor(np.zeros((2, 3), np.float32)).to(sm, sk)
-                                   * lt.Tensor(np.zeros((3, 2), np.float32)).to(sk, sn)).sum(sk).node)[0].stages,
-                         (("k", k), ("m", m), ("n", n)))
+                         matmul_stages(np.float32), (("k", k), ("m", m), ("n", n)))
     assert templates.split_k_parts(program, sms) == parts
+
+
+@pytest.mark.parametrize("m, k, n, hopper, parts", [(768, 3072, 768, True, 3), (256, 16384, 256, True, 16),
+                                                    (128, 2048, 136, True, 2), (4096, 4096, 4096, True, 1),
+                                                    (1024, 1024, 1024, True, 1), (1000, 3000, 1000, True, 1),
+                                                    (768, 3072, 768, False, 3)])
+def test_half_precision_contractions_with_fewer_blocks_than_sms_are_split_in_whole_k_tiles(m, k, n, hopper, parts):
+    """768^2 gives 36 wgmma blocks of 128 x 128, and its parts 18 of 128 x 256 each (the parts' program
+    chooses again): k = 3072 cut in 3, the most parts of at least HALF_SPLIT_K_RUN (54 blocks, short of one
+    an SM of 132); 256^2 takes 4 blocks, 16 parts of 1024 (64 blocks); 4096^2 fills the GPU; 1024^2 (64
+    blocks) has k too short for two parts; k = 3000 has no part of whole 64-deep k tiles; without wgmma,
+    mma's 18 blocks of 128 x 256."""
+    program = ir.Program((ir.Buffer("in0", ("m", "k"), (m, k), "bfloat16", (k, 1)),
+                          ir.Buffer("in1", ("k", "n"), (k, n), "bfloat16", (n, 1))),
+                         matmul_stages("bfloat16"), (("k", k), ("m", m), ("n", n)))
+    assert templates.split_k_parts(program, 132, hopper) == parts
+
+
+def matmul_stages(dtype):
+    sm, sk, sn = lt.symbols("m k n")
+    return ir.lower((lt.Tensor(np.zeros((2, 3), dtype)).to(sm, sk) * lt.Tensor(np.zeros((3, 2), dtype)).to(sk, sn))
+                    .sum(sk).node)[0].stages
+
+
+def test_a_split_half_precision_product_runs_its_parts_on_wgmma_tiles(rng):
+    """The parts: a batch of wgmma products (the split inputs' views read by TMA), summed by a second
+    kernel; run on this CPU against float64."""
+    sm, sk, sn = lt.symbols("m k n")
+    a = rng.standard_normal((128, 2048)).astype(lt.bfloat16)
+    b = rng.standard_normal((2048, 136)).astype(lt.bfloat16)
+    program, arrays = ir.lower((lt.Tensor(a).to(sm, sk) * lt.Tensor(b).to(sk, sn)).sum(sk).node)
+    split = ir.split_k(program, templates.split_k_parts(program, 132))
+    tree = gpu_rules.gpu_tree(split, GpuTarget("sm_90", 132))
+    assert tree.check() == (True, "legal") and split.stage("t0.part").dims == ("k_o", "m", "n")
+    assert "t0.part: a contraction: wgmma tensor-core tiles" in tree.explain()
+    got = lt.Kernel(tree, 1)([viewed(x, buffer) for x, buffer in zip(arrays, split.inputs)])
+    assert_close(got, a.astype(np.float64) @ b.astype(np.float64), 1e-5)
 
 
 def test_a_dot_product_is_left_to_the_reduction_rules(rng):

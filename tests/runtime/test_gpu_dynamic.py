@@ -112,6 +112,31 @@ def test_a_product_over_dynamic_rows_takes_the_contraction_templates_with_tails_
     assert_close(lt.Kernel(tree, 1)(arrays), ref, 1e-5)          # the tree's loops on this CPU
 
 
+def test_size_classes_step_by_four_from_the_representative_size():
+    assert [ir.size_class(n) for n in (1, 255, 256, 1023, 1024, 4095, 8192, 16384)] == \
+        [256, 256, 256, 256, 1024, 1024, 4096, 16384]
+
+
+def test_a_dynamic_dim_is_planned_on_the_gpu_at_its_size_class(rng):
+    """A float32 layer of 8192 rows planned at 256 took blocks of 128x64 (32 blocks fill 132 SMs at 256
+    rows) and ran at 0.87x the static kernel's 128x128 on an H200: planned at its class (4096) it takes
+    the static kernel's tiles, and the kernel still runs any size (here 5 rows, on this CPU)."""
+    w = rng.standard_normal((1024, 1024)).astype(np.float32)
+
+    def planned(rows):
+        x = np.ones((rows, 1024), np.float32)
+        c = lt.relu((lt.Tensor(x).to(b, k) * lt.Tensor(w).to(k, n)).sum(k))
+        program, _ = runtime_gpu.lowered_for(c.node)
+        return dict(program.sizes)["b"].representative, runtime_gpu.automatic_tree(program, "sm_90")
+    assert planned(1000)[0] == 256 and "128x64 a block" in planned(1000)[1].explain()
+    representative, tree = planned(8192)
+    assert representative == 4096 and "128x128 a block" in tree.explain()
+    assert "for b.0 in 0..ceil(B/128)  [block.y]" in str(tree) and tree.check() == (True, "legal")
+    x = rng.standard_normal((5, 1024)).astype(np.float32)
+    assert_close(lt.Kernel(tree, 1)([x, w]), np.maximum(x.astype(np.float64) @ w, 0), 1e-5)
+    assert runtime_gpu.planned_sizes(None, tree) == {"b": 4096}      # a given tree: the sizes it was planned at
+
+
 def test_a_dynamic_batch_of_products_takes_register_tiles_on_block_z(rng):
     c, ref = batched(3, rng)
     program, arrays = lower_on_host(c.node)
@@ -241,7 +266,7 @@ def test_cuda_runs_one_kernel_at_every_size(rng):
 
 
 @pytest.mark.gpu
-def test_a_function_on_device_arrays_traces_once_for_every_size(rng):
+def test_a_function_on_device_arrays_traces_once_for_every_size_of_a_class(rng):
     from tests.gpu_helpers import cupy_or_skip
     cp = cupy_or_skip()
     traces = []
@@ -260,6 +285,11 @@ def test_a_function_on_device_arrays_traces_once_for_every_size(rng):
         assert blend(cp.asarray(x), cp.asarray(y), cp.asarray(w), out=out) is out
         assert_close(cp.asnumpy(out), (x.astype(np.float64) + y) @ w, 1e-5)
     assert len(traces) == 1
+    for rows in (1500, 1024, 1025):     # size class 1024: one more kernel, planned at 1024 rows
+        u, v = rng.standard_normal((2, rows, 24)).astype(np.float32)
+        assert_close(cp.asnumpy(blend(cp.asarray(u), cp.asarray(v), cp.asarray(w))), (u.astype(np.float64) + v) @ w,
+                     1e-5)
+    assert len(traces) == 2
     with pytest.raises(ValueError, match=r"dim 'b' has size 2 in argument x .* but 1 in argument y"):
         blend(cp.asarray(x), cp.asarray(y[:1]), cp.asarray(w))
     with pytest.raises(ValueError, match=r"out must be a C-contiguous device array of shape \(2, 40\)"):

@@ -255,6 +255,26 @@ def test_a_float32_matmul_too_small_to_fill_the_gpu_runs_split_along_k(rng, a_tr
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("rounded", [False, True])
+def test_a_half_precision_product_too_small_to_fill_the_gpu_runs_split_along_k(rng, rounded):
+    """Split, the cast back to bfloat16 (an epilogue) after the parts' sum; inputs as torch tensors, whose
+    bfloat16 is viewed through its bits as the parts lay it out."""
+    cupy_or_skip()
+    torch = pytest.importorskip("torch")
+    a, b = (rng.standard_normal(shape).astype(lt.bfloat16) for shape in ((384, 4096), (4096, 520)))
+    on_gpu = [torch.from_numpy(x.view(np.uint16).astype(np.int16)).view(torch.bfloat16).cuda() for x in (a, b)]
+    sm, sk, sn = lt.symbols("m k n")
+    c = (lt.Tensor(on_gpu[0]).to(sm, sk) * lt.Tensor(on_gpu[1]).to(sk, sn)).sum(sk)
+    c = c.astype(lt.bfloat16) if rounded else c
+    program, _ = gpu.lowered_for(c.node)
+    if gpu.gpu_target().sms > 15:           # 3 x 5 blocks of 128 x 128 (or fewer, wider) leave SMs idle
+        assert [st.name for st in program.stages] == ["t0.part", "t0"] + (["t1"] if rounded else [])
+    got = c.cuda()
+    got = got.float().cpu().numpy() if isinstance(got, torch.Tensor) else gpu.to_host(got).astype(np.float32)
+    assert_close(got, a.astype(np.float64) @ b.astype(np.float64), 1e-2 if rounded else 1e-5)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("columns", [8, 40, 200])
 def test_half_precision_products_narrower_than_a_block_run_on_wgmma_tiles_as_wide(rng, columns):
     cupy_or_skip()
