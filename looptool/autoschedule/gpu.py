@@ -86,6 +86,8 @@ def split_k_parts(program: ir.Program, sms: int, hopper: bool = True) -> int:
     fewest dividing k, each at least SPLIT_K_RUN long, that give SPLIT_K_BLOCKS blocks an SM (where none
     does, the most); half precision on tensor cores likewise with its template's block
     (`wgmma_block`, or mma's), HALF_SPLIT_K_BLOCKS and runs of HALF_SPLIT_K_RUN in whole k tiles. Else 1."""
+    if not ir.splittable(program):
+        return 1
     stage = program.stages[0]
     dtype = contraction_dtype(program, stage.name)
     if len(stage.dims) < 2 or dtype is None:      # (a dot product: the reduction rules)

@@ -16,18 +16,14 @@ def split_k(program: Program, parts: int) -> Program | None:
     of equal length (`parts` divides it): stage `<name>.part` [k_o, dims...] sums each run, the sum's
     stage sums the parts, the epilogue follows unchanged. None where the program is not such a
     contraction, an input it cuts is read by the epilogue too, or `parts` does not divide k."""
-    if not program.stages or program.dynamic or parts < 2:
+    if parts < 2 or not splittable(program):
         return None
     stage, *epilogue = program.stages
-    if stage.reduce_op != "sum" or len(stage.reduce_dims) != 1 or any(st.reduce_dims for st in epilogue):
-        return None
     k, = stage.reduce_dims
     size = program.size(k)
-    reads = list(loads(stage.expr))
-    inputs = {buffer.name: buffer for buffer in program.inputs}
-    later = {ld.buffer for st in epilogue for ld in loads(st.expr)}
-    if size % parts or any(ld.buffer not in inputs or plain_dims(ld) is None or ld.buffer in later for ld in reads):
+    if size % parts:
         return None
+    reads = list(loads(stage.expr))
     outer, inner = program.fresh_dim(f"{k}_o"), program.fresh_dim(f"{k}_i")
     run = size // parts
 
@@ -44,6 +40,20 @@ def split_k(program: Program, parts: int) -> Program | None:
                   (outer, *stage.dims))
     sizes = tuple(item for item in program.sizes if item[0] != k) + ((outer, parts), (inner, run))
     return Program(split_inputs, (part, total, *epilogue), sizes)
+
+
+def splittable(program: Program) -> bool:
+    """Whether `split_k` can cut the program (into parts that divide its k): a sum over one dim of
+    products of plain reads of inputs that no later stage reads, the later stages pointwise, no dynamic dim."""
+    if not program.stages or program.dynamic:
+        return False
+    stage, *epilogue = program.stages
+    if stage.reduce_op != "sum" or len(stage.reduce_dims) != 1 or any(st.reduce_dims for st in epilogue):
+        return False
+    inputs = {buffer.name for buffer in program.inputs}
+    later = {ld.buffer for st in epilogue for ld in loads(st.expr)}
+    return all(ld.buffer in inputs and plain_dims(ld) is not None and ld.buffer not in later
+               for ld in loads(stage.expr))
 
 
 def _split_buffer(buffer: Buffer, reads: list[Load], k: str, outer: str, inner: str, parts: int, run: int) -> Buffer:

@@ -56,6 +56,18 @@ def test_split_k_refuses_what_it_cannot_cut(rng):
     assert ir.split_k(ir.lower(uses_x_again.node)[0], 2) is None
 
 
+def test_a_contraction_followed_by_a_reduction_is_not_split(rng):
+    """A head's scores then their row max (k = 4096 long, a few blocks): the GPU's choice of parts asks
+    `ir.splittable` first, so it gives 1 instead of parts that `ir.split_k` then refuses."""
+    sm, sk, sn = lt.symbols("m k n")
+    for dtype in (np.float32, lt.bfloat16):
+        x = lt.Tensor(rng.standard_normal((64, 4096)).astype(dtype)).to(sm, sk)
+        scores = (x * lt.Tensor(rng.standard_normal((4096, 64)).astype(dtype)).to(sk, sn)).sum(sk)
+        program = ir.lower(scores.max(sn).node)[0]
+        assert not ir.splittable(program) and templates.split_k_parts(program, 132) == 1
+        assert templates.split_k_parts(ir.lower(scores.node)[0], 132) > 1
+
+
 def test_split_k_keeps_an_epilogue_after_the_parts_are_summed(rng):
     """relu(x @ w + bias) in bfloat16: the parts, their sum, then the epilogue as it was, on wgmma tiles
     and run on this CPU against float64."""
