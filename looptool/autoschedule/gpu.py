@@ -29,6 +29,10 @@ FLOAT32_TILES = {"x_threads": 16, "x_groups": 2, "vector": 4, "y_threads": 16, "
 # blocks an SM; 512^3 0.039 -> 0.032; 1024^3 0.066 either way)
 SPLIT_K_BLOCKS = 4
 SPLIT_K_RUN = 256
+# ... and only where its blocks leave more than this share of the SMs idle (H100, session 17: relu(x @ w)
+# over 1000 x 1024 x 1024, 128 blocks on 132 SMs, 57 us unsplit against 63 split in 4 with its relu a
+# kernel of its own; 1024^3 alone was even, 0.066 ms either way)
+SPLIT_K_IDLE = 0.1
 # and a half-precision one on tensor cores (whose blocks fill an SM alone): parts that give one block an
 # SM, each at least HALF_SPLIT_K_RUN long and a whole number of the template's k tiles (H100, session 17,
 # bench.gpu_rules_variants --knob half_split_k, kernels' ms unsplit / runs of 512 / 1024: bf16
@@ -82,7 +86,7 @@ def contraction_dtype(program: ir.Program, stage: str | None = None) -> str | No
 def split_k_parts(program: ir.Program, sms: int, hopper: bool = True) -> int:
     """The parts `ir.split_k` cuts a contraction's k into (its first stage's, maybe followed by an epilogue)
     on a GPU of `sms` SMs (`hopper`: with
-    wgmma) where its blocks are fewer than the SMs: float32 on register tiles (`least_work_block`), the
+    wgmma) where its blocks leave more than SPLIT_K_IDLE of the SMs idle: float32 on register tiles (`least_work_block`), the
     fewest dividing k, each at least SPLIT_K_RUN long, that give SPLIT_K_BLOCKS blocks an SM (where none
     does, the most); half precision on tensor cores likewise with its template's block
     (`wgmma_block`, or mma's), HALF_SPLIT_K_BLOCKS and runs of HALF_SPLIT_K_RUN in whole k tiles. Else 1."""
@@ -104,7 +108,7 @@ def split_k_parts(program: ir.Program, sms: int, hopper: bool = True) -> int:
     else:
         return 1
     size = program.size(stage.reduce_dims[0])
-    if blocks(1) >= sms or not per_sm:
+    if blocks(1) >= (1 - SPLIT_K_IDLE) * sms or not per_sm:
         return 1
     dividing = [parts for parts in range(2, size // shortest + 1) if size % (parts * k_tile) == 0]
     return next((parts for parts in dividing if blocks(parts) >= per_sm * sms), max(dividing, default=1))

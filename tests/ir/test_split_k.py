@@ -87,12 +87,13 @@ def test_split_k_keeps_an_epilogue_after_the_parts_are_summed(rng):
 
 @pytest.mark.parametrize("m, k, n, sms, parts", [(1000, 1500, 777, 132, 5), (4096, 4096, 4096, 132, 1),
                                                   (1000, 1500, 777, 16, 1), (1000, 300, 777, 132, 1),
-                                                  (260, 1024, 100, 132, 4)])
+                                                  (260, 1024, 100, 132, 4), (1024, 1024, 1024, 132, 1)])
 def test_float32_contractions_with_fewer_blocks_than_sms_are_split(rng, m, k, n, sms, parts):
     """1000x777 gives 104 blocks of 128 x 64: k = 1500 cut in 5, the most parts of at least 256 (520 blocks,
     short of SPLIT_K_BLOCKS an SM of 132); 4096^2 fills the
     GPU; a GPU of 16 SMs is filled; k = 300 is too short to cut into parts of SPLIT_K_RUN; 6 blocks of
-    260x100 never reach 2 an SM: k = 1024 is cut into the most parts allowed."""
+    260x100 never reach 2 an SM: k = 1024 is cut into the most parts allowed; 1024^2's 128 blocks leave
+    fewer than SPLIT_K_IDLE of 132 SMs idle."""
     sm, sk, sn = lt.symbols("m k n")
     program = ir.Program((ir.Buffer("in0", ("m", "k"), (m, k), "float32", (k, 1)),
                           ir.Buffer("in1", ("k", "n"), (k, n), "float32", (n, 1))),
