@@ -33,8 +33,8 @@ def study_run(tensor, device: str, workers: int, trials: int, folder: Path) -> d
         best = min(best, trial.value)
         curve.append([round(trial.datetime_complete.timestamp() - started, 2), best])
     return {"workers": workers, "wall_s": wall, "trials": len(result.study.trials), "complete": len(done),
-            "trials_an_hour": len(done) / wall * 3600, "steady_trials_an_hour": steady_rate(curve),
-            "best_s": best, "best_so_far": curve, "cards": sorted({t.user_attrs.get("gpu", "") for t in done})}
+            "trials_an_hour": len(done) / wall * 3600, "best_s": best, "best_so_far": curve,
+            "cards": sorted({t.user_attrs.get("gpu", "") for t in done})}
 
 
 def steady_rate(curve: list) -> float:

@@ -728,7 +728,7 @@ def _split_k(program: ir.Program) -> ir.Program:
     """`program` with its contraction's k cut into parts (`ir.split_k`) where this GPU's SMs ask for it
     (`autoschedule.gpu.split_k_parts`; not over a dynamic dim's program, planned at one size; not where
     there is no GPU to fill)."""
-    if templates.contraction_dtype(program, program.stages[0].name) is None or program.dynamic:
+    if not ir.splittable(program):
         return program
     try:
         target = gpu_target()
