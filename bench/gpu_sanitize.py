@@ -158,6 +158,12 @@ def automatic_workloads() -> dict:
     bias = rng.standard_normal(136, dtype=np.float32)
     out["bf16 matmul split along k, bias, relu and a cast to bf16 after the parts' sum 208x2048x136"] = (
         lt.relu(split + lt.Tensor(bias).to(s.n)).astype(lt.bfloat16), np.maximum(product + bias, 0))
+    a16, b16 = (v.astype(dtypes.bfloat16) for v in (rng.standard_normal((1000, 64)), rng.standard_normal((64, 256))))
+    residual, bias = rng.standard_normal((1000, 256), dtype=np.float32), rng.standard_normal(256, dtype=np.float32)
+    rows_cut = (lt.Tensor(a16).to(s.m, s.k) * lt.Tensor(b16).to(s.k, s.n)).sum(s.k) + lt.Tensor(residual).to(s.m, s.n)
+    out["bf16 matmul on wgmma, rows cut alone: a row's stores under one guard, residual and bias fused 1000x64x256"] = (
+        lt.relu(rows_cut + lt.Tensor(bias).to(s.n)),
+        np.maximum(a16.astype(np.float64) @ b16.astype(np.float64) + residual + bias, 0))
     xt = lt.Tensor(g).to(m, n)
     shifted = xt - xt.max(n)
     g64 = g.astype(np.float64) - g.astype(np.float64).max(1, keepdims=True)

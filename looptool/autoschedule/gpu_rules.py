@@ -37,6 +37,8 @@ WALK_UNROLL = 4             # copies of a reduction loop's body a thread walking
 # 0.109 -> 0.094 ms; layer norms and dot products unchanged. Fewer threads a row keep more rows in flight.
 STRIDED_UNROLL = 32
 ROW_ELEMENTS_PER_THREAD = 32
+LONG_ROW_UNROLL = 8          # a row too long for that: its loop unrolled this many times, loads in flight a thread
+                             # (H100, session 18, --knob long_row_unroll: softmax 2048x50257 0.695 -> 0.632 ms at 8)
 SHARE_ROW_VALUES = True      # a row group's exp computed once (`share`; --knob share_row_values)
 WEIGHTED_ROW_ELEMENTS = 8    # ... where the row's block also walks a weighted sum (attention 1024x64: 39.9 us, 44.4 at 32)
 ROW_WALK_UNROLL = 16        # ... where the walk is a whole row (attention's p . v): its loads come from L2
@@ -346,6 +348,8 @@ class _Planner:
             .bind(f"{dim}.1", "thread.x", stage=stage)
         if self.extent(stage, f"{dim}.0") <= STRIDED_UNROLL:
             self.tree = self.tree.unroll(f"{dim}.0", stage=stage)
+        elif LONG_ROW_UNROLL > 1:
+            self.tree = self.tree.split(f"{dim}.0", LONG_ROW_UNROLL, stage=stage).unroll(f"{dim}.0.1", stage=stage)
 
     def walked(self, stage: str, dims: list[str], unroll: int = WALK_UNROLL):
         """Reduction loops a thread walks alone (outer to inner): where the inner ones are short (a

@@ -90,11 +90,14 @@ def generate(tree: LoopTree, arch: str = "sm_90", aligned_params: bool = True,
              dynamic_shared: bool = False) -> GpuModule:
     """Lower every top-level nest of `tree` to a kernel and compile the module to PTX for `arch`.
     With `aligned_params`, packed accesses to kernel parameters may assume 16-byte aligned buffers.
-    Shared buffers are static arrays while every kernel needs at most 48 KiB (unless `dynamic_shared`);
+    Shared buffers are static arrays while every kernel needs at most 48 KiB (unless `dynamic_shared`, or a
+    kernel has wgmma tiles);
     otherwise the module is built again with each kernel's shared buffers at offsets in dynamic shared
     memory, whose size its Launch carries (the runtime opts the kernel in to that much)."""
     tiles = tensor_tiles(tree)
     copies = bulk_copies(tree, tiles)
+    # a wgmma kernel's pipelined tiles take about 48 KiB and more: built for dynamic shared memory at once
+    dynamic_shared = dynamic_shared or any(is_warpgroup(tile.instruction) for tile in tiles.values())
     module, launches, params, aligned = _module(tree, tiles, copies, aligned_params, dynamic=dynamic_shared)
     if not dynamic_shared and any(launch.dynamic_shared for launch in launches):
         module, launches, params, aligned = _module(tree, tiles, copies, aligned_params, dynamic=True)

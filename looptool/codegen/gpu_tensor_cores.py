@@ -23,8 +23,10 @@ shared buffers, the wgmma batch in flight).
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from llvmlite import ir as llir
 
@@ -135,12 +137,18 @@ class TensorCoreLowering:
         return [{**env, m: b.add(first_row, constant(I64, row)), n: b.add(first_col, constant(I64, col))}
                 for row, col in fragment_places(tile.instruction)]
 
-    def written_back(self, e: ir.Expr, accumulator: ir.Load, value: llir.Value, stmt: StmtNode, env: dict):
+    def written_back(self, e: ir.Expr, accumulator: ir.Load, value: llir.Value, stmt: StmtNode, env: dict,
+                     cut: frozenset = frozenset()):
         """A copy tile's expression at one element: `value` (its accumulator element, from the lane's
-        fragment) where it reads the accumulator, everything else (an epilogue's bias) at `env`."""
+        fragment) where it reads the accumulator, everything else (an epilogue's bias) at `env`; its reads
+        that move along a loop in `cut` (one a tail cuts: the element may lie outside them) clamped into
+        their buffers."""
         def evaluate(sub):
             if sub == accumulator:
                 return value
+            if cut and isinstance(sub, ir.Load) and any(name in cut for affine in sub.index
+                                                        for name, _ in affine.substitute(stmt.index).terms):
+                return self.expr(replace(sub, clamped=True), stmt, env)
             if isinstance(sub, ir.Cast):
                 return self.convert(evaluate(sub.x), sub.dtype)
             if isinstance(sub, ir.Unary):
@@ -207,6 +215,10 @@ class TensorCoreLowering:
             if inside is None:
                 self.write_back(tile, stmt, sources, places, targets, base)
                 return
+            rows = self.rows_inside(tile, places)
+            if rows is not None:            # only rows cut: stored as whole tiles are, each row under its guard
+                self.write_back(tile, stmt, sources, places, targets, base, rows)
+                return
             with self.builder.if_else(self.tile_inside_tails(tile, base)) as (whole, cut):
                 with whole:                 # most tiles of a wgmma kernel cut by a tail lie wholly inside it
                     self.write_back(tile, stmt, sources, places, targets, base)
@@ -223,11 +235,14 @@ class TensorCoreLowering:
             self.mma_sync(tile, stmt, base, targets, lane)
 
     def write_back(self, tile: TensorTile, stmt: StmtNode, sources: list, places: list[dict], targets: list,
-                   base: dict):
-        """A copy tile's elements loaded from the accumulator, through the stage's expression, stored."""
+                   base: dict, guards: list | None = None):
+        """A copy tile's elements loaded from the accumulator, through the stage's expression, stored;
+        with `guards` (one an element, shared by a row's: only the tile's rows are cut), each store only
+        where its first element's holds, and the expression's reads along the rows clamped into their buffers."""
         values = [self.load_value(source, tile.dtype) for source in sources]
-        values = [self.written_back(stmt.stage.expr, tile.a, value, stmt, env) for value, env in zip(values, places)]
-        self.store_tile(values, targets, tile, stmt, base)
+        cut = frozenset({tile.loops["m"].loop.name} if guards else ())
+        values = [self.written_back(stmt.stage.expr, tile.a, value, stmt, env, cut) for value, env in zip(values, places)]
+        self.store_tile(values, targets, tile, stmt, base, guards)
 
     def tile_inside_tails(self, tile: TensorTile, base: dict) -> llir.Value:
         """Whether a whole wgmma copy tile (its loops from 0 to their extents, at loop values `base`) lies
@@ -246,19 +261,46 @@ class TensorCoreLowering:
         limits = [(node, lim) for role in "mn" for node in (tile.loops[role],) for lim in node.limits]
         if not limits or not is_warpgroup(tile.instruction):
             return None
-        b = self.builder
-        inside = []
-        for place in places:
-            holds = constant(llir.IntType(1), 1)
-            for node, lim in limits:
-                value = b.add(b.mul(constant(I64, lim.coeff), place[node.loop.name]), self.affine(lim.rest, place))
-                holds = b.and_(holds, b.icmp_signed("<", value, self.extent(lim.bound, place)))
-            inside.append(holds)
-        return inside
+        return [self.within(limits, place) for place in places]
 
-    def store_tile(self, values: list, targets: list[llir.Value], tile: TensorTile, stmt: StmtNode, base: dict):
+    def rows_inside(self, tile: TensorTile, places: list[dict]) -> list[llir.Value] | None:
+        """Where tails cut a wgmma copy tile's m loop alone, for each element whether its row lies inside
+        them: one condition a row, which its elements share (so the row's stores go under one branch, as
+        few blocks as whole tiles have, which LLVM's NVPTX back end compiles several times faster than a
+        branch an element). None where no tail cuts m, or one cuts n."""
+        m = tile.loops["m"]
+        if tile.loops["n"].limits or not m.limits or not is_warpgroup(tile.instruction):
+            return None
+        rows = [row for row, _ in fragment_places(tile.instruction)]
+        first = {row: places[rows.index(row)] for row in dict.fromkeys(rows)}
+        held = {row: self.within([(m, lim) for lim in m.limits], place) for row, place in first.items()}
+        return [held[row] for row in rows]
+
+    def within(self, limits: list, place: dict) -> llir.Value:
+        """Whether every (loop node, limit) of `limits` holds at loop values `place`."""
+        b = self.builder
+        holds = constant(llir.IntType(1), 1)
+        for node, lim in limits:
+            value = b.add(b.mul(constant(I64, lim.coeff), place[node.loop.name]), self.affine(lim.rest, place))
+            holds = b.and_(holds, b.icmp_signed("<", value, self.extent(lim.bound, place)))
+        return holds
+
+    def store_tile(self, values: list, targets: list[llir.Value], tile: TensorTile, stmt: StmtNode, base: dict,
+                   guards: list | None = None):
         """Store a copy tile's elements: each thread's pairs of neighbouring columns (fragment_places)
-        as one 2-element vector where the columns are adjacent in memory and the pair aligned."""
+        as one 2-element vector where the columns are adjacent in memory and the pair aligned; with
+        `guards` (one an element, shared by a row's), each store where its first element's holds, the
+        stores of a row under one branch."""
+        stores = []
+        self.collect_tile_stores(values, targets, tile, stmt, base, guards or [None] * len(values), stores)
+        for guard in dict.fromkeys(guard for guard, _ in stores):
+            with self.builder.if_then(guard) if guard is not None else contextlib.nullcontext():
+                for store in [store for held, store in stores if held is guard]:
+                    store()
+
+    def collect_tile_stores(self, values: list, targets: list[llir.Value], tile: TensorTile, stmt: StmtNode,
+                            base: dict, guards: list, stores: list):
+        """`store_tile`'s stores, appended to `stores` as (guard, a function that emits the store)."""
         stage, n = stmt.stage, tile.loops["n"].loop
         index = Affine.identity(stage.dims)
         moving = {tile.loops["m"].loop.name, n.name}      # set per element from the thread's place
@@ -266,21 +308,24 @@ class TensorCoreLowering:
         paired = not self.is_fragment(stage.name) \
             and self.linear_offset(stage.name, index, stmt).coeffs().get(n.name) == 1 \
             and self.alignment(stage.name, index, stmt, fixed, Lanes(n.name, 2)) == 2 * ITEM_BYTES[stage.dtype]
+        store = functools.partial(self.store_value, dtype=stage.dtype)
         if not paired:
-            for value, target in zip(values, targets):
-                self.store_value(value, target, stage.dtype)
+            stores += [(guard, functools.partial(store, value, target))
+                       for value, target, guard in zip(values, targets, guards)]
             return
         group = self.vector_store_bytes // (2 * ITEM_BYTES[stage.dtype])
         if group > 1 and len(values) % (4 * group) == 0 and self.alignment(
                 stage.name, index, stmt, fixed, Lanes(n.name, 2 * group)) == self.vector_store_bytes:
-            self.store_vectors(values, targets, stage.dtype, group)
+            self.store_vectors(values, targets, stage.dtype, group, guards, stores)
             return
-        for first in range(0, len(values), 2):
-            self.store_value(self.packed(values[first:first + 2]), targets[first], stage.dtype,
-                             align=2 * ITEM_BYTES[stage.dtype])
+        stores += [(guards[first], functools.partial(store, self.packed(values[first:first + 2]), targets[first],
+                                                     align=2 * ITEM_BYTES[stage.dtype]))
+                   for first in range(0, len(values), 2)]
 
-    def store_vectors(self, values: list, targets: list[llir.Value], dtype: str, group: int):
-        """Store a copy tile's elements G pairs a lane (16 bytes). The G lanes of a group
+    def store_vectors(self, values: list, targets: list[llir.Value], dtype: str, group: int, guards: list,
+                      stores: list):
+        """Store a copy tile's elements G pairs a lane (16 bytes), each store appended to `stores` as
+        (its row's guard, a function that emits it). The G lanes of a group
         (lane & (G - 1)) each hold a pair of neighbouring columns of G consecutive 8-column blocks (the
         fragment layout); log2(G) rounds of xor shuffles (a butterfly transpose) give lane q the G pairs of
         block q, which it stores at once: a quad of lanes writes 64 consecutive bytes of a row, with half
@@ -308,7 +353,9 @@ class TensorCoreLowering:
                     mine = b.icmp_unsigned("==", lane, constant(I32, block))
                     target = b.select(mine, targets[4 * (first + block) + 2 * half], target)
                 start = b.gep(target, [back], source_etype=MEMORY_TYPE[dtype])
-                b.store(b.bitcast(self.packed(held), vector), start, align=2 * group * ITEM_BYTES[dtype])
+                stores.append((guards[4 * first + 2 * half],     # (a row's: the group's blocks share it)
+                               functools.partial(b.store, b.bitcast(self.packed(held), vector), start,
+                                                 align=2 * group * ITEM_BYTES[dtype])))
 
     def mma_sync(self, tile: TensorTile, stmt: StmtNode, base: dict, targets: list[llir.Value], lane: llir.Value):
         """One mma.sync on the warp: the lane's fragments of A and B, its four accumulators in and out."""
