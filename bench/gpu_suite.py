@@ -206,6 +206,7 @@ def workloads(torch, shapes: str = "suite"):
         ("column sum f32 77x100000", axis_sum(77, 100000, 0)),
         ("gelu(tanh) f32 3x1000003", gelu(3, 1000003)),
         ("attention head f32 2048x128", attention(2048, 128)),
+        ("attention head f32 4096x64", attention(4096, 64)),
         ("conv 3x3 f32 16x128x28x28", conv(16, 128, 28, torch.float32)),
         ("conv 3x3 bf16 4x96x17x17", conv(4, 96, 17, bf16)),
         ("mlp relu(xW+b) bf16 1000x768x3072", mlp(1000, 768, 3072)),

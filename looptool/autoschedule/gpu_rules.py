@@ -44,8 +44,9 @@ WEIGHTED_ROW_ELEMENTS = 8    # ... where the row's block also walks a weighted s
 ROW_WALK_UNROLL = 16        # ... where the walk is a whole row (attention's p . v): its loads come from L2
 # the most the walks in blocks of a row (attention's p . v) read besides their rows, an SM; above it the rows'
 # factor is written whole and the product is a contraction of its own (H100, --knob walk_bytes_per_sm: 4096 x 64
-# 0.64 -> 0.39 ms at 32 MiB an SM; 2048 x 128, 16 MiB, 0.170 against 0.174; 1024 x 64 stays fused, 0.041 against 0.084)
-WALK_BYTES_PER_SM = 16 << 20
+# 0.64 -> 0.39 ms at 32 MiB an SM; 1024 x 64 stays fused, 0.041 against 0.084), which `.cuda()` runs as a program
+# of its own (`weights_apart`: split-k then fills the SMs; session 18, 2048 x 128, 15.5 MiB an SM: see docs/gpu.md)
+WALK_BYTES_PER_SM = 8 << 20
 THREAD_TILE_ROWS = 4         # outputs along a second dim a thread walking a reduction takes at once
 SCALAR_RUN = 4               # elements a thread takes where rows hold no whole vectors
 VECTOR_BYTES = 16            # the widest global load and store (ld.global.v4.f32)
@@ -83,6 +84,20 @@ def gpu_tree(program: ir.Program, gpu: GpuTarget) -> LoopTree:
     reasons.append("one output element per thread: no rule applied")
     tree = default_gpu_tree(program)
     return LoopTree(tree.program, tree.schedule, tuple(reasons + dynamic_reason(program)))
+
+
+def weights_apart(program: ir.Program, gpu: GpuTarget) -> ir.Apart | None:
+    """A program ending in a weighted sum (an attention head's softmax times v) as its weights and the sum
+    (`ir.weights_apart`), two programs run one after the other, where walking the sum in the weights'
+    rows would read more than WALK_BYTES_PER_SM an SM besides them: the sum then runs on the matrix
+    templates, split along its reduction where its blocks leave SMs idle. None where it walks in the rows."""
+    apart = ir.weights_apart(program)
+    if apart is None:
+        return None
+    weights, other = apart.product.inputs
+    rows = math.prod(weights.shape) // program.size(program.output.reduce_dims[0])
+    walk = math.prod(other.shape) * templates.ITEM_BYTES[other.dtype] * rows
+    return apart if walk > WALK_BYTES_PER_SM * gpu.sms else None
 
 
 def dynamic_reason(program: ir.Program) -> list[str]:

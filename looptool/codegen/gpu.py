@@ -91,13 +91,13 @@ def generate(tree: LoopTree, arch: str = "sm_90", aligned_params: bool = True,
     """Lower every top-level nest of `tree` to a kernel and compile the module to PTX for `arch`.
     With `aligned_params`, packed accesses to kernel parameters may assume 16-byte aligned buffers.
     Shared buffers are static arrays while every kernel needs at most 48 KiB (unless `dynamic_shared`, or a
-    kernel has wgmma tiles);
+    kernel has pipelined copies);
     otherwise the module is built again with each kernel's shared buffers at offsets in dynamic shared
     memory, whose size its Launch carries (the runtime opts the kernel in to that much)."""
     tiles = tensor_tiles(tree)
     copies = bulk_copies(tree, tiles)
-    # a wgmma kernel's pipelined tiles take about 48 KiB and more: built for dynamic shared memory at once
-    dynamic_shared = dynamic_shared or any(is_warpgroup(tile.instruction) for tile in tiles.values())
+    # pipelined tiles (a contraction template's) take about 48 KiB and more: built for dynamic shared memory at once
+    dynamic_shared = dynamic_shared or any(pipeline_depth(loop.annotation) for loop in _loops(tree.root))
     module, launches, params, aligned = _module(tree, tiles, copies, aligned_params, dynamic=dynamic_shared)
     if not dynamic_shared and any(launch.dynamic_shared for launch in launches):
         module, launches, params, aligned = _module(tree, tiles, copies, aligned_params, dynamic=True)

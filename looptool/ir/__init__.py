@@ -1,5 +1,6 @@
 """The IR layer: stages of pointwise-plus-reduction statements over named dims, and lowering to them."""
 from .flatten import flattened, merged_last_two
+from .apart import Apart, weights_apart
 from .im2col import Im2col, im2col
 from .split_k import split_k, splittable
 from .lowering import (COSTLY, TRANSCENDENTAL, element_strides, is_sigmoid_form, lower, sigmoid_form,
@@ -11,4 +12,4 @@ from .program import (REPRESENTATIVE_SIZE, SIZE_CLASS_RATIO, Size, size_class, A
 __all__ = ["REPRESENTATIVE_SIZE", "SIZE_CLASS_RATIO", "Size", "size_class", "Affine", "Binary", "Buffer", "Cast", "Const", "Expr", "Guard", "Load",
            "Program", "REDUCE_IDENTITY", "Select", "Stage", "Unary", "guards", "index_vars", "loaded_buffers", "loads", "element_strides", "lower", "rewritten",
            "substituted", "whole_aligned_elements", "with_fixed_sizes", "flattened", "merged_last_two", "Im2col",
-           "im2col", "split_k", "splittable", "TRANSCENDENTAL", "COSTLY", "is_sigmoid_form", "sigmoid_form", "subexpressions"]
+           "im2col", "Apart", "weights_apart", "split_k", "splittable", "TRANSCENDENTAL", "COSTLY", "is_sigmoid_form", "sigmoid_form", "subexpressions"]

@@ -639,13 +639,31 @@ def prepared_call(node) -> Callable:
     if generation == tuning_db.generation():
         return call
     program, arrays = lowered_for(node)
-    parts = gathered(program)
-    if parts is None:
-        call = scheduled_kernel(program, chosen_schedule(program)).prepare(arrays, shape=node.shape)
+    parts, apart = gathered(program), weighted_apart(program)
+    if parts is not None:
+        gather = scheduled_kernel(parts.gather, chosen_schedule(parts.gather)).prepare([arrays[parts.windowed]])
+        call = _chained_call(gather, parts.product, arrays[parts.other], node.shape)
+    elif apart is not None:
+        weights = scheduled_kernel(apart.first, chosen_schedule(apart.first)).prepare(
+            [arrays[index] for index in apart.inputs])
+        call = _chained_call(weights, _split_k(apart.product), arrays[apart.other], node.shape)
     else:
-        call = _gathered_call(parts, arrays, node.shape)
+        call = scheduled_kernel(program, chosen_schedule(program)).prepare(arrays, shape=node.shape)
     _PREPARED[node] = (tuning_db.generation(), call)
     return call
+
+
+def weighted_apart(program: ir.Program) -> ir.Apart | None:
+    """The weights and the weighted sum `.cuda()` runs as two programs (`gpu_rules.weights_apart`: an
+    attention head whose weighted sum would read too much walked in its softmax's rows), where no tuned
+    schedule is stored for the program on this GPU; else None."""
+    if tuning_db.lookup(program, target_name()) is not None:
+        return None
+    try:
+        target = gpu_target()
+    except RuntimeError:
+        return None
+    return gpu_rules.weights_apart(program, target)
 
 
 def gathered(program: ir.Program) -> ir.Im2col | None:
@@ -662,30 +680,31 @@ def gathered(program: ir.Program) -> ir.Im2col | None:
     return parts if any(step[0] == "cache_write" for step in product.schedule.steps) else None
 
 
-def _gathered_call(parts: ir.Im2col, arrays: list, shape: tuple[int, ...]) -> Callable:
-    """The call that runs `parts` on a convolution's input arrays: the gather into a new matrix, then the
-    product of it and the other operand (viewed as a matrix: no copy), its result in `shape`."""
-    gather = scheduled_kernel(parts.gather, chosen_schedule(parts.gather)).prepare([arrays[parts.windowed]])
-    product = scheduled_kernel(parts.product, chosen_schedule(parts.product))
-    matrix, other = parts.product.inputs
-    viewed = _viewed(arrays[parts.other], other)
+def _chained_call(first: Callable, product: ir.Program, other_array, shape: tuple[int, ...]) -> Callable:
+    """The call that runs `first` (a prepared call: a convolution's gather, an attention head's weights),
+    then `product` on its result (viewed as the product's first input: no copy) and `other_array` (viewed
+    as its second), the product's result in `shape`."""
+    kernel = scheduled_kernel(product, chosen_schedule(product))
+    matrix, other = product.inputs
+    viewed = _viewed(other_array, other)
     if not is_device_array(viewed):            # a host array: checked and copied at each call
-        return lambda out=None: product.prepare([gather().reshape(matrix.shape), viewed], out, shape)(out)
-    runner = product.runner
+        return lambda out=None: kernel.prepare([_viewed(first(), matrix), viewed], out, shape)(out)
+    runner = kernel.runner
     other_pointer = checked_input(runner.inputs[1], viewed).data.ptr
-    run = runner.entry(runner.aligned([0, other_pointer]), shape)      # the gathered matrix: a fresh, aligned one
+    run = runner.entry(runner.aligned([0, other_pointer]), shape)      # the first's result: a fresh, aligned one
 
     def call(out=None):
-        gathered_matrix = kernel_argument(gather())       # alive until the product is launched
-        return runner.launch(run, [gathered_matrix.data.ptr, other_pointer], out)
+        result = kernel_argument(first())        # alive until the product is launched
+        return runner.launch(run, [result.data.ptr, other_pointer], out)
     return call
 
 
 def planned_trees(node) -> list[LoopTree]:
     """The loop trees of the programs `.cuda()` runs, in order, for a graph with no schedule given."""
     program, _ = lowered_for(node)
-    parts = gathered(program)
-    programs = [program] if parts is None else [parts.gather, parts.product]
+    parts, apart = gathered(program), weighted_apart(program)
+    programs = [parts.gather, parts.product] if parts is not None else \
+        [apart.first, _split_k(apart.product)] if apart is not None else [program]
     return [_as_tree(p, chosen_schedule(p)) for p in programs]
 
 
