@@ -49,6 +49,7 @@ KNOBS = {
     "row_walk_unroll": (lambda v: setattr(gpu_rules, "ROW_WALK_UNROLL", v), (4, 8, 16, 32), "attention_cases"),
     "walk_bytes_per_sm": (lambda v: setattr(gpu_rules, "WALK_BYTES_PER_SM", v), (1 << 40, 16 << 20, 8 << 20, 0), "attention_cases"),
     "thread_tile_rows": (lambda v: setattr(gpu_rules, "THREAD_TILE_ROWS", v), (1, 2, 4, 7, 8), "conv_cases"),
+    "rows_in_turn": (lambda v: setattr(gpu_rules, "ROWS_IN_TURN", v), (False, True), "row_cases"),
     "long_row_unroll": (lambda v: setattr(gpu_rules, "LONG_ROW_UNROLL", v), (1, 2, 4, 8), "row_cases"),
     "row_elements": (lambda v: setattr(gpu_rules, "ROW_ELEMENTS_PER_THREAD", v), (8, 16, 32), "row_cases"),
     "long_row": (lambda v: setattr(gpu_rules, "LONG_ROW", v), (32, 128, 512), "row_cases"),

@@ -17,7 +17,7 @@ STATIC_SHARED = 48 * 1024        # shared memory a block may use without opting 
 @dataclass(frozen=True)
 class GpuTarget:
     """An NVIDIA GPU: its PTX target, SM count and per-SM limits (threads, registers, shared bytes),
-    and the shared memory one block may opt in to."""
+    the shared memory one block may opt in to, and its L2 cache."""
 
     arch: str
     sms: int
@@ -26,6 +26,7 @@ class GpuTarget:
     shared_per_sm: int = 228 * 1024
     shared_per_block: int = 227 * 1024
     name: str = ""
+    l2_bytes: int = 50 * 1024 * 1024
 
     @property
     def capability(self) -> int:
@@ -52,10 +53,11 @@ class GpuTarget:
 
 
 # Reference parts of each architecture, for schedules made where no GPU can be asked
-ASSUMED = {80: GpuTarget("sm_80", 108, 2048, 65536, 164 * 1024, 163 * 1024, "A100 (assumed)"),
-           86: GpuTarget("sm_86", 84, 1536, 65536, 100 * 1024, 99 * 1024, "RTX 3090 (assumed)"),
-           89: GpuTarget("sm_89", 128, 1536, 65536, 100 * 1024, 99 * 1024, "RTX 4090 (assumed)"),
-           90: GpuTarget("sm_90", 132, 2048, 65536, 228 * 1024, 227 * 1024, "H100 SXM (assumed)")}
+MIB = 1024 * 1024
+ASSUMED = {80: GpuTarget("sm_80", 108, 2048, 65536, 164 * 1024, 163 * 1024, "A100 (assumed)", 40 * MIB),
+           86: GpuTarget("sm_86", 84, 1536, 65536, 100 * 1024, 99 * 1024, "RTX 3090 (assumed)", 6 * MIB),
+           89: GpuTarget("sm_89", 128, 1536, 65536, 100 * 1024, 99 * 1024, "RTX 4090 (assumed)", 72 * MIB),
+           90: GpuTarget("sm_90", 132, 2048, 65536, 228 * 1024, 227 * 1024, "H100 SXM (assumed)", 50 * MIB)}
 
 
 def assumed_gpu(arch: str) -> GpuTarget:
@@ -63,7 +65,7 @@ def assumed_gpu(arch: str) -> GpuTarget:
     probe = GpuTarget(arch, 1)
     known = [cc for cc in ASSUMED if cc <= probe.capability]
     if not known:
-        return GpuTarget(arch, 40, 1024, 65536, 64 * 1024, STATIC_SHARED, f"{arch} (assumed)")
+        return GpuTarget(arch, 40, 1024, 65536, 64 * 1024, STATIC_SHARED, f"{arch} (assumed)", 4 * MIB)
     base = ASSUMED[max(known)]
     return GpuTarget(arch, base.sms, base.threads_per_sm, base.registers_per_sm, base.shared_per_sm,
-                     base.shared_per_block, base.name)
+                     base.shared_per_block, base.name, base.l2_bytes)

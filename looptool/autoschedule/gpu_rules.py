@@ -37,6 +37,7 @@ WALK_UNROLL = 4             # copies of a reduction loop's body a thread walking
 # 0.109 -> 0.094 ms; layer norms and dot products unchanged. Fewer threads a row keep more rows in flight.
 STRIDED_UNROLL = 32
 ROW_ELEMENTS_PER_THREAD = 32
+ROWS_IN_TURN = True          # (`rows_in_turn`)
 LONG_ROW_UNROLL = 8          # a row too long for that: its loop unrolled this many times, loads in flight a thread
                              # (H100, session 18, --knob long_row_unroll: softmax 2048x50257 0.695 -> 0.632 ms at 8)
 SHARE_ROW_VALUES = True      # a row group's exp computed once (`share`; --knob share_row_values)
@@ -261,7 +262,16 @@ class _Planner:
         factor = self.hoisted_factor(name) if weighted else None     # before the stage's other steps
         passes = list(group) + ([self.tree.program.stage(factor)] if factor else [])
         self.tree = self.tree.reorder(*shared, *inner, row, stage=name)
-        depth = self.bind_grid(name, shared)
+        turn = None if weighted else self.rows_in_turn([self.tree.program.stage(name), *passes], row, shared, threads)
+        if turn:
+            last = shared[-1]
+            self.tree = self.tree.split(last, turn, stage=name)
+            depth = self.bind_grid(name, shared[:-1] + [f"{last}.0"]) + 1
+            self.note(name, f"its blocks take {turn} rows each in turn ({last}.1): the rows the blocks resident "
+                            f"at once hold, re-read by later passes, then fit in half the L2 cache "
+                            f"({self.gpu.l2_bytes >> 20} MiB)")
+        else:
+            depth = self.bind_grid(name, shared)
         if weighted:
             x = inner[-1]
             across = min(MAX_BLOCK_THREADS, _pow2_at_least(self.size(x)))
@@ -284,6 +294,26 @@ class _Planner:
                         f"({row} contiguous, {self.size(row)} long), the reductions' {threads} threads striding "
                         f"along it and combined; {how}")
         return self.tree
+
+    def rows_in_turn(self, stages: list[ir.Stage], row: str, shared: list[str], threads: int) -> int | None:
+        """Rows a block takes in turn where the rows its passes re-read are too long to stay in its threads'
+        registers and the blocks resident at once would hold more of them than half the L2 cache (the later
+        passes then read them from DRAM again: softmax 2048x50257 on an H100, 2 blocks an SM, hit L2 40% of
+        the time): the grid then holds at most as many blocks as that half holds rows, one an SM at most.
+        None otherwise. `stages`: the result, then the passes in its rows."""
+        if not ROWS_IN_TURN or self.size(row) <= STRIDED_UNROLL * threads:
+            return None
+        own = {st.name for st in stages}
+        reread = {ld.buffer: ld.dtype for st in stages for ld in ir.loads(st.expr)
+                  if ld.buffer not in own and row in self.tree.program.buffer_dims(ld.buffer)}
+        row_bytes = sum(self.size(row) * templates.ITEM_BYTES[dtype] for dtype in reread.values())
+        rows = math.prod(self.size(d) for d in shared)
+        resident = self.gpu.threads_per_sm // threads * self.gpu.sms
+        room = self.gpu.l2_bytes // 2
+        if not shared or not row_bytes or min(rows, resident) * row_bytes <= room:
+            return None
+        blocks = max(1, min(self.gpu.sms, room // row_bytes))
+        return min(self.size(shared[-1]), -(-rows // blocks))
 
     def walk_bytes(self, result: ir.Stage, inner: list[str]) -> int:
         """Bytes a block a row of a weighted walk reads besides its row: the factor of its product that keeps

@@ -92,6 +92,8 @@ def kernel_params(tree: LoopTree) -> list[str]:
 class FunctionBuilder:
     """Emits loop-tree nodes into one LLVM function (the kernel or an outlined parallel body)."""
 
+    division_flags: tuple[str, ...] = ()     # fast-math flags a target's divisions take besides FAST
+
     def __init__(self, tree: LoopTree, fn: llir.Function, pointers: dict[str, llir.Value], threads: int):
         self.tree, self.fn, self.pointers, self.threads = tree, fn, dict(pointers), threads
         entry = fn.append_basic_block("entry")
@@ -696,7 +698,7 @@ class FunctionBuilder:
 
     def binary(self, op: str, x: llir.Value, y: llir.Value) -> llir.Value:
         if op in ARITH:
-            return getattr(self.builder, ARITH[op])(x, y, flags=FAST)
+            return getattr(self.builder, ARITH[op])(x, y, flags=FAST + (self.division_flags if op == "div" else ()))
         return self.builder.call(self.intrinsic(INTRINSIC_BINARY[op], x.type, 2), [x, y])
 
     def intrinsic(self, name: str, ty: llir.Type, arity: int) -> llir.Function:

@@ -41,6 +41,7 @@ MULTIPROCESSORS_ATTRIBUTE = 16         # cudaDevAttrMultiProcessorCount
 THREADS_PER_SM_ATTRIBUTE = 39          # cudaDevAttrMaxThreadsPerMultiProcessor
 SHARED_PER_SM_ATTRIBUTE = 81           # cudaDevAttrMaxSharedMemoryPerMultiprocessor
 REGISTERS_PER_SM_ATTRIBUTE = 82        # cudaDevAttrMaxRegistersPerMultiprocessor
+L2_BYTES_ATTRIBUTE = 38                 # cudaDevAttrL2CacheSize
 MAX_DYNAMIC_SHARED_ATTRIBUTE = 8       # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 TENSOR_MAP_ELEMENT = {1: 0, 2: 1, 4: 2}   # CU_TENSOR_MAP_DATA_TYPE_UINT8/16/32: TMA copies bits
 SWIZZLE_128B, L2_PROMOTION_256B, NO_INTERLEAVE, OOB_ZERO = 3, 3, 0, 0
@@ -612,7 +613,8 @@ def _device_target(device: int) -> GpuTarget:
     name = cp.cuda.runtime.getDeviceProperties(device)["name"]
     return GpuTarget(device_arch(), attribute(MULTIPROCESSORS_ATTRIBUTE), attribute(THREADS_PER_SM_ATTRIBUTE),
                      attribute(REGISTERS_PER_SM_ATTRIBUTE), attribute(SHARED_PER_SM_ATTRIBUTE),
-                     attribute(OPT_IN_SHARED_ATTRIBUTE), name.decode() if isinstance(name, bytes) else str(name))
+                     attribute(OPT_IN_SHARED_ATTRIBUTE), name.decode() if isinstance(name, bytes) else str(name),
+                     attribute(L2_BYTES_ATTRIBUTE))
 
 
 def evaluate(node, schedule) -> object:

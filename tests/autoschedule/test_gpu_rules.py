@@ -402,3 +402,17 @@ def test_a_convolution_thread_takes_a_register_tile_of_outputs(rng):
         for kw in range(3):
             ref += np.einsum("nchw,oc->nhwo", padded[:, :, kh:kh + 5, kw:kw + 28], w[:, :, kh, kw])
     assert_close(run_tree(conv, tree, module), ref, 1e-5)
+
+
+@pytest.mark.parametrize("l2_mib, turn", [(50, None), (1, 11)])
+def test_long_rows_are_taken_in_turn_where_the_resident_blocks_rows_overflow_half_the_l2(rng, l2_mib, turn):
+    """Rows of 40001 floats (160 KB; 1024 threads, 2 blocks an SM) re-read by the max, sum and division: 33 rows
+    fit in half of 50 MiB; with 1 MiB of L2 three rows do, so the 33 rows go to 3 blocks of 11 rows taken in
+    turn."""
+    sm, ref = row_softmax(rng.standard_normal((33, 40001)).astype(np.float32))
+    tree, module = scheduled(sm, dataclasses.replace(H100, l2_bytes=l2_mib << 20))
+    assert ("rows each in turn" in tree.explain()) == (turn is not None)
+    assert module.launches[0].grid == ((3 if turn else 33), 1, 1)
+    if turn:
+        assert f"its blocks take {turn} rows each in turn (m.1)" in tree.explain()
+        assert_close(lt.Kernel(tree, 1)(ir.lower(sm.node)[1]), ref, 1e-5)   # the tree's loops on this CPU

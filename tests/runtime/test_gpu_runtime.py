@@ -1,13 +1,16 @@
 """The GPU runtime: the default GPU schedule on any machine; launching kernels where a GPU is
 present (marked `gpu`, deselected by default: run with -m gpu)."""
+import dataclasses
+
 import numpy as np
 import pytest
 
 import looptool as lt
+from looptool import ir
 from looptool.autoschedule import gpu_rules
 from looptool.runtime import gpu
 from tests.gpu_helpers import cupy_or_skip, matmul, register_tiles, softmax_rows, tiled
-from tests.helpers import assert_close
+from tests.helpers import assert_close, row_softmax
 
 
 def test_the_default_gpu_schedule_gives_every_stage_blocks_and_threads(rng):
@@ -64,6 +67,17 @@ def test_matmul_runs_on_the_gpu_and_writes_every_element(rng):
 def test_softmax_with_combined_reductions_runs_on_the_gpu(rng):
     cp = cupy_or_skip()
     sm, tree, ref = softmax_rows(rng, rows=37, cols=1000, threads=128)
+    assert_close(cp.asnumpy(sm.cuda(tree)), ref, 1e-5)
+
+
+@pytest.mark.gpu
+def test_long_rows_taken_in_turn_by_their_blocks_run_on_the_gpu(rng):
+    """34 rows of 40001 with an L2 of 1 MiB: 3 blocks of 12 rows, the last block's 10 under a tail."""
+    cp = cupy_or_skip()
+    sm, ref = row_softmax(rng.standard_normal((34, 40001)).astype(np.float32))
+    small_l2 = dataclasses.replace(gpu.gpu_target(), l2_bytes=1 << 20)
+    tree = gpu_rules.gpu_tree(ir.lower(sm.node)[0], small_l2)
+    assert "its blocks take 12 rows each in turn" in tree.explain()
     assert_close(cp.asnumpy(sm.cuda(tree)), ref, 1e-5)
 
 
