@@ -94,8 +94,8 @@ def split_k_parts(program: ir.Program, sms: int, hopper: bool = True) -> int:
         return 1
     stage = program.stages[0]
     dtype = contraction_dtype(program, stage.name)
-    if len(stage.dims) < 2 or dtype is None:      # (a dot product: the reduction rules)
-        return 1
+    if len(stage.dims) < 2 or dtype is None or (program.dynamic and dtype != "float32"):
+        return 1                # (a dot product: the reduction rules; dynamic half precision: not tried)
     if dtype == "float32":
         whole = block_count(program, stage.name, least_work_block(program, stage.name, sms, FLOAT32_BLOCKS))
 
@@ -358,24 +358,27 @@ def transposed_ahead(tree: LoopTree, stage: str, buffer: str, tile: int = 32) ->
 
 
 def transposable(tree: LoopTree, stage: str, buffer: str) -> bool:
-    """Whether `transposed_ahead` applies: an input whose last dim is the stage's reduction dim, 2-D or
-    with one leading pure dim (a batch, within the grid's z limit), and whose rows are not a dynamic dim
+    """Whether `transposed_ahead` applies: an input whose last dim is the stage's reduction dim and whose
+    one before (its rows) is a dim of the stage's tiles (not a batch's), 2-D or with one leading pure dim (a
+    batch, within the grid's z limit), and whose rows are not a dynamic dim
     (they become the transposed copy's last axis, whose stride would be a size known only at run time)."""
     dims = _layout(tree.program, buffer)
-    reduce_dims = tree.program.stage(stage).reduce_dims
-    batch_fits = len(dims) == 2 or (len(dims) == 3 and dims[0] not in reduce_dims
+    st = tree.program.stage(stage)
+    batch_fits = len(dims) == 2 or (len(dims) == 3 and dims[0] not in st.reduce_dims
                                     and tree.program.size(dims[0]) <= GRID_LIMITS["block.z"])
-    return batch_fits and dims[-2] not in reduce_dims and dims[-1] in reduce_dims \
+    return batch_fits and dims[-2] in tile_dims(st)[:2] and dims[-1] in st.reduce_dims \
         and not isinstance(tree.program.size(dims[-2]), ir.Size)
 
 
 def dynamic_rows_k_last(tree: LoopTree, stage: str, buffer: str) -> bool:
-    """Whether `buffer` is an input laid out (rows, k) whose rows are a dynamic dim, so not transposed
+    """Whether `buffer` is an input laid out (..., k) that holds the rows of the stage's tiles, a dynamic dim
+    (before k, or first with a split's parts between), so not transposed
     ahead: its k tiles are copied into shared memory as stored (16 bytes at a time, pipelined by cp.async)
     and the register tile reads them along k, not transposed word by word on the way."""
     dims = _layout(tree.program, buffer)
-    return len(dims) >= 2 and dims[-1] in tree.program.stage(stage).reduce_dims \
-        and isinstance(tree.program.size(dims[-2]), ir.Size)
+    st = tree.program.stage(stage)
+    rows = tile_dims(st)[1]
+    return len(dims) >= 2 and dims[-1] in st.reduce_dims and rows in dims and isinstance(tree.program.size(rows), ir.Size)
 
 
 def tile_dims(stage) -> tuple[str, str | None, list[str]]:

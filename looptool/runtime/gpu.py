@@ -747,8 +747,8 @@ def planned_sizes(node, schedule=None) -> dict[str, int]:
 
 def _split_k(program: ir.Program) -> ir.Program:
     """`program` with its contraction's k cut into parts (`ir.split_k`) where this GPU's SMs ask for it
-    (`autoschedule.gpu.split_k_parts`; not over a dynamic dim's program, planned at one size; not where
-    there is no GPU to fill)."""
+    (`autoschedule.gpu.split_k_parts`, at the sizes a dynamic dim is planned at; not where there is no
+    GPU to fill)."""
     if not ir.splittable(program):
         return program
     try:
@@ -762,14 +762,12 @@ def _split_k(program: ir.Program) -> ir.Program:
 def _viewed(array, buffer: ir.Buffer):
     """`array` as `buffer` lays it out, a view of the same elements (a device array from `as_device`; a host
     array stays on the host, copied at each call). A dynamic dim's extent (`ir.Size`) is the array's own."""
-    shape = tuple(size if isinstance(planned, ir.Size) else planned
-                  for size, planned in zip(array.shape, buffer.shape)) if len(array.shape) == len(buffer.shape) \
-        else buffer.shape
+    if len(array.shape) == len(buffer.shape):
+        shape = tuple(size if isinstance(planned, ir.Size) else planned for size, planned in zip(array.shape, buffer.shape))
+    else:                   # (a dynamic dim is the first axis of both: split-k puts its parts after it)
+        shape = tuple(array.shape[0] if isinstance(planned, ir.Size) else planned for planned in buffer.shape)
     if tuple(array.shape) == shape:
         return array
-    if any(isinstance(planned, ir.Size) for planned in shape):
-        raise ValueError(f"input {buffer.name} of shape {tuple(array.shape)} cannot be viewed as {buffer.shape}: "
-                         f"its rank differs where a dim is dynamic")
     viewed = array if isinstance(array, np.ndarray) else as_device(array)
     strides = tuple(stride * viewed.itemsize for stride in buffer.strides)
     if isinstance(viewed, BFloat16Array):         # (its bits viewed so: CuPy has no bfloat16)

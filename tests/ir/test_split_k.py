@@ -143,3 +143,26 @@ def test_a_dot_product_is_left_to_the_reduction_rules(rng):
     x, y = (rng.standard_normal(100_000).astype(np.float32) for _ in range(2))
     dot = (lt.Tensor(x).to(sc) * lt.Tensor(y).to(sc)).sum(sc)
     assert templates.split_k_parts(ir.lower(dot.node)[0], 132) == 1
+
+
+def test_a_dynamic_batch_keeps_its_dim_first_and_the_parts_after_it(rng):
+    """relu(x @ w) over a dynamic batch b: the parts go after b in the split view of x and in the parts'
+    result (no stride depends on the batch's size); the GPU's choice plans at 256 rows; the split program
+    runs at other batches (the interpreter, at each size fixed) and its GPU tree is legal for every size."""
+    b, = lt.symbols("b", dynamic=True)
+    k, n = lt.symbols("k n")
+    x, w = rng.standard_normal((256, 1024)).astype(np.float32), rng.standard_normal((1024, 64)).astype(np.float32)
+    program, _ = ir.lower(lt.relu((lt.Tensor(x).to(b, k) * lt.Tensor(w).to(k, n)).sum(k)).node, planned={"b": 256})
+    parts = templates.split_k_parts(program, 132)
+    split = ir.split_k(program, parts)
+    assert parts == 4 and split.dynamic == program.dynamic
+    assert split.inputs[0].dims == ("b", "k_o", "k_i") and split.inputs[0].strides == (1024, 256, 1)
+    assert split.stage("t0.part").dims == ("b", "k_o", "n")
+    tree = gpu_rules.gpu_tree(split, GpuTarget("sm_90", 132))
+    assert tree.check() == (True, "legal")
+    assert "in0.t0.part" not in [st.name for st in tree.program.stages]      # dynamic rows: x not transposed ahead
+    for rows in (1, 37, 300):
+        fixed = ir.with_fixed_sizes(split, {"b": rows})
+        xs = rng.standard_normal((rows, 1024)).astype(np.float32)
+        got = interpret(LoopTree(fixed), [viewed(xs, fixed.inputs[0]), viewed(w, fixed.inputs[1])])
+        assert_close(got, np.maximum(xs.astype(np.float64) @ w, 0), 1e-5)
