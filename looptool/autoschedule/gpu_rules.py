@@ -48,6 +48,7 @@ ROW_WALK_UNROLL = 16        # ... where the walk is a whole row (attention's p .
 # 0.64 -> 0.39 ms at 32 MiB an SM; 1024 x 64 stays fused, 0.041 against 0.084), which `.cuda()` runs as a program
 # of its own (`weights_apart`: split-k then fills the SMs; session 18, 2048 x 128, 15.5 MiB an SM: see docs/gpu.md)
 WALK_BYTES_PER_SM = 8 << 20
+FUSED_SUM_TERMS = 32         # a reduction this short, read only by a pointwise stage, is summed in its threads
 THREAD_TILE_ROWS = 4         # outputs along a second dim a thread walking a reduction takes at once
 SCALAR_RUN = 4               # elements a thread takes where rows hold no whole vectors
 VECTOR_BYTES = 16            # the widest global load and store (ld.global.v4.f32)
@@ -192,6 +193,7 @@ class _Planner:
         self.tree = LoopTree(program)
         self.gpu = gpu
         self.reasons: list[str] = []
+        self.scheduled: set[str] = set()      # stages a rule scheduled ahead of their turn
 
     def note(self, stage: str, text: str):
         self.reasons.append(f"{stage}: {text}")
@@ -436,14 +438,50 @@ class _Planner:
     # Stage by stage ----------------------------------------------------------------------------------
     def schedule_stage(self, name: str):
         stage = self.tree.program.stage(name)
-        if self.contraction_template(name):
+        if name in self.scheduled or self.contraction_template(name):
             return
         if not stage.reduce_dims and self.fused_epilogue(name):
             return
         if not stage.reduce_dims:
             self.pointwise(stage)
-        else:
+        elif not self.summed_in_reader(stage):
             self.reduction(stage, split=True)
+
+    def summed_in_reader(self, stage: ir.Stage) -> bool:
+        """A short reduction (at most FUSED_SUM_TERMS terms an output, not along the contiguous dim: the
+        parts of a split-k sum) read only by a pointwise stage over the same dims (its epilogue: a bias,
+        relu, a cast) is computed in that stage's threads, each summing the outputs it then writes (one
+        kernel, no buffer between); the reader is scheduled first, as a pointwise stage. False where it
+        does not apply or the legality check refuses it."""
+        program = self.tree.program
+        readers = [st for st in program.stages if stage.name in ir.loaded_buffers(st.expr)]
+        if len(readers) != 1 or stage is program.output or math.prod(self.size(d) for d in stage.reduce_dims) \
+                > FUSED_SUM_TERMS or contiguous_dim(program, stage) in stage.reduce_dims:
+            return False
+        reader = readers[0]
+        if reader.reduce_dims or reader.dims != stage.dims or any(
+                ld.index != ir.Affine.identity(stage.dims) for ld in ir.loads(reader.expr) if ld.buffer == stage.name):
+            return False
+        kept = self.tree, list(self.reasons)
+        self.pointwise(reader)
+        loops = self.tree.schedule.of(reader.name).loops
+        depth = 1 + max(i for i, lp in enumerate(loops) if lp.annotation.startswith("thread."))
+        tree = self.tree.place(stage.name, reader.name, depth)
+        own = [lp for lp in tree.schedule.of(stage.name).loops if lp.dim not in stage.reduce_dims]
+        tree = tree.reorder(*stage.reduce_dims, *(lp.name for lp in own), stage=stage.name)
+        for dim in stage.reduce_dims:
+            tree = tree.unroll(dim, stage=stage.name)
+        for lp in own:
+            vector = lp is own[-1] and loops[-1].annotation == "vectorize"
+            tree = tree.vectorize(lp.name, stage=stage.name) if vector else tree.unroll(lp.name, stage=stage.name)
+        if tree.check()[0]:
+            self.tree = tree
+            self.scheduled.add(reader.name)
+            self.note(stage.name, f"its {', '.join(stage.reduce_dims)} terms summed in {reader.name}'s threads, "
+                                  f"each for the outputs it writes: one kernel, no buffer between")
+            return True
+        self.tree, self.reasons = kept
+        return False
 
     def fused_epilogue(self, name: str) -> bool:
         """Compute a pointwise stage that reads a contraction's results in the contraction's write-back

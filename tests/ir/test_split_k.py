@@ -7,6 +7,7 @@ import looptool as lt
 from looptool import ir
 from looptool.autoschedule import gpu as templates
 from looptool.autoschedule import gpu_rules
+from looptool.codegen import gpu as codegen_gpu
 from looptool.analysis.gpu_target import GpuTarget
 from looptool.runtime.interpreter import interpret
 from looptool.schedule import LoopTree
@@ -70,7 +71,8 @@ def test_a_contraction_followed_by_a_reduction_is_not_split(rng):
 
 def test_split_k_keeps_an_epilogue_after_the_parts_are_summed(rng):
     """relu(x @ w + bias) in bfloat16: the parts, their sum, then the epilogue as it was, on wgmma tiles
-    and run on this CPU against float64."""
+    (the parts' sum computed in the epilogue's threads: one kernel after the parts) and run on this CPU
+    against float64."""
     sm, sk, sn = lt.symbols("m k n")
     a = rng.standard_normal((128, 2048)).astype(lt.bfloat16)
     b = rng.standard_normal((2048, 136)).astype(lt.bfloat16)
@@ -81,6 +83,8 @@ def test_split_k_keeps_an_epilogue_after_the_parts_are_summed(rng):
     assert [st.name for st in split.stages] == ["t0.part", "t0", "t1"] and split.stage("t1") == program.stage("t1")
     tree = gpu_rules.gpu_tree(split, GpuTarget("sm_90", 132))
     assert tree.check() == (True, "legal") and "t0.part: a contraction: wgmma tensor-core tiles" in tree.explain()
+    assert "t0: its k_o terms summed in t1's threads" in tree.explain()
+    assert len(codegen_gpu.generate(tree, "sm_90").launches) == 2
     got = lt.Kernel(tree, 1)([viewed(x, buffer) for x, buffer in zip(arrays, split.inputs)])
     assert_close(got, np.maximum(a.astype(np.float64) @ b.astype(np.float64) + bias, 0), 1e-5)
 
