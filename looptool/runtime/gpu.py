@@ -641,18 +641,38 @@ def prepared_call(node) -> Callable:
     if generation == tuning_db.generation():
         return call
     program, arrays = lowered_for(node)
-    parts, apart = gathered(program), weighted_apart(program)
-    if parts is not None:
-        gather = scheduled_kernel(parts.gather, chosen_schedule(parts.gather)).prepare([arrays[parts.windowed]])
-        call = _chained_call(gather, parts.product, arrays[parts.other], node.shape)
-    elif apart is not None:
-        weights = scheduled_kernel(apart.first, chosen_schedule(apart.first)).prepare(
-            [arrays[index] for index in apart.inputs])
-        call = _chained_call(weights, _split_k(apart.product), arrays[apart.other], node.shape)
-    else:
+    chain = chained(program)
+    if chain is None:
         call = scheduled_kernel(program, chosen_schedule(program)).prepare(arrays, shape=node.shape)
+    else:
+        first = scheduled_kernel(chain.first, chosen_schedule(chain.first)).prepare([arrays[i] for i in chain.inputs])
+        call = _chained_call(first, chain.product, arrays[chain.other], node.shape)
     _PREPARED[node] = (tuning_db.generation(), call)
     return call
+
+
+@dataclass(frozen=True)
+class Chain:
+    """Two programs `.cuda()` runs for one: `first` on the original inputs at `inputs`, then `product` on
+    its result (the product's first input) and the original input at `other`."""
+
+    first: ir.Program
+    inputs: tuple[int, ...]
+    product: ir.Program
+    other: int
+
+
+def chained(program: ir.Program) -> Chain | None:
+    """A convolution as its gather and a matrix product (`gathered`), or an attention head as its weights
+    and their weighted sum (`weighted_apart`, the sum split along its reduction where the SMs ask for
+    it); None where the program runs whole."""
+    parts = gathered(program)
+    if parts is not None:
+        return Chain(parts.gather, (parts.windowed,), parts.product, parts.other)
+    apart = weighted_apart(program)
+    if apart is not None:
+        return Chain(apart.first, apart.inputs, _split_k(apart.product), apart.other)
+    return None
 
 
 def weighted_apart(program: ir.Program) -> ir.Apart | None:
@@ -704,9 +724,8 @@ def _chained_call(first: Callable, product: ir.Program, other_array, shape: tupl
 def planned_trees(node) -> list[LoopTree]:
     """The loop trees of the programs `.cuda()` runs, in order, for a graph with no schedule given."""
     program, _ = lowered_for(node)
-    parts, apart = gathered(program), weighted_apart(program)
-    programs = [parts.gather, parts.product] if parts is not None else \
-        [apart.first, _split_k(apart.product)] if apart is not None else [program]
+    chain = chained(program)
+    programs = [program] if chain is None else [chain.first, chain.product]
     return [_as_tree(p, chosen_schedule(p)) for p in programs]
 
 
@@ -801,8 +820,8 @@ def device_facts(array) -> tuple[tuple, int] | None:
 
 class DeviceFunctionCall:
     """One signature of a compiled function (`lt.function`) on the GPU: the kernels of the graph traced on
-    device arrays (the tuned schedule for this GPU, else `automatic_tree`; a convolution's gather and
-    product, as `.cuda()` runs it), called on other arrays of the same signature by their addresses. The result is a PyTorch tensor where the arguments are, else a
+    device arrays (the tuned schedule for this GPU, else `automatic_tree`; two programs where `.cuda()`
+    runs two: `chained`), called on other arrays of the same signature by their addresses. The result is a PyTorch tensor where the arguments are, else a
     CuPy array; `out` (of the same kind, C-contiguous, the result's shape and dtype) takes it instead."""
 
     def __init__(self, node, addresses: list[int], arguments: list, names: list[str] | None = None):
@@ -814,19 +833,19 @@ class DeviceFunctionCall:
             """(True, the argument it is) or (False, the address of an array the function captured)."""
             return (True, addresses.index(pointer)) if pointer in addresses else (False, pointer)
         self.shape, self.dtype = node.shape, program.output.dtype
-        parts, self.gather = gathered(program), None
-        if parts is None:
+        chain, self.first = chained(program), None
+        if chain is None:
             kernel = scheduled_kernel(program, chosen_schedule(program))
             kernel.prepare(arrays)          # refuses in words what the GPU cannot run (dims of size 0)
             inputs = pointers
-        else:                               # a convolution: its windows gathered first, as `.cuda()` runs it
-            gather = scheduled_kernel(parts.gather, chosen_schedule(parts.gather))
-            gather.prepare([arrays[parts.windowed]])
-            self.gather = (gather.runner.entry(gather.runner.aligned([pointers[parts.windowed]])),
-                           source(pointers[parts.windowed]))
-            kernel = scheduled_kernel(parts.product, chosen_schedule(parts.product))
-            checked_input(kernel.runner.inputs[1], _viewed(arrays[parts.other], parts.product.inputs[1]))
-            inputs = [0, pointers[parts.other]]       # 0: the gathered matrix, a fresh aligned one each call
+        else:                               # two programs, as `.cuda()` runs them (a convolution, an attention head)
+            first = scheduled_kernel(chain.first, chosen_schedule(chain.first))
+            first.prepare([arrays[i] for i in chain.inputs])
+            self.first = (first.runner.entry(first.runner.aligned([pointers[i] for i in chain.inputs])),
+                          [source(pointers[i]) for i in chain.inputs])
+            kernel = scheduled_kernel(chain.product, chosen_schedule(chain.product))
+            checked_input(kernel.runner.inputs[1], _viewed(arrays[chain.other], chain.product.inputs[1]))
+            inputs = [0, pointers[chain.other]]       # 0: the first's result, a fresh aligned one each call
         self.order = [source(p) for p in inputs]
         self.runner = kernel.runner
         # dynamic dims: each size read from the arguments at every call (one kernel, grid sized at launch)
@@ -844,10 +863,10 @@ class DeviceFunctionCall:
         """Launch on the arguments at `addresses` (the arrays themselves in `arguments`, whose first axes
         give the sizes of dynamic dims), into `out` where given."""
         inputs = [addresses[i] if argument else i for argument, i in self.order]
-        if self.gather is not None:
-            run_gather, (argument, i) = self.gather
-            gathered_matrix = kernel_argument(run_gather([addresses[i] if argument else i]))   # alive until launched
-            inputs[0] = gathered_matrix.data.ptr
+        if self.first is not None:
+            run_first, sources = self.first
+            result = kernel_argument(run_first([addresses[i] if argument else i for argument, i in sources]))
+            inputs[0] = result.data.ptr          # (alive until launched)
         sizes = self.dynamic.of(arguments) if self.dynamic.dims else ()
         if out is None and self.new_torch_result is None:
             return self.run(inputs, None, sizes)
