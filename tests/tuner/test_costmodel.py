@@ -208,7 +208,9 @@ def test_a_model_warm_started_from_another_shape_ranks_the_new_one():
 
 def test_transferred_trials_that_rank_the_study_wrongly_are_left_out():
     """An earlier study of the same workload whose cost is the inverse of the new one's (no feature
-    tells them apart): once the new study has its own trials, its model ranks by them."""
+    tells them apart): once the new study has its own trials, its model ranks by them. (32 own trials:
+    the schedule space is centred on this CPU's automatic schedule, and on an Intel Xeon with AMX 16
+    trials taught a model no better than Spearman 0.45, on a Zen 4 more than 0.7.)"""
     storage = optuna.storages.InMemoryStorage()
     new = matmul_case(64, 48, 96)
     _synthetic_study(storage, "inverse", new, 60, optuna.samplers.RandomSampler(seed=0),
@@ -216,8 +218,8 @@ def test_transferred_trials_that_rank_the_study_wrongly_are_left_out():
     tree = new.tensor.loop_tree()
     prior = costmodel.prior_from_storage(storage, "new", "cpu:test", tree.program)
     sampler = _costmodel_sampler(new, 0, prior)
-    drawn = _candidates(tree, 56, seed=1)
-    own, held_out = _own_trials(drawn[:16]), drawn[16:]
+    drawn = _candidates(tree, 72, seed=1)
+    own, held_out = _own_trials(drawn[:32]), drawn[32:]
     assert prior.trust(costmodel.TrainingSet()) == 1.0 and prior.trust(own) == 0.0
     assert _ranking(costmodel.CostModel().fit(sampler.training_set(own)), held_out) >= 0.7
     blind = own.joined(prior.data, len(prior.data))      # every transferred trial as much as an own one
