@@ -21,6 +21,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     import torch
     torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False          # (as bench.gpu_suite: float32 convolutions without TF32)
     for name, build in workloads(torch, args.shapes):
         if args.only not in name:
             continue
