@@ -39,7 +39,7 @@ from ..analysis.gpu_target import STATIC_SHARED
 from ..analysis.tensorize import WARP, SharedOperand, TensorTile, is_warpgroup, tensor_tiles
 from ..analysis.tma import BulkCopy, bulk_copies
 from ..ir import Affine
-from ..schedule import GPU_AXES, LoopNode, LoopTree, StmtNode, pipeline_depth, tensor_role, thread_bound, walk
+from ..schedule import GPU_AXES, LoopNode, LoopTree, StmtNode, accesses, pipeline_depth, tensor_role, thread_bound, walk
 from .accumulators import run_in_registers
 from .edges import clamped_outside, inside_buffer, register_tails, tail_host
 # TENSOR_MAP_BYTES and WgmmaLayout are not used here: runtime.gpu and tests import them from this module
@@ -260,6 +260,9 @@ def _compile(text: str, arch: str) -> str:
     return machine.emit_assembly(module)
 
 
+LLVM_UNROLL_FROM = 16       # unrolled loops this long are left to LLVM's unroll (`_GpuBuilder.llvm_unrolls`)
+
+
 class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
     """The CPU loop-tree walker with GPU-bound loops read from special registers; tensor-core tiles
     (`TensorCoreLowering`) and asynchronous copies (`AsyncCopyLowering`) come from their modules."""
@@ -350,13 +353,34 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
         self.builder.asm(llir.FunctionType(llir.VoidType(), [value.type for value in operands]), ptx, constraints,
                          list(operands), side_effect=True)
 
-    def counted_loop(self, start: llir.Value, end: llir.Value, emit_body, name: str, rolled: bool = False):
+    def counted_loop(self, start: llir.Value, end: llir.Value, emit_body, name: str, rolled: bool = False,
+                     unroll_full: bool = False):
         """A loop whose every iteration ends with its wgmma instructions done."""
         def body(i):
             emit_body(i)
             if not self.wgmma_overlap:
                 self.settle_wgmma()
-        super().counted_loop(start, end, body, name, rolled)
+        super().counted_loop(start, end, body, name, rolled, unroll_full)
+
+    def llvm_unrolls(self, node: LoopNode) -> bool:
+        """At least LLVM_UNROLL_FROM iterations, no wgmma tile inside, and no buffer a thread keeps in
+        registers indexed by the loop (a register tile's k steps: their shared-memory reads move with k,
+        the accumulators do not): LLVM's unroll makes the same code (the same PTX for float32 register
+        tiles) from one copy of the body, where building 32 copies in Python took half the kernel's
+        generation time."""
+        if node.loop.extent < LLVM_UNROLL_FROM or holds_wgmma(node.body):
+            return False
+        name = node.loop.name
+        for stmt, _ in walk(node.body):
+            if not isinstance(stmt, StmtNode):
+                continue
+            for access in accesses(stmt):
+                plan = self.tree.buffers[access.buffer]
+                if plan.kind == "local" and access.buffer not in self.shared_buffers:
+                    terms = {v for ix in access.index for v, _ in ix.substitute(stmt.index).terms}
+                    if name in terms:
+                        return False
+        return True
 
     def loop(self, node: LoopNode, env: dict):
         axis = node.loop.annotation

@@ -298,7 +298,13 @@ class FunctionBuilder:
             all(self.known_to_hold(tuple(ir.guards(stmt.stage.expr)), stmt) for stmt, _ in inside
                 if isinstance(stmt, StmtNode) and stmt.kind != "init")
 
-    def counted_loop(self, start: llir.Value, end: llir.Value, emit_body, name: str, rolled: bool = False):
+    def llvm_unrolls(self, node: LoopNode) -> bool:
+        """Whether an unrolled loop is emitted as a loop that LLVM unrolls whole (a target's choice)
+        instead of one copy of its body an iteration."""
+        return False
+
+    def counted_loop(self, start: llir.Value, end: llir.Value, emit_body, name: str, rolled: bool = False,
+                     unroll_full: bool = False):
         """Loop `name` from `start` to `end`; a `rolled` loop asks LLVM not to unroll it."""
         b = self.builder
         pre = b.block
@@ -316,6 +322,8 @@ class FunctionBuilder:
         back = b.branch(header)
         if rolled:
             back.set_metadata("llvm.loop", not_unrolled(self.fn.module))
+        elif unroll_full:
+            back.set_metadata("llvm.loop", loop_hint(self.fn.module, "llvm.loop.unroll.full"))
         b.position_at_end(done)
 
     def full_or_tail(self, node: LoopNode, env: dict, count: llir.Value, emit_full):
@@ -333,6 +341,12 @@ class FunctionBuilder:
 
     def unrolled(self, node: LoopNode, env: dict, count: llir.Value):
         lp = node.loop
+        if self.llvm_unrolls(node):
+            def rolled():
+                self.counted_loop(ZERO, constant(I64, lp.extent), lambda i: self.body(node.body, {**env, lp.name: i}),
+                                  lp.name, unroll_full=True)
+            self.full_or_tail(node, env, count, rolled)
+            return
 
         def copies():
             for k in range(lp.extent):
@@ -834,12 +848,17 @@ class FunctionBuilder:
         return self.builder.select(self.builder.icmp_signed(">", x, y), x, y)
 
 
-def not_unrolled(module: llir.Module) -> llir.MDValue:
-    """A new loop ID (distinct, its first operand itself, as LLVM wants) saying "do not unroll"."""
-    disable = module.add_metadata([llir.MetaDataString(module, "llvm.loop.unroll.disable")])
-    loop_id = llir.MDValue(module, [disable], name=str(len(module.metadata)))
-    loop_id.operands = (loop_id, disable)
+def loop_hint(module: llir.Module, hint: str) -> llir.MDValue:
+    """A new loop ID (distinct, its first operand itself) carrying one hint, e.g. "llvm.loop.unroll.full"."""
+    hinted = module.add_metadata([llir.MetaDataString(module, hint)])
+    loop_id = llir.MDValue(module, [hinted], name=str(len(module.metadata)))
+    loop_id.operands = (loop_id, hinted)
     return loop_id
+
+
+def not_unrolled(module: llir.Module) -> llir.MDValue:
+    """A new loop ID saying "do not unroll"."""
+    return loop_hint(module, "llvm.loop.unroll.disable")
 
 
 def hoisted_tail_checks(tree: LoopTree, host=None) -> dict[int, list]:

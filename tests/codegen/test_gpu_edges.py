@@ -47,7 +47,7 @@ def test_a_register_tile_cut_by_tails_in_m_and_n_compiles_like_a_whole_one(rng):
         c, _ = matmul(rng, m, 100, n)
         modules[m] = gpu.generate(SCHEDULES["template"](c), "sm_90")
     odd, whole = modules[300], modules[256]
-    assert len(odd.llvm_ir) < 2 * len(whole.llvm_ir)
+    assert len(odd.ptx) < 1.5 * len(whole.ptx)        # (their LLVM IR differs more: the k steps are one loop LLVM unrolls)
     assert odd.llvm_ir.count("br i1") < 300
     assert ".local" not in odd.ptx
     for instruction in ("fma.rn.f32", "ld.shared"):
