@@ -375,11 +375,9 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
             if not isinstance(stmt, StmtNode):
                 continue
             for access in accesses(stmt):
-                plan = self.tree.buffers[access.buffer]
-                if plan.kind == "local" and access.buffer not in self.shared_buffers:
-                    terms = {v for ix in access.index for v, _ in ix.substitute(stmt.index).terms}
-                    if name in terms:
-                        return False
+                if self.is_fragment(access.buffer) and any(
+                        name == v for ix in access.index for v, _ in ix.substitute(stmt.index).terms):
+                    return False
         return True
 
     def loop(self, node: LoopNode, env: dict):

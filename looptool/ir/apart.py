@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .program import Affine, Binary, Buffer, Const, Load, Program, Stage, index_vars, loaded_buffers, plain_dims
+from .program import (Affine, Binary, Buffer, Load, Program, Stage, hoistable_factor, index_vars, loaded_buffers,
+                      plain_dims, row_major_strides)
 
 
 @dataclass(frozen=True)
@@ -30,16 +31,13 @@ def weights_apart(program: Program) -> Apart | None:
     if len(program.stages) < 2 or program.dynamic:
         return None
     result = program.output
-    expr = result.expr
-    if result.reduce_op != "sum" or len(result.reduce_dims) != 1 or not isinstance(expr, Binary) or expr.op != "mul":
+    found = hoistable_factor(result)
+    if result.reduce_op != "sum" or len(result.reduce_dims) != 1 or found is None:
         return None
-    for side, (factor, other) in enumerate(((expr.a, expr.b), (expr.b, expr.a))):
-        if isinstance(factor, Load | Const) or not index_vars(factor) < set(result.loop_dims):
-            continue
-        if not isinstance(other, Load) or plain_dims(other) is None or other.buffer not in _names(program.inputs):
-            continue
-        return _apart(program, factor, other, side)
-    return None
+    factor, other = found
+    if not isinstance(other, Load) or plain_dims(other) is None or other.buffer not in _names(program.inputs):
+        return None
+    return _apart(program, factor, other, 0 if factor is result.expr.a else 1)
 
 
 def _names(buffers) -> list[str]:
@@ -58,19 +56,10 @@ def _apart(program: Program, factor, other: Load, side: int) -> Apart | None:
     inputs = tuple(index for index, name in enumerate(names) if name in read)
     first = Program(tuple(program.inputs[index] for index in inputs), (*earlier, weights), program.sizes)
     shape = tuple(program.size(d) for d in dims)
-    strides = tuple(_row_major(shape))
-    matrix = Buffer("in0", dims, shape, weights.dtype, strides)
+    matrix = Buffer("in0", dims, shape, weights.dtype, row_major_strides(shape))
     operand = replace(program.inputs[names.index(other.buffer)], name="in1")
     loaded = Load("in0", Affine.identity(dims), weights.dtype)
     moved = replace(other, buffer="in1")
     product_expr = Binary("mul", *((loaded, moved) if side == 0 else (moved, loaded)))
     product = Program((matrix, operand), (replace(result, expr=product_expr),), program.sizes)
     return Apart(first, product, inputs, names.index(other.buffer))
-
-
-def _row_major(shape: tuple[int, ...]) -> list[int]:
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.insert(0, step)
-        step *= n
-    return strides

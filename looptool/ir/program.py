@@ -303,6 +303,28 @@ def guards(expr: Expr):
     return (g for e in subexpressions(expr) if isinstance(e, Select) for g in e.guards)
 
 
+def row_major_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The element strides of an array of `shape` laid out row-major (its last axis contiguous)."""
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= n
+    return tuple(reversed(strides))
+
+
+def hoistable_factor(stage: "Stage") -> tuple[Expr, Expr] | None:
+    """(the factor of a reduction's product that is computed and leaves out one of its loop dims, the
+    other factor): what `Schedule.hoist` computes once and `weights_apart` computes apart; None where the
+    stage is not a reduction of a product or neither factor is such."""
+    expr = stage.expr
+    if not stage.reduce_dims or not isinstance(expr, Binary) or expr.op != "mul":
+        return None
+    for factor, other in ((expr.a, expr.b), (expr.b, expr.a)):
+        if not isinstance(factor, Load | Const) and index_vars(factor) < set(stage.loop_dims):
+            return factor, other
+    return None
+
+
 def index_vars(expr: Expr) -> set[str]:
     """The index variables an expression's loads and guards use."""
     affines = [a for ld in loads(expr) for a in ld.index] + [g.expr for g in guards(expr)]

@@ -665,7 +665,9 @@ class Chain:
 def chained(program: ir.Program) -> Chain | None:
     """A convolution as its gather and a matrix product (`gathered`), or an attention head as its weights
     and their weighted sum (`weighted_apart`, the sum split along its reduction where the SMs ask for
-    it); None where the program runs whole."""
+    it); None where the program runs whole, as it does where a tuned schedule is stored for it on this GPU."""
+    if tuning_db.lookup(program, target_name()) is not None:
+        return None
     parts = gathered(program)
     if parts is not None:
         return Chain(parts.gather, (parts.windowed,), parts.product, parts.other)
@@ -677,10 +679,7 @@ def chained(program: ir.Program) -> Chain | None:
 
 def weighted_apart(program: ir.Program) -> ir.Apart | None:
     """The weights and the weighted sum `.cuda()` runs as two programs (`gpu_rules.weights_apart`: an
-    attention head whose weighted sum would read too much walked in its softmax's rows), where no tuned
-    schedule is stored for the program on this GPU; else None."""
-    if tuning_db.lookup(program, target_name()) is not None:
-        return None
+    attention head whose weighted sum would read too much walked in its softmax's rows); else None."""
     try:
         target = gpu_target()
     except RuntimeError:
@@ -689,11 +688,11 @@ def weighted_apart(program: ir.Program) -> ir.Apart | None:
 
 
 def gathered(program: ir.Program) -> ir.Im2col | None:
-    """The gather and the matrix product `.cuda()` runs a convolution as (`ir.im2col`), where no tuned
-    schedule is stored for it on this GPU, the gathered matrix takes at most IM2COL_BYTES and the product
-    gets a matrix template (its accumulators in registers: `cache_write`); else None."""
+    """The gather and the matrix product `.cuda()` runs a convolution as (`ir.im2col`), where the gathered
+    matrix takes at most IM2COL_BYTES and the product gets a matrix template (its accumulators in
+    registers: `cache_write`); else None."""
     parts = None if program.dynamic else ir.im2col(program)      # (its matrix's size would be a dynamic one's)
-    if parts is None or tuning_db.lookup(program, target_name()) is not None:
+    if parts is None:
         return None
     matrix = parts.product.inputs[0]
     if math.prod(matrix.shape) * codegen_gpu.ITEM_BYTES[matrix.dtype] > IM2COL_BYTES:

@@ -423,21 +423,13 @@ def _limits(loop: Loop, tails: tuple[Tail, ...], path: list[LoopNode]) -> tuple[
     return tuple(out)
 
 
-def _row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, acc = [], 1
-    for n in reversed(shape):
-        strides.append(acc)
-        acc *= n
-    return tuple(reversed(strides))
-
-
 def _plan_buffers(program: Program, schedule: Schedule) -> dict[str, BufferPlan]:
     plans = {b.name: BufferPlan(b.name, b.dims, b.shape, b.strides, b.dtype, "input") for b in program.inputs}
     for stage in program.stages:
         full = tuple(program.size(d) for d in stage.dims)
         sched = schedule.of(stage.name)
         kind = "output" if stage is program.output else "temp"
-        plan = BufferPlan(stage.name, stage.dims, full, _row_major(full), stage.dtype, kind)
+        plan = BufferPlan(stage.name, stage.dims, full, ir.row_major_strides(full), stage.dtype, kind)
         if sched.consumer is not None:
             plan = _shrunk(program, schedule, stage, plan) or plan
         plans[stage.name] = plan
@@ -477,4 +469,4 @@ def _shrunk(program: Program, schedule: Schedule, stage: ir.Stage, plan: BufferP
     if not offsets:
         return None
     shape = tuple(shapes)
-    return BufferPlan(stage.name, stage.dims, shape, _row_major(shape), stage.dtype, "local", tuple(offsets))
+    return BufferPlan(stage.name, stage.dims, shape, ir.row_major_strides(shape), stage.dtype, "local", tuple(offsets))

@@ -596,10 +596,9 @@ def _hoistable_factor(stage: ir.Stage) -> tuple[ir.Expr, ir.Expr]:
     expr = stage.expr
     if not stage.reduce_dims or not isinstance(expr, ir.Binary) or expr.op != "mul":
         raise ValueError(f"hoist: stage {stage.name} is not a reduction of a product")
-    for factor, other in ((expr.a, expr.b), (expr.b, expr.a)):
-        computed = not isinstance(factor, ir.Load | ir.Const)
-        if computed and ir.index_vars(factor) < set(stage.loop_dims):
-            return factor, other
+    found = ir.hoistable_factor(stage)
+    if found is not None:
+        return found
     raise ValueError(f"hoist: neither factor of stage {stage.name}'s product is computed from loads that "
                      f"leave out one of its dims {stage.loop_dims} (nothing would be computed fewer times)")
 
