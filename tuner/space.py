@@ -288,7 +288,7 @@ def _gpu_tiles(trial: optuna.Trial, tree: LoopTree, stage: str) -> LoopTree:
         ahead = tuple(b for b in shared if b not in as_stored and transposable(tree, stage, b)
                       and trial.suggest_categorical(f"{stage}.gpu.ahead.{b}", [False, True]))
         for b in ahead:
-            tree = transposed_ahead(tree, stage, b)
+            tree = transposed_ahead(tree, stage, b, block_rows=y_threads * y_tile)
         shared = tuple(f"{b}.{stage}" if b in ahead else b for b in shared)
         as_stored = as_stored + tuple(f"{b}.{stage}" for b in ahead)
     tree = register_tiled(tree, stage, x_threads, x_groups, vector, y_threads, y_tile, k_tile, unroll_k, shared,

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 from .. import ir
 from ..errors import IllegalScheduleError
 from ..memo import BoundedMemo
-from ..schedule import GPU_AXES, LoopNode, LoopTree, StmtNode, accesses, pipeline_depth, thread_bound, walk
+from ..schedule import GPU_AXES, LoopNode, LoopTree, StmtNode, accesses, blocked, pipeline_depth, thread_bound, walk
 from ..schedule.printing import stmt_text
 from .tensorize import tensor_tiles
 from .tma import bulk_copies
@@ -172,6 +172,7 @@ def _check_structure(tree: LoopTree):
                     f"'{node.loop.name}' or do not vectorize it")
     _check_pipelines(tree)
     _check_dynamic_buffers(tree)
+    _check_blocks(tree)
     for stmt, path in tree.statements():
         _check_one_loop_an_axis(stmt, path)
 
@@ -189,7 +190,7 @@ def _check_dynamic_buffers(tree: LoopTree):
     """Buffers the schedule makes must have fixed strides: a dynamic size only on the first axis of a
     full-size buffer (a local tile of fixed loops, however large the dim)."""
     for plan in tree.buffers.values():
-        dynamic = [(axis, n) for axis, n in enumerate(plan.shape) if isinstance(n, ir.Size)]
+        dynamic = [(axis, n) for axis, n in enumerate(plan.storage_shape) if isinstance(n, ir.Size)]
         if plan.kind == "local" and dynamic:
             raise IllegalScheduleError(f"buffer {plan.name} is placed inside other loops but holds all of dynamic dim "
                                        f"'{dynamic[0][1].dim}' (size {dynamic[0][1]}), a size known only at run "
@@ -198,6 +199,30 @@ def _check_dynamic_buffers(tree: LoopTree):
             raise IllegalScheduleError(f"buffer {plan.name} has dims {plan.dims}: dynamic dim '{dynamic[-1][1].dim}' "
                                        f"must be its first axis (its strides would depend on a size known only at "
                                        f"run time)")
+
+
+def _check_blocks(tree: LoopTree):
+    """Every access to a temp kept in blocks (`Schedule.block`) must take its place within a block from
+    loops that stay inside one block: its address is read off its loops' terms (`looptree.blocked`)."""
+    plans = {name: plan for name, plan in tree.buffers.items() if plan.block}
+    for stmt, path in tree.statements() if plans else ():
+        for access in accesses(stmt):
+            plan = plans.get(access.buffer)
+            if plan is None:
+                continue
+            dim, size, _ = plan.block
+            _, place = blocked(access.index[plan.dims.index(dim)].substitute(stmt.index), size)
+            extents = {node.loop.name: node.loop.extent for node in path}
+            dynamic = [v for v, _ in place.terms if isinstance(extents[v], ir.Size)]
+            steps = [c * (extents[v] - 1) for v, c in place.terms]
+            low = place.const + sum(min(step, 0) for step in steps)
+            high = place.const + sum(max(step, 0) for step in steps)
+            if dynamic or low < 0 or high >= size:
+                reach = f"loop {dynamic[0]}, whose extent is known only at run time, moves it" if dynamic else \
+                    f"its loops take it from {low} to {high}"
+                raise IllegalScheduleError(
+                    f"buffer {access.buffer} keeps dim '{dim}' in blocks of {size}, but stage {stmt.stage.name} reaches "
+                    f"it at {place} within a block and {reach}: split its loops over '{dim}' by {size} first")
 
 
 def _check_pipelines(tree: LoopTree):

@@ -251,9 +251,10 @@ def _float32_tree(tree: LoopTree, stage: str, block: tuple[int, int] = FLOAT32_B
     inputs = sorted({ld.buffer for ld in _loads(st)})
     ahead = [b for b in inputs if transposable(tree, st.name, b)]
     for buffer in ahead:
-        tree = transposed_ahead(tree, st.name, buffer)
+        tree = transposed_ahead(tree, st.name, buffer, block_rows=block[0])
     shared = tuple(f"{b}.{st.name}" if b in ahead else b for b in inputs)
-    as_stored = [f"{b}.{st.name}" for b in ahead] + [b for b in inputs if dynamic_rows_k_last(tree, st.name, b)]
+    as_stored = [f"{b}.{st.name}" for b in ahead] + [b for b in inputs
+                                                    if b not in ahead and dynamic_rows_k_last(tree, st.name, b)]
     tree = register_tiled(tree, st.name, p["x_threads"], p["x_groups"], p["vector"], p["y_threads"], p["y_tile"],
                           p["k_tile"], True, shared, tuple(as_stored), y_groups=p["y_groups"])
     return tree.pipeline(f"{st.reduce_dims[0]}.0", p["stages"], stage=f"{st.name}.acc")
@@ -333,26 +334,37 @@ def register_tiled(tree: LoopTree, stage: str, x_threads: int, x_groups: int, ve
     return tree
 
 
-def transposed_ahead(tree: LoopTree, stage: str, buffer: str, tile: int = 32) -> LoopTree:
+def transposed_ahead(tree: LoopTree, stage: str, buffer: str, tile: int = 32, block_rows: int | None = None) -> LoopTree:
     """Copy the 2-D input `buffer` that `stage` reads (or a batch of them: one leading dim more, on
     block.z) into a temp laid out reduction dim first, by a kernel of its own that runs before the
     stage's: `tile` x `tile` blocks, each thread loading a 16-byte vector along the input's contiguous
     dim and each warp storing whole rows of the temp.
     The stage then reads the temp (`<buffer>.<stage>`), whose k tiles are copied into shared memory
     as stored, 16 bytes at a time (so cp.async can pipeline them), and read as vectors along the
-    tile's rows: the transpose a shared copy would do element by element, done once."""
-    if not transposable(tree, stage, buffer):
+    tile's rows: the transpose a shared copy would do element by element, done once.
+    Rows of a dynamic dim are kept in blocks of `block_rows` (the stage's block tile's rows: `LoopTree.block`),
+    so the temp's strides stay fixed: (ceil(B / block_rows), k, block_rows)."""
+    if not transposable(tree, stage, buffer) or (isinstance(tree.program.size(_layout(tree.program, buffer)[-2]), ir.Size)
+                                                 and not block_rows):
         raise ValueError(f"transposed_ahead: {buffer} (dims {_layout(tree.program, buffer)}) is not a 2-D input "
                          f"(or a batch of them) with the reduction dim of {stage} "
-                         f"({tree.program.stage(stage).reduce_dims}) last")
+                         f"({tree.program.stage(stage).reduce_dims}) last, or its dynamic rows have no block_rows")
     *batch, rows, k = _layout(tree.program, buffer)
     copy = f"{buffer}.{stage}"
     width = 16 // ITEM_BYTES[tree.buffers[buffer].dtype]
     tree = tree.cache(buffer, stage=stage, order=(*batch, k, rows)).place(copy, None, 0)
-    tree = tree.split(rows, tile, stage=copy).split(k, tile, stage=copy).split(f"{k}.1", width, stage=copy)
-    tree = tree.reorder(*batch, f"{k}.0", f"{rows}.0", f"{k}.1.0", f"{rows}.1", f"{k}.1.1", stage=copy)
-    for loop, axis in ((f"{k}.0", "block.y"), (f"{rows}.0", "block.x"), (f"{k}.1.0", "thread.y"),
-                       (f"{rows}.1", "thread.x"), *((dim, "block.z") for dim in batch)):
+    if isinstance(tree.program.size(rows), ir.Size):
+        tree = tree.block(rows, block_rows, stage=copy).split(rows, block_rows, stage=copy) \
+            .split(f"{rows}.1", tile, stage=copy)
+        outer, inner = [f"{rows}.0", f"{rows}.1.0"], f"{rows}.1.1"
+    else:
+        tree = tree.split(rows, tile, stage=copy)
+        outer, inner = [f"{rows}.0"], f"{rows}.1"
+    tree = tree.split(k, tile, stage=copy).split(f"{k}.1", width, stage=copy)
+    tree = tree.reorder(*batch, f"{k}.0", *outer, f"{k}.1.0", inner, f"{k}.1.1", stage=copy)
+    axes = zip(outer, ("block.x", "block.z"))
+    for loop, axis in ((f"{k}.0", "block.y"), *axes, (f"{k}.1.0", "thread.y"),
+                       (inner, "thread.x"), *((dim, "block.z") for dim in batch)):
         tree = tree.bind(loop, axis, stage=copy)
     return tree.vectorize(f"{k}.1.1", stage=copy)
 
@@ -360,14 +372,14 @@ def transposed_ahead(tree: LoopTree, stage: str, buffer: str, tile: int = 32) ->
 def transposable(tree: LoopTree, stage: str, buffer: str) -> bool:
     """Whether `transposed_ahead` applies: an input whose last dim is the stage's reduction dim and whose
     one before (its rows) is a dim of the stage's tiles (not a batch's), 2-D or with one leading pure dim (a
-    batch, within the grid's z limit), and whose rows are not a dynamic dim
-    (they become the transposed copy's last axis, whose stride would be a size known only at run time)."""
+    batch, within the grid's z limit); rows of a dynamic dim only in a 2-D input (the copy keeps them in blocks)."""
     dims = _layout(tree.program, buffer)
     st = tree.program.stage(stage)
     batch_fits = len(dims) == 2 or (len(dims) == 3 and dims[0] not in st.reduce_dims
                                     and tree.program.size(dims[0]) <= GRID_LIMITS["block.z"])
+    dynamic_rows = isinstance(tree.program.size(dims[-2]), ir.Size)
     return batch_fits and dims[-2] in tile_dims(st)[:2] and dims[-1] in st.reduce_dims \
-        and not isinstance(tree.program.size(dims[-2]), ir.Size)
+        and not (dynamic_rows and len(dims) != 2)
 
 
 def dynamic_rows_k_last(tree: LoopTree, stage: str, buffer: str) -> bool:

@@ -91,12 +91,14 @@ def _c_entry(module: llir.Module, kernel: llir.Function, tree: LoopTree, params:
 
 def _temp_bytes(b: llir.IRBuilder, plan, sizes: dict) -> llir.Value:
     """The bytes of a temporary, a multiple of 64 and never 0 (NULL is failure); a dynamic first axis
-    takes its size from the entry's arguments (at least 1: smaller sizes were refused)."""
-    if not plan.shape or not isinstance(plan.shape[0], ir.Size):
+    of its storage (`BufferPlan.storage_shape`: its blocks, where it has them) takes its extent from the
+    entry's arguments (at least 1: smaller sizes were refused)."""
+    shape = plan.storage_shape
+    if not shape or not isinstance(shape[0], ir.Size):
         return constant(I64, max(64, -(-plan.size * ITEM_BYTES[plan.dtype] // 64) * 64))
-    rest = plan.size - (plan.shape[0] - 1) * abs(plan.strides[0])      # the elements of one slice
-    count = b.add(b.mul(b.sub(sizes[plan.shape[0].dim], constant(I64, 1)), constant(I64, abs(plan.strides[0]))),
-                  constant(I64, rest))
+    divisor = constant(I64, shape[0].divisor)
+    extent = b.udiv(b.add(sizes[shape[0].dim], b.sub(divisor, constant(I64, 1))), divisor)
+    count = b.mul(extent, constant(I64, math.prod(shape[1:])))
     padded = b.and_(b.add(b.mul(count, constant(I64, ITEM_BYTES[plan.dtype])), constant(I64, 63)), constant(I64, -64))
     return b.select(b.icmp_unsigned("<", padded, constant(I64, 64)), constant(I64, 64), padded)
 

@@ -396,11 +396,15 @@ class FunctionBuilder:
         else:
             b = self.builder
             offset = ZERO
-            for ix, n, stride in zip(plan.element_index(tuple(ix.substitute(stmt.index) for ix in index)),
-                                     plan.shape, plan.strides):
+            for d, ix, n, stride in zip(plan.dims, plan.element_index(tuple(ix.substitute(stmt.index) for ix in index)),
+                                        plan.shape, plan.strides):
                 at = self.affine(ix, env)
                 if isinstance(n, ir.Size) or not self.known_within(ix, n, stmt):     # a dynamic axis: its run-time size
                     at = self.smin(self.smax(at, ZERO), self.builder.sub(self.extent(n, env), constant(I64, 1)))
+                if plan.block and d == plan.block[0]:          # its block, then its place in it
+                    size = constant(I64, plan.block[1])
+                    offset = b.add(offset, b.mul(b.udiv(at, size), constant(I64, plan.block[2])))
+                    at = b.urem(at, size)
                 offset = b.add(offset, b.mul(at, constant(I64, stride)))
         return self.element(self.pointers[buffer], offset, plan.dtype)
 

@@ -111,7 +111,7 @@ class Kernel:
         # where each dynamic dim's size is read: the first axis of the inputs that have it
         self.dynamic = DynamicSizes.of_program(program, [buf.name for buf in program.inputs])
         self._shapes = [self.dynamic.template(buf.shape) for buf in program.inputs]
-        self._made = [(plan.name, self.dynamic.template(plan.shape), plan.dtype) for plan in tree.buffers.values()
+        self._made = [(plan.name, self.dynamic.template(plan.storage_shape), plan.dtype) for plan in tree.buffers.values()
                       if plan.kind in ("temp", "output")]
         self._output = program.output.name
         self.compile_seconds = compiled.seconds + time.perf_counter() - start

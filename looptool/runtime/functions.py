@@ -262,7 +262,7 @@ class _Call:
             if name in slots:
                 self.order.append(slots[name])
             else:
-                self.order.append((self.dynamic.template(plans[name].shape), plans[name].dtype, name == self.output))
+                self.order.append((self.dynamic.template(plans[name].storage_shape), plans[name].dtype, name == self.output))
         self.arguments = sorted({s for s in self.order if isinstance(s, int)})
         self.count = len(names)
         self.checked = self._checked_entry(arrays, leading or [False] * len(arrays))
@@ -288,7 +288,7 @@ class _Call:
             expected.append(Expected(shape, array.strides, array.dtype))
         self.make_output, *self.make_temps = [_maker(template, dtype, self.dynamic) for template, dtype, _ in made]
         for template, dtype, is_output in made:
-            rest, index = template
+            rest, index, _ = template        # (an output: its dynamic axis is the whole dim)
             expected.append(Expected(rest if index is None else (Dim(index),) + rest, None, np.dtype(dtype))
                             if is_output else None)
         objects = {id(slot): len(arrays) + i for i, slot in enumerate(made)}
@@ -338,8 +338,8 @@ class _Call:
 
 def _maker(template: tuple, dtype: str, dynamic: DynamicSizes):
     """A function of a call's arrays that makes a buffer of planned shape `template` (`DynamicSizes.template`:
-    a dynamic first size is read from the argument the call reads it from)."""
-    rest, index = template
+    a dynamic first size, ceil(n / divisor), is read from the argument the call reads it from)."""
+    rest, index, divisor = template
     dtype = np.dtype(dtype)
     row = math.prod(rest) * dtype.itemsize      # bytes: the whole buffer, or one value of its dynamic first axis
     if index is None:
@@ -348,6 +348,6 @@ def _maker(template: tuple, dtype: str, dynamic: DynamicSizes):
     position = dynamic.sources[index][0][0]
 
     def make(arrays):
-        rows = arrays[position].shape[0]
+        rows = -(-arrays[position].shape[0] // divisor)
         return (np.empty if rows * row < ALIGNED_FROM_BYTES else aligned_empty)((rows, *rest), dtype)
     return make

@@ -558,7 +558,7 @@ def input_specs(program: ir.Program) -> list[BufferSpec]:
 
 def scratch_specs(tree: LoopTree) -> list[BufferSpec]:
     """The specs of the buffers a GPU call allocates: the temps between kernels and the output."""
-    return [BufferSpec(plan.name, tuple(plan.shape), plan.dtype, tuple(plan.strides))
+    return [BufferSpec(plan.name, tuple(plan.storage_shape), plan.dtype, ir.row_major_strides(plan.storage_shape))
             for plan in tree.buffers.values() if plan.kind in ("temp", "output")]
 
 

@@ -58,15 +58,17 @@ class DynamicSizes:
                                  f"{tuple(arrays[index].shape)}); this kernel takes sizes from {self.minimum[dim]} up")
 
     def template(self, shape) -> tuple:
-        """A planned shape as (the shape, None) where its sizes are fixed, or as (its axes after the first,
-        the index in `of`'s sizes of the first's) where that axis is dynamic (an `ir.Size`, or a dim's
-        name in a manifest): `at` gives it at a call's sizes."""
+        """A planned shape as (the shape, None, 1) where its sizes are fixed, or as (its axes after the first,
+        the index in `of`'s sizes of the first's, its divisor) where that axis is dynamic (an `ir.Size`,
+        ceil(n / divisor), or a dim's name in a manifest): `at` gives it at a call's sizes."""
         first = shape[0] if len(shape) else None
         dim = first.dim if isinstance(first, ir.Size) else first if isinstance(first, str) else None
-        return (tuple(shape), None) if dim is None else (tuple(shape[1:]), self.dims.index(dim))
+        if dim is None:
+            return tuple(shape), None, 1
+        return tuple(shape[1:]), self.dims.index(dim), first.divisor if isinstance(first, ir.Size) else 1
 
     @staticmethod
     def at(template: tuple, sizes: list[int]) -> tuple[int, ...]:
         """A `template` shape at a call's sizes."""
-        rest, index = template
-        return rest if index is None else (sizes[index],) + rest
+        rest, index, divisor = template
+        return rest if index is None else (-(-sizes[index] // divisor),) + rest

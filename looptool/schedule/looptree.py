@@ -7,7 +7,7 @@ where it lives.  Transforms on a `LoopTree` return a new tree.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import NamedTuple
 
@@ -58,7 +58,9 @@ class BufferPlan:
 
     kind: 'input', 'output', 'temp' (full size, made by the runtime) or 'local'
     (shrunk to one tile of the loops it is placed in). `offsets[d]` is subtracted
-    from dimension d's index, `strides` are in elements."""
+    from dimension d's index, `strides` are in elements. A temp with `block` (dim, size, outer
+    stride) keeps that dim in blocks (`Schedule.block`): index i is at (i // size) * outer stride +
+    (i % size) * its stride."""
 
     name: str
     dims: tuple[str, ...]
@@ -67,26 +69,52 @@ class BufferPlan:
     dtype: str
     kind: str
     offsets: tuple[tuple[str, Affine], ...] = ()
+    block: tuple[str, int, int] | None = None
 
     @property
     def size(self) -> int:
         """Elements from the first to the last one (0 for a buffer with a dimension of size 0)."""
         if 0 in self.shape:
             return 0
+        if self.block:
+            return self.storage_shape[0] * self.block[2]
         return 1 + sum((n - 1) * abs(s) for n, s in zip(self.shape, self.strides))
+
+    @property
+    def storage_shape(self) -> tuple[int, ...]:
+        """The shape of the memory the buffer takes, row-major: its shape, or with a block, the blocks
+        (ceil(n / size): a `Size` for a dynamic dim) first and the blocked dim `size` long in its place."""
+        if not self.block:
+            return self.shape
+        dim, size, _ = self.block
+        n = self.shape[self.dims.index(dim)]
+        blocks = n.divided(size) if isinstance(n, ir.Size) else -(-n // size)
+        return (blocks, *(size if d == dim else extent for d, extent in zip(self.dims, self.shape)))
 
     def element_index(self, index: tuple[Affine, ...]) -> tuple[Affine, ...]:
         """Per-axis index into this buffer, for a load/store at full coordinates `index`."""
         offs = dict(self.offsets)
         return tuple(ix + offs[d].scale(-1) if d in offs else ix for d, ix in zip(self.dims, index))
 
-
     def linear_offset(self, index: tuple[Affine, ...]) -> Affine:
-        """The element offset (in elements from the buffer's start) of an access at full coordinates."""
+        """The element offset (in elements from the buffer's start) of an access at full coordinates
+        (over loop variables, for a blocked buffer: its dim's block read off the terms `blocked` splits)."""
         linear = Affine()
-        for ix, stride in zip(self.element_index(index), self.strides):
+        for d, ix, stride in zip(self.dims, self.element_index(index), self.strides):
+            if self.block and d == self.block[0]:
+                outer, ix = blocked(ix, self.block[1])
+                linear = linear + outer.scale(self.block[2])
             linear = linear + ix.scale(stride)
         return linear
+
+
+def blocked(index: Affine, size: int) -> tuple[Affine, Affine]:
+    """(block, place in it) of an index over loop variables into a dim kept in blocks of `size`: the
+    terms whose coefficients are multiples of `size` (and the constant's multiple) move the block, the
+    rest the place (`LoopTree` checks that the rest stays within one block)."""
+    outer = Affine.of({v: c // size for v, c in index.terms if c % size == 0}, index.const // size)
+    inner = Affine.of({v: c for v, c in index.terms if c % size}, index.const % size)
+    return outer, inner
 
 
 @dataclass(frozen=True)
@@ -215,6 +243,11 @@ class LoopTree:
         """Read `buffer` in `stage` (and in the stages `readers`) through a copy stage `<buffer>.<stage>`
         laid out in `order` (then `place` the copy to pack just the tile a loop uses)."""
         return LoopTree(self.program, self.schedule.cache(self._stage(stage), buffer, order, tuple(readers)))
+
+    def block(self, dim: str, size: int, stage: str | None = None) -> "LoopTree":
+        """Store the temp `stage` computes with `dim` in blocks of `size` (see `Schedule.block`): fixed
+        strides for a temp whose dynamic dim is not its first."""
+        return LoopTree(self.program, self.schedule.block(self._stage(stage), dim, size))
 
     def cache_write(self, stage: str | None = None) -> "LoopTree":
         """Compute `stage` into a new stage `<stage>.acc` and make `stage` a copy of it; place the
@@ -432,8 +465,21 @@ def _plan_buffers(program: Program, schedule: Schedule) -> dict[str, BufferPlan]
         plan = BufferPlan(stage.name, stage.dims, full, ir.row_major_strides(full), stage.dtype, kind)
         if sched.consumer is not None:
             plan = _shrunk(program, schedule, stage, plan) or plan
+        if sched.blocks:
+            plan = _blocked_plan(plan, *sched.blocks[0])
         plans[stage.name] = plan
     return plans
+
+
+def _blocked_plan(plan: BufferPlan, dim: str, size: int) -> BufferPlan:
+    """A full-size temp's plan with `dim` kept in blocks of `size` (`Schedule.block`)."""
+    if plan.kind != "temp":
+        raise ValueError(f"block: {plan.name} is a {plan.kind} buffer; only a temp made by the runtime takes blocks")
+    inner = tuple(size if d == dim else n for d, n in zip(plan.dims, plan.shape))
+    if any(isinstance(n, ir.Size) for n in inner):
+        raise ValueError(f"block of {plan.name}: its other dims must have fixed sizes, got {plan.shape}")
+    strides = ir.row_major_strides(inner)
+    return replace(plan, strides=strides, block=(dim, size, inner[0] * strides[0]))
 
 
 def _inside(schedule: Schedule, stage: str, consumer: str, depth: int) -> bool:

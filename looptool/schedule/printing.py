@@ -20,9 +20,10 @@ def loop_text(node) -> str:
 
 
 def buffer_text(buf) -> str:
-    """A buffer plan as dtype[shape] kind."""
+    """A buffer plan as dtype[shape] kind (and how a blocked dim is kept)."""
     shape = ", ".join(map(str, buf.shape))
-    return f"{DTYPE_SHORT[buf.dtype]}[{shape}] {buf.kind}"
+    blocks = f", {buf.block[0]} in blocks of {buf.block[1]}" if buf.block else ""
+    return f"{DTYPE_SHORT[buf.dtype]}[{shape}] {buf.kind}{blocks}"
 
 
 def stmt_text(stmt) -> str:

@@ -91,6 +91,7 @@ class StageSchedule:
     tails: tuple[Tail, ...] = ()
     at: int = 0
     consumer: str | None = None
+    blocks: tuple[tuple[str, int], ...] = ()      # (dim, size): its buffer stores dim in blocks (`Schedule.block`)
 
 
 @dataclass(frozen=True)
@@ -262,8 +263,27 @@ class Schedule:
         from_consumer = tuple(t for t in self.effective_tails(consumer)
                               if {n for n, _ in t.terms} <= {lp.name for lp in shared} | inner_names
                               and any(n in inner_names for n, _ in t.terms))
+        loops = {lp.name: lp for lp in shared + inner}
+        from_consumer = tuple(t for t in from_consumer if not self._inside_blocks(stage, t, loops))
         kept = tuple(t for t in self.effective_tails(stage) if {n for n, _ in t.terms} <= own_names)
         return StageSchedule(inner + own, tuple(dict.fromkeys(from_consumer + kept)), depth, consumer)
+
+    def _inside_blocks(self, stage: str, tail: Tail, loops: dict[str, Loop]) -> bool:
+        """Whether a consumer's tail over a dynamic dim can be left out of a copy placed in it: the copy
+        reads a temp kept in blocks along that dim (`block`), and the tail's loops stay inside one block
+        besides whole blocks, so the rows past the dim's end that the copy then takes are the last
+        block's, inside the temp's memory; the consumer's own tail still keeps them out of its results."""
+        expr = self.program.stage(stage).expr
+        if not isinstance(expr, ir.Load) or not _has_stage(self.program, expr.buffer) \
+                or not self.of(expr.buffer).blocks or not isinstance(tail.bound, ir.Size):
+            return False
+        dim, size = self.of(expr.buffer).blocks[0]
+        terms = [(loops[name], coeff) for name, coeff in tail.terms]
+        if tail.bound.dim != dim or tail.bound.divisor != 1 or any(lp.dim != dim for lp, _ in terms):
+            return False
+        inside = [(lp, coeff) for lp, coeff in terms if coeff % size]
+        return all(0 < coeff and not isinstance(lp.extent, ir.Size) for lp, coeff in inside) \
+            and sum(coeff * (lp.extent - 1) for lp, coeff in inside) < size
 
     def _own_cover(self, stage: str) -> tuple[Loop, ...]:
         """The stage's loops over its own dims; dims its current loops do not cover get a plain loop."""
@@ -310,6 +330,21 @@ class Schedule:
         stages.insert(position, (name, _default_stage(program, copy)))
         step = ("cache", stage, buffer, list(order)) + ((list(readers),) if readers else ())
         return Schedule(program, tuple(stages), self.steps + (step,))
+
+    def block(self, stage: str, dim: str, size: int) -> "Schedule":
+        """Store the temp that `stage` computes with `dim` in blocks of `size`: dim // size before its
+        first axis, dim % size in dim's place. A temp laid out (k, b) over a dynamic b then has fixed
+        strides (its rows of b would be as long as b's run-time size): (ceil(B/size), k, size). Every
+        access to it must keep dim % size within one block's loops (`LoopTree` checks)."""
+        st = self.program.stage(stage)
+        if st is self.program.output:
+            raise ValueError(f"block: stage {stage} is the program's result, laid out as the caller's array")
+        if dim not in st.dims or self.of(stage).blocks:
+            raise ValueError(f"block of stage {stage}: '{dim}' must be one of its dims {st.dims}, "
+                             f"and a stage takes one block")
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"block of stage {stage}: size must be a positive integer, got {size!r}")
+        return self._with(stage, replace(self.of(stage), blocks=((dim, size),)), ("block", stage, dim, size))
 
     def cache_write(self, stage: str) -> "Schedule":
         """Compute `stage` into a new stage `<stage>.acc` that takes over its loops, and make
@@ -524,7 +559,7 @@ class Schedule:
         sched = self
         for step in steps:
             op, *args = step
-            if op not in ("split", "reorder", "annotate", "tensorize", "place", "cache", "cache_write", "rfactor",
+            if op not in ("split", "reorder", "annotate", "tensorize", "place", "cache", "cache_write", "rfactor", "block",
                           "pad", "hoist", "share", "epilogue", "inline"):
                 raise ValueError(f"unknown schedule step {op!r}")
             sched = getattr(sched, op)(*args)

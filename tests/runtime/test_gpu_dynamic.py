@@ -89,8 +89,9 @@ def test_the_automatic_gpu_schedule_binds_dynamic_loops_to_blocks_and_says_why(r
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_product_over_dynamic_rows_takes_the_contraction_templates_with_tails_at_the_size(rng, dtype):
-    """Register tiles (float32; A not transposed ahead: its rows would be the copy's last axis) and wgmma
-    tiles fed by TMA (bfloat16; the tensor maps encoded at each call's sizes) cut the dynamic rows into
+    """Register tiles (float32; A transposed ahead into a temp that keeps its dynamic rows in blocks of the
+    block tile's 128, so its strides stay fixed, and whose k tiles are copied whole: the last block's rows
+    past B lie in the temp's memory) and wgmma tiles fed by TMA (bfloat16; the tensor maps encoded at each call's sizes) cut the dynamic rows into
     tiles of 128, the last one cut by a tail at B that every guard tests against the size the kernel takes.
     An edge tile's guards once tested the dim's planned 256 rows instead: on an H100 rows 936-959 of 1000
     were never written (the threads whose second group of rows lay past B took the edge tile, whose
@@ -106,7 +107,10 @@ def test_a_product_over_dynamic_rows_takes_the_contraction_templates_with_tails_
     assert f"t0: a contraction: {described}" in tree.explain()
     assert "t1: fused into the contraction's write-back" in tree.explain()
     module = codegen_gpu.generate(tree, "sm_90")
-    assert bool(module.tensor_maps) == (dtype != "float32") and "in0.t0" not in module.params
+    assert bool(module.tensor_maps) == (dtype != "float32") and ("in0.t0" in module.params) == (dtype == "float32")
+    if dtype == "float32":
+        assert "in0.t0: f32[96, B] temp, b in blocks of 128" in str(tree)
+        assert "in0.t0.t0.acc[k, b] = in0.t0[k, b]" in str(tree) and "< B  [vectorize]" not in str(tree)
     bounds = {int(v) for v in re.findall(r"icmp slt i64 %\S+, (\d+)\n", module.llvm_ir)}
     assert not bounds & set(range(ir.REPRESENTATIVE_SIZE - 8, ir.REPRESENTATIVE_SIZE + 1))   # 256 - k: a planned bound
     assert_close(lt.Kernel(tree, 1)(arrays), ref, 1e-5)          # the tree's loops on this CPU
