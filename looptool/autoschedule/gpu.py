@@ -51,7 +51,8 @@ FLOAT32_BLOCKS = ((128, 128), (128, 64))
 # multiples of 64), then mma's 16 x 8 x 16; on Hopper all but the last take wgmma only
 TENSOR_PADS = ((64, 8, 64), (64, 256, 64), (16, 8, 16))
 # and its fastest half-precision schedules: (block, teams, k tile, stages, copier) of each tensor-core family
-TENSOR_START = {"wgmma": ((128, 256), (2, 1), 64, 3, "tma"), "mma": ((128, 256), (2, 4), 64, 2, "cp.async")}
+# (wgmma: 4 stages of 48 KiB for 128 x 256, one spare: `codegen.gpu_copies.TMA_SPARE_STAGE`)
+TENSOR_START = {"wgmma": ((128, 256), (2, 1), 64, 4, "tma"), "mma": ((128, 256), (2, 4), 64, 2, "cp.async")}
 # and the wgmma template where k is one k tile (nothing to pipeline): 64 x 128 blocks of one warpgroup,
 # several resident an SM so one's write-back overlaps another's loads, copied by cp.async (TMA's barriers
 # are not paid back by one tile). The H100's GPU study of batched bf16 16x1024x64x1024 (session 13,

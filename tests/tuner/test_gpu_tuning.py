@@ -201,12 +201,12 @@ def test_on_hopper_draws_include_warpgroup_schedules(rng, monkeypatch):
 
 
 @pytest.mark.parametrize("families, instruction, pipeline", [
-    (["tiles", "mma", "wgmma"], "wgmma.m64n256k16", "pipeline.3.1.tma"),
+    (["tiles", "mma", "wgmma"], "wgmma.m64n256k16", "pipeline.4.2.tma"),
     (["tiles", "mma"], "mma.m16n8k16", "pipeline.2.0]")])
 def test_a_gpu_study_of_a_half_contraction_starts_from_the_gpus_best_tensor_core_family(
         rng, monkeypatch, families, instruction, pipeline):
     """As a CPU study starts from the automatic schedule: the untuned GPU default's configuration,
-    wgmma copied by TMA in 3 stages on Hopper, else mma; the draw is legal and computes the right
+    wgmma copied by TMA in 4 stages on Hopper, else mma; the draw is legal and computes the right
     result; other programs get no first draw."""
     optuna = pytest.importorskip("optuna")
     monkeypatch.setattr(space, "tensor_families", lambda: families)
