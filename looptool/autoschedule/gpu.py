@@ -131,7 +131,7 @@ def contraction_candidates(tree: LoopTree, stage: str, hopper: bool, sms: int | 
     """(description, tree) for each template that fits the contraction `stage`, best first: half
     precision on tensor cores (`TENSOR_START`: wgmma on a Hopper GPU, `WGMMA_ONE_K_TILE` where k is one
     k tile, then mma, which takes narrower edges) where its sizes are whole mma tiles; then register tiles on CUDA cores (`FLOAT32_TILES`, 2-D inputs with k last
-    and rows of a fixed size transposed ahead), where its matrices hold a block tile, the tile chosen for a GPU of `sms` SMs
+    transposed ahead, dynamic rows kept in blocks of the block tile's), where its matrices hold a block tile, the tile chosen for a GPU of `sms` SMs
     (`least_work_block`; so is the wgmma template's). The legality check still has the last word (wgmma's wide tiles, for one, take no tail)."""
     dtype = contraction_dtype(tree.program, stage)
     candidates = []
@@ -151,7 +151,7 @@ def contraction_candidates(tree: LoopTree, stage: str, hopper: bool, sms: int | 
         try:
             block = least_work_block(tree.program, stage, sms, FLOAT32_BLOCKS)
             candidates.append((f"register tiles on CUDA cores, {block[0]}x{block[1]} a block (inputs with k last "
-                               f"and fixed rows transposed ahead), cp.async k tiles", _float32_tree(tree, stage, block)))
+                               f"transposed ahead, dynamic rows in blocks), cp.async k tiles", _float32_tree(tree, stage, block)))
         except ValueError as err:
             LOG.debug("no register-tile template for %s: %s", stage, err)
     return candidates
