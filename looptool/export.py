@@ -122,8 +122,9 @@ def _traced(function, example, input_names) -> tuple:
 
 
 def _shape_field(shape) -> list:
-    """A shape for the manifest: a dynamic axis is the name of its dim, whose size each call gives."""
-    return [n.dim if isinstance(n, ir.Size) else int(n) for n in shape]
+    """A shape for the manifest: a dynamic axis is the name of its dim, whose size each call gives (with
+    `/divisor` for an extent of ceil(size / divisor): the blocks of a temp kept in blocks)."""
+    return [(n.dim if n.divisor == 1 else f"{n.dim}/{n.divisor}") if isinstance(n, ir.Size) else int(n) for n in shape]
 
 
 def _cpu_files(tree, program: ir.Program, names: list[str], out: Path) -> tuple[list[str], dict]:

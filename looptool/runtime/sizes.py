@@ -60,12 +60,14 @@ class DynamicSizes:
     def template(self, shape) -> tuple:
         """A planned shape as (the shape, None, 1) where its sizes are fixed, or as (its axes after the first,
         the index in `of`'s sizes of the first's, its divisor) where that axis is dynamic (an `ir.Size`,
-        ceil(n / divisor), or a dim's name in a manifest): `at` gives it at a call's sizes."""
+        ceil(n / divisor), or a dim's name in a manifest, 'dim/divisor'): `at` gives it at a call's sizes."""
         first = shape[0] if len(shape) else None
-        dim = first.dim if isinstance(first, ir.Size) else first if isinstance(first, str) else None
-        if dim is None:
-            return tuple(shape), None, 1
-        return tuple(shape[1:]), self.dims.index(dim), first.divisor if isinstance(first, ir.Size) else 1
+        if isinstance(first, ir.Size):
+            return tuple(shape[1:]), self.dims.index(first.dim), first.divisor
+        if isinstance(first, str):
+            dim, _, divisor = first.partition("/")
+            return tuple(shape[1:]), self.dims.index(dim), int(divisor or 1)
+        return tuple(shape), None, 1
 
     @staticmethod
     def at(template: tuple, sizes: list[int]) -> tuple[int, ...]:

@@ -253,6 +253,20 @@ def test_a_gpu_artifact_takes_the_sizes_as_kernel_parameters(rng, tmp_path):
     assert ".param .u64 looptool_k0_param_2\n" in (tmp_path / "softmax" / "kernel.ptx").read_text()
 
 
+def test_a_gpu_artifact_allocates_a_temp_kept_in_blocks_by_its_blocks(rng, tmp_path):
+    """The float32 layer's A transposed ahead is kept in blocks of 128 rows: the manifest gives its shape
+    as ceil(B/128) blocks ('b/128'), and a loaded runner allocates that many at a call's size (not B
+    blocks of 96 x 128)."""
+    import json
+    c, _ = wide_layer(300, rng)
+    lt.export(c, tmp_path / "layer", device="gpu", arch="sm_90")
+    manifest = json.loads((tmp_path / "layer" / "manifest.json").read_text())
+    shapes = {spec["name"]: spec["shape"] for spec in manifest["gpu"]["scratch"]}
+    assert shapes["in0.t0"] == ["b/128", 96, 128] and shapes["t1"] == ["b", 200]
+    dynamic = runtime_gpu.DynamicSizes([("b", 1)], ["b", None], ["x", "w"])
+    assert dynamic.at(dynamic.template(shapes["in0.t0"]), [300]) == (3, 96, 128)
+
+
 @pytest.mark.gpu
 def test_cuda_runs_one_kernel_at_every_size(rng):
     from tests.gpu_helpers import cupy_or_skip
