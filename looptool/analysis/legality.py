@@ -214,9 +214,7 @@ def _check_blocks(tree: LoopTree):
             _, place = blocked(access.index[plan.dims.index(dim)].substitute(stmt.index), size)
             extents = {node.loop.name: node.loop.extent for node in path}
             dynamic = [v for v, _ in place.terms if isinstance(extents[v], ir.Size)]
-            steps = [c * (extents[v] - 1) for v, c in place.terms]
-            low = place.const + sum(min(step, 0) for step in steps)
-            high = place.const + sum(max(step, 0) for step in steps)
+            low, high = place.span(extents)
             if dynamic or low < 0 or high >= size:
                 reach = f"loop {dynamic[0]}, whose extent is known only at run time, moves it" if dynamic else \
                     f"its loops take it from {low} to {high}"

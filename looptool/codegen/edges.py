@@ -94,17 +94,11 @@ def inside_buffer(tree: LoopTree, buffer: str, index: tuple[Affine, ...], stmt: 
     place = tuple(ix.substitute(stmt.index) for ix in index)
     if axes:
         return all(0 <= low and high < size for (low, high), size in
-                   zip((span(ix, extents) for ix in plan.element_index(place)), plan.shape))
+                   zip((ix.span(extents) for ix in plan.element_index(place)), plan.shape))
     if buffer in tree.thread_slices:
         return True
-    low, high = span(plan.linear_offset(place), extents)
+    low, high = plan.linear_offset(place).span(extents)
     return 0 <= low and high < plan.size
-
-
-def span(expr: Affine, extents: dict[str, int]) -> tuple[int, int]:
-    """The lowest and highest value of `expr` over loops from 0 to their extents."""
-    steps = [c * (extents[name] - 1) for name, c in expr.terms]
-    return expr.const + sum(min(step, 0) for step in steps), expr.const + sum(max(step, 0) for step in steps)
 
 
 def _moves_through(tree: LoopTree, node: LoopNode, buffers: set[str]) -> bool:

@@ -107,6 +107,11 @@ class Affine:
     def scale(self, factor: int) -> "Affine":
         return Affine.of({v: c * factor for v, c in self.terms}, self.const * factor)
 
+    def span(self, extents: dict[str, int]) -> tuple[int, int]:
+        """The lowest and highest value over variables that run from 0 to their extents."""
+        steps = [c * (extents[name] - 1) for name, c in self.terms]
+        return self.const + sum(min(step, 0) for step in steps), self.const + sum(max(step, 0) for step in steps)
+
     def substitute(self, values: dict[str, "Affine"]) -> "Affine":
         out = Affine((), self.const)
         for v, c in self.terms:
