@@ -345,16 +345,17 @@ def transposed_ahead(tree: LoopTree, stage: str, buffer: str, tile: int = 32, bl
     tile's rows: the transpose a shared copy would do element by element, done once.
     Rows of a dynamic dim are kept in blocks of `block_rows` (the stage's block tile's rows: `LoopTree.block`),
     so the temp's strides stay fixed: (ceil(B / block_rows), k, block_rows)."""
-    if not transposable(tree, stage, buffer) or (isinstance(tree.program.size(_layout(tree.program, buffer)[-2]), ir.Size)
-                                                 and not block_rows):
-        raise ValueError(f"transposed_ahead: {buffer} (dims {_layout(tree.program, buffer)}) is not a 2-D input "
+    dims = _layout(tree.program, buffer)
+    dynamic = len(dims) >= 2 and isinstance(tree.program.size(dims[-2]), ir.Size)
+    if not transposable(tree, stage, buffer) or (dynamic and not block_rows):
+        raise ValueError(f"transposed_ahead: {buffer} (dims {dims}) is not a 2-D input "
                          f"(or a batch of them) with the reduction dim of {stage} "
                          f"({tree.program.stage(stage).reduce_dims}) last, or its dynamic rows have no block_rows")
-    *batch, rows, k = _layout(tree.program, buffer)
+    *batch, rows, k = dims
     copy = f"{buffer}.{stage}"
     width = 16 // ITEM_BYTES[tree.buffers[buffer].dtype]
     tree = tree.cache(buffer, stage=stage, order=(*batch, k, rows)).place(copy, None, 0)
-    if isinstance(tree.program.size(rows), ir.Size):
+    if dynamic:
         tree = tree.block(rows, block_rows, stage=copy).split(rows, block_rows, stage=copy) \
             .split(f"{rows}.1", tile, stage=copy)
         outer, inner = [f"{rows}.0", f"{rows}.1.0"], f"{rows}.1.1"

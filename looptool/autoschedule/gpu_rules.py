@@ -98,8 +98,13 @@ def weights_apart(program: ir.Program, gpu: GpuTarget) -> ir.Apart | None:
         return None
     weights, other = apart.product.inputs
     rows = math.prod(weights.shape) // program.size(program.output.reduce_dims[0])
-    walk = math.prod(other.shape) * templates.ITEM_BYTES[other.dtype] * rows
-    return apart if walk > WALK_BYTES_PER_SM * gpu.sms else None
+    return apart if walks_too_far(math.prod(other.shape) * templates.ITEM_BYTES[other.dtype] * rows, gpu) else None
+
+
+def walks_too_far(walk: int, gpu: GpuTarget) -> bool:
+    """Whether a weighted sum walked in its weights' rows, reading `walk` bytes besides them over all
+    rows, reads more than WALK_BYTES_PER_SM an SM: then the weights are computed whole first."""
+    return walk > WALK_BYTES_PER_SM * gpu.sms
 
 
 def dynamic_reason(program: ir.Program) -> list[str]:
@@ -253,7 +258,7 @@ class _Planner:
         weighted = bool(result.reduce_dims and inner)
         threads = self.row_threads(row, WEIGHTED_ROW_ELEMENTS if weighted else ROW_ELEMENTS_PER_THREAD)
         walk = self.walk_bytes(result, inner) * math.prod(self.size(d) for d in shared) if weighted else 0
-        if walk > WALK_BYTES_PER_SM * self.gpu.sms:
+        if walks_too_far(walk, self.gpu):
             kept = self.tree, list(self.reasons)
             split = self.rows_then_product(result, group, row, shared, walk)
             if split is not None:

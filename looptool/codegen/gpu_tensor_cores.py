@@ -249,16 +249,15 @@ class TensorCoreLowering:
         inside the tails that cut its m and n loops: its last element does."""
         b = self.builder
         holds = constant(llir.IntType(1), 1)
-        for node in (tile.loops["m"], tile.loops["n"]):
-            for lim in node.limits:
-                last = b.add(self.affine(lim.rest, base), constant(I64, lim.coeff * (node.loop.extent - 1)))
-                holds = b.and_(holds, b.icmp_signed("<", last, self.extent(lim.bound, base)))
+        for node, lim in tail_limits(tile, "mn"):
+            last = b.add(self.affine(lim.rest, base), constant(I64, lim.coeff * (node.loop.extent - 1)))
+            holds = b.and_(holds, b.icmp_signed("<", last, self.extent(lim.bound, base)))
         return holds
 
     def inside_tails(self, tile: TensorTile, places: list[dict]) -> list[llir.Value] | None:
         """For each element of a wgmma copy tile whose m or n loop a tail cuts (the tile is computed whole:
         `analysis.tensorize`), whether the element lies inside every such tail; None where no tail cuts."""
-        limits = [(node, lim) for role in "mn" for node in (tile.loops[role],) for lim in node.limits]
+        limits = tail_limits(tile, "mn")
         if not limits or not is_warpgroup(tile.instruction):
             return None
         return [self.within(limits, place) for place in places]
@@ -273,7 +272,7 @@ class TensorCoreLowering:
             return None
         rows = [row for row, _ in fragment_places(tile.instruction)]
         first = {row: places[rows.index(row)] for row in dict.fromkeys(rows)}
-        held = {row: self.within([(m, lim) for lim in m.limits], place) for row, place in first.items()}
+        held = {row: self.within(tail_limits(tile, "m"), place) for row, place in first.items()}
         return [held[row] for row in rows]
 
     def within(self, limits: list, place: dict) -> llir.Value:
@@ -293,9 +292,12 @@ class TensorCoreLowering:
         stores of a row under one branch."""
         stores = []
         self.collect_tile_stores(values, targets, tile, stmt, base, guards or [None] * len(values), stores)
-        for guard in dict.fromkeys(guard for guard, _ in stores):
+        by_guard: dict = {}
+        for guard, store in stores:
+            by_guard.setdefault(guard, []).append(store)
+        for guard, group in by_guard.items():
             with self.builder.if_then(guard) if guard is not None else contextlib.nullcontext():
-                for store in [store for held, store in stores if held is guard]:
+                for store in group:
                     store()
 
     def collect_tile_stores(self, values: list, targets: list[llir.Value], tile: TensorTile, stmt: StmtNode,
@@ -565,6 +567,11 @@ class WgmmaLayout:
 
 
 SWIZZLE_128 = Swizzle.of((64, 1), 2)        # rows of 64 16-bit elements: 16-byte chunk ^ (128-byte line mod 8)
+
+
+def tail_limits(tile: TensorTile, roles: str) -> list:
+    """(loop node, limit) of every tail that cuts the tile's loops of `roles` ('m', 'n' or both)."""
+    return [(node, lim) for role in roles for node in (tile.loops[role],) for lim in node.limits]
 
 
 def fragment_places(instruction: str) -> list[tuple[int, int]]:
