@@ -11,11 +11,10 @@ import math
 
 from .. import ir
 from ..analysis.gpu_target import WARP_LANES
-from ..frontend.dtypes import SUPPORTED_DTYPES
+from ..frontend.dtypes import ITEM_BYTES
 from ..schedule import TENSOR_INSTRUCTIONS, LoopTree
 
 LOG = logging.getLogger(__name__)
-ITEM_BYTES = {dtype.name: dtype.itemsize for dtype in SUPPORTED_DTYPES}
 UNROLL_LIMIT = 8
 GRID_LIMITS = {"block.x": 2 ** 31 - 1, "block.y": 65535, "block.z": 65535}     # blocks a grid may have an axis
 # bench.gpu's fastest float32 schedule on an H100 (0.97-1.00x cuBLAS at 4096^3): A transposed ahead,

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from llvmlite import ir as llir
 
 from .. import ir
+from ..frontend.dtypes import ITEM_BYTES
 from ..memo import BoundedMemo
 from ..schedule import BufferPlan, Limit, LoopNode, LoopTree, StmtNode, walk
 
@@ -40,7 +41,6 @@ F32, F64, I16, I32 = llir.FloatType(), llir.DoubleType(), llir.IntType(16), llir
 # its raw 16 bits (llvmlite has no bfloat type): the upper half of a float32.
 MEMORY_TYPE = {"float16": llir.HalfType(), "bfloat16": I16, "float32": F32, "float64": F64}
 VALUE_TYPE = {"float16": F32, "bfloat16": F32, "float32": F32, "float64": F64}
-ITEM_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 # Neither 'contract' nor 'reassoc': products feeding sums become explicit fma calls and sums
 # keep the order the loop tree gives them, so a schedule rounds the same way however LLVM
 # optimizes it (serial or parallel, hoisted tails or not). The only reassociation is the one

@@ -16,6 +16,7 @@ float32 = np.dtype(np.float32)
 float64 = np.dtype(np.float64)
 SUPPORTED_DTYPES = (float16, bfloat16, float32, float64)
 HALF_DTYPES = (float16, bfloat16)
+ITEM_BYTES = {dtype.name: dtype.itemsize for dtype in SUPPORTED_DTYPES}     # bytes an element, by dtype name
 # How far the results of two correct schedules may differ, relative to the largest magnitude:
 # float32 and float64 sums that schedules reassociate; half-precision results two roundings
 # (2 units in the last place at the top of the range: 2 * 2**-10 and 2 * 2**-7) apart.
