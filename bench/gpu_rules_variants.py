@@ -20,6 +20,9 @@ may take) on the row cases; `long_row`, `gpu_rules.LONG_ROW` (rows shorter than 
 row cases; `split_k_blocks`, `autoschedule.gpu.SPLIT_K_BLOCKS` (0: no split-k) on float32 matmuls; `split_k_run`,
 `autoschedule.gpu.SPLIT_K_RUN` (the shortest run of k a part sums) on the same; `half_split_k`, the shortest
 run of k a half-precision part sums (`autoschedule.gpu.HALF_SPLIT_K_RUN`; 0: no split-k) on bfloat16 matmuls;
+`half_split_k_busy`, `autoschedule.gpu.HALF_SPLIT_K_BUSY` (half precision is split only where its unsplit
+blocks keep less than this share of the SMs busy; 0: never, 1.01: wherever they leave more than
+SPLIT_K_IDLE of them idle, as before session 20) on bfloat16 products from 24 to 97 % busy;
 `vector_store_bytes`, `codegen.gpu.VECTOR_STORE_BYTES` (a code generator's constant: run it with
 LOOPTOOL_CACHE_DIR= so no cached PTX is read) on batched bf16 products, float32 and bfloat16 results. For each
 workload and value, the automatic schedule's kernels run on a NaN-poisoned output, are compared with
@@ -64,6 +67,7 @@ KNOBS = {
     "split_k_run": (lambda v: setattr(templates, "SPLIT_K_RUN", v), (64, 128, 256, 512), "matmul_cases"),
     "half_split_k": (lambda v: (setattr(templates, "HALF_SPLIT_K_BLOCKS", int(v > 0)),
                                 setattr(templates, "HALF_SPLIT_K_RUN", v or 1)), (0, 512, 1024), "wgmma_cases"),
+    "half_split_k_busy": (lambda v: setattr(templates, "HALF_SPLIT_K_BUSY", v), (0.0, 0.5, 1.01), "split_cases"),
     "vector_store_bytes": (lambda v: setattr(codegen_gpu, "VECTOR_STORE_BYTES", v), (16, 8, 4, 16), "write_back_cases"),
     "wgmma_stages": (lambda v: _wgmma_start(*v), ((((128, 256), (128, 128), (128, 64)), 3), (((128, 128),), 1),
                                                  (((128, 128),), 2), (((128, 64),), 1), (((128, 64),), 2),
@@ -167,6 +171,20 @@ def wgmma_cases(torch):
             c = (lt.Tensor(a).to(sm, sk) * lt.Tensor(b).to(sk, sn)).sum(sk)
         out.append((f"matmul bf16 {batch}x{m}x{k}x{n}", c, lambda a=a, b=b: a @ b,
                     lambda a=a, b=b: a.double() @ b.double()))
+    return out
+
+
+def split_cases(torch):
+    """bfloat16 products whose unsplit wgmma blocks keep 24 to 97 % of an H100's SMs busy."""
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    out = []
+    for m, k, n in ((512, 8192, 1024), (640, 4096, 1024), (896, 4096, 1024), (1024, 8192, 1024), (1024, 2048, 1024),
+                    (3072, 2048, 1024), (1024, 2048, 3072), (3072, 2048, 1000), (2560, 4096, 1024), (4096, 2048, 1024)):
+        a = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+        b = torch.randn(k, n, device="cuda", generator=gen).to(torch.bfloat16)
+        sm, sk, sn = lt.symbols("m k n")
+        c = (lt.Tensor(a).to(sm, sk) * lt.Tensor(b).to(sk, sn)).sum(sk)
+        out.append((f"matmul bf16 {m}x{k}x{n}", c, lambda a=a, b=b: a @ b, lambda a=a, b=b: a.double() @ b.double()))
     return out
 
 

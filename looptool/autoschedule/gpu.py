@@ -36,8 +36,13 @@ SPLIT_K_IDLE = 0.1
 # SM, each at least HALF_SPLIT_K_RUN long and a whole number of the template's k tiles (H100, session 17,
 # bench.gpu_rules_variants --knob half_split_k, kernels' ms unsplit / runs of 512 / 1024: bf16
 # 256x16384x256 0.115 / 0.024 / 0.025, 512x8192x1024 0.067 / 0.047 / 0.036, 768x3072x768 0.032 / 0.028 /
-# 0.024, 1024^3 0.017 / 0.022 / unsplit)
+# 0.024, 1024^3 0.017 / 0.022 / unsplit), only where its unsplit blocks keep less than HALF_SPLIT_K_BUSY of
+# the SMs busy over their waves (`busy_share`: those three 3 to 27 %): the partial sums' round trip, a
+# kernel more and the narrower tiles of the parts cost more than a grid nearer full gains (session 20,
+# H200: 3072x2048x1024, 96 blocks on 132 SMs, 73 % busy, in 2 parts 52.6 us against 36.9 for
+# 3072x2000x1024, which k did not let split)
 HALF_SPLIT_K_BLOCKS = 1
+HALF_SPLIT_K_BUSY = 0.5
 HALF_SPLIT_K_RUN = 1024
 # the block tiles (rows, columns) that template takes, largest first, for problems too small to fill
 # the GPU with 128 x 128 (bench.gpu_rules_variants --knob float32_blocks: 1024^3 0.61 -> 0.87x torch).
@@ -89,7 +94,8 @@ def split_k_parts(program: ir.Program, sms: int, hopper: bool = True) -> int:
     wgmma) where its blocks leave more than SPLIT_K_IDLE of the SMs idle: float32 on register tiles (`least_work_block`), the
     fewest dividing k, each at least SPLIT_K_RUN long, that give SPLIT_K_BLOCKS blocks an SM (where none
     does, the most); half precision on tensor cores likewise with its template's block
-    (`wgmma_block`, or mma's), HALF_SPLIT_K_BLOCKS and runs of HALF_SPLIT_K_RUN in whole k tiles. Else 1."""
+    (`wgmma_block`, or mma's), HALF_SPLIT_K_BLOCKS and runs of HALF_SPLIT_K_RUN in whole k tiles, where its
+    unsplit blocks keep less than HALF_SPLIT_K_BUSY of the SMs busy. Else 1."""
     if not ir.splittable(program):
         return 1
     stage = program.stages[0]
@@ -108,10 +114,16 @@ def split_k_parts(program: ir.Program, sms: int, hopper: bool = True) -> int:
     else:
         return 1
     size = program.size(stage.reduce_dims[0])
-    if blocks(1) >= (1 - SPLIT_K_IDLE) * sms or not per_sm:
+    if not per_sm or blocks(1) >= (1 - SPLIT_K_IDLE) * sms \
+            or dtype != "float32" and busy_share(blocks(1), per_sm * sms) >= HALF_SPLIT_K_BUSY:
         return 1
     dividing = [parts for parts in range(2, size // shortest + 1) if size % (parts * k_tile) == 0]
     return next((parts for parts in dividing if blocks(parts) >= per_sm * sms), max(dividing, default=1))
+
+
+def busy_share(blocks: int, slots: int) -> float:
+    """The share of `slots` (blocks resident at once) that `blocks` keep busy over the waves they take."""
+    return blocks / (-(-blocks // slots) * slots)
 
 
 def _half_blocks(program: ir.Program, sms: int, hopper: bool):

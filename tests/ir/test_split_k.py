@@ -108,13 +108,14 @@ def test_float32_contractions_with_fewer_blocks_than_sms_are_split(rng, m, k, n,
 @pytest.mark.parametrize("m, k, n, hopper, parts", [(768, 3072, 768, True, 3), (256, 16384, 256, True, 16),
                                                     (128, 2048, 136, True, 2), (4096, 4096, 4096, True, 1),
                                                     (1024, 1024, 1024, True, 1), (1000, 3000, 1000, True, 1),
-                                                    (768, 3072, 768, False, 3)])
+                                                    (3072, 2048, 1024, True, 1), (768, 3072, 768, False, 3)])
 def test_half_precision_contractions_with_fewer_blocks_than_sms_are_split_in_whole_k_tiles(m, k, n, hopper, parts):
     """768^2 gives 36 wgmma blocks of 128 x 128, and its parts 18 of 128 x 256 each (the parts' program
     chooses again): k = 3072 cut in 3, the most parts of at least HALF_SPLIT_K_RUN (54 blocks, short of one
     an SM of 132); 256^2 takes 4 blocks, 16 parts of 1024 (64 blocks); 4096^2 fills the GPU; 1024^2 (64
-    blocks) has k too short for two parts; k = 3000 has no part of whole 64-deep k tiles; without wgmma,
-    mma's 18 blocks of 128 x 256."""
+    blocks) has k too short for two parts; k = 3000 has no part of whole 64-deep k tiles; 3072x1024's 96
+    blocks of 128 x 256 keep 73 % of the SMs busy, at least HALF_SPLIT_K_BUSY; without wgmma, mma's 18
+    blocks of 128 x 256."""
     program = ir.Program((ir.Buffer("in0", ("m", "k"), (m, k), "bfloat16", (k, 1)),
                           ir.Buffer("in1", ("k", "n"), (k, n), "bfloat16", (n, 1))),
                          matmul_stages("bfloat16"), (("k", k), ("m", m), ("n", n)))
