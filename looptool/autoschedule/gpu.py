@@ -210,6 +210,22 @@ def least_work_block(program: ir.Program, stage: str, sms: int | None,
     return min(blocks, key=lambda block: (work(block), -block[0] * block[1]))
 
 
+def least_traffic_block(program: ir.Program, stage: str, sms: int | None,
+                        blocks: tuple[tuple[int, int], ...]) -> tuple[int, int]:
+    """The tensor-core block tile (rows, columns) of `blocks`, narrowed to n (`narrowed`), whose SM loads the
+    fewest operand rows: a block loads rows + columns of k each k step, and blocks come in waves of one an
+    SM. A wgmma tile runs at the pace of those loads (H200, session 20: 128 x 128 took 1.40-1.47x the
+    time of 128 x 256 per output at 5952^3 and 6144^3, the (128 + 128) / 128^2 against (128 + 256) / (128 x
+    256) of its loads per output). On a tie the larger tile. Without an SM count, the first."""
+    shapes = [narrowed(program, stage, block) for block in blocks]
+    if sms is None or tile_dims(program.stage(stage))[1] is None:
+        return shapes[0]
+
+    def traffic(block):
+        return -(-block_count(program, stage, block) // sms) * (block[0] + block[1])
+    return min(shapes, key=lambda block: (traffic(block), -block[0] * block[1]))
+
+
 def block_count(program: ir.Program, stage: str, block: tuple[int, int]) -> int:
     """The blocks of `block` (rows, columns) tiles a contraction stage's result takes, batch dims included."""
     x, y, others = tile_dims(program.stage(stage))
@@ -227,13 +243,13 @@ def wgmma_start(program: ir.Program, stage: str, sms: int | None) -> tuple:
 
 
 def wgmma_block(program: ir.Program, stage: str, sms: int | None) -> tuple[int, int]:
-    """The wgmma template's block tile: `least_work_block` of WGMMA_BLOCKS (and WGMMA_NARROW_BLOCK where n
+    """The wgmma template's block tile: `least_traffic_block` of WGMMA_BLOCKS (and WGMMA_NARROW_BLOCK where n
     is at most its width), its columns narrowed to n (a multiple of 8) where n is narrower: a
     convolution's 40 output channels take one 64 x 40 wgmma tile, not a 64-wide one that the n loop
     cannot fill."""
     narrow = program.size(contraction_dims(program, stage)[1]) <= WGMMA_NARROW_BLOCK[1]
     blocks = WGMMA_BLOCKS + ((WGMMA_NARROW_BLOCK,) if narrow else ())
-    return narrowed(program, stage, least_work_block(program, stage, sms, blocks))
+    return least_traffic_block(program, stage, sms, blocks)
 
 
 def narrowed(program: ir.Program, stage: str, block: tuple[int, int]) -> tuple[int, int]:

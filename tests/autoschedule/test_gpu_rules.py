@@ -355,6 +355,21 @@ def test_wgmma_takes_128x64_blocks_only_for_products_at_most_64_wide(m, k, n, bl
     assert f"wgmma tensor-core tiles {block}x64" in tree.explain()
 
 
+@pytest.mark.parametrize("m, k, n, block", [(6000, 6000, 6000, "128x256"), (5952, 128, 5952, "128x256"),
+                                           (4096, 4096, 4096, "128x256"), (1024, 1024, 1024, "128x128"),
+                                           (3072, 2000, 1024, "128x256")])
+def test_wgmma_blocks_are_those_whose_sm_loads_the_fewest_operand_rows(m, k, n, block):
+    """An SM loads rows + columns of k a block each k step, over its waves: 5952^2 takes 9 waves of 128 x 256
+    (3456 rows) rather than 17 of 128 x 128 (4352), though the latter compute fewer outputs an SM (278528
+    against 294912) and were chosen until session 20 (1.4x slower on an H200); 1024^2 fills the SMs in
+    one wave of 128 x 128 (256 rows against 384)."""
+    a, b = np.zeros((m, k), ml_dtypes.bfloat16), np.zeros((k, n), ml_dtypes.bfloat16)
+    sm, sk, sn = lt.symbols("m k n")
+    c = (lt.Tensor(a).to(sm, sk) * lt.Tensor(b).to(sk, sn)).sum(sk)
+    tree = gpu_rules.gpu_tree(ir.lower(c.node)[0], H100)
+    assert f"wgmma tensor-core tiles {block}x64" in tree.explain()
+
+
 @pytest.mark.parametrize("m, n, sms, block", [(1024, 1024, 132, (128, 64)), (4096, 4096, 132, (128, 128)),
                                                (512, 512, 132, (128, 64)), (1024, 1024, 16, (128, 128)),
                                                (1000, 777, 108, (128, 64))])
