@@ -187,8 +187,10 @@ class TensorCoreLowering:
         b = self.builder
         base = {**env, **{node.loop.name: ZERO for node in nodes}}
         # wgmma's m and n tiles cut by a tail are computed whole, with no branch around the instruction
-        # (ptxas serializes wgmma that a branch separates); their copy tiles guard each element instead
-        whole = {tile.loops[role].loop.name for role in "mn"} if is_warpgroup(tile.instruction) else set()
+        # (ptxas serializes wgmma that a branch separates); their copy tiles guard each element instead.
+        # So are its k steps past the end of k where both operands read zeros there (`zeros_past_k`)
+        roles = ("mnk" if self.zeros_past_k(tile) else "mn") if is_warpgroup(tile.instruction) else ""
+        whole = {tile.loops[role].loop.name for role in roles}
         present = constant(llir.IntType(1), 1)
         for node in nodes:
             for lim in node.limits if node.loop.name not in whole else ():
@@ -196,6 +198,22 @@ class TensorCoreLowering:
                 present = b.and_(present, inside)     # a tail of whole tiles: there or not, for the whole warp
         with b.if_then(present):
             self.tile(tile, stmt, base)
+
+    def zeros_past_k(self, tile: TensorTile) -> bool:
+        """Whether a tensor-core update's k steps past the end of k read zeros from both operands: each is
+        copied by TMA (which fills what lies past its source with zeros) from an input whose k ends where
+        every tail that cuts the k loop does, so such a step adds nothing."""
+        if tile.b is None or "k" not in tile.loops:
+            return False
+        k = tile.loops["k"]
+        copies = {copy.target: copy for copy in self.bulk_copies.values()}
+        for load in (tile.a, tile.b):
+            copy = copies.get(load.buffer)
+            source = self.tree.buffers[copy.source] if copy is not None else None
+            if source is None or source.offsets or k.loop.dim not in source.dims \
+                    or any(lim.bound != source.shape[source.dims.index(k.loop.dim)] for lim in k.limits):
+                return False
+        return True
 
     def tile(self, tile: TensorTile, stmt: StmtNode, base: dict):
         """The instructions of one tile, at loop values `base` (its own loops at 0)."""

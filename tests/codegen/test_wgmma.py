@@ -117,11 +117,38 @@ def test_half_precision_wgmma_schedules_run_on_the_cpu_with_tails_of_whole_tiles
     assert_close(c.numpy(t), ref, 1e-5)
 
 
+def branches_inside_batches(ptx: str) -> int:
+    """Branches between two wgmma instructions of one batch (no fence or commit between them)."""
+    marks = re.findall(r"(wgmma\.mma_async|wgmma\.fence|wgmma\.commit_group|^\s*(?:@%p\d+\s+)?bra)", ptx, re.M)
+    found, pending = 0, None
+    for mark in marks:
+        if mark == "wgmma.mma_async":
+            found, pending = found + (pending or 0), 0
+        elif mark.strip().endswith("bra"):
+            pending = None if pending is None else pending + 1
+        else:
+            pending = None
+    return found
+
+
+@pytest.mark.parametrize("copier, branches", [("tma", False), ("cp.async", True)])
+def test_k_steps_past_the_end_of_k_run_whole_where_tma_filled_them_with_zeros(rng, copier, branches):
+    """k = 208 ends one 16-deep step into its last 64-deep tile. TMA fills the tile past the inputs with
+    zeros, so the three steps past k add nothing and are issued like the others, no branch inside a
+    batch (ptxas serializes wgmma that branches separate); cp.async leaves what the buffer held there,
+    so those steps stay under their branch."""
+    c, ref = contraction(rng, k=208)
+    t = templates.wgmma_tiled(c.loop_tree(), "t0", (128, 256), (2, 1), 64, 4, copier)
+    assert t.check() == (True, "legal")
+    assert (branches_inside_batches(gpu.generate(t, "sm_90").ptx) > 0) == branches
+    assert_close(c.numpy(t), ref, 1e-5)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [lt.bfloat16, lt.float16], ids=["bf16", "f16"])
 @pytest.mark.parametrize("block, groups, stages, copier, k", [
     ((128, 128), (2, 1), 0, "cp.async", 192), ((128, 256), (1, 2), 4, "cp.async", 192),
-    ((128, 128), (2, 1), 2, "tma", 320), ((128, 256), (2, 1), 4, "tma", 320)])
+    ((128, 128), (2, 1), 2, "tma", 320), ((128, 256), (2, 1), 4, "tma", 320), ((128, 256), (2, 1), 4, "tma", 208)])
 def test_warpgroup_tiles_run_on_hopper(rng, dtype, block, groups, stages, copier, k):
     """Products of half-precision inputs are exact in float32: only float32 accumulation error is left.
     m ends in a partial block (TMA fills what lies outside the inputs with zeros)."""
