@@ -13,7 +13,8 @@ run as a new user would: `c.cuda()` with no schedule and no tuning database. Per
 It also measures the host cost of a `.cuda()` call (perf_counter over many calls of a small
 workload, no synchronization). Prints a table; writes `gpu_suite.json` and `gpu_suite.md` to DIR.
 `--shapes other` runs 13 shapes no rule was tuned on instead (for re-measuring the rules), `--shapes even`
-the suite without its odd sizes.
+the suite without its odd sizes, `--shapes sweep` 23 skewed, odd and off-tile shapes of every family (for
+finding outliers).
 """
 from __future__ import annotations
 
@@ -211,7 +212,32 @@ def workloads(torch, shapes: str = "suite"):
         ("conv 3x3 bf16 4x96x17x17", conv(4, 96, 17, bf16)),
         ("mlp relu(xW+b) bf16 1000x768x3072", mlp(1000, 768, 3072)),
     ]
-    return {"suite": rows + odd_rows, "even": rows, "other": other_rows}[shapes]
+    sweep_rows = [       # `--shapes sweep`: skewed, odd and off-tile shapes of every family, for finding outliers
+        ("matmul bf16 6000^3", matmul(6000, 6000, 6000, bf16)),
+        ("matmul bf16 4096x4000x4096", matmul(4096, 4000, 4096, bf16)),
+        ("matmul bf16 3072x2048x1024", matmul(3072, 2048, 1024, bf16)),
+        ("matmul bf16 128x4096x8192", matmul(128, 4096, 8192, bf16)),
+        ("matmul bf16 100x100x100", matmul(100, 100, 100, bf16)),
+        ("matmul f32 333x444x555", matmul(333, 444, 555, torch.float32)),
+        ("matmul f32 64x8192x64", matmul(64, 8192, 64, torch.float32)),
+        ("matmul f32 1024x4096x1024", matmul(1024, 4096, 1024, torch.float32)),
+        ("batched matmul bf16 8x333x64x333", batched(8, 333, 64, 333, bf16)),
+        ("mlp relu(xW+b) bf16 4000x1000x3000", mlp(4000, 1000, 3000)),
+        ("softmax f32 7x777777", softmax(7, 777777, torch.float32)),
+        ("softmax f32 100000x10", softmax(100000, 10, torch.float32)),
+        ("softmax f32 3000x3000", softmax(3000, 3000, torch.float32)),
+        ("layer norm f32 333x12345", layer_norm(333, 12345)),
+        ("layer norm f32 65536x64", layer_norm(65536, 64)),
+        ("layer norm f32 100000x16", layer_norm(100000, 16)),
+        ("row sum f32 3x10000000", axis_sum(3, 10000000, 1)),
+        ("column sum f32 10000000x3", axis_sum(10000000, 3, 0)),
+        ("gelu(tanh) f32 777x7777", gelu(777, 7777)),
+        ("conv 3x3 f32 2x3x224x224", conv(2, 3, 224, torch.float32)),
+        ("conv 3x3 bf16 32x16x32x32", conv(32, 16, 32, bf16)),
+        ("attention head f32 333x64", attention(333, 64)),
+        ("attention head f32 2048x32", attention(2048, 32)),
+    ]
+    return {"suite": rows + odd_rows, "even": rows, "other": other_rows, "sweep": sweep_rows}[shapes]
 
 
 def run_row(torch, name: str, build, copy_ms_for, profile: bool = False) -> dict:
@@ -271,7 +297,7 @@ def main(argv=None):
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--only", default="", help="run rows whose name contains this")
     parser.add_argument("--skip", default="", help="comma-separated: leave out rows whose name contains any")
-    parser.add_argument("--shapes", choices=("suite", "even", "other"), default="suite",
+    parser.add_argument("--shapes", choices=("suite", "even", "other", "sweep"), default="suite",
                         help="the suite's rows, its rows without the odd sizes, or other shapes for re-measuring")
     parser.add_argument("--profile", action="store_true", help="each row's kernels' device times (torch.profiler)")
     args = parser.parse_args(argv)

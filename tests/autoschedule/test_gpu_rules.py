@@ -67,6 +67,16 @@ def test_a_small_reduction_to_a_scalar_runs_in_one_block(rng, dtype):
     assert_close(total.numpy(tree), x.max(), 1e-6)
 
 
+def test_softmax_rows_shorter_than_a_warp_run_a_thread_a_row_in_registers(rng):
+    """Rows of 10: a block a row would leave 22 of its 32 lanes idle and launch a block for each of 3000
+    rows; a thread a row keeps its row's values in registers (its loops unrolled), 256 rows a block."""
+    sm, ref = row_softmax(rng.standard_normal((3000, 10)).astype(np.float32))
+    tree, module = scheduled(sm)
+    assert "n is 10 long, so a thread takes one m (256 a block)" in tree.explain(), tree.explain()
+    assert len(module.launches) == 1 and module.launches[0].grid == (12, 1, 1) and ".local" not in module.ptx
+    assert_close(sm.numpy(tree), ref, 1e-5)
+
+
 def test_softmax_rows_run_as_one_kernel_with_a_block_a_row(rng):
     sm, ref = row_softmax(rng.standard_normal((37, 1000)).astype(np.float32))
     tree, module = scheduled(sm)
@@ -112,6 +122,19 @@ def test_sums_over_the_rows_of_a_tall_matrix_are_split_to_fill_the_gpu(rng):
     total = lt.Tensor(x_np).to(m, n).sum(m)
     tree, module = scheduled(total)
     assert "not contiguous" in tree.explain() and "rfactor" in tree.explain() and len(module.launches) == 2
+    assert_close(total.numpy(tree), x_np.astype(np.float64).sum(0), 1e-5)
+
+
+def test_the_many_partial_sums_of_a_few_outputs_are_added_by_a_block_an_output(rng):
+    """3 column sums of 200000 rows: 25000 partial results each, which one thread an output would add alone
+    (a 10^7 x 3 matrix's took 1.8 ms); a block of threads an output shares them out."""
+    x_np = rng.standard_normal((200000, 3)).astype(np.float32)
+    m, n = lt.symbols("m n")
+    total = lt.Tensor(x_np).to(m, n).sum(m)
+    tree, module = scheduled(total)
+    assert "25000 partial results" in tree.explain() and len(module.launches) == 2
+    assert "t0: reduction along m_o (not contiguous): a block an output" in tree.explain(), tree.explain()
+    assert module.launches[1].grid == (3, 1, 1) and module.launches[1].block[0] > 32
     assert_close(total.numpy(tree), x_np.astype(np.float64).sum(0), 1e-5)
 
 
