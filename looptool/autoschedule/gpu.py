@@ -202,12 +202,7 @@ def least_work_block(program: ir.Program, stage: str, sms: int | None,
     """The block tile (rows, columns) of `blocks` that leaves an SM the least work: blocks come in waves
     of one a SM, so an SM computes (waves x tile) outputs; on a tie the larger tile (more reuse of each
     load). Without an SM count, the first."""
-    if sms is None or tile_dims(program.stage(stage))[1] is None:
-        return blocks[0]
-
-    def work(block):
-        return -(-block_count(program, stage, block) // sms) * block[0] * block[1]
-    return min(blocks, key=lambda block: (work(block), -block[0] * block[1]))
+    return _least_per_sm(program, stage, sms, list(blocks), lambda block: block[0] * block[1])
 
 
 def least_traffic_block(program: ir.Program, stage: str, sms: int | None,
@@ -218,12 +213,16 @@ def least_traffic_block(program: ir.Program, stage: str, sms: int | None,
     time of 128 x 256 per output at 5952^3 and 6144^3, the (128 + 128) / 128^2 against (128 + 256) / (128 x
     256) of its loads per output). On a tie the larger tile. Without an SM count, the first."""
     shapes = [narrowed(program, stage, block) for block in blocks]
-    if sms is None or tile_dims(program.stage(stage))[1] is None:
-        return shapes[0]
+    return _least_per_sm(program, stage, sms, shapes, lambda block: block[0] + block[1])
 
-    def traffic(block):
-        return -(-block_count(program, stage, block) // sms) * (block[0] + block[1])
-    return min(shapes, key=lambda block: (traffic(block), -block[0] * block[1]))
+
+def _least_per_sm(program: ir.Program, stage: str, sms: int | None, blocks: list[tuple[int, int]], cost) -> tuple[int, int]:
+    """The block of `blocks` that leaves an SM the least `cost` (of one block) over its waves of one block an
+    SM; on a tie the larger; without an SM count, the first."""
+    if sms is None or tile_dims(program.stage(stage))[1] is None:
+        return blocks[0]
+    return min(blocks, key=lambda block: (-(-block_count(program, stage, block) // sms) * cost(block),
+                                          -block[0] * block[1]))
 
 
 def block_count(program: ir.Program, stage: str, block: tuple[int, int]) -> int:
