@@ -4,7 +4,8 @@ multi-GPU host, `--device cpu` on a machine's cores.
 For each worker count (1, 2, ... up to the GPUs present or the cores, or `--workers`; or those of `--counts`),
 a fresh study of the same workload (GPU: a bfloat16 matmul; CPU: a float32 one, `--size`) runs `--trials` trials with
 `tuner.tune(..., device="gpu", gpus=[0..k-1])` or `tuner.tune(..., jobs=k, threads=1)`; the report gives each
-study's wall time, trials an hour, best-so-far against wall time, and its best kernel's time, so speed-up and
+study's wall time, trials an hour, the seconds a trial takes a worker and the mean of them spent
+outside the kernel's runs (drawing, checking, compiling, storing), best-so-far against wall time, and its best kernel's time, so speed-up and
 quality are read together; the rate between the first and the last finished trial is given too (the
 start-up of the processes weighs on a short study's wall time). Studies and the tuning database live in a temporary folder, and the kernel caches
 are off (the studies draw the same schedules). `--out DIR` writes {gpu,cpu}_tuning_scaling.{json,md}.
@@ -32,7 +33,9 @@ def study_run(tensor, device: str, workers: int, trials: int, folder: Path) -> d
     for trial in done:
         best = min(best, trial.value)
         curve.append([round(trial.datetime_complete.timestamp() - started, 2), best])
+    overheads = [t.user_attrs["overhead_seconds"] for t in done if "overhead_seconds" in t.user_attrs]
     return {"workers": workers, "wall_s": wall, "trials": len(result.study.trials), "complete": len(done),
+            "overhead_mean_s": sum(overheads) / max(len(overheads), 1),
             "trials_an_hour": len(done) / wall * 3600, "best_s": best, "best_so_far": curve,
             "cards": sorted({t.user_attrs.get("gpu", "") for t in done})}
 
@@ -51,12 +54,13 @@ def table(rows: list[dict]) -> list[str]:
     one = rows[0]
     steady = [steady_rate(r["best_so_far"]) for r in rows]
     lines = ["| workers | wall s | trials complete | trials an hour | x one worker | after the first trial: an hour "
-             "| x one worker | best kernel us | x one worker's best |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| x one worker | s a trial a worker | of it outside the kernel's runs | best kernel us | x one worker's best |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r, rate in zip(rows, steady):
         lines.append(f"| {r['workers']} | {r['wall_s']:.0f} | {r['complete']}/{r['trials']} | "
                      f"{r['trials_an_hour']:.0f} | {r['trials_an_hour'] / one['trials_an_hour']:.2f} | "
-                     f"{rate:.0f} | {rate / steady[0]:.2f} | {r['best_s'] * 1e6:.1f} | {one['best_s'] / r['best_s']:.3f} |")
+                     f"{rate:.0f} | {rate / steady[0]:.2f} | {r['workers'] * r['wall_s'] / max(r['complete'], 1):.2f} | "
+                     f"{r.get('overhead_mean_s', 0):.2f} | {r['best_s'] * 1e6:.1f} | {one['best_s'] / r['best_s']:.3f} |")
     return lines
 
 

@@ -387,7 +387,8 @@ def open_tuning(tensor, storage: str | None = None, study_name: str | None = Non
     """Create (or resume) the tensor's study and open its `Tuning` (`settings` are its arguments).  A new
     study's first trial is the space's centre (`start_from_automatic`) unless not `from_automatic`
     (bench.tune_quality leaves it out so that every sampler starts cold). The default schedule is measured
-    when the result is asked for (`Tuning.result`), so helper processes start and trials begin at once."""
+    when the result is asked for (`Tuning.result`), so helper processes start and trials begin at once
+    (`tune` on several GPUs measures it while its helpers start)."""
     program = lowered(tensor.node, device)[0]
     name = study_name or study_name_for(program, threads, device, sizes)
     tuning = Tuning(tensor.node, storage or default_storage(), name, threads=threads, device=device, sizes=sizes,
@@ -422,6 +423,9 @@ def tune(tensor, trials: int = 100, timeout: float | None = None, jobs: int = 1,
                    for k, gpu in enumerate(helper_gpus)]
         for proc in helpers:
             proc.start()
+        if helpers and tuning.device == "gpu":
+            # measured while the helpers start up, not after the last trial when the other GPUs idle
+            tuning.default_seconds(), tuning.automatic_seconds()
         tuning.run(trials, timeout)
         for proc in helpers:
             proc.join()
