@@ -369,19 +369,21 @@ def transposed_ahead(tree: LoopTree, stage: str, buffer: str, tile: int = 32, bl
     The stage then reads the temp (`<buffer>.<stage>`), whose k tiles are copied into shared memory
     as stored, 16 bytes at a time (so cp.async can pipeline them), and read as vectors along the
     tile's rows: the transpose a shared copy would do element by element, done once.
-    Rows of a dynamic dim are kept in blocks of `block_rows` (the stage's block tile's rows: `LoopTree.block`),
-    so the temp's strides stay fixed: (ceil(B / block_rows), k, block_rows)."""
+    Given `block_rows` (the stage's block tile's rows), rows of a dynamic dim, or (in a 2-D input) a count of
+    them that is not a whole number of 16-byte vectors, are kept in blocks of it (`LoopTree.block`), so the temp's
+    strides stay fixed and its tiles aligned: (ceil(B / block_rows), k, block_rows); a dynamic dim needs it."""
     dims = _layout(tree.program, buffer)
+    width = 16 // ITEM_BYTES[tree.buffers[buffer].dtype]
     dynamic = len(dims) >= 2 and isinstance(tree.program.size(dims[-2]), ir.Size)
     if not transposable(tree, stage, buffer) or (dynamic and not block_rows):
         raise ValueError(f"transposed_ahead: {buffer} (dims {dims}) is not a 2-D input "
                          f"(or a batch of them) with the reduction dim of {stage} "
                          f"({tree.program.stage(stage).reduce_dims}) last, or its dynamic rows have no block_rows")
+    blocked = bool(block_rows) and len(dims) == 2 and not whole_vectors(tree.program.size(dims[-2]), width)
     *batch, rows, k = dims
     copy = f"{buffer}.{stage}"
-    width = 16 // ITEM_BYTES[tree.buffers[buffer].dtype]
     tree = tree.cache(buffer, stage=stage, order=(*batch, k, rows)).place(copy, None, 0)
-    if dynamic:
+    if blocked:
         tree = tree.block(rows, block_rows, stage=copy).split(rows, block_rows, stage=copy) \
             .split(f"{rows}.1", tile, stage=copy)
         outer, inner = [f"{rows}.0", f"{rows}.1.0"], f"{rows}.1.1"
@@ -395,6 +397,12 @@ def transposed_ahead(tree: LoopTree, stage: str, buffer: str, tile: int = 32, bl
                        (inner, "thread.x"), *((dim, "block.z") for dim in batch)):
         tree = tree.bind(loop, axis, stage=copy)
     return tree.vectorize(f"{k}.1.1", stage=copy)
+
+
+def whole_vectors(size, width: int) -> bool:
+    """Whether rows of `size` elements (an int, or an `ir.Size` known at run time) are a whole number of
+    `width`-wide vectors, so that every row starts 16-byte aligned."""
+    return not isinstance(size, ir.Size) and size % width == 0
 
 
 def transposable(tree: LoopTree, stage: str, buffer: str) -> bool:

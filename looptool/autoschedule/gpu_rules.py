@@ -523,6 +523,8 @@ class _Planner:
         if half and self.gpu.tensor_cores and not templates.tensor_tiles_fit(program, name) \
                 and any(fits(name) for fits in (tries if templates.WGMMA_EDGE_TILES else tries[::-1])):
             return True
+        if self.padded_float32(name):
+            return True
         refused = []
         for described, tree in templates.contraction_candidates(self.tree, name, hopper, self.gpu.sms):
             legal, why = tree.check()
@@ -600,11 +602,50 @@ class _Planner:
         self.tree = kept
         return False
 
+    def padded_float32(self, name: str) -> bool:
+        """A float32 contraction with a dim whose rows are not whole 16-byte vectors, on register tiles over
+        operands padded with zeros to whole block tiles (m, n) and k tiles: a row of 1003 floats starts
+        unaligned, so its tiles load word by word, without cp.async, and edge tiles run guarded (H100,
+        session 21: 997 x 1001 x 1003 took 2.2x the time of 1024^3). A's pad is computed in its copy
+        ahead (`inline`); B's pad and the copy of the padded result are pointwise kernels. Only products of
+        two matrices (no batch dims, not split-k's parts: their extra kernels lost, 1000 x 1500 x 777 in 4
+        parts 0.82 -> 0.76x torch) at least one block tile in each dim (smaller ones, 100 x 333 x 77, are
+        faster on the reduction rules: 1.43 against 0.67x torch). False (tree unchanged) where the dims
+        are whole vectors, a dim is dynamic, or the legality check refuses it."""
+        program = self.tree.program
+        dims = templates.contraction_dims(program, name)
+        if templates.contraction_dtype(program, name) != "float32" or dims is None or program.dynamic \
+                or templates.tile_dims(program.stage(name))[2] \
+                or all(templates.whole_vectors(self.size(d), VECTOR_BYTES // 4) for d in dims):
+            return False
+        block = templates.least_work_block(program, name, self.gpu.sms, templates.FLOAT32_BLOCKS)
+        multiples = dict(zip(dims, (*block, templates.FLOAT32_TILES["k_tile"])))
+        if any(self.size(d) < multiple for d, multiple in multiples.items()):
+            return False
+        try:
+            tree = self.tree.pad(multiples, stage=name)
+            described, tree = next((d, t) for d, t in templates.contraction_candidates(
+                tree, f"{name}.pad", self.gpu.tensor_cores == "wgmma", self.gpu.sms) if "register tiles" in d)
+            stages = {st.name for st in tree.program.stages}
+            for copy in [st for st in stages if st.endswith(f".{name}.pad") and f"{st}.{name}.pad" in stages]:
+                tree = tree.inline(copy)                     # (copied ahead, transposed: padded there)
+        except (ValueError, StopIteration):
+            return False
+        if not tree.check()[0]:
+            return False
+        self.tree = tree
+        self.note(name, f"a contraction of rows that are not whole {VECTOR_BYTES}-byte vectors: operands padded with "
+                        f"zeros to multiples of {tuple(multiples.values())} ({', '.join(dims)}), then {described}")
+        self.pad_copies_pointwise(name, result_copy=True)
+        return True
+
     def pad_copies_pointwise(self, name: str, result_copy: bool = False):
         """Schedule as pointwise kernels the pad copies of contraction `name`'s operands that are still
-        stages (TMA did not take them), and with `result_copy` the copy of the padded result into `name`."""
+        stages (TMA did not take them; not a copy ahead of one, which its template scheduled), and with
+        `result_copy` the copy of the padded result into `name`."""
         for stage in self.tree.program.stages:
-            if stage.name.endswith(f".{name}.pad") or (result_copy and stage.name == name):
+            pad_copy = stage.name.endswith(f".{name}.pad") and not stage.name.endswith(f".{name}.pad.{name}.pad")
+            if pad_copy or (result_copy and stage.name == name):
                 self.pointwise(stage)
 
     def zero_filled_by_tma(self, tree: LoopTree, name: str) -> tuple[LoopTree, list[str]]:
