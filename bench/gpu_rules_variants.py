@@ -147,7 +147,8 @@ def conv_cases(torch):
 def matmul_cases(torch):
     gen = torch.Generator(device="cuda").manual_seed(1)
     out = []
-    for m, k, n in ((1024, 1024, 1024), (1000, 1500, 777), (4096, 4096, 4096), (512, 512, 512)):
+    for m, k, n in ((1024, 1024, 1024), (1000, 1500, 777), (4096, 4096, 4096), (512, 512, 512), (333, 444, 555),
+                    (64, 8192, 64), (784, 288, 64), (200, 300, 500), (768, 3072, 768)):
         a, b = torch.randn(m, k, device="cuda", generator=gen), torch.randn(k, n, device="cuda", generator=gen)
         sm, sk, sn = lt.symbols("m k n")
         c = (lt.Tensor(a).to(sm, sk) * lt.Tensor(b).to(sk, sn)).sum(sk)

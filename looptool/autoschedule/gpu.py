@@ -22,12 +22,20 @@ GRID_LIMITS = {"block.x": 2 ** 31 - 1, "block.y": 65535, "block.z": 65535}     #
 # by cp.async one k tile ahead
 FLOAT32_TILES = {"x_threads": 16, "x_groups": 2, "vector": 4, "y_threads": 16, "y_tile": 8, "y_groups": 2,
                  "k_tile": 32, "stages": 2}
-# a float32 contraction with fewer register-tile blocks than SMs has its k cut into parts (split-k) that
-# give this many blocks an SM, each part at least SPLIT_K_RUN long (bench.gpu_rules_variants --knob
-# split_k_blocks, session 12 on an H200: 1000x1500x777 0.122 ms unsplit, 0.133 / 0.115 / 0.101 ms at 2 / 3 / 4
-# blocks an SM; 512^3 0.039 -> 0.032; 1024^3 0.066 either way)
+# a float32 contraction with fewer register-tile blocks than SMs has its k cut into the most parts (split-k)
+# whose blocks still fit in one wave of this many blocks an SM, each part at least SPLIT_K_RUN long
+# (bench.gpu_rules_variants --knob split_k_blocks, session 12 on an H200: 1000x1500x777 0.122 ms unsplit,
+# 0.133 / 0.115 / 0.101 ms at 2 / 3 / 4 blocks an SM; 512^3 0.039 -> 0.032; 1024^3 0.066 either way).
+# Session 21, H100, --knob split_k_run, kernels' ms at runs of at least 64 / 256 (then: the fewest parts
+# reaching 4 blocks an SM): 64x8192x64 0.028 / 0.058, 333x444x555 0.034 / 0.049, 784x288x64 (a conv's
+# product) 0.025 / 0.030, 200x300x500 0.028 / 0.034, 512^3 0.030 / 0.033; 1000x1500x777 in 6 parts (624
+# blocks: a second wave 18 % full) took 0.124 against 0.103 in 5 (520: one wave)
 SPLIT_K_BLOCKS = 4
-SPLIT_K_RUN = 256
+SPLIT_K_RUN = 64
+# ... but over a dynamic dim, planned at the least size of its class, the fewest parts reaching those blocks,
+# each at least this long: the parts' partial results grow with the rows a call brings (relu(x @ w), k = n =
+# 1024, planned at 256 rows, in 16 parts of 64: at 1000 rows 99.9 us against 59.3 in 4 parts of 256, H100)
+DYNAMIC_SPLIT_K_RUN = 256
 # ... and only where its blocks leave more than this share of the SMs idle (H100, session 17: relu(x @ w)
 # over 1000 x 1024 x 1024, 128 blocks on 132 SMs, 57 us unsplit against 63 split in 4 with its relu a
 # kernel of its own; 1024^3 alone was even, 0.066 ms either way)
@@ -92,10 +100,11 @@ def split_k_parts(program: ir.Program, sms: int, hopper: bool = True) -> int:
     """The parts `ir.split_k` cuts a contraction's k into (its first stage's, maybe followed by an epilogue)
     on a GPU of `sms` SMs (`hopper`: with
     wgmma) where its blocks leave more than SPLIT_K_IDLE of the SMs idle: float32 on register tiles (`least_work_block`), the
-    fewest dividing k, each at least SPLIT_K_RUN long, that give SPLIT_K_BLOCKS blocks an SM (where none
-    does, the most); half precision on tensor cores likewise with its template's block
-    (`wgmma_block`, or mma's), HALF_SPLIT_K_BLOCKS and runs of HALF_SPLIT_K_RUN in whole k tiles, where its
-    unsplit blocks keep less than HALF_SPLIT_K_BUSY of the SMs busy. Else 1."""
+    most dividing k, each at least SPLIT_K_RUN long, whose blocks fit in one wave of SPLIT_K_BLOCKS an SM
+    (over a dynamic dim: the fewest, each at least DYNAMIC_SPLIT_K_RUN long, that reach it, else the most);
+    half precision on tensor cores with its template's block (`wgmma_block`, or mma's), the fewest in runs of
+    at least HALF_SPLIT_K_RUN in whole k tiles that give HALF_SPLIT_K_BLOCKS blocks an SM (where none does,
+    the most), where its unsplit blocks keep less than HALF_SPLIT_K_BUSY of the SMs busy. Else 1."""
     if not ir.splittable(program):
         return 1
     stage = program.stages[0]
@@ -107,7 +116,7 @@ def split_k_parts(program: ir.Program, sms: int, hopper: bool = True) -> int:
 
         def blocks(parts: int) -> int:
             return whole * parts
-        per_sm, shortest, k_tile = SPLIT_K_BLOCKS, SPLIT_K_RUN, 1
+        per_sm, shortest, k_tile = SPLIT_K_BLOCKS, DYNAMIC_SPLIT_K_RUN if program.dynamic else SPLIT_K_RUN, 1
     elif len(stage.dims) == 2 and tensor_tiles_fit(program, stage.name):     # (a batch: no second batch dim)
         blocks = _half_blocks(program, sms, hopper)
         per_sm, shortest, k_tile = HALF_SPLIT_K_BLOCKS, HALF_SPLIT_K_RUN, TENSOR_START["wgmma" if hopper else "mma"][2]
@@ -118,6 +127,8 @@ def split_k_parts(program: ir.Program, sms: int, hopper: bool = True) -> int:
             or dtype != "float32" and busy_share(blocks(1), per_sm * sms) >= HALF_SPLIT_K_BUSY:
         return 1
     dividing = [parts for parts in range(2, size // shortest + 1) if size % (parts * k_tile) == 0]
+    if dtype == "float32" and not program.dynamic:
+        return max((parts for parts in dividing if blocks(parts) <= per_sm * sms), default=1)
     return next((parts for parts in dividing if blocks(parts) >= per_sm * sms), max(dividing, default=1))
 
 

@@ -90,14 +90,15 @@ def test_split_k_keeps_an_epilogue_after_the_parts_are_summed(rng):
 
 
 @pytest.mark.parametrize("m, k, n, sms, parts", [(1000, 1500, 777, 132, 5), (4096, 4096, 4096, 132, 1),
-                                                  (1000, 1500, 777, 16, 1), (1000, 300, 777, 132, 1),
-                                                  (260, 1024, 100, 132, 4), (1024, 1024, 1024, 132, 1)])
+                                                  (1000, 1500, 777, 16, 1), (1000, 300, 777, 132, 4),
+                                                  (260, 1024, 100, 132, 16), (1024, 1024, 1024, 132, 1),
+                                                  (64, 8192, 64, 132, 128), (1000, 100, 777, 132, 1)])
 def test_float32_contractions_with_fewer_blocks_than_sms_are_split(rng, m, k, n, sms, parts):
-    """1000x777 gives 104 blocks of 128 x 64: k = 1500 cut in 5, the most parts of at least 256 (520 blocks,
-    short of SPLIT_K_BLOCKS an SM of 132); 4096^2 fills the
-    GPU; a GPU of 16 SMs is filled; k = 300 is too short to cut into parts of SPLIT_K_RUN; 6 blocks of
-    260x100 never reach 2 an SM: k = 1024 is cut into the most parts allowed; 1024^2's 128 blocks leave
-    fewer than SPLIT_K_IDLE of 132 SMs idle."""
+    """1000x777 gives 104 blocks of 128 x 64: k = 1500 cut in 5 (520 blocks: one wave of SPLIT_K_BLOCKS an SM
+    of 132; 6 parts, 624 blocks, would start a second wave 18 % full); 4096^2 fills the GPU; a GPU of 16 SMs
+    is filled; k = 300 in 4 parts of 75; 6 blocks of 260x100 take the most parts of at least SPLIT_K_RUN
+    (64) that divide k = 1024; one block of 64x64 with k = 8192: 128 parts; k = 100 is too short to cut into
+    parts of 64; 1024^2's 128 blocks leave fewer than SPLIT_K_IDLE of 132 SMs idle."""
     sm, sk, sn = lt.symbols("m k n")
     program = ir.Program((ir.Buffer("in0", ("m", "k"), (m, k), "float32", (k, 1)),
                           ir.Buffer("in1", ("k", "n"), (k, n), "float32", (n, 1))),
@@ -160,7 +161,7 @@ def test_a_dynamic_batch_keeps_its_dim_first_and_the_parts_after_it(rng):
     program, _ = ir.lower(lt.relu((lt.Tensor(x).to(b, k) * lt.Tensor(w).to(k, n)).sum(k)).node, planned={"b": 256})
     parts = templates.split_k_parts(program, 132)
     split = ir.split_k(program, parts)
-    assert parts == 4 and split.dynamic == program.dynamic
+    assert parts == 4 and split.dynamic == program.dynamic   # (DYNAMIC_SPLIT_K_RUN; static: 16 parts of 64)
     assert split.inputs[0].dims == ("b", "k_o", "k_i") and split.inputs[0].strides == (1024, 256, 1)
     assert split.stage("t0.part").dims == ("b", "k_o", "n")
     tree = gpu_rules.gpu_tree(split, GpuTarget("sm_90", 132))
