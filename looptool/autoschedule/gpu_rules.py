@@ -608,15 +608,16 @@ class _Planner:
         unaligned, so its tiles load word by word, without cp.async, and edge tiles run guarded (H100,
         session 21: 997 x 1001 x 1003 took 2.2x the time of 1024^3). A's pad is computed in its copy
         ahead (`inline`); B's pad and the copy of the padded result are pointwise kernels. Only products of
-        two matrices (no batch dims, not split-k's parts: their extra kernels lost, 1000 x 1500 x 777 in 4
+        two matrices (no batch dims, not split-k's parts: their extra kernels lost, 1000 x 1500 x 777 in 5
         parts 0.82 -> 0.76x torch) at least one block tile in each dim (smaller ones, 100 x 333 x 77, are
         faster on the reduction rules: 1.43 against 0.67x torch). False (tree unchanged) where the dims
         are whole vectors, a dim is dynamic, or the legality check refuses it."""
         program = self.tree.program
         dims = templates.contraction_dims(program, name)
+        width = VECTOR_BYTES // templates.ITEM_BYTES["float32"]
         if templates.contraction_dtype(program, name) != "float32" or dims is None or program.dynamic \
                 or templates.tile_dims(program.stage(name))[2] \
-                or all(templates.whole_vectors(self.size(d), VECTOR_BYTES // 4) for d in dims):
+                or all(templates.whole_vectors(self.size(d), width) for d in dims):
             return False
         block = templates.least_work_block(program, name, self.gpu.sms, templates.FLOAT32_BLOCKS)
         multiples = dict(zip(dims, (*block, templates.FLOAT32_TILES["k_tile"])))
