@@ -14,7 +14,7 @@ It also measures the host cost of a `.cuda()` call (perf_counter over many calls
 workload, no synchronization). Prints a table; writes `gpu_suite.json` and `gpu_suite.md` to DIR.
 `--shapes other` runs 13 shapes no rule was tuned on instead (for re-measuring the rules), `--shapes even`
 the suite without its odd sizes, `--shapes sweep` 23 skewed, odd and off-tile shapes of every family (for
-finding outliers).
+finding outliers), `--shapes models` the CPU suite's workloads (`bench.models`) at its sizes.
 """
 from __future__ import annotations
 
@@ -237,7 +237,32 @@ def workloads(torch, shapes: str = "suite"):
         ("attention head f32 333x64", attention(333, 64)),
         ("attention head f32 2048x32", attention(2048, 32)),
     ]
+    if shapes == "models":
+        return model_rows(torch)
     return {"suite": rows + odd_rows, "even": rows, "other": other_rows, "sweep": sweep_rows}[shapes]
+
+
+def model_rows(torch) -> list:
+    """`--shapes models`: the CPU suite's workloads (`bench.models.SUITE`, issue 27's families at its
+    sizes) on the GPU, their float32 inputs as torch CUDA tensors, against their own torch form; those
+    whose result is laid out otherwise than their reference (the convolutions: `to_ref`) are left out."""
+    from bench import models
+    rng = np.random.default_rng(0)
+    out = []
+    for workload in models.SUITE:
+        def build(w=workload):
+            arrays = w.inputs(rng)
+            tensors = {name: torch.from_numpy(a).cuda() for name, a in arrays.items()}
+            return (w.build(tensors), lambda: w.torch(torch, tensors),
+                    lambda: torch.from_numpy(np.asarray(w.reference(arrays))), None)
+        if workload.torch is not None and _same_layout(workload):
+            out.append((workload.name, build))
+    return out
+
+
+def _same_layout(workload) -> bool:
+    probe = np.arange(24.0).reshape(1, 2, 3, 4)
+    return np.array_equal(workload.to_ref(probe), probe)
 
 
 def run_row(torch, name: str, build, copy_ms_for, profile: bool = False) -> dict:
@@ -297,7 +322,7 @@ def main(argv=None):
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--only", default="", help="run rows whose name contains this")
     parser.add_argument("--skip", default="", help="comma-separated: leave out rows whose name contains any")
-    parser.add_argument("--shapes", choices=("suite", "even", "other", "sweep"), default="suite",
+    parser.add_argument("--shapes", choices=("suite", "even", "other", "sweep", "models"), default="suite",
                         help="the suite's rows, its rows without the odd sizes, or other shapes for re-measuring")
     parser.add_argument("--profile", action="store_true", help="each row's kernels' device times (torch.profiler)")
     args = parser.parse_args(argv)
