@@ -144,16 +144,24 @@ def conv_cases(torch):
     return out
 
 
-def matmul_cases(torch):
+def products(torch, shapes, dtype, label: str):
+    """Products of two matrices of `dtype` (named `label` in the case names), one for each (m, k, n) of
+    `shapes`, on standard normal inputs drawn in turn from one seeded generator."""
     gen = torch.Generator(device="cuda").manual_seed(1)
     out = []
-    for m, k, n in ((1024, 1024, 1024), (1000, 1500, 777), (4096, 4096, 4096), (512, 512, 512), (333, 444, 555),
-                    (64, 8192, 64), (784, 288, 64), (200, 300, 500), (768, 3072, 768)):
-        a, b = torch.randn(m, k, device="cuda", generator=gen), torch.randn(k, n, device="cuda", generator=gen)
+    for m, k, n in shapes:
+        a = torch.randn(m, k, device="cuda", generator=gen).to(dtype)
+        b = torch.randn(k, n, device="cuda", generator=gen).to(dtype)
         sm, sk, sn = lt.symbols("m k n")
         c = (lt.Tensor(a).to(sm, sk) * lt.Tensor(b).to(sk, sn)).sum(sk)
-        out.append((f"matmul f32 {m}x{k}x{n}", c, lambda a=a, b=b: a @ b, lambda a=a, b=b: a.double() @ b.double()))
+        out.append((f"matmul {label} {m}x{k}x{n}", c, lambda a=a, b=b: a @ b, lambda a=a, b=b: a.double() @ b.double()))
     return out
+
+
+def matmul_cases(torch):
+    return products(torch, ((1024, 1024, 1024), (1000, 1500, 777), (4096, 4096, 4096), (512, 512, 512),
+                            (333, 444, 555), (64, 8192, 64), (784, 288, 64), (200, 300, 500), (768, 3072, 768)),
+                    torch.float32, "f32")
 
 
 def wgmma_cases(torch):
@@ -177,16 +185,9 @@ def wgmma_cases(torch):
 
 def split_cases(torch):
     """bfloat16 products whose unsplit wgmma blocks keep 24 to 97 % of an H100's SMs busy."""
-    gen = torch.Generator(device="cuda").manual_seed(1)
-    out = []
-    for m, k, n in ((512, 8192, 1024), (640, 4096, 1024), (896, 4096, 1024), (1024, 8192, 1024), (1024, 2048, 1024),
-                    (3072, 2048, 1024), (1024, 2048, 3072), (3072, 2048, 1000), (2560, 4096, 1024), (4096, 2048, 1024)):
-        a = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
-        b = torch.randn(k, n, device="cuda", generator=gen).to(torch.bfloat16)
-        sm, sk, sn = lt.symbols("m k n")
-        c = (lt.Tensor(a).to(sm, sk) * lt.Tensor(b).to(sk, sn)).sum(sk)
-        out.append((f"matmul bf16 {m}x{k}x{n}", c, lambda a=a, b=b: a @ b, lambda a=a, b=b: a.double() @ b.double()))
-    return out
+    return products(torch, ((512, 8192, 1024), (640, 4096, 1024), (896, 4096, 1024), (1024, 8192, 1024),
+                            (1024, 2048, 1024), (3072, 2048, 1024), (1024, 2048, 3072), (3072, 2048, 1000),
+                            (2560, 4096, 1024), (4096, 2048, 1024)), torch.bfloat16, "bf16")
 
 
 def write_back_cases(torch):

@@ -425,7 +425,8 @@ def tune(tensor, trials: int = 100, timeout: float | None = None, jobs: int = 1,
             proc.start()
         if helpers and tuning.device == "gpu":
             # measured while the helpers start up, not after the last trial when the other GPUs idle
-            tuning.default_seconds(), tuning.automatic_seconds()
+            tuning.default_seconds()
+            tuning.automatic_seconds()
         tuning.run(trials, timeout)
         for proc in helpers:
             proc.join()
