@@ -168,6 +168,14 @@ def automatic_workloads() -> dict:
     shifted = xt - xt.max(n)
     g64 = g.astype(np.float64) - g.astype(np.float64).max(1, keepdims=True)
     out["log-softmax 33x1001"] = (shifted - shifted.exp().sum(n).log(), g64 - np.log(np.exp(g64).sum(1, keepdims=True)))
+    t = rng.standard_normal((45, 70), dtype=np.float32)
+    out["transpose through swizzled shared tiles 45x70"] = (
+        lt.Tensor(np.zeros(70, np.float32)).to(n) + lt.Tensor(t).to(m, n), t.T.astype(np.float64))
+    t16 = rng.standard_normal((3, 40, 70), dtype=np.float32).astype(dtypes.bfloat16)
+    sb = lt.symbols("b")[0]
+    out["batched bf16 transpose through swizzled shared tiles 3x40x70"] = (
+        lt.Tensor(np.zeros((3, 70), dtypes.bfloat16)).to(sb, n) + lt.Tensor(t16).to(sb, m, n),
+        t16.astype(np.float64).transpose(0, 2, 1))
     narrow = rng.standard_normal((513, 3), dtype=np.float32)
     out["pointwise 513x3"] = (lt.relu(lt.Tensor(narrow).to(m, n)), np.maximum(narrow, 0).astype(np.float64))
     return out

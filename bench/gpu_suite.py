@@ -13,7 +13,7 @@ run as a new user would: `c.cuda()` with no schedule and no tuning database. Per
 It also measures the host cost of a `.cuda()` call (perf_counter over many calls of a small
 workload, no synchronization). Prints a table; writes `gpu_suite.json` and `gpu_suite.md` to DIR.
 `--shapes other` runs 13 shapes no rule was tuned on instead (for re-measuring the rules), `--shapes even`
-the suite without its odd sizes, `--shapes sweep` 23 skewed, odd and off-tile shapes of every family (for
+the suite without its odd sizes, `--shapes sweep` 27 skewed, odd and off-tile shapes of every family (for
 finding outliers), `--shapes models` the CPU suite's workloads (`bench.models`) at its sizes.
 """
 from __future__ import annotations
@@ -148,6 +148,16 @@ def workloads(torch, shapes: str = "suite"):
                     lambda: conv2d(x.double(), w.double(), padding=1).permute(0, 2, 3, 1), None)
         return build
 
+    def transpose(rows, cols, dtype, batch=None):
+        """y[..., n, m] = x[..., m, n], written as renamed dims (a zero row over n, plus x)."""
+        def build():
+            shape = (batch, rows, cols) if batch else (rows, cols)
+            x, zero = rand(*shape, dtype=dtype), torch.zeros(*shape[:-2], cols, device=dev, dtype=dtype)
+            y = named(zero, "b n" if batch else "n") + named(x, "b m n" if batch else "m n")
+            return (y, lambda: x.transpose(-1, -2).contiguous(), lambda: x.double().transpose(-1, -2),
+                    2 * x.numel() * x.element_size())
+        return build
+
     def attention(length, width):
         def build():
             q, k, v = rand(length, width), rand(length, width), rand(length, width)
@@ -236,6 +246,10 @@ def workloads(torch, shapes: str = "suite"):
         ("conv 3x3 bf16 32x16x32x32", conv(32, 16, 32, bf16)),
         ("attention head f32 333x64", attention(333, 64)),
         ("attention head f32 2048x32", attention(2048, 32)),
+        ("transpose f32 8192x8192", transpose(8192, 8192, torch.float32)),
+        ("transpose f32 1000x3001", transpose(1000, 3001, torch.float32)),
+        ("transpose bf16 4096x4096", transpose(4096, 4096, bf16)),
+        ("transpose f32 16x512x768", transpose(512, 768, torch.float32, batch=16)),
     ]
     if shapes == "models":
         return model_rows(torch)

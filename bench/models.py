@@ -251,9 +251,10 @@ def gelu(rows: int, cols: int, approximate: bool) -> Workload:
 
 
 def transpose(rows: int, cols: int) -> Workload:
-    """y[n, m] = x[m, n], written as renamed dims: a zero vector over n, plus x, has dims (n, m)."""
+    """y[n, m] = x[m, n], written as renamed dims: a zero vector over n, plus x, has dims (n, m). The
+    zeros are made from x (`x[0] * 0`), so they live where x does (on the GPU in `bench.gpu_suite`)."""
     def build(x):
-        return _named(np.zeros(cols, np.float32), "n") + _named(x["x"], "m n")
+        return _named(x["x"][0] * 0, "n") + _named(x["x"], "m n")
     return _model(f"transpose_{rows}x{cols}", f"transpose {rows}×{cols}", {"x": (rows, cols)}, build,
                   lambda v: np.ascontiguousarray(v["x"].T),
                   xla=lambda jax, v: jax.numpy.transpose(v["x"]),

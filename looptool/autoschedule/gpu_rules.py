@@ -8,7 +8,8 @@ Every other program is scheduled by these rules, each written into `explain()`:
   is the contiguous dim, a block takes a row and its threads stride along it, reductions combined
   across the threads; otherwise each thread takes a column and walks `r` itself.
 - **Pointwise** stages: 16-byte vectors along the contiguous dim, `BLOCK_THREADS` threads a block
-  (rows of a narrow array share a block), the rest over the grid.
+  (rows of a narrow array share a block), the rest over the grid; a transpose through shared-memory
+  tiles, read along the input's rows and written along the result's.
 - **Reductions along the contiguous dim**: a block an output, its threads striding along the dim and
   combining their partials; **along any other dim**: a thread an output, coalesced along the kept
   contiguous dim. Where that leaves the GPU idle (fewer blocks or threads than the SMs keep in flight:
@@ -52,6 +53,8 @@ FUSED_SUM_TERMS = 32         # a reduction this short, read only by a pointwise 
 THREAD_TILE_ROWS = 4         # outputs along a second dim a thread walking a reduction takes at once
 SCALAR_RUN = 4               # elements a thread takes where rows hold no whole vectors
 VECTOR_BYTES = 16            # the widest global load and store (ld.global.v4.f32)
+TRANSPOSE_TILE = WARP_LANES      # a transposed tile's side: a warp reads a row of it, and writes a column
+TRANSPOSE_ROWS_A_THREAD = 4  # rows of a transposed tile each thread copies and writes (loads in flight)
 BLOCK_CHUNK = BLOCK_THREADS * 8      # the least a block's partial result sums (8 loads in flight a thread)
 THREAD_CHUNK = 8             # the least a thread's partial result sums
 # a reduction along rows at least this long takes a block a row; shorter rows, a thread a row (one warp a
@@ -666,9 +669,12 @@ class _Planner:
 
     def pointwise(self, stage: ir.Stage):
         """16-byte vectors along the contiguous dim where rows hold whole vectors, else SCALAR_RUN
-        elements a thread, a block apart (loads in flight); BLOCK_THREADS a block."""
+        elements a thread, a block apart (loads in flight); BLOCK_THREADS a block. A stage that reads an
+        array across its rows (a transpose) goes through shared memory (`transposed`)."""
         if not stage.dims:
             self.note(stage.name, "a single value: one thread")
+            return
+        if self.transposed(stage):
             return
         name, x = stage.name, stage.dims[-1]
         width = VECTOR_BYTES // templates.ITEM_BYTES[stage.dtype]
@@ -697,6 +703,50 @@ class _Planner:
                 else self.tree.unroll(registers[0], stage=name)
         self.note(name, f"pointwise: {vector}-wide vectors along {x}" + (f", {run} a thread" if run > 1 else "")
                   + f", {threads_x * threads_y} threads a block")
+
+    def transposed(self, stage: ir.Stage) -> bool:
+        """A pointwise stage that reads an array contiguous along another of its dims `y` than its own
+        contiguous `x` (a transpose: neighbouring threads would read a row apart) in TRANSPOSE_TILE x
+        TRANSPOSE_TILE tiles, a block a tile: its threads copy the array's tile into shared memory along
+        `y`, then write the result along `x` from it (the codegen swizzles the tile so that neither side
+        conflicts on banks). False (tree unchanged) where no read is so, a tile dim is shorter than the
+        tile, or the legality check refuses it."""
+        program, name, x = self.tree.program, stage.name, stage.dims[-1]
+        across = [ld for ld in dict.fromkeys(ir.loads(stage.expr))
+                  if set(program.buffer_dims(ld.buffer)) <= set(stage.dims)
+                  and ld.index == ir.Affine.identity(program.buffer_dims(ld.buffer))
+                  and x in program.buffer_dims(ld.buffer) and program.buffer_dims(ld.buffer)[-1] != x]
+        if not across or program.dynamic:
+            return False
+        y = program.buffer_dims(across[0].buffer)[-1]
+        if min(self.size(x), self.size(y)) < TRANSPOSE_TILE:
+            return False
+        rest = [d for d in stage.dims if d not in (x, y)]
+        rows = TRANSPOSE_TILE // TRANSPOSE_ROWS_A_THREAD
+        kept = self.tree
+        self.tree = self.tree.split(x, TRANSPOSE_TILE, stage=name).split(y, TRANSPOSE_TILE, stage=name) \
+            .reorder(*rest, f"{y}.0", f"{x}.0", f"{y}.1", f"{x}.1", stage=name)
+        depth = self.bind_grid(name, rest + [f"{y}.0", f"{x}.0"])
+        for load in across:
+            copy = f"{load.buffer}.{name}"
+            self.tree = self.tree.cache(load.buffer, stage=name).place(copy, name, depth)
+            self.threads_in_rows(copy, f"{y}.1", f"{x}.1", rows)
+        self.threads_in_rows(name, f"{x}.1", f"{y}.1", rows)
+        if not self.tree.check()[0]:
+            self.tree = kept
+            return False
+        self.note(name, f"a transpose: reads {', '.join(ld.buffer for ld in across)} along {y}, writes along {x}; "
+                        f"{TRANSPOSE_TILE}x{TRANSPOSE_TILE} tiles, a block a tile ({TRANSPOSE_TILE}x{rows} threads, "
+                        f"{TRANSPOSE_ROWS_A_THREAD} rows each), copied along {y} into shared memory and written "
+                        f"along {x} from it")
+        return True
+
+    def threads_in_rows(self, stage: str, along: str, across: str, rows: int):
+        """Threads of a tile: `along` on thread.x, `rows` of them on thread.y along `across`, each taking
+        its rows `rows` apart (unrolled)."""
+        self.tree = self.tree.split(across, rows, stage=stage).reorder(f"{across}.1", along, f"{across}.0", stage=stage) \
+            .bind(f"{across}.1", "thread.y", stage=stage).bind(along, "thread.x", stage=stage) \
+            .unroll(f"{across}.0", stage=stage)
 
     def reduction(self, stage: ir.Stage, split: bool):
         """A block an output where the reduction runs along the contiguous dim of what it reads, at least

@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from llvmlite import ir as llir
 
 from .. import ir
-from ..analysis.tensorize import ATOM_ROWS, SWIZZLE_BYTES, SharedOperand, TensorTile, is_warpgroup
+from ..analysis.tensorize import ATOM_ROWS, SWIZZLE_BYTES, WARP, SharedOperand, TensorTile, is_warpgroup
 from ..ir import Affine
 from ..schedule import TENSOR_INSTRUCTIONS, LoopNode, StmtNode, accesses, tensor_role, walk
 from .llvm import F32, I16, I32, I64, IDENTITY, ITEM_BYTES, MEMORY_TYPE, ZERO, Lanes, constant
@@ -59,7 +59,8 @@ class TensorCoreLowering:
     # Operands in shared memory: swizzled for ldmatrix, laid out for wgmma ---------------------------
     def share(self, plan):
         """Note a buffer placed in shared memory; an mma operand there that ldmatrix reads row by row
-        is swizzled, so its reads and the copies into it are free of bank conflicts."""
+        is swizzled, so its reads and the copies into it are free of bank conflicts, and so is a tile
+        whose columns a warp reads or writes element by element (a transpose's: `Swizzle.of_elements`)."""
         self.shared_buffers.add(plan.name)
         if plan.name in self.wgmma_operands:
             if not self.within_chunks(plan):
@@ -74,6 +75,27 @@ class TensorCoreLowering:
                                                tile.loops["k"].loop.name) is not None for load, stmt, tile in operands)
         if swizzle and operands and by_ldmatrix and self.within_chunks(plan):
             self.swizzles[plan.name] = swizzle
+        elif not operands and self.down_columns(plan):
+            swizzle = Swizzle.of_elements(plan.strides)
+            if swizzle:
+                self.swizzles[plan.name] = swizzle
+
+    def down_columns(self, plan) -> bool:
+        """Whether a warp's lanes access a buffer a row apart (some statement's thread.x loop moves its
+        offset by a multiple of a row), every access one element (no vectors), none clamped."""
+        row, columns = plan.strides[-2] if len(plan.strides) > 1 else 0, False
+        for stmt, path in self.tree.statements():
+            for access in accesses(stmt):
+                if access.buffer != plan.name:
+                    continue
+                if any(ld.buffer == plan.name and ld.clamped for ld in ir.loads(stmt.stage.expr)):
+                    return False
+                coeffs = self.linear_offset(plan.name, access.index, stmt).coeffs()
+                if any(node.loop.annotation == "vectorize" and coeffs.get(node.loop.name) for node in path):
+                    return False
+                lanes = [coeffs.get(node.loop.name, 0) for node in path if node.loop.annotation == "thread.x"]
+                columns |= bool(row) and any(c and c % row == 0 for c in lanes)
+        return columns
 
     def within_chunks(self, plan) -> bool:
         """Whether every access of a buffer stays inside 16-byte chunks (so a swizzle keeps vectors
@@ -548,6 +570,19 @@ class Swizzle:
             return None
         lines = max(8 // chunks, 1)
         return Swizzle((row * lines).bit_length() - 1, min(chunks, 8) - 1, per_chunk.bit_length() - 1)
+
+    @staticmethod
+    def of_elements(strides: tuple[int, ...]) -> "Swizzle | None":
+        """The swizzle of a row-major tile read down its columns element by element: each element of a
+        row XORed with the row's index mod 32, so a warp's 32 lanes reading 32 consecutive rows at one
+        column (or 32 consecutive elements of a row) meet in no bank (4-byte elements; 2-byte ones in rows
+        of 32). None unless rows are a power of two of at least 32 elements."""
+        if len(strides) < 2 or strides[-1] != 1:
+            return None
+        row = strides[-2]
+        if row < WARP or row & (row - 1):
+            return None
+        return Swizzle(row.bit_length() - 1, WARP - 1, 0)
 
     def apply(self, b: llir.IRBuilder, offset: llir.Value) -> llir.Value:
         """The swizzled offset (elements), as i64 arithmetic."""

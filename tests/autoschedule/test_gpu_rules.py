@@ -158,6 +158,31 @@ def test_pointwise_stages_use_16_byte_vectors_where_rows_hold_whole_vectors(rng,
     assert_close(y.numpy(tree), np.exp(x_np.astype(np.float64) * 2 + 1), 1e-5)
 
 
+@pytest.mark.parametrize("shape, dtype", [((45, 70), np.float32), ((3, 40, 70), ml_dtypes.bfloat16)])
+def test_a_transpose_goes_through_swizzled_shared_tiles(rng, shape, dtype):
+    """Reads along one dim, writes along another: a block a 32x32 tile, copied into shared memory along
+    the input's rows and written along the result's from it, the tile swizzled (XOR) so that neither
+    side conflicts on banks; tails at both ends of odd sizes."""
+    x_np = rng.standard_normal(shape).astype(dtype)
+    b, m, n = lt.symbols("b m n")
+    outer = (b,) if len(shape) == 3 else ()
+    y = lt.Tensor(np.zeros(shape[:-2] + shape[-1:], dtype)).to(*outer, n) + lt.Tensor(x_np).to(*outer, m, n)
+    tree, module = scheduled(y)
+    assert "a transpose: reads in1 along n, writes along m; 32x32 tiles" in tree.explain()
+    assert len(module.launches) == 1 and module.launches[0].block == (32, 8, 1)
+    assert "st.shared" in module.ptx and "xor" in module.ptx
+    assert_close(run_tree(y, tree, module), np.swapaxes(x_np.astype(np.float64), -1, -2), 1e-12)
+
+
+def test_a_narrow_transpose_stays_pointwise(rng):
+    x_np = rng.standard_normal((1000, 20)).astype(np.float32)
+    m, n = lt.symbols("m n")
+    y = lt.Tensor(np.zeros(20, np.float32)).to(n) + lt.Tensor(x_np).to(m, n)
+    tree, module = scheduled(y)
+    assert "transpose" not in tree.explain() and "pointwise" in tree.explain()
+    assert_close(y.numpy(tree), x_np.T.astype(np.float64), 1e-12)
+
+
 def test_a_narrow_array_shares_blocks_between_rows(rng):
     x_np = rng.standard_normal((5000, 3)).astype(np.float32)
     m, n = lt.symbols("m n")

@@ -244,6 +244,21 @@ def test_swizzles_spread_rows_over_the_banks():
     assert gpu.Swizzle.of((8, 1), 2) is None and gpu.Swizzle.of((48, 1), 2) is None
 
 
+@pytest.mark.parametrize("item_bytes, rows", [(4, (32, 64)), (2, (32,))])
+def test_an_element_swizzle_spreads_a_tiles_columns_and_rows_over_the_banks(item_bytes, rows):
+    """A transpose's shared tile (rows of 32 elements, or 64 of 4 bytes): 32 consecutive rows at one
+    column fall in 32 different banks (or share a 4-byte word), and the swizzle permutes each row's
+    elements (so a row's 32 consecutive elements stay in 32 banks)."""
+    for row in rows:
+        swizzle = gpu.Swizzle.of_elements((row, 1))
+        for column in range(row):
+            words = {swizzle(r * row + column) * item_bytes // 4 for r in range(32)}
+            assert len({word % 32 for word in words}) == len(words), (row, column)
+        for r in range(64):
+            assert sorted(swizzle(r * row + e) for e in range(row)) == list(range(r * row, (r + 1) * row))
+    assert gpu.Swizzle.of_elements((48, 1)) is None and gpu.Swizzle.of_elements((16, 1)) is None
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype, a_order, b_order", [
     (lt.bfloat16, None, None), (lt.float16, None, None),
