@@ -63,6 +63,10 @@ KNOBS = {
                                                                           ((128, 256), (128, 128)), ((128, 128),),
                                                                           ((128, 256),)), "wgmma_cases"),
     "wgmma_edges": (lambda v: setattr(templates, "WGMMA_EDGE_TILES", v), (False, True), "wgmma_cases"),
+    "float32_block_sets": (lambda v: setattr(templates, "FLOAT32_BLOCKS", v),
+                           (((128, 128), (128, 64)), ((128, 128), (128, 64), (64, 64)),
+                            ((128, 128), (128, 64), (64, 128), (64, 64))),
+                           "small_matmul_cases"),
     "split_k_blocks": (lambda v: setattr(templates, "SPLIT_K_BLOCKS", v), (0, 2, 3, 4), "matmul_cases"),
     "split_k_run": (lambda v: setattr(templates, "SPLIT_K_RUN", v), (64, 128, 256, 512), "matmul_cases"),
     "half_split_k": (lambda v: (setattr(templates, "HALF_SPLIT_K_BLOCKS", int(v > 0)),
@@ -161,6 +165,13 @@ def products(torch, shapes, dtype, label: str):
 def matmul_cases(torch):
     return products(torch, ((1024, 1024, 1024), (1000, 1500, 777), (4096, 4096, 4096), (512, 512, 512),
                             (333, 444, 555), (64, 8192, 64), (784, 288, 64), (200, 300, 500), (768, 3072, 768)),
+                    torch.float32, "f32")
+
+
+def small_matmul_cases(torch):
+    """float32 products whose 128 x 64 blocks leave most SMs idle, odd and aligned, and two larger ones."""
+    return products(torch, ((331, 277, 413), (200, 300, 500), (333, 444, 555), (257, 511, 129), (257, 129, 511),
+                            (512, 512, 512), (784, 288, 64), (1000, 1500, 777), (997, 1001, 1003)),
                     torch.float32, "f32")
 
 

@@ -54,9 +54,11 @@ HALF_SPLIT_K_BUSY = 0.5
 HALF_SPLIT_K_RUN = 1024
 # the block tiles (rows, columns) that template takes, largest first, for problems too small to fill
 # the GPU with 128 x 128 (bench.gpu_rules_variants --knob float32_blocks: 1024^3 0.61 -> 0.87x torch).
-# Not 64 rows: on the H100 (session 12) 64 x 64 and 64 x 128 ran 3.3-4x slower than 128 x 64 at every
-# size measured (512^3 0.136 against 0.042 ms, 1024^3 0.262 against 0.064)
-FLOAT32_BLOCKS = ((128, 128), (128, 64))
+# 64 x 64 (session 22, H200, --knob float32_block_sets, x torch without / with it): 331x277x413 0.70 / 0.78,
+# 200x300x500 0.99 / 1.11, 257x511x129 1.04 / 1.13, 257x129x511 0.73 / 0.78; the larger ones keep their
+# blocks. (Sessions 12-21 measured 64-row blocks 4x slower per output: their rows ran in runs of 2,
+# which made A's copy scalar: `float32_tiles`.)
+FLOAT32_BLOCKS = ((128, 128), (128, 64), (64, 64))
 # the multiples (m, n, k) a half-precision contraction off the mma grid is padded to, tried in turn: the
 # wgmma template's warpgroup tiles (64 rows, its 64-deep k tiles) with any multiple of 8 columns (wgmma
 # takes N = 8..256 where B is k-major), then with its 256 columns (where B is n-major, its rows must be
@@ -269,12 +271,16 @@ def narrowed(program: ir.Program, stage: str, block: tuple[int, int]) -> tuple[i
 
 
 def float32_tiles(block: tuple[int, int]) -> dict:
-    """FLOAT32_TILES for a block tile of (rows, columns): the same 16 x 16 threads, fewer registers each."""
+    """FLOAT32_TILES for a block tile of (rows, columns): the same 16 x 16 threads, fewer registers each; a
+    thread's rows in FLOAT32_TILES' runs where each run is still a whole vector (A's tile, stored along
+    m, is copied in vectors of a run: 64 rows in runs of 2 made its copy scalar, by 32 threads, and the
+    kernel 4x slower per output than 128 x 64, session 22)."""
     rows, columns = block
     tiles = dict(FLOAT32_TILES)
     threads = tiles["x_threads"] * tiles["vector"]
-    tiles.update(x_groups=columns // threads, y_tile=rows // tiles["y_threads"],
-                 y_groups=tiles["y_groups"] if rows == FLOAT32_BLOCKS[0][0] else 1)
+    y_tile = rows // tiles["y_threads"]
+    tiles.update(x_groups=columns // threads, y_tile=y_tile,
+                 y_groups=tiles["y_groups"] if y_tile // tiles["y_groups"] >= tiles["vector"] else 1)
     return tiles
 
 
