@@ -47,8 +47,11 @@ ROW_WALK_UNROLL = 16        # ... where the walk is a whole row (attention's p .
 # the most the walks in blocks of a row (attention's p . v) read besides their rows, an SM; above it the rows'
 # factor is written whole and the product is a contraction of its own (H100, --knob walk_bytes_per_sm: 4096 x 64
 # 0.64 -> 0.39 ms at 32 MiB an SM; 1024 x 64 stays fused, 0.041 against 0.084), which `.cuda()` runs as a program
-# of its own (`weights_apart`: split-k then fills the SMs; session 18, 2048 x 128, 15.5 MiB an SM: see docs/gpu.md)
-WALK_BYTES_PER_SM = 8 << 20
+# of its own (`weights_apart`: split-k then fills the SMs; session 18, 2048 x 128, 15.5 MiB an SM: see docs/gpu.md).
+# Session 22, H200, through `.cuda()`, x torch at 8 / 2 MiB: 2048 x 32 (3.9 MiB an SM) 0.70 / 0.94, 2048 x 64
+# 0.82 / 1.17 (a narrow v is walked by as few threads as it is wide); 1024 x 64, 1000 x 64, 512 x 32 and 333 x
+# 64 stay fused (their times within 2 %; apart, 512 x 32 and 333 x 64 lost 27 and 37 %)
+WALK_BYTES_PER_SM = 2 << 20
 FUSED_SUM_TERMS = 32         # a reduction this short, read only by a pointwise stage, is summed in its threads
 THREAD_TILE_ROWS = 4         # outputs along a second dim a thread walking a reduction takes at once
 SCALAR_RUN = 4               # elements a thread takes where rows hold no whole vectors
