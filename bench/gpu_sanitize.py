@@ -101,6 +101,9 @@ def automatic_workloads() -> dict:
     a, b = rng.standard_normal((300, 100), dtype=np.float32), rng.standard_normal((100, 200), dtype=np.float32)
     out["matmul on register tiles with edges 300x100x200"] = (
         (lt.Tensor(a).to(s.m, s.k) * lt.Tensor(b).to(s.k, s.n)).sum(s.k), a.astype(np.float64) @ b)
+    a, b = rng.standard_normal((260, 100), dtype=np.float32), rng.standard_normal((100, 40), dtype=np.float32)
+    out["float32 matmul on 128x32 blocks, a tail along n 260x100x40"] = (
+        (lt.Tensor(a).to(s.m, s.k) * lt.Tensor(b).to(s.k, s.n)).sum(s.k), a.astype(np.float64) @ b)
     a, b = rng.standard_normal((260, 1024), dtype=np.float32), rng.standard_normal((1024, 100), dtype=np.float32)
     out["float32 matmul split along k 260x1024x100"] = (
         (lt.Tensor(a).to(s.m, s.k) * lt.Tensor(b).to(s.k, s.n)).sum(s.k), a.astype(np.float64) @ b)

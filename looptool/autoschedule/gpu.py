@@ -59,6 +59,9 @@ HALF_SPLIT_K_RUN = 1024
 # blocks. (Sessions 12-21 measured 64-row blocks 4x slower per output: their rows ran in runs of 2,
 # which made A's copy scalar: `float32_tiles`.)
 FLOAT32_BLOCKS = ((128, 128), (128, 64), (64, 64))
+# the block tile of a contraction narrower than those (n < 64: an attention head's p . v with a 32-wide v),
+# its 256 threads 8 x 32 (H200, session 22: 8192 x 8192 x 32 took 857 us on the reduction rules, torch 139)
+FLOAT32_NARROW_BLOCK = (128, 32)
 # the multiples (m, n, k) a half-precision contraction off the mma grid is padded to, tried in turn: the
 # wgmma template's warpgroup tiles (64 rows, its 64-deep k tiles) with any multiple of 8 columns (wgmma
 # takes N = 8..256 where B is k-major), then with its 256 columns (where B is n-major, its rows must be
@@ -114,7 +117,7 @@ def split_k_parts(program: ir.Program, sms: int, hopper: bool = True) -> int:
     if len(stage.dims) < 2 or dtype is None or (program.dynamic and dtype != "float32"):
         return 1                # (a dot product: the reduction rules; dynamic half precision: not tried)
     if dtype == "float32":
-        whole = block_count(program, stage.name, least_work_block(program, stage.name, sms, FLOAT32_BLOCKS))
+        whole = block_count(program, stage.name, least_work_block(program, stage.name, sms, float32_blocks(program, stage.name)))
 
         def blocks(parts: int) -> int:
             return whole * parts
@@ -173,7 +176,7 @@ def contraction_candidates(tree: LoopTree, stage: str, hopper: bool, sms: int | 
                 LOG.debug("no %s template for %s: %s", family, stage, err)
     if dtype in ("float32", "bfloat16", "float16"):
         try:
-            block = least_work_block(tree.program, stage, sms, FLOAT32_BLOCKS)
+            block = least_work_block(tree.program, stage, sms, float32_blocks(tree.program, stage))
             candidates.append((f"register tiles on CUDA cores, {block[0]}x{block[1]} a block (inputs with k last "
                                f"transposed ahead, dynamic rows in blocks), cp.async k tiles", _float32_tree(tree, stage, block)))
         except ValueError as err:
@@ -277,11 +280,30 @@ def float32_tiles(block: tuple[int, int]) -> dict:
     kernel 4x slower per output than 128 x 64, session 22)."""
     rows, columns = block
     tiles = dict(FLOAT32_TILES)
-    threads = tiles["x_threads"] * tiles["vector"]
-    y_tile = rows // tiles["y_threads"]
-    tiles.update(x_groups=columns // threads, y_tile=y_tile,
-                 y_groups=tiles["y_groups"] if y_tile // tiles["y_groups"] >= tiles["vector"] else 1)
+    x_threads = min(tiles["x_threads"], columns // tiles["vector"])
+    y_threads = tiles["x_threads"] * tiles["y_threads"] // x_threads
+    y_tile = rows // y_threads
+    tiles.update(x_threads=x_threads, y_threads=y_threads, x_groups=columns // (x_threads * tiles["vector"]),
+                 y_tile=y_tile, y_groups=tiles["y_groups"] if y_tile // tiles["y_groups"] >= tiles["vector"] else 1)
     return tiles
+
+
+def float32_blocks(program: ir.Program, stage: str) -> tuple[tuple[int, int], ...]:
+    """The register-tile block tiles a contraction stage may take: FLOAT32_BLOCKS, or FLOAT32_NARROW_BLOCK
+    where its n is narrower than all of them. Over a dynamic dim, only the largest rows (64-row blocks pay
+    where a problem leaves SMs idle, which a size known only at the call may not)."""
+    x = tile_dims(program.stage(stage))[0]
+    if program.size(x) < min(cols for _, cols in FLOAT32_BLOCKS):
+        return (FLOAT32_NARROW_BLOCK,)
+    rows = max(rows for rows, _ in FLOAT32_BLOCKS)
+    return tuple(block for block in FLOAT32_BLOCKS if block[0] == rows) if program.dynamic else FLOAT32_BLOCKS
+
+
+def narrow_float32(program: ir.Program) -> bool:
+    """Whether a program's first stage is a float32 contraction that would take FLOAT32_NARROW_BLOCK."""
+    stage = program.stages[0].name
+    return contraction_dtype(program, stage) == "float32" and tile_dims(program.stages[0])[1] is not None \
+        and float32_blocks(program, stage) == (FLOAT32_NARROW_BLOCK,)
 
 
 def _float32_tree(tree: LoopTree, stage: str, block: tuple[int, int] = FLOAT32_BLOCKS[0]) -> LoopTree:
@@ -479,7 +501,8 @@ def _stage_in_shared(tree: LoopTree, acc: str, buffer: str, depth: int, as_store
     """Copy the tile of `buffer` one k step uses into shared memory, read 128 bits at a time along the
     source's contiguous dim, with the copy's largest loops bound to threads (where none fills the
     block's y threads, the widest is split to fill them: a 32-row k tile copied by all 16 rows of
-    threads, not by the 2 a 2-wide loop would give). The tile is laid out
+    threads, not by the 2 a 2-wide loop would give; where none fits its x threads, a loop along the
+    rows is split for them, or they would all write the same elements). The tile is laid out
     reduction dims first (the register tile reads consecutive words along its pure dim; for A of a
     matmul a transpose, stored word by word), or `as_stored` in the source's own layout (written
     in whole 16-byte vectors, which cp.async can pipeline; the register tile's unrolled k steps are
@@ -500,14 +523,17 @@ def _stage_in_shared(tree: LoopTree, acc: str, buffer: str, depth: int, as_store
         tree = tree.split(contiguous[-1].name, 4, stage=copy)
         vector = f"{contiguous[-1].name}.1"
         loops = list(tree.schedule.of(copy).loops)
-    free = [lp for lp in loops if lp.name != vector]
     block = _block_size(tree, acc)
-    along_rows = sorted(free, key=lambda lp: (lp.dim != order[-1], lp.stride))   # neighbours in shared memory
-    widest = sorted(free, key=lambda lp: -lp.extent)
+    along_rows = sorted((lp for lp in loops if lp.name != vector), key=lambda lp: (lp.dim != order[-1], lp.stride))
     bound = {}                                          # loop name -> thread axis
     x = _fitting(along_rows, block[0], bound)
-    if x is not None:
+    wide = next((lp for lp in along_rows if lp.extent > block[0] > 1 and lp.extent % block[0] == 0), None)
+    if x is None and wide is not None:               # every lane gets a share (8 lanes, rows of 32: none would)
+        tree = tree.split(wide.name, block[0], stage=copy)
+        bound[f"{wide.name}.1"] = "thread.x"
+    elif x is not None:
         bound[x.name] = "thread.x"
+    widest = sorted((lp for lp in tree.schedule.of(copy).loops if lp.name != vector), key=lambda lp: -lp.extent)
     y = _fitting(widest, block[1], bound)
     wider = next((lp for lp in widest if lp.name not in bound and lp.extent > block[1] > 1), None)
     if (y is None or y.extent < block[1]) and wider is not None and wider.extent % block[1] == 0:

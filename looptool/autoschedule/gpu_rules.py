@@ -625,7 +625,7 @@ class _Planner:
                 or templates.tile_dims(program.stage(name))[2] \
                 or all(templates.whole_vectors(self.size(d), width) for d in dims):
             return False
-        block = templates.least_work_block(program, name, self.gpu.sms, templates.FLOAT32_BLOCKS)
+        block = templates.least_work_block(program, name, self.gpu.sms, templates.float32_blocks(program, name))
         multiples = dict(zip(dims, (*block, templates.FLOAT32_TILES["k_tile"])))
         if any(self.size(d) < multiple for d, multiple in multiples.items()):
             return False

@@ -7,6 +7,7 @@ import pytest
 
 import looptool as lt
 from looptool import ir
+from looptool.analysis.gpu_target import assumed_gpu
 from looptool.autoschedule import gpu_rules
 from looptool.runtime import gpu
 from tests.gpu_helpers import cupy_or_skip, matmul, register_tiles, softmax_rows, tiled
@@ -23,10 +24,10 @@ def test_the_default_gpu_schedule_gives_every_stage_blocks_and_threads(rng):
 
 
 def test_an_untuned_float32_contraction_gets_register_tiles_with_a_transposed_ahead(rng):
-    c, ref = matmul(rng, 148, 72, 200)        # 8 blocks of 128 x 64 on 108 SMs: tails in every dim, whole vectors
+    c, ref = matmul(rng, 148, 72, 200)        # 12 blocks of 64 x 64 on 108 SMs: tails in every dim, whole vectors
     tree = gpu.automatic_tree(c.loop_tree().program, "sm_80")
     assert len(tree.root) == 2 and "in0.t0[k, m] = in0[m, k]" in str(tree) and "[pipeline.2.0]" in str(tree)
-    assert "t0.acc: f32[128, 64] local" in str(tree) and tree.check() == (True, "legal")
+    assert "t0.acc: f32[64, 64] local" in str(tree) and tree.check() == (True, "legal")
     assert_close(lt.interpret(c, tree), ref, 1e-5)
 
 
@@ -252,6 +253,18 @@ def test_a_convolution_runs_as_a_gather_and_a_matrix_product(rng, dtype, toleran
     assert got.shape == ref.shape
     assert_close(got, ref, tolerance)
     assert_close(gpu.to_host(y.cuda()), ref, tolerance)          # the prepared call again
+
+
+@pytest.mark.parametrize("channels, programs", [(40, 1), (64, 2)])
+def test_a_float32_convolution_too_narrow_for_the_wide_blocks_runs_as_its_own_program(rng, monkeypatch, channels,
+                                                                                      programs):
+    """40 output channels would put the gathered product on 128 x 32 blocks, slower than the convolution's own
+    program (H200: 6x40x33x33 0.76x torch, 0.66-0.75x gathered); 64 keep the gather and the product."""
+    from tests.ir.test_im2col import conv
+    monkeypatch.setattr(gpu, "device_arch", lambda: "sm_90")
+    monkeypatch.setattr(gpu, "gpu_target", lambda arch=None: assumed_gpu("sm_90"))
+    y, _ = conv(rng, (2, 16, 14, 14), channels)
+    assert len(gpu.planned_trees(y.node)) == programs
 
 
 @pytest.mark.gpu
