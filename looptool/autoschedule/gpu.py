@@ -117,7 +117,8 @@ def split_k_parts(program: ir.Program, sms: int, hopper: bool = True) -> int:
     if len(stage.dims) < 2 or dtype is None or (program.dynamic and dtype != "float32"):
         return 1                # (a dot product: the reduction rules; dynamic half precision: not tried)
     if dtype == "float32":
-        whole = block_count(program, stage.name, least_work_block(program, stage.name, sms, float32_blocks(program, stage.name)))
+        block = least_work_block(program, stage.name, sms, float32_blocks(program, stage.name))
+        whole = block_count(program, stage.name, block)
 
         def blocks(parts: int) -> int:
             return whole * parts

@@ -83,39 +83,46 @@ class TensorCoreLowering:
     def down_columns(self, plan) -> bool:
         """Whether a warp's lanes access a buffer a row apart (some statement's thread.x loop moves its
         offset by a multiple of a row), every access one element (no vectors), none clamped."""
-        row, columns = plan.strides[-2] if len(plan.strides) > 1 else 0, False
-        for stmt, path in self.tree.statements():
-            for access in accesses(stmt):
-                if access.buffer != plan.name:
-                    continue
-                if any(ld.buffer == plan.name and ld.clamped for ld in ir.loads(stmt.stage.expr)):
-                    return False
-                coeffs = self.linear_offset(plan.name, access.index, stmt).coeffs()
-                if any(node.loop.annotation == "vectorize" and coeffs.get(node.loop.name) for node in path):
-                    return False
-                lanes = [coeffs.get(node.loop.name, 0) for node in path if node.loop.annotation == "thread.x"]
-                columns |= bool(row) and any(c and c % row == 0 for c in lanes)
+        found, row = self.unclamped_accesses(plan), plan.strides[-2] if len(plan.strides) > 1 else 0
+        if not found or not row:
+            return False
+        columns = False
+        for path, linear in found:
+            coeffs = linear.coeffs()
+            if any(node.loop.annotation == "vectorize" and coeffs.get(node.loop.name) for node in path):
+                return False
+            columns |= any(coeffs.get(node.loop.name, 0) % row == 0 and coeffs.get(node.loop.name)
+                           for node in path if node.loop.annotation == "thread.x")
         return columns
 
     def within_chunks(self, plan) -> bool:
         """Whether every access of a buffer stays inside 16-byte chunks (so a swizzle keeps vectors
         whole): vectors of at most 16 bytes starting at a multiple of their width, no clamped loads."""
+        found = self.unclamped_accesses(plan)
+        if found is None:
+            return False
+        for path, linear in found:
+            coeffs, const = linear.coeffs(), linear.const
+            for node in path:
+                width = node.loop.extent
+                if node.loop.annotation != "vectorize" or coeffs.get(node.loop.name) != 1:
+                    continue
+                rest = math.gcd(const, *(c for name, c in coeffs.items() if name != node.loop.name))
+                if width * ITEM_BYTES[plan.dtype] > 16 or rest % width:
+                    return False
+        return True
+
+    def unclamped_accesses(self, plan) -> list | None:
+        """(loop path, linear offset) of every access of a buffer; None where a load of it is clamped."""
+        found = []
         for stmt, path in self.tree.statements():
             for access in accesses(stmt):
                 if access.buffer != plan.name:
                     continue
                 if any(ld.buffer == plan.name and ld.clamped for ld in ir.loads(stmt.stage.expr)):
-                    return False
-                linear = self.linear_offset(plan.name, access.index, stmt)
-                coeffs, const = linear.coeffs(), linear.const
-                for node in path:
-                    width = node.loop.extent
-                    if node.loop.annotation != "vectorize" or coeffs.get(node.loop.name) != 1:
-                        continue
-                    rest = math.gcd(const, *(c for name, c in coeffs.items() if name != node.loop.name))
-                    if width * ITEM_BYTES[plan.dtype] > 16 or rest % width:
-                        return False
-        return True
+                    return None
+                found.append((path, self.linear_offset(plan.name, access.index, stmt)))
+        return found
 
     # Tiles ------------------------------------------------------------------------------------------
     def tile_under(self, node: LoopNode) -> tuple[TensorTile, StmtNode] | None:
