@@ -179,6 +179,11 @@ def automatic_workloads() -> dict:
     out["batched bf16 transpose through swizzled shared tiles 3x40x70"] = (
         lt.Tensor(np.zeros((3, 70), dtypes.bfloat16)).to(sb, n) + lt.Tensor(t16).to(sb, m, n),
         t16.astype(np.float64).transpose(0, 2, 1))
+    few = rng.standard_normal((3, 70_001), dtype=np.float32)
+    ft = lt.Tensor(few).to(m, n)
+    fe = (ft - ft.max(n)).exp()
+    f64 = np.exp(few.astype(np.float64) - few.max(1, keepdims=True))
+    out["softmax of 3 rows of 70001, reductions split across blocks"] = (fe / fe.sum(n), f64 / f64.sum(1, keepdims=True))
     narrow = rng.standard_normal((513, 3), dtype=np.float32)
     out["pointwise 513x3"] = (lt.relu(lt.Tensor(narrow).to(m, n)), np.maximum(narrow, 0).astype(np.float64))
     return out

@@ -52,6 +52,12 @@ ROW_WALK_UNROLL = 16        # ... where the walk is a whole row (attention's p .
 # 0.82 / 1.17 (a narrow v is walked by as few threads as it is wide); 1024 x 64, 1000 x 64, 512 x 32 and 333 x
 # 64 stay fused (their times within 2 %; apart, 512 x 32 and 333 x 64 lost 27 and 37 %)
 WALK_BYTES_PER_SM = 2 << 20
+# rows at least FEW_ROWS_SPLIT long, at most one an FEW_ROWS_SMS SMs, are not fused (`few_long_rows`; 0: never).
+# H100, session 22, x torch fused / split: softmax 7x777777 0.84 / 4.15, 4x3000000 0.54 / 10.7, 1x10^7 0.82 / 35,
+# 16x200000 0.72 / 1.38 (layer norm 5.2 / 6.1); kept fused: 32x100000 (softmax 0.77 / 0.90 but layer norm
+# 4.3 / 3.7), 60x65536 (softmax 0.88 / 0.61, layer norm 4.4 / 2.0)
+FEW_ROWS_SPLIT = 1 << 16
+FEW_ROWS_SMS = 8
 FUSED_SUM_TERMS = 32         # a reduction this short, read only by a pointwise stage, is summed in its threads
 THREAD_TILE_ROWS = 4         # outputs along a second dim a thread walking a reduction takes at once
 SCALAR_RUN = 4               # elements a thread takes where rows hold no whole vectors
@@ -232,6 +238,8 @@ class _Planner:
         # rows shorter than a warp go a thread a row: a block a row would leave lanes idle and give each
         # row a block of its own (softmax 100000x10 on an H200: 0.20x torch)
         by_block = (contiguous_dim(program, result) == row and self.size(row) >= WARP_LANES) or not outer
+        if by_block and self.few_long_rows(outer, row):
+            return None
         if by_block and self.size(row) <= STRIDED_UNROLL * self.row_threads(row):
             group = self.shared_values(group)
         for stage in earlier:
@@ -241,6 +249,13 @@ class _Planner:
         if by_block:
             return self.rows_by_block(self.tree.program.output, group, row, shared, inner)
         return self.rows_by_thread(result, group, row, outer)
+
+    def few_long_rows(self, outer: list[str], row: str) -> bool:
+        """Whether a block a row would leave most SMs idle on rows long enough to split (at most an
+        SM in FEW_ROWS_SMS has a row, each at least FEW_ROWS_SPLIT long): each stage then runs by its own
+        rules, the reductions split across blocks (`split_reduction`)."""
+        rows = math.prod(self.size(d) for d in outer)
+        return FEW_ROWS_SPLIT and FEW_ROWS_SMS * rows <= self.gpu.sms and self.size(row) >= FEW_ROWS_SPLIT
 
     def shared_values(self, group: list[ir.Stage]) -> list[ir.Stage]:
         """The group with each exp (log, tanh, erf) that a reduction of it and later stages both compute made a
@@ -775,10 +790,12 @@ class _Planner:
             self.reduce_in_thread(stage, pure)
 
     def read_along(self, stage: ir.Stage, dim: str) -> bool:
-        """Whether some read of the stage is contiguous along `dim` (neighbouring threads then read
-        neighbouring elements)."""
+        """Whether some read of the stage that moves along its reduction is contiguous along `dim`
+        (neighbouring threads then read neighbouring elements; a value read once an output, a softmax's
+        row max, does not count)."""
         program = self.tree.program
-        return any(abs(load_strides(program, load).get(dim, 0)) == 1 for load in ir.loads(stage.expr))
+        return any(abs(strides.get(dim, 0)) == 1 and set(strides) & set(stage.reduce_dims)
+                   for strides in (load_strides(program, load) for load in ir.loads(stage.expr)))
 
     def split_reduction(self, stage: ir.Stage, dim: str, blocks_wanted: int, per_output_blocks: bool):
         """rfactor `dim` into enough independent partial results to fill the GPU, then schedule the

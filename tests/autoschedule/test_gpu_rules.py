@@ -91,6 +91,21 @@ def test_softmax_rows_run_as_one_kernel_with_a_block_a_row(rng):
     assert_close(sm.numpy(tree), ref, 1e-5)
 
 
+@pytest.mark.parametrize("rows, fused", [(4, False), (17, True)])
+def test_a_few_long_rows_are_split_across_blocks_not_fused(rng, rows, fused):
+    """4 rows of 70000 would be 4 blocks on 132 SMs: each reduction is split into partial results over
+    many blocks, the result a pointwise kernel (H100: softmax 4x3000000 0.54 -> 10.7x torch); 17 rows
+    (more than one an 8 SMs) stay one kernel."""
+    sm, ref = row_softmax(rng.standard_normal((rows, 70_000)).astype(np.float32))
+    tree, module = scheduled(sm)
+    assert ("one kernel" in tree.explain()) == fused and (len(module.launches) == 1) == fused
+    if not fused:
+        assert "t0: 4 outputs leave the GPU idle: n split into" in tree.explain()
+        assert "t1: 4 outputs leave the GPU idle: n split into" in tree.explain()
+        assert module.launches[0].grid[0] * module.launches[0].grid[1] >= 4 * 16
+    assert_close(sm.numpy(tree), ref, 1e-5)
+
+
 def test_layer_norm_rows_run_as_one_kernel(rng):
     x_np, g_np = rng.standard_normal((9, 301)).astype(np.float32), rng.standard_normal(301).astype(np.float32)
     m, n = lt.symbols("m n")
