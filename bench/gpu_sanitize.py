@@ -192,20 +192,23 @@ def automatic_workloads() -> dict:
 def automatic_draws() -> list[dict]:
     """The automatic GPU schedule of each of `automatic_workloads()` on the program `.cuda()` runs
     (`runtime.gpu.lowered_for`: flattened where pointwise), as draws (the cases named for wgmma edge
-    tiles with `WGMMA_EDGE_TILES` on, those padded onto wgmma with it off, the attention head's softmax
+    tiles with `WGMMA_EDGE_TILES` on, those padded onto wgmma with it off and `SMALL_CONTRACTION_MACS` at 0, the attention head's softmax
     written whole with `WALK_BYTES_PER_SM` at 0); and where `.cuda()` runs
     more than that program (a convolution's gather and product), the whole `.cuda()` call as one more."""
     target = runtime_gpu.gpu_target()
-    draws, default, walk = [], templates.WGMMA_EDGE_TILES, gpu_rules.WALK_BYTES_PER_SM
+    draws, default, walk, small = [], templates.WGMMA_EDGE_TILES, gpu_rules.WALK_BYTES_PER_SM, gpu_rules.SMALL_CONTRACTION_MACS
     for name, (tensor, _) in automatic_workloads().items():
         if "edge tiles" in name or "padded onto" in name:
             templates.WGMMA_EDGE_TILES = "edge tiles" in name
+        if "padded onto" in name:
+            gpu_rules.SMALL_CONTRACTION_MACS = 0
         if "softmax written whole" in name:
             gpu_rules.WALK_BYTES_PER_SM = 0
         try:
             tree = gpu_rules.gpu_tree(runtime_gpu.lowered_for(tensor.node)[0], target)
         finally:
             templates.WGMMA_EDGE_TILES, gpu_rules.WALK_BYTES_PER_SM = default, walk
+            gpu_rules.SMALL_CONTRACTION_MACS = small
         draws.append({"workload": name, "schedule": tree.schedule.to_json(), "as_cuda_lowers": True})
         if len(runtime_gpu.planned_trees(tensor.node)) > 1:
             draws.append({"workload": name, "cuda_call": True})
