@@ -45,10 +45,11 @@ class RegisterTile:
                 f"{self.rows * self.vectors} FMAs")
 
 
-def register_tile(target: Target, lanes: int, rows: int, columns: int) -> RegisterTile:
+def register_tile(target: Target, lanes: int, rows: int, columns: int, column_cores: int = 1) -> RegisterTile:
     """The tile that fits the register file with the fewest loads per FMA, counting the work
     wasted in partial tiles at the edges of `rows` x `columns` (BLIS: mr x nr with
-    mr*nr/lanes + nr/lanes + 1 <= registers)."""
+    mr*nr/lanes + nr/lanes + 1 <= registers) and, where the column tiles are shared among
+    `column_cores` cores (whole tiles each, at least one a core), the time the busiest core adds."""
     best, best_cost = RegisterTile(1, 1, lanes), float("inf")
     for mr in range(1, min(rows, target.vector_registers) + 1):
         for nv in range(1, -(-columns // lanes) + 1):
@@ -56,7 +57,9 @@ def register_tile(target: Target, lanes: int, rows: int, columns: int) -> Regist
             if tile.registers > target.vector_registers:
                 break
             loads_per_fma = (mr + nv) / (mr * nv)
-            used = (rows / (-(-rows // mr) * mr)) * (columns / (-(-columns // tile.columns) * tile.columns))
+            tiles = -(-columns // tile.columns)
+            shared = -(-tiles // column_cores) * column_cores if tiles >= column_cores else tiles
+            used = (rows / (-(-rows // mr) * mr)) * (columns / (shared * tile.columns))
             cost = loads_per_fma / used
             if cost < best_cost - 1e-12:
                 best, best_cost = tile, cost

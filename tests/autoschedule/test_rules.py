@@ -51,6 +51,18 @@ def test_every_register_tile_fits_the_register_file(registers):
         assert tile.registers <= registers and tile.rows <= rows
 
 
+@pytest.mark.parametrize("cores, columns", [(1, 80), (2, 64)])
+def test_a_register_tile_counts_the_busiest_core_of_its_column_tiles(cores, columns):
+    """1024 columns: 13 tiles of 80 (5x80, the fewest loads per FMA) on one core; on two, 7 and 6 would keep
+    one core busy 7/6.5 of the time, so 16 tiles of 64 (6x64, 8 a core) win (Xeon, 2 threads, 1024^3:
+    1.10x, 997x1001x1003 1.07x, 512x1024x1024 1.10x)."""
+    tile = model.register_tile(fake(32, 512), 16, 1024, 1024, cores)
+    assert tile.columns == columns and tile.registers <= 32
+    _, program, _ = matmul_program(1024, 1024, 1024)
+    rows = 5 if columns == 80 else 6
+    assert f"register tile {rows}x{columns}" in auto_tree(program, fake(32, 512, cores=cores)).explain()
+
+
 def test_blocks_follow_the_cache_sizes():
     _, program, _ = matmul_program(256, 1024, 1024)
     small = auto_tree(program, fake(l1=8 * 1024, l2=64 * 1024)).schedule.of("t0").loops
@@ -193,12 +205,13 @@ def test_a_contractions_work_is_counted_in_vector_instructions(bits, size, threa
     assert bool(parallel) is threads
 
 
-@pytest.mark.parametrize("registers, bits, tiles", [(32, 512, 7), (16, 256, 18)])
+@pytest.mark.parametrize("registers, bits, tiles", [(32, 512, 6), (16, 256, 18)])
 def test_threads_take_the_loop_whose_busiest_core_finishes_first_regions_counted(registers, bits, tiles):
-    """331x277x413 on two cores: AVX-512's 64-wide tiles give 7 column tiles (4 and 3 a core); its 56 row
-    tiles split evenly but stay inside the k blocks and column tiles (a row loop moved out would repack
-    the reused operand), so they would open 3 x 7 = 21 parallel regions a call. The column tiles win:
-    0.496 ms a call against 0.517 (Zen 4, 2 threads). AVX2's 18 column tiles win anyway."""
+    """331x277x413 on two cores: 64-wide tiles would give 7 column tiles (4 and 3 a core), so AVX-512 takes
+    5x80 tiles, 6 of them (3 a core: `register_tile` counts the busiest core); its row tiles split evenly
+    but stay inside the k blocks and column tiles (a row loop moved out would repack the reused operand),
+    so they would open 3 x 7 = 21 parallel regions a call. The column tiles win: 0.496 ms a call against
+    0.517 (Zen 4, 2 threads, 7 column tiles). AVX2's 18 column tiles win anyway."""
     _, program, ref = matmul_program(331, 277, 413)
     tree = auto_tree(program, fake(registers, bits, cores=2))
     assert f"t0: parallel n.0: {tiles} iterations for 2 cores" in tree.explain()
