@@ -745,13 +745,15 @@ class _Planner:
         conflicts on banks). False (tree unchanged) where no read is so, a tile dim is shorter than the
         tile, or the legality check refuses it."""
         program, name, x = self.tree.program, stage.name, stage.dims[-1]
-        across = [ld for ld in dict.fromkeys(ir.loads(stage.expr))
-                  if set(program.buffer_dims(ld.buffer)) <= set(stage.dims)
-                  and ld.index == ir.Affine.identity(program.buffer_dims(ld.buffer))
-                  and x in program.buffer_dims(ld.buffer) and program.buffer_dims(ld.buffer)[-1] != x]
+        across = {}                          # load -> the dim its array is contiguous along
+        for load in dict.fromkeys(ir.loads(stage.expr)):
+            dims = program.buffer_dims(load.buffer)
+            if set(dims) <= set(stage.dims) and load.index == ir.Affine.identity(dims) and x in dims and dims[-1] != x:
+                across[load] = dims[-1]
         if not across or program.dynamic:
             return False
-        y = program.buffer_dims(across[0].buffer)[-1]
+        y = next(iter(across.values()))
+        across = [load for load, along in across.items() if along == y]     # (others are read as they are)
         if min(self.size(x), self.size(y)) < TRANSPOSE_TILE:
             return False
         rest = [d for d in stage.dims if d not in (x, y)]

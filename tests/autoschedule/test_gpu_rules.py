@@ -189,6 +189,21 @@ def test_a_transpose_goes_through_swizzled_shared_tiles(rng, shape, dtype):
     assert_close(run_tree(y, tree, module), np.swapaxes(x_np.astype(np.float64), -1, -2), 1e-12)
 
 
+def test_a_transpose_copies_the_arrays_contiguous_along_one_dim_and_reads_the_others_as_they_are(rng):
+    """x[m, p, n] is contiguous along n, w[p, m] along m: the tiles are over (n, p), so x goes through shared
+    memory and w, which has no n, is read directly (copying it too once failed the rule, and the whole
+    program fell back to an element a thread)."""
+    x_np, w_np = rng.standard_normal((40, 48, 36)).astype(np.float32), rng.standard_normal((48, 40)).astype(np.float32)
+    m, n, p = lt.symbols("m n p")
+    y = lt.Tensor(np.zeros((40, 36, 48), np.float32)).to(m, n, p) + lt.Tensor(x_np).to(m, p, n) \
+        + lt.Tensor(w_np).to(p, m)
+    tree, module = scheduled(y)
+    assert "a transpose: reads in1 along n, writes along p" in tree.explain()
+    assert "in2.t0" not in str(tree) and "one output element per thread" not in tree.explain()
+    ref = x_np.astype(np.float64).transpose(0, 2, 1) + w_np.astype(np.float64).T[:, None, :]
+    assert_close(run_tree(y, tree, module), ref, 1e-6)              # (one float32 rounding of the sum)
+
+
 def test_a_narrow_transpose_stays_pointwise(rng):
     x_np = rng.standard_normal((1000, 20)).astype(np.float32)
     m, n = lt.symbols("m n")
