@@ -528,12 +528,13 @@ def _stage_in_shared(tree: LoopTree, acc: str, buffer: str, depth: int, as_store
     along_rows = sorted((lp for lp in loops if lp.name != vector), key=lambda lp: (lp.dim != order[-1], lp.stride))
     bound = {}                                          # loop name -> thread axis
     x = _fitting(along_rows, block[0], bound)
-    wide = next((lp for lp in along_rows if lp.extent > block[0] > 1 and lp.extent % block[0] == 0), None)
-    if x is None and wide is not None:               # every lane gets a share (8 lanes, rows of 32: none would)
-        tree = tree.split(wide.name, block[0], stage=copy)
-        bound[f"{wide.name}.1"] = "thread.x"
-    elif x is not None:
+    if x is not None:
         bound[x.name] = "thread.x"
+    else:                                            # every lane gets a share (8 lanes, rows of 32: none would)
+        wide = next((lp for lp in along_rows if lp.extent > block[0] > 1 and lp.extent % block[0] == 0), None)
+        if wide is not None:
+            tree = tree.split(wide.name, block[0], stage=copy)
+            bound[f"{wide.name}.1"] = "thread.x"
     widest = sorted((lp for lp in tree.schedule.of(copy).loops if lp.name != vector), key=lambda lp: -lp.extent)
     y = _fitting(widest, block[1], bound)
     wider = next((lp for lp in widest if lp.name not in bound and lp.extent > block[1] > 1), None)

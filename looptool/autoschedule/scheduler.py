@@ -484,7 +484,8 @@ class Builder:
         """The model's register tile, or the rows and columns the pick takes instead."""
         size, lanes = self.program.size, self.target.lanes(stage.dtype)
         batched = any(d not in (found.row, found.col) for d in stage.dims)      # (threads then take a batch dim)
-        tile = model.register_tile(self.target, lanes, size(found.row), size(found.col), 1 if batched else self.target.cores)
+        column_cores = 1 if batched else self.target.cores
+        tile = model.register_tile(self.target, lanes, size(found.row), size(found.col), column_cores)
         rows = self.decide(f"{stage.name}.{found.row}.tile", tile.rows,
                            choices.steps_around(tile.rows, 1, 1, size(found.row)))
         columns = self.decide(f"{stage.name}.{found.col}.tile", tile.columns,

@@ -91,8 +91,8 @@ class TensorCoreLowering:
             coeffs = linear.coeffs()
             if any(node.loop.annotation == "vectorize" and coeffs.get(node.loop.name) for node in path):
                 return False
-            columns |= any(coeffs.get(node.loop.name, 0) % row == 0 and coeffs.get(node.loop.name)
-                           for node in path if node.loop.annotation == "thread.x")
+            lanes = [coeffs.get(node.loop.name, 0) for node in path if node.loop.annotation == "thread.x"]
+            columns |= any(step and step % row == 0 for step in lanes)
         return columns
 
     def within_chunks(self, plan) -> bool:
