@@ -320,31 +320,40 @@ def _time_map(stmt: _Stmt, time: list[str], width: int) -> isl.Map:
     return _isl_map(f"{{ [{stmt.variables}] -> [{', '.join(padded)}] : {stmt.constraints} }}")
 
 
-def _original_time(stmt: _Stmt, original: dict, width: int) -> isl.Map:
-    """Loop values -> time of the same instance under the default schedule (one loop per dim)."""
+def _original_time(stmt: _Stmt, original: dict) -> list[str]:
+    """The time of each instance under the default schedule (one loop per dim), over the tree's loop values."""
     orig = original[(stmt.node.stage.name, stmt.node.kind)]
-    time = [stmt.dim_value(ir.Affine.var(orig.path[int(t[1:])].loop.dim)) if t.startswith("i") else t
+    return [stmt.dim_value(ir.Affine.var(orig.path[int(t[1:])].loop.dim)) if t.startswith("i") else t
             for t in orig.time]
-    return _time_map(stmt, time, width)
+
+
+def _ordered(relation: isl.Map, src: _Stmt, dst: _Stmt, times: tuple[list[str], list[str]], width: int,
+             after: bool = False) -> isl.Map:
+    """The pairs of `relation` whose src instance runs before its dst instance under `times` (at or after it,
+    with `after`); decided without isl where the times' first entries (top-level positions) differ."""
+    src_time, dst_time = times
+    if src_time[0] != dst_time[0]:
+        return relation if (int(src_time[0]) < int(dst_time[0])) != after else _isl().Map.empty(relation.get_space())
+    src_map, dst_map = _time_map(src, src_time, width), _time_map(dst, dst_time, width)
+    return relation.intersect(src_map.lex_ge_map(dst_map) if after else src_map.lex_lt_map(dst_map))
 
 
 def _check_pair(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, access_pairs, original, width):
     same_reduction = (src.node.stage is dst.node.stage and src.node.kind == dst.node.kind == "update")
-    orig_src, orig_dst = _original_time(src, original, width), _original_time(dst, original, width)
-    new_src, new_dst = _time_map(src, src.time, width), _time_map(dst, dst.time, width)
+    old, new = (_original_time(src, original), _original_time(dst, original)), (src.time, dst.time)
     for ix_a, w_a, ix_b, w_b in access_pairs:
         touch = _access_map(src, tree, buffer, ix_a).apply_range(_access_map(dst, tree, buffer, ix_b).reverse())
         if src.node.kind == "assign" and w_a and buffer == src.node.stage.name:
             if dst.node is src.node:
                 _check_private_writes(tree, src, buffer, touch)
             elif not w_b:
-                _check_fed(tree, src, dst, buffer, touch.intersect(new_src.lex_lt_map(new_dst)), touch)
+                _check_fed(tree, src, dst, buffer, _ordered(touch, src, dst, new, width), touch)
             continue
-        deps = touch.intersect(orig_src.lex_lt_map(orig_dst))
+        deps = _ordered(touch, src, dst, old, width)
         if deps.is_empty():
             continue
         if not same_reduction:
-            broken = deps.intersect(new_src.lex_ge_map(new_dst))
+            broken = _ordered(deps, src, dst, new, width, after=True)
             if not broken.is_empty():
                 raise IllegalScheduleError(_order_message(tree, src, dst, buffer, broken, w_a, w_b))
         _check_parallel(tree, src, dst, buffer, deps)
