@@ -197,10 +197,12 @@ def in_rows(stage: ir.Stage, row: str, outer: list[str]) -> bool:
     return set(stage.dims) <= set(outer) | {row}
 
 
-def _dividing(size: int, factor: int) -> int:
-    """The least divisor of `size` from `factor` up to twice it (blocks with no ragged end, whose
-    reads need no guard and stay vectors), else `factor`."""
-    return next((f for f in range(factor, min(2 * factor, size) + 1) if size % f == 0), factor)
+def _dividing(size: int, factor: int, multiple: int = 1) -> int:
+    """The least divisor of `size` from `factor` up to twice it (blocks with no ragged end, whose reads need
+    no guard and stay vectors), one that is a multiple of `multiple` first (a walk unrolled that many times
+    then has no remainder), else `factor`."""
+    divisors = [f for f in range(factor, min(2 * factor, size) + 1) if size % f == 0]
+    return next((f for f in divisors if f % multiple == 0), divisors[0] if divisors else factor)
 
 
 def _pow2_at_least(n: int) -> int:
@@ -818,16 +820,28 @@ class _Planner:
         """rfactor `dim` into enough independent partial results to fill the GPU, then schedule the
         partials and their final reduction as reductions of their own (not split again): a block an output
         where fewer outputs than a warp's lanes have many partials each (a column sum of a 10^7 x 3 matrix
-        has 40000: summed by 3 threads alone they took 1.8 ms on an H200, 36x torch)."""
+        has 40000: summed by 3 threads alone they took 1.8 ms on an H200, 36x torch). Where a thread takes a
+        vector of outputs, the partials are counted by vectors, not outputs, as long as the final sum keeps
+        at least as many threads as each of them adds partials (H200, session 23: column sum 8192^2 in 64
+        partials 0.87 -> 1.05x torch; 3001x1000 would take 376 for 250 final threads, 0.54-0.60x against 0.83-0.89
+        in 131). Partials along a dim that is not contiguous are interleaved (`rfactor`), and a thread's walk
+        is a whole number of unrolled steps where a divisor allows (10^7 x 3: 0.55 -> 0.77-0.81x)."""
         pure = [d for d in stage.loop_dims if d not in stage.reduce_dims]
         outputs = math.prod(self.size(d) for d in pure)
         smallest = BLOCK_CHUNK if per_output_blocks else THREAD_CHUNK
-        parts = max(2, min(-(-blocks_wanted // outputs), -(-self.size(dim) // smallest)))
-        factor = _dividing(self.size(dim), -(-self.size(dim) // parts))
+        most = -(-self.size(dim) // smallest)
+        parts = max(2, min(-(-blocks_wanted // outputs), most))
+        vectors = 0 if per_output_blocks else outputs // self.thread_vector(stage, pure)
+        if -(-blocks_wanted // max(vectors, 1)) <= vectors:
+            parts = max(parts, min(-(-blocks_wanted // vectors), most))
+        factor = _dividing(self.size(dim), -(-self.size(dim) // parts), 1 if per_output_blocks else WALK_UNROLL)
         parts = -(-self.size(dim) // factor)
-        self.tree = self.tree.rfactor(dim, factor, stage=stage.name)
+        interleaved = not per_output_blocks and not self.read_along(stage, dim)
+        self.tree = self.tree.rfactor(dim, factor, stage=stage.name, interleaved=interleaved)
+        taken = f"partial p of {dim} = p, p + {parts}, ..., so that neighbouring threads read neighbouring rows" \
+            if interleaved else f"each of {factor} consecutive values"
         self.note(stage.name, f"{outputs} outputs leave the GPU idle: {dim} split into {parts} partial results "
-                              f"of {factor} (rfactor), reduced again by a second kernel")
+                              f"of {factor} (rfactor, {taken}), reduced again by a second kernel")
         program = self.tree.program
         self.reduction(program.stage(f"{stage.name}.rf"), split=False)
         final = program.stage(stage.name)
@@ -850,6 +864,14 @@ class _Planner:
         contiguous = "contiguous" if along == contiguous_dim(self.tree.program, stage) else "not contiguous"
         self.note(name, f"reduction along {along} ({contiguous}): a block an output, {threads} threads striding "
                         f"along it, partials combined across the threads")
+
+    def thread_vector(self, stage: ir.Stage, pure: list[str]) -> int:
+        """Outputs a thread of `reduce_in_thread` takes as one 16-byte vector along the stage's last dim (1
+        where its rows do not hold whole vectors, or too few of them for a warp)."""
+        x = stage.dims[-1]
+        width = VECTOR_BYTES // templates.ITEM_BYTES[stage.expr.dtype]
+        least = width * (WARP_LANES // 2 if self.tile_rows(stage, [d for d in pure if d != x]) > 1 else WARP_LANES)
+        return width if self.size(x) % width == 0 and self.size(x) >= least else 1
 
     def tile_rows(self, stage: ir.Stage, rest: list[str]) -> int:
         """Outputs along the pure dim before the contiguous one that a thread walking the reduction takes
@@ -886,9 +908,7 @@ class _Planner:
         self.coalesce_inputs(stage, x)
         rest = [d for d in pure if d != x]
         rows = self.tile_rows(stage, rest)
-        width = VECTOR_BYTES // templates.ITEM_BYTES[stage.expr.dtype]
-        least = width * (WARP_LANES // 2 if rows > 1 else WARP_LANES)
-        vector = width if self.size(x) % width == 0 and self.size(x) >= least else 1
+        vector = self.thread_vector(stage, pure)
         threads = min(BLOCK_THREADS, _pow2_at_least(-(-self.size(x) // vector)))
         self.tree = self.tree.split(x, threads * vector, stage=name)
         thread_x, vector_loop, tile_loop = f"{x}.1", [], []

@@ -254,10 +254,11 @@ class LoopTree:
         `.acc` stage inside the copy's loops to keep one tile of results (e.g. in GPU registers)."""
         return LoopTree(self.program, self.schedule.cache_write(self._stage(stage)))
 
-    def rfactor(self, dim: str, factor: int, stage: str | None = None) -> "LoopTree":
+    def rfactor(self, dim: str, factor: int, stage: str | None = None, interleaved: bool = False) -> "LoopTree":
         """Reduce over `dim` in two steps: a new stage `<stage>.rf` of one partial result per `factor`
-        values of `dim`, then `stage` over the partials (see `Schedule.rfactor`)."""
-        return LoopTree(self.program, self.schedule.rfactor(self._stage(stage), dim, factor))
+        values of `dim` (every `parts`-th value, `interleaved`), then `stage` over the partials (see
+        `Schedule.rfactor`)."""
+        return LoopTree(self.program, self.schedule.rfactor(self._stage(stage), dim, factor, interleaved))
 
     def hoist(self, stage: str | None = None) -> "LoopTree":
         """Compute the factor of a reduction's product that leaves out some of its dims once, into a

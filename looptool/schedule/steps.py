@@ -376,12 +376,14 @@ class Schedule:
                                else other_sched))
         return Schedule(program, tuple(stages), self.steps + (("cache_write", stage),))
 
-    def rfactor(self, stage: str, dim: str, factor: int) -> "Schedule":
+    def rfactor(self, stage: str, dim: str, factor: int, interleaved: bool = False) -> "Schedule":
         """Split the reduction over `dim` of `stage` in two: a new stage `<stage>.rf` keeps one partial
         result per block of `factor` values of `dim` (its new dim `<dim>_o`, reducing over `<dim>_i`),
         and `stage` reduces the partials over `<dim>_o`. The partials are independent, so they can run
-        on different GPU blocks (a grid-wide reduction, split-k). Both stages start from their default
-        loops, so rfactor comes before the stage's other steps."""
+        on different GPU blocks (a grid-wide reduction, split-k). `interleaved` partials each take every
+        `parts`-th value instead (`dim` = `<dim>_o` + parts * `<dim>_i`), so neighbouring partials read
+        neighbouring values at each step. Both stages start from their default loops, so rfactor comes
+        before the stage's other steps."""
         original = self.program.stage(stage)
         if dim not in original.reduce_dims:
             raise ValueError(f"rfactor: {dim} is not a reduction dim of stage {stage} (it reduces over "
@@ -400,10 +402,13 @@ class Schedule:
                              f"or split '{dim}' (a split keeps its tail for every size)")
         factor = min(factor, max(size, 1))
         outer, inner = self.program.fresh_dim(f"{dim}_o"), self.program.fresh_dim(f"{dim}_i")
-        partial, final = _rfactored(original, name, dim, outer, inner, factor, size)
+        parts = -(-size // factor)
+        index = ir.Affine.of({outer: 1, inner: parts} if interleaved else {outer: factor, inner: 1})
+        partial, final = _rfactored(original, name, dim, outer, inner, index, size, parts * factor != size)
         program = replace(_replaced(self.program, original, [partial, final]),
-                          sizes=self.program.sizes + ((outer, -(-size // factor)), (inner, factor)))
-        return self._replacing(stage, program, [partial, final], ("rfactor", stage, dim, factor))
+                          sizes=self.program.sizes + ((outer, parts), (inner, factor)))
+        step = ("rfactor", stage, dim, factor) + ((True,) if interleaved else ())
+        return self._replacing(stage, program, [partial, final], step)
 
     def pad(self, stage: str, multiples: dict[str, int] | list) -> "Schedule":
         """Compute the sum-of-products `stage` on its operands padded with zeros so that each dim in
@@ -638,13 +643,12 @@ def _hoistable_factor(stage: ir.Stage) -> tuple[ir.Expr, ir.Expr]:
                      f"leave out one of its dims {stage.loop_dims} (nothing would be computed fewer times)")
 
 
-def _rfactored(original: ir.Stage, name: str, dim: str, outer: str, inner: str, factor: int,
-               size: int) -> tuple[ir.Stage, ir.Stage]:
-    """(the stage of partial results over `outer`, the stage reducing them) that replace `original`."""
-    index = ir.Affine.of({outer: factor, inner: 1})
-    ragged = size % factor != 0
+def _rfactored(original: ir.Stage, name: str, dim: str, outer: str, inner: str, index: ir.Affine, size: int,
+               ragged: bool) -> tuple[ir.Stage, ir.Stage]:
+    """(the stage of partial results over `outer`, the stage reducing them) that replace `original`, `dim`
+    at `index` of the two (past `size` somewhere where `ragged`)."""
     expr = ir.substituted(original.expr, {dim: index}, clamp=ragged)
-    if ragged:     # the last block of `dim` is short: values past its end add the reduction's identity
+    if ragged:     # index runs past the end of `dim`: values there add the reduction's identity
         expr = ir.Select((ir.Guard(index, 0, size),), expr,
                          ir.Const(ir.REDUCE_IDENTITY[original.reduce_op], expr.dtype))
     swap = {dim: inner}

@@ -2,6 +2,7 @@
 (read from the tree and `explain()`), the legality check accepts it, the CPU runs it (GPU-bound loops
 as plain loops) against a float64 reference, and its PTX builds for the GPU it was made for."""
 import dataclasses
+import json
 import re
 
 import ml_dtypes
@@ -151,6 +152,42 @@ def test_the_many_partial_sums_of_a_few_outputs_are_added_by_a_block_an_output(r
     assert "t0: reduction along m_o (not contiguous): a block an output" in tree.explain(), tree.explain()
     assert module.launches[1].grid == (3, 1, 1) and module.launches[1].block[0] > 32
     assert_close(total.numpy(tree), x_np.astype(np.float64).sum(0), 1e-5)
+
+
+def test_partial_sums_along_a_dim_that_is_not_contiguous_take_interleaved_rows(rng):
+    """Column sums of a 100003 x 3 matrix: partial result p sums rows p, p + parts, ... (neighbouring
+    threads read neighbouring rows at each step: a 10^7 x 3 matrix's partials of 250 consecutive rows each
+    read 0.57x torch on an H100); the last rows of each partial past the end add zeros."""
+    x_np = rng.standard_normal((100003, 3)).astype(np.float32)
+    m, n = lt.symbols("m n")
+    total = lt.Tensor(x_np).to(m, n).sum(m)
+    tree, _ = scheduled(total)
+    parts = tree.program.buffer_shape("t0.rf")[0]
+    assert "so that neighbouring threads read neighbouring rows" in tree.explain()
+    assert f"in0[{parts}*m_i + m_o, n] if 0 <= {parts}*m_i + m_o < 100003" in str(tree), str(tree)
+    assert_close(total.numpy(tree), x_np.astype(np.float64).sum(0), 1e-5)
+
+
+@pytest.mark.parametrize("shape, parts", [((4096, 4096), 128), ((3001, 1000), 131)])
+def test_partial_results_are_counted_by_a_threads_vector_where_the_final_sum_keeps_the_threads(shape, parts):
+    """4096 column sums take 1024 threads of 4-wide vectors: 132 partials each fill an H100's half-resident
+    threads (32 by outputs alone left it a quarter busy); 1000 sums would take 541 partials for 250 final
+    threads, so those are counted by outputs (135: 131 of 23 rows)."""
+    m, n = lt.symbols("m n")
+    program = lt.Tensor(np.empty(shape, np.float32)).to(m, n).sum(m).loop_tree().program
+    tree = gpu_rules.gpu_tree(program, assumed_gpu("sm_90"))
+    assert tree.program.buffer_shape("t0.rf")[0] == parts, tree.explain()
+
+
+def test_interleaved_partial_results_round_trip_through_json(rng):
+    x_np = rng.standard_normal((1001, 5)).astype(np.float32)
+    m, n = lt.symbols("m n")
+    total = lt.Tensor(x_np).to(m, n).sum(m)
+    tree = total.loop_tree().rfactor("m", 16, interleaved=True)
+    replayed = lt.Tensor(x_np).to(m, n).sum(m).loop_tree(tree.schedule.to_json())
+    assert ["rfactor", "t0", "m", 16, True] in json.loads(tree.schedule.to_json())["steps"]
+    assert str(replayed) == str(tree)
+    assert_close(total.numpy(replayed), x_np.astype(np.float64).sum(0), 1e-5)
 
 
 def test_a_gpu_with_more_sms_gets_more_partial_results(rng):
