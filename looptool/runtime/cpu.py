@@ -4,11 +4,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import gc
 import math
 import os
 import time
+import weakref
 from dataclasses import dataclass
+from typing import Callable
 
 import llvmlite.binding as llvm
 import numpy as np
@@ -311,9 +314,45 @@ def kernel_for(node: graph.Node, schedule=None) -> Kernel:
 def evaluate(node: graph.Node, schedule=None) -> np.ndarray:
     """Compile (cached) and run a graph; the result's axes follow the graph's dims.
 
-    With no schedule given, the tuned schedule stored for this workload is used, else the automatic one."""
+    With no schedule given, the tuned schedule stored for this workload is used, else the automatic one
+    (through `prepared_call`, so calling again costs little more than the kernel)."""
+    if schedule is None:
+        return prepared_call(node)()
     program, arrays = lower_on_host(node)
     return _cached_kernel(program, schedule)(arrays)
+
+
+def prepared_call(node: graph.Node) -> Callable[[], np.ndarray]:
+    """The call that runs a graph with no schedule given: lowered, scheduled and compiled once, and kept
+    while the graph lives, the thread count is unchanged and this process stores no tuned schedule. A graph
+    whose lowered inputs are not its own arrays (device arrays brought to the host, misaligned ones copied)
+    is lowered again at each call, so the copies are never stale."""
+    key = (tuning_db.generation(), _THREADS[0])
+    kept = _PREPARED.get(node)
+    if kept is not None and kept[0] == key:
+        return kept[1]
+    program, arrays = lower_on_host(node)
+    kernel = _cached_kernel(program, None)
+    if not _own_arrays(node, arrays):
+        return lambda: kernel(lower_on_host(node)[1])
+    call = functools.partial(kernel, arrays)
+    _PREPARED[node] = (key, call)
+    return call
+
+
+_PREPARED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()     # graph -> ((db generation, threads), call)
+
+
+def _own_arrays(node: graph.Node, arrays: list) -> bool:
+    """Whether every lowered input is one of the graph's own arrays, used in place."""
+    own, todo, seen = set(), [node], set()
+    while todo:
+        here = todo.pop()
+        if id(here) not in seen:
+            seen.add(id(here))
+            own.update([id(here.array)] if isinstance(here, graph.Input) else [])
+            todo.extend(here.children())
+    return all(id(array) in own for array in arrays)
 
 
 def _cached_kernel(program: ir.Program, schedule) -> Kernel:
