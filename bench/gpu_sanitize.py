@@ -88,6 +88,8 @@ def automatic_workloads() -> dict:
     out["dot 10001"] = ((lt.Tensor(x).to(c) * lt.Tensor(y).to(c)).sum(c), x.astype(np.float64) @ y)
     a = rng.standard_normal((301, 68), dtype=np.float32)
     out["column sum 301x68"] = (lt.Tensor(a).to(m, n).sum(m), a.astype(np.float64).sum(0))
+    tall = rng.standard_normal((20_001, 3), dtype=np.float32)
+    out["column sum 20001x3"] = (lt.Tensor(tall).to(m, n).sum(m), tall.astype(np.float64).sum(0))
     out["row sum 68x301"] = (lt.Tensor(a.T.copy()).to(m, n).sum(n), a.astype(np.float64).sum(0))
     out["max to a scalar 301x68"] = (lt.Tensor(a).to(m, n).max(m, n), np.array(a.max(), dtype=np.float64))
     xt = lt.Tensor(a).to(m, n)
