@@ -137,12 +137,11 @@ def _prove(tree: LoopTree) -> None:
     bulk_copies(tree, tensor_tiles(tree))
     original = {(s.node.stage.name, s.node.kind): s for s in _statements(LoopTree(tree.program))}
     stmts = _statements(tree)
-    width = max(len(s.time) for s in stmts + list(original.values()))
     pairs = [(src, dst) for src in stmts for dst in stmts]
     pairs.sort(key=lambda p: (p[0].node.stage is p[1].node.stage, p[0].node.kind == "init"))
     for src, dst in pairs:
         for buffer, kinds in _shared_accesses(src.node, dst.node):
-            _check_pair(tree, src, dst, buffer, kinds, original, width)
+            _check_pair(tree, src, dst, buffer, kinds, original)
 
 
 def _check_structure(tree: LoopTree):
@@ -327,18 +326,20 @@ def _original_time(stmt: _Stmt, original: dict) -> list[str]:
             for t in orig.time]
 
 
-def _ordered(relation: isl.Map, src: _Stmt, dst: _Stmt, times: tuple[list[str], list[str]], width: int,
+def _ordered(relation: isl.Map, src: _Stmt, dst: _Stmt, times: tuple[list[str], list[str]],
              after: bool = False) -> isl.Map:
     """The pairs of `relation` whose src instance runs before its dst instance under `times` (at or after it,
-    with `after`); decided without isl where the times' first entries (top-level positions) differ."""
+    with `after`); decided without isl where the times' first entries (top-level positions) differ, else
+    compared over the longer of the two times (zeros past the end of either change no order)."""
     src_time, dst_time = times
     if src_time[0] != dst_time[0]:
         return relation if (int(src_time[0]) < int(dst_time[0])) != after else _isl().Map.empty(relation.get_space())
+    width = max(len(src_time), len(dst_time))
     src_map, dst_map = _time_map(src, src_time, width), _time_map(dst, dst_time, width)
     return relation.intersect(src_map.lex_ge_map(dst_map) if after else src_map.lex_lt_map(dst_map))
 
 
-def _check_pair(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, access_pairs, original, width):
+def _check_pair(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, access_pairs, original):
     same_reduction = (src.node.stage is dst.node.stage and src.node.kind == dst.node.kind == "update")
     old, new = (_original_time(src, original), _original_time(dst, original)), (src.time, dst.time)
     for ix_a, w_a, ix_b, w_b in access_pairs:
@@ -347,13 +348,13 @@ def _check_pair(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, access_pair
             if dst.node is src.node:
                 _check_private_writes(tree, src, buffer, touch)
             elif not w_b:
-                _check_fed(tree, src, dst, buffer, _ordered(touch, src, dst, new, width), touch)
+                _check_fed(tree, src, dst, buffer, _ordered(touch, src, dst, new), touch)
             continue
-        deps = _ordered(touch, src, dst, old, width)
+        deps = _ordered(touch, src, dst, old)
         if deps.is_empty():
             continue
         if not same_reduction:
-            broken = _ordered(deps, src, dst, new, width, after=True)
+            broken = _ordered(deps, src, dst, new, after=True)
             if not broken.is_empty():
                 raise IllegalScheduleError(_order_message(tree, src, dst, buffer, broken, w_a, w_b))
         _check_parallel(tree, src, dst, buffer, deps)
