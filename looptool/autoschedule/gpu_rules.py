@@ -713,7 +713,8 @@ class _Planner:
             return
         name, x = stage.name, stage.dims[-1]
         width = VECTOR_BYTES // templates.ITEM_BYTES[stage.dtype]
-        vector = width if self.size(x) % width == 0 and self.size(x) >= width else 1
+        whole = self.size(x) % width == 0 or (len(stage.dims) == 1 and self.size(x) >= width * BLOCK_THREADS)
+        vector = width if whole and self.size(x) >= width else 1
         along = -(-self.size(x) // vector)
         threads_x = min(BLOCK_THREADS, _pow2_at_least(along))
         run = SCALAR_RUN if vector == 1 and along >= SCALAR_RUN * threads_x else 1
