@@ -832,9 +832,11 @@ class _Planner:
         smallest = BLOCK_CHUNK if per_output_blocks else THREAD_CHUNK
         most = -(-self.size(dim) // smallest)
         parts = max(2, min(-(-blocks_wanted // outputs), most))
-        vectors = 0 if per_output_blocks else outputs // self.thread_vector(stage, pure)
-        if -(-blocks_wanted // max(vectors, 1)) <= vectors:
-            parts = max(parts, min(-(-blocks_wanted // vectors), most))
+        if not per_output_blocks:
+            vectors = outputs // self.thread_vector(stage, pure)
+            by_vectors = -(-blocks_wanted // vectors)
+            if by_vectors <= vectors:          # the final sum keeps as many threads as each adds partials
+                parts = max(parts, min(by_vectors, most))
         factor = _dividing(self.size(dim), -(-self.size(dim) // parts), 1 if per_output_blocks else WALK_UNROLL)
         parts = -(-self.size(dim) // factor)
         interleaved = not per_output_blocks and not self.read_along(stage, dim)

@@ -348,10 +348,12 @@ def _own_arrays(node: graph.Node, arrays: list) -> bool:
     own, todo, seen = set(), [node], set()
     while todo:
         here = todo.pop()
-        if id(here) not in seen:
-            seen.add(id(here))
-            own.update([id(here.array)] if isinstance(here, graph.Input) else [])
-            todo.extend(here.children())
+        if id(here) in seen:
+            continue
+        seen.add(id(here))
+        if isinstance(here, graph.Input):
+            own.add(id(here.array))
+        todo.extend(here.children())
     return all(id(array) in own for array in arrays)
 
 
