@@ -218,16 +218,17 @@ class Builder:
 
     def placement(self, stage: ir.Stage) -> tuple[str, int] | None:
         """(consumer, depth) where the stage could be computed: its last reader's loops over exactly
-        its own dims, when every other reader is placed there too and reads it at the plain index, and
-        that reader is not a contraction (inside its register tile the producer would be computed one
-        element at a time)."""
+        its own dims (or, where that reader is itself computed in another stage's loops, those), when
+        every other reader is placed there too and reads it at the plain index, and that stage is not a
+        contraction (inside its register tile the producer would be computed one element at a time). A
+        softmax's row max is so computed in the row loop of its result, beside the exp that reads it."""
         readers = self.program.readers(stage.name)
         if stage is self.program.output or not readers or structure.contraction(self.program, stage):
             return None
-        host_stage = readers[-1].name
+        host_stage = self.schedule.of(readers[-1].name).consumer or readers[-1].name
         if self.schedule.of(host_stage).consumer is not None or not structure.is_plain_read(self.program, stage):
             return None
-        if structure.contraction(self.program, readers[-1]):   # its loops are register tiles: one element a time
+        if structure.contraction(self.program, self.program.stage(host_stage)):   # register tiles: one element a time
             return None
         if any(r.name != host_stage and self.schedule.of(r.name).consumer != host_stage for r in readers):
             return None
