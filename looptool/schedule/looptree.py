@@ -135,20 +135,36 @@ class LoopTree:
         self.reasons = reasons
         self.program = self.schedule.program
         self.buffers = _plan_buffers(self.program, self.schedule)
-        self.local_buffers: dict[int, list[BufferPlan]] = {}
-        self.root: list = []
-        for stage in self.program.stages:
-            if self.schedule.of(stage.name).consumer is None:
-                self._emit_stage(stage, self.root, [])
 
     # Building --------------------------------------------------------------------
+    @property
+    def root(self) -> list:
+        """The loop nest: its top-level nodes."""
+        return self._nest[0]
+
+    @property
+    def local_buffers(self) -> dict[int, list[BufferPlan]]:
+        """The local buffers by the id of the loop node they are allocated in."""
+        return self._nest[1]
+
+    @cached_property
+    def _nest(self) -> tuple[list, dict[int, list[BufferPlan]]]:
+        """(root, local buffers), built on first use: a transform makes a tree of its schedule at each
+        step, and the automatic rules read the nests of only some of them."""
+        root: list = []
+        self._local_buffers: dict[int, list[BufferPlan]] = {}
+        for stage in self.program.stages:
+            if self.schedule.of(stage.name).consumer is None:
+                self._emit_stage(stage, root, [])
+        return root, self._local_buffers
+
     def _emit_stage(self, stage: ir.Stage, container: list, path: list[LoopNode]):
         sched = self.schedule.of(stage.name)
         loops = self.schedule.effective_loops(stage.name)
         tails = self.schedule.effective_tails(stage.name)
         first_reduce = next((i for i, lp in enumerate(loops) if lp.dim in stage.reduce_dims), len(loops))
         if self.buffers[stage.name].kind == "local":
-            self.local_buffers.setdefault(id(path[-1]), []).append(self.buffers[stage.name])
+            self._local_buffers.setdefault(id(path[-1]), []).append(self.buffers[stage.name])
 
         def nest(depth: int, body: list, path: list[LoopNode]):
             hosted = self._hosted(stage.name, depth)
