@@ -152,25 +152,25 @@ class LoopTree:
         """(root, local buffers), built on first use: a transform makes a tree of its schedule at each
         step, and the automatic rules read the nests of only some of them."""
         root: list = []
-        self._local_buffers: dict[int, list[BufferPlan]] = {}
+        local: dict[int, list[BufferPlan]] = {}
         for stage in self.program.stages:
             if self.schedule.of(stage.name).consumer is None:
-                self._emit_stage(stage, root, [])
-        return root, self._local_buffers
+                self._emit_stage(stage, root, [], local)
+        return root, local
 
-    def _emit_stage(self, stage: ir.Stage, container: list, path: list[LoopNode]):
+    def _emit_stage(self, stage: ir.Stage, container: list, path: list[LoopNode], local: dict):
         sched = self.schedule.of(stage.name)
         loops = self.schedule.effective_loops(stage.name)
         tails = self.schedule.effective_tails(stage.name)
         first_reduce = next((i for i, lp in enumerate(loops) if lp.dim in stage.reduce_dims), len(loops))
         if self.buffers[stage.name].kind == "local":
-            self._local_buffers.setdefault(id(path[-1]), []).append(self.buffers[stage.name])
+            local.setdefault(id(path[-1]), []).append(self.buffers[stage.name])
 
         def nest(depth: int, body: list, path: list[LoopNode]):
             hosted = self._hosted(stage.name, depth)
             for other in self.program.stages:
                 if other.name in hosted:
-                    self._emit_stage(other, body, path)
+                    self._emit_stage(other, body, path, local)
             if stage.reduce_op and depth == max(first_reduce, sched.at):
                 pure = [lp for lp in loops[depth:] if lp.dim not in stage.reduce_dims]
                 body.append(self._plain_nest(stage, "init", pure, tails, path))
