@@ -326,17 +326,15 @@ def prepared_call(node: graph.Node) -> Callable[[], np.ndarray]:
     """The call that runs a graph with no schedule given: lowered, scheduled and compiled once, and kept
     while the graph lives, the thread count is unchanged and this process stores no tuned schedule. A graph
     whose lowered inputs are not its own arrays (device arrays brought to the host, misaligned ones copied)
-    is lowered again at each call, so the copies are never stale."""
+    is not kept: each call lowers it again, so the copies are never stale."""
     key = (tuning_db.generation(), _THREADS[0])
     kept = _PREPARED.get(node)
     if kept is not None and kept[0] == key:
         return kept[1]
     program, arrays = lower_on_host(node)
-    kernel = _cached_kernel(program, None)
-    if not _own_arrays(node, arrays):
-        return lambda: kernel(lower_on_host(node)[1])
-    call = functools.partial(kernel, arrays)
-    _PREPARED[node] = (key, call)
+    call = functools.partial(_cached_kernel(program, None), arrays)
+    if _own_arrays(node, arrays):
+        _PREPARED[node] = (key, call)
     return call
 
 
