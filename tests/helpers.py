@@ -63,6 +63,15 @@ def randn(rng, shape, dtype=np.float32):
     return rng.standard_normal(shape).astype(dtype)
 
 
+def misaligned(array: np.ndarray) -> np.ndarray:
+    """A copy of `array` whose data starts one byte past an element boundary."""
+    raw = np.zeros(array.nbytes + 1, np.uint8)
+    view = np.frombuffer(raw.data, dtype=array.dtype, count=array.size, offset=1).reshape(array.shape)
+    view[...] = array
+    assert not view.flags.aligned
+    return view
+
+
 def f64(x):
     return np.asarray(x, dtype=np.float64)
 

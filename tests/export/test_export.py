@@ -31,7 +31,7 @@ import pytest
 import looptool as lt
 from looptool import ArtifactError, ir
 from looptool.codegen import cpu
-from tests.helpers import assert_close, conv2d_nchw_ref, softmax_ref
+from tests.helpers import assert_close, conv2d_nchw_ref, misaligned, softmax_ref
 
 TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
@@ -510,15 +510,6 @@ def test_c_program_against_header_and_shared_library(tmp_path):
 
 
 # ------------------------------------------------------------------ bad input: copies and refusals
-
-def misaligned(array: np.ndarray) -> np.ndarray:
-    """A copy of `array` whose data starts one byte past an element boundary."""
-    raw = np.zeros(array.nbytes + 1, np.uint8)
-    view = np.frombuffer(raw.data, dtype=array.dtype, count=array.size, offset=1).reshape(array.shape)
-    view[...] = array
-    assert not view.flags.aligned
-    return view
-
 
 def odd_strides(array: np.ndarray) -> np.ndarray:
     """A view of `array`'s values with byte strides that are not whole elements (a record field)."""

@@ -4,7 +4,7 @@ new shape or dtype."""
 import numpy as np
 
 import looptool as lt
-from tests.helpers import assert_close, f64, rand
+from tests.helpers import assert_close, f64, misaligned, rand
 
 
 # ------------------------------------------------------------------- cache
@@ -105,8 +105,7 @@ def test_numpy_prepares_again_for_another_thread_count(rng):
 
 def test_numpy_of_a_copied_input_copies_it_again_at_each_call(rng):
     """A misaligned input is copied by lowering: each call copies it anew, so an in-place change is seen."""
-    x = np.zeros(37 * 41 * 4 + 1, np.uint8)[1:].view(np.float32).reshape(37, 41)
-    x[:] = rand(rng, (37, 41))
+    x = misaligned(rand(rng, (37, 41)))
     y = rand(rng, (41,))
     c = _cache_expr(x, y)
     c.numpy()

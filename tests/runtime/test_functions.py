@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import looptool as lt
-from tests.helpers import assert_close
+from tests.helpers import assert_close, misaligned
 
 m, k, n = lt.symbols("m k n")
 
@@ -100,10 +100,10 @@ def test_after_a_steady_call_every_bad_input_is_still_refused_in_words(rng):
         ((a, b), {"out": np.empty((8, 4), np.float64)}, ValueError, "out must be an aligned, C-contiguous float32"),
         ((a, b), {"out": np.empty((4, 8), np.float32).T}, ValueError, r"contiguous: False"),
         ((a, b), {"out": [[0.0] * 4] * 8}, ValueError, "out must be a NumPy array, got list"),
-        ((a, b), {"out": misaligned((8, 4))}, ValueError, "aligned: False"),
+        ((a, b), {"out": misaligned(np.zeros((8, 4), np.float32))}, ValueError, "aligned: False"),
         ((a, b), {"out": read_only((8, 4))}, ValueError, "out .* is read-only"),
         ((a, a.T.copy()), {"out": a[:, :6]}, ValueError, "out must be an aligned, C-contiguous"),
-        ((misaligned((8, 6)), b), {}, ValueError, r"argument a \(shape \(8, 6\)\) is not aligned"),
+        ((misaligned(np.zeros((8, 6), np.float32)), b), {}, ValueError, r"argument a \(shape \(8, 6\)\) is not aligned"),
     ]
     for arrays, kwargs, error, message in bad_calls:
         matmul(a, b)                                                   # the signature's checked entry first
@@ -117,11 +117,6 @@ def test_after_a_steady_call_every_bad_input_is_still_refused_in_words(rng):
     inside = memory[:36].reshape(6, 6)
     with pytest.raises(ValueError, match="out shares memory with input a"):
         matmul(inside, square, out=memory[6:42].reshape(6, 6))
-
-
-def misaligned(shape):
-    """A float32 array of `shape` whose data starts one byte past an element boundary."""
-    return np.zeros(int(np.prod(shape)) * 4 + 1, np.uint8)[1:].view(np.float32).reshape(shape)
 
 
 def read_only(shape):
