@@ -14,7 +14,8 @@ It also measures the host cost of a `.cuda()` call (perf_counter over many calls
 workload, no synchronization). Prints a table; writes `gpu_suite.json` and `gpu_suite.md` to DIR.
 `--shapes other` runs 13 shapes no rule was tuned on instead (for re-measuring the rules), `--shapes even`
 the suite without its odd sizes, `--shapes sweep` 27 skewed, odd and off-tile shapes of every family (for
-finding outliers), `--shapes models` the CPU suite's workloads (`bench.models`) at its sizes.
+finding outliers), `--shapes transformer` 29 shapes of GPT-2 and LLaMA layers no rule was tuned on,
+`--shapes models` the CPU suite's workloads (`bench.models`) at its sizes.
 """
 from __future__ import annotations
 
@@ -251,9 +252,41 @@ def workloads(torch, shapes: str = "suite"):
         ("transpose bf16 4096x4096", transpose(4096, 4096, bf16)),
         ("transpose f32 16x512x768", transpose(512, 768, torch.float32, batch=16)),
     ]
+    transformer_rows = [  # `--shapes transformer`: GPT-2 and LLaMA widths (768, 3072, 4096, 11008), none tuned on
+        ("matmul bf16 2048x4096x4096", matmul(2048, 4096, 4096, bf16)),
+        ("matmul bf16 2048x4096x11008", matmul(2048, 4096, 11008, bf16)),
+        ("matmul bf16 2048x11008x4096", matmul(2048, 11008, 4096, bf16)),
+        ("matmul bf16 512x768x3072", matmul(512, 768, 3072, bf16)),
+        ("matmul bf16 8192x768x768", matmul(8192, 768, 768, bf16)),
+        ("matmul bf16 2048x768x50257", matmul(2048, 768, 50257, bf16)),
+        ("matmul bf16 2048^3, bf16 result", matmul_rounded(2048, 2048, 2048)),
+        ("matmul f32 2048^3", matmul(2048, 2048, 2048, torch.float32)),
+        ("matmul f32 512^3", matmul(512, 512, 512, torch.float32)),
+        ("matmul f32 4096x768x768", matmul(4096, 768, 768, torch.float32)),
+        ("batched matmul bf16 48x512x64x512", batched(48, 512, 64, 512, bf16)),
+        ("batched matmul bf16 32x2048x128x2048, bf16 result", batched(32, 2048, 128, 2048, bf16, rounded=True)),
+        ("batched matmul bf16 32x128x2048x128", batched(32, 128, 2048, 128, bf16)),
+        ("mlp relu(xW+b) bf16 2048x4096x11008", mlp(2048, 4096, 11008)),
+        ("mlp relu(xW+b) bf16 512x768x3072", mlp(512, 768, 3072)),
+        ("softmax f32 4096x4096", softmax(4096, 4096, torch.float32)),
+        ("softmax f32 32768x512", softmax(32768, 512, torch.float32)),
+        ("softmax f32 512x32000", softmax(512, 32000, torch.float32)),
+        ("layer norm f32 4096x768", layer_norm(4096, 768)),
+        ("layer norm f32 2048x4096", layer_norm(2048, 4096)),
+        ("row sum f32 4096x4096", axis_sum(4096, 4096, 1)),
+        ("column sum f32 4096x768", axis_sum(4096, 768, 0)),
+        ("gelu(tanh) f32 2048x3072", gelu(2048, 3072)),
+        ("gelu(tanh) f32 4096x11008", gelu(4096, 11008)),
+        ("attention head f32 512x64", attention(512, 64)),
+        ("attention head f32 2048x64", attention(2048, 64)),
+        ("conv 3x3 bf16 16x128x28x28", conv(16, 128, 28, bf16)),
+        ("conv 3x3 f32 32x64x28x28", conv(32, 64, 28, torch.float32)),
+        ("transpose f32 4096x1024", transpose(4096, 1024, torch.float32)),
+    ]
     if shapes == "models":
         return model_rows(torch)
-    return {"suite": rows + odd_rows, "even": rows, "other": other_rows, "sweep": sweep_rows}[shapes]
+    return {"suite": rows + odd_rows, "even": rows, "other": other_rows, "sweep": sweep_rows,
+            "transformer": transformer_rows}[shapes]
 
 
 def model_rows(torch) -> list:
@@ -336,7 +369,7 @@ def main(argv=None):
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--only", default="", help="run rows whose name contains this")
     parser.add_argument("--skip", default="", help="comma-separated: leave out rows whose name contains any")
-    parser.add_argument("--shapes", choices=("suite", "even", "other", "sweep", "models"), default="suite",
+    parser.add_argument("--shapes", choices=("suite", "even", "other", "sweep", "transformer", "models"), default="suite",
                         help="the suite's rows, its rows without the odd sizes, or other shapes for re-measuring")
     parser.add_argument("--profile", action="store_true", help="each row's kernels' device times (torch.profiler)")
     args = parser.parse_args(argv)

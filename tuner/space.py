@@ -195,7 +195,7 @@ def gpu_start_params(program: ir.Program) -> dict:
     family = tensor_families()[-1]
     spec, (block, teams, k_tile, stages, copier) = TENSOR_FAMILIES[family], TENSOR_START[family]
     if family == "wgmma":          # the automatic schedule's template for this GPU
-        block, teams, k_tile, stages, copier = wgmma_start(program, contraction, _sm_count())
+        block, teams, k_tile, stages, copier = wgmma_start(program, contraction, _gpu())
     st = program.stage(contraction)
     m, n = [d for d in st.loop_dims if d not in st.reduce_dims][-2:]
     params = {"gpu.family": "tiles"} if len(program.stages) > 1 else {}
@@ -220,12 +220,18 @@ def _tiles_start(program: ir.Program) -> dict:
     return {f"{st.name}.gpu.{name}": value for name, value in p.items()} if fits else {}
 
 
-def _sm_count() -> int | None:
-    """The current GPU's SM count, or None where there is no GPU."""
+def _gpu():
+    """The current GPU (`runtime.gpu.gpu_target`), or None where there is no GPU."""
     try:
-        return runtime_gpu.gpu_target().sms
+        return runtime_gpu.gpu_target()
     except (RuntimeError, ImportError):
         return None
+
+
+def _sm_count() -> int | None:
+    """The current GPU's SM count, or None where there is no GPU."""
+    gpu = _gpu()
+    return gpu and gpu.sms
 
 
 @functools.cache

@@ -10,7 +10,7 @@ import logging
 import math
 
 from .. import ir
-from ..analysis.gpu_target import WARP_LANES
+from ..analysis.gpu_target import WARP_LANES, GpuTarget
 from ..frontend.dtypes import ITEM_BYTES
 from ..schedule import TENSOR_INSTRUCTIONS, LoopTree
 
@@ -81,6 +81,21 @@ WGMMA_ONE_K_TILE = ((64, 128), (1, 1), 64, 2, "cp.async")
 # 3000x2000x1000 64.5 us against 52.2 for 128 x 256, 1000^3 25.0 against 23.7 for 128 x 128)
 WGMMA_BLOCKS = ((128, 256), (128, 128))
 WGMMA_NARROW_BLOCK = (128, 64)
+# ... and where 128 x 256 blocks take more than one wave, 128 x 128 blocks two an SM (pipelined in as many
+# stages as leave two blocks room in an SM's shared memory: 3 on Hopper), one's write-back and a last part-full
+# wave running beside the other's products, where an SM's tiles of them (ceil(blocks / SMs)) times
+# PAIRED_TILE_SHARE (a 128 x 128 tile's time two an SM against a 128 x 256 tile's alone) come to less than its
+# 128 x 256 tiles. H100, session 24 (scratch variants, kernels' ms, 128 x 256 in 4 stages / 128 x 128 in 3;
+# share per tile): 8192x768x768 0.0369 / 0.0326 (0.59), 4096^3 0.2008 / 0.2307 (0.57), 2048x4096x4096 0.109 /
+# 0.121 (0.55), 2048x11008x4096 0.258 / 0.335 (0.65), 2048x512x8192 0.054 / 0.056 (0.52); k of at most
+# PAIRED_SHORT_K k tiles (a write-back as long as the products): 32x2048x128x2048 (batched) 0.245 / 0.212
+# (0.44), with a bf16 result 0.253 / 0.203, 16x1024x256x1024 0.051 / 0.047 (0.46), 4096x256x4096 0.047 /
+# 0.046 (0.49)
+PAIRED_BLOCK = (128, 128)
+PAIRED_TILE_SHARE = 0.55
+PAIRED_SHORT_K = 4
+PAIRED_SHORT_K_SHARE = 0.45
+BLOCK_RESERVED_SHARED = 1024    # bytes of an SM's shared memory the driver keeps for each resident block
 # wgmma tiles cut at the ends of m and n (computed whole, stored under guards) before the tiles of a
 # padded copy: on. On the H100 (session 12, bench.gpu_rules_variants --knob wgmma_edges) bf16 1000^3 as
 # one such kernel took 22.4 us against 26.1 us for the padded product and its copy back (2 kernels);
@@ -154,24 +169,27 @@ def _half_blocks(program: ir.Program, sms: int, hopper: bool):
     return blocks
 
 
-def contraction_candidates(tree: LoopTree, stage: str, hopper: bool, sms: int | None = None) \
+def contraction_candidates(tree: LoopTree, stage: str, hopper: bool, gpu: GpuTarget | None = None) \
         -> list[tuple[str, LoopTree]]:
     """(description, tree) for each template that fits the contraction `stage`, best first: half
     precision on tensor cores (`TENSOR_START`: wgmma on a Hopper GPU, `WGMMA_ONE_K_TILE` where k is one
     k tile, then mma, which takes narrower edges) where its sizes are whole mma tiles; then register tiles on CUDA cores (`FLOAT32_TILES`, 2-D inputs with k last
     transposed ahead, dynamic rows kept in blocks of the block tile's), where its matrices hold a block tile, the tile chosen for a GPU of `sms` SMs
-    (`least_work_block`; so is the wgmma template's). The legality check still has the last word (wgmma's wide tiles, for one, take no tail)."""
+    (`least_work_block`; so is the wgmma template's: `wgmma_start`). The legality check still has the last word (wgmma's wide tiles, for one, take no tail)."""
     dtype = contraction_dtype(tree.program, stage)
+    sms = gpu and gpu.sms
     candidates = []
     if dtype in ("bfloat16", "float16") and tensor_tiles_fit(tree.program, stage):
         for family, build in (("wgmma", wgmma_tiled), ("mma", mma_tiled))[0 if hopper else 1:]:
             block, teams, k_tile, stages, copier = TENSOR_START[family]
             if family == "wgmma":
-                block, teams, k_tile, stages, copier = wgmma_start(tree.program, stage, sms)
+                block, teams, k_tile, stages, copier = wgmma_start(tree.program, stage, gpu)
                 if not WGMMA_EDGE_TILES and not wgmma_whole_tiles(tree.program, stage, block, teams):
                     continue
             try:
-                described = f"{family} tensor-core tiles {block[0]}x{block[1]}x{k_tile}, {stages} stages by {copier}"
+                described = f"{family} tensor-core tiles {block[0]}x{block[1]}x{k_tile}, {stages} stages by {copier}" \
+                    + (", two blocks an SM (their waves fuller than 128x256 alone)" if family == "wgmma" and
+                       (block, stages) == (PAIRED_BLOCK, paired_stages(tree.program, stage, gpu, WGMMA_BLOCKS[0])) else "")
                 candidates.append((described, build(tree, stage, block, teams, k_tile, stages, copier)))
             except ValueError as err:
                 LOG.debug("no %s template for %s: %s", family, stage, err)
@@ -248,14 +266,35 @@ def block_count(program: ir.Program, stage: str, block: tuple[int, int]) -> int:
     return math.prod(program.size(d) for d in others) * -(-program.size(y) // block[0]) * -(-program.size(x) // block[1])
 
 
-def wgmma_start(program: ir.Program, stage: str, sms: int | None) -> tuple:
-    """(block, teams, k tile, stages, copier) of the wgmma template for a contraction stage: WGMMA_ONE_K_TILE
-    where its k is one k tile, else TENSOR_START's with the block of `wgmma_block`; blocks narrowed to n."""
+def wgmma_start(program: ir.Program, stage: str, gpu: GpuTarget | None) -> tuple:
+    """(block, teams, k tile, stages, copier) of the wgmma template for a contraction stage on `gpu` (None: not
+    known): WGMMA_ONE_K_TILE where its k is one k tile, else TENSOR_START's with the block of `wgmma_block`, or
+    PAIRED_BLOCK two an SM in `paired_stages` where those are expected faster; blocks narrowed to n."""
     block, teams, k_tile, stages, copier = TENSOR_START["wgmma"]
     if program.size(contraction_dims(program, stage)[2]) <= k_tile:
         block, teams, k_tile, stages, copier = WGMMA_ONE_K_TILE
         return narrowed(program, stage, block), teams, k_tile, stages, copier
-    return wgmma_block(program, stage, sms), teams, k_tile, stages, copier
+    block = wgmma_block(program, stage, gpu and gpu.sms)
+    paired = paired_stages(program, stage, gpu, block)
+    return (PAIRED_BLOCK, teams, k_tile, paired, copier) if paired else (block, teams, k_tile, stages, copier)
+
+
+def paired_stages(program: ir.Program, stage: str, gpu: GpuTarget | None, block: tuple[int, int]) -> int:
+    """The pipeline stages of PAIRED_BLOCK tiles, two blocks an SM of `gpu`, where a contraction's `block` tiles
+    (the widest wgmma block) take more than one wave and its SMs' tiles of the paired blocks, each counted
+    PAIRED_TILE_SHARE (PAIRED_SHORT_K_SHARE where k is at most PAIRED_SHORT_K k tiles), come to fewer; else 0."""
+    if gpu is None or block != WGMMA_BLOCKS[0]:
+        return 0
+    whole = block_count(program, stage, block)
+    k_tile = TENSOR_START["wgmma"][2]
+    stage_bytes = sum(PAIRED_BLOCK) * k_tile * ITEM_BYTES[contraction_dtype(program, stage)]
+    stages = min(TENSOR_START["wgmma"][3], (gpu.shared_per_sm // 2 - BLOCK_RESERVED_SHARED) // stage_bytes)
+    if whole <= gpu.sms or stages < 2:
+        return 0
+    short = program.size(contraction_dims(program, stage)[2]) <= PAIRED_SHORT_K * k_tile
+    share = PAIRED_SHORT_K_SHARE if short else PAIRED_TILE_SHARE
+    paired = block_count(program, stage, PAIRED_BLOCK)
+    return stages if -(-paired // gpu.sms) * share < -(-whole // gpu.sms) else 0
 
 
 def wgmma_block(program: ir.Program, stage: str, sms: int | None) -> tuple[int, int]:

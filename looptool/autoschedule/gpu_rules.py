@@ -558,7 +558,7 @@ class _Planner:
         if self.padded_float32(name):
             return True
         refused = []
-        for described, tree in templates.contraction_candidates(self.tree, name, hopper, self.gpu.sms):
+        for described, tree in templates.contraction_candidates(self.tree, name, hopper, self.gpu):
             legal, why = tree.check()
             if legal:
                 self.note(name, f"a contraction: {described}" + "".join(f"; not {r}" for r in refused))
@@ -593,7 +593,7 @@ class _Planner:
         stage = f"{name}.pad" if padded else name
         try:
             tree = self.tree.pad({k: k_tile}, stage=name) if padded else self.tree
-            block, teams, k_tile, stages, copier = templates.wgmma_start(tree.program, stage, self.gpu.sms)
+            block, teams, k_tile, stages, copier = templates.wgmma_start(tree.program, stage, self.gpu)
             copier = "tma" if padded else copier
             tree = templates.wgmma_tiled(tree, stage, block, teams, k_tile, stages, copier)
             tree, filled = self.zero_filled_by_tma(tree, name)
@@ -626,7 +626,7 @@ class _Planner:
                 return False
             padded = f"{name}.pad"
             family = "wgmma" if hopper and multiples != templates.TENSOR_PADS[-1] else ""
-            candidates = [(d, t) for d, t in templates.contraction_candidates(self.tree, padded, hopper, self.gpu.sms)
+            candidates = [(d, t) for d, t in templates.contraction_candidates(self.tree, padded, hopper, self.gpu)
                           if "tensor-core" in d and d.startswith(family)]
             for described, tree in candidates:
                 if tree.check()[0]:
@@ -664,7 +664,7 @@ class _Planner:
         try:
             tree = self.tree.pad(multiples, stage=name)
             described, tree = next((d, t) for d, t in templates.contraction_candidates(
-                tree, f"{name}.pad", self.gpu.tensor_cores == "wgmma", self.gpu.sms) if "register tiles" in d)
+                tree, f"{name}.pad", self.gpu.tensor_cores == "wgmma", self.gpu) if "register tiles" in d)
             stages = {st.name for st in tree.program.stages}
             for copy in [st for st in stages if st.endswith(f".{name}.pad") and f"{st}.{name}.pad" in stages]:
                 tree = tree.inline(copy)                     # (copied ahead, transposed: padded there)

@@ -499,7 +499,7 @@ def test_wgmma_takes_128x64_blocks_only_for_products_at_most_64_wide(m, k, n, bl
     assert f"wgmma tensor-core tiles {block}x64" in tree.explain()
 
 
-@pytest.mark.parametrize("m, k, n, block", [(6000, 6000, 6000, "128x256"), (5952, 128, 5952, "128x256"),
+@pytest.mark.parametrize("m, k, n, block", [(6000, 6000, 6000, "128x256"), (5952, 5952, 5952, "128x256"),
                                            (4096, 4096, 4096, "128x256"), (1024, 1024, 1024, "128x128"),
                                            (3072, 2000, 1024, "128x256")])
 def test_wgmma_blocks_are_those_whose_sm_loads_the_fewest_operand_rows(m, k, n, block):
@@ -512,6 +512,25 @@ def test_wgmma_blocks_are_those_whose_sm_loads_the_fewest_operand_rows(m, k, n, 
     c = (lt.Tensor(a).to(sm, sk) * lt.Tensor(b).to(sk, sn)).sum(sk)
     tree = gpu_rules.gpu_tree(ir.lower(c.node)[0], H100)
     assert f"wgmma tensor-core tiles {block}x64" in tree.explain()
+
+
+@pytest.mark.parametrize("batch, m, k, n, paired", [(1, 8192, 768, 768, True), (32, 2048, 128, 2048, True),
+                                                     (1, 5952, 128, 5952, True), (1, 4096, 4096, 4096, False),
+                                                     (1, 2048, 4096, 11008, False), (1, 1024, 1024, 1024, False),
+                                                     (1, 6000, 6000, 6000, False)])
+def test_wgmma_takes_128x128_blocks_two_an_sm_where_their_waves_are_fuller(batch, m, k, n, paired):
+    """Past one wave of 128 x 256 blocks, 128 x 128 ones in 3 stages (two fit an H100 SM's shared memory)
+    where an SM's tiles of them, each counted 0.55 of a 128 x 256 tile (0.45 where k is at most 4 k tiles:
+    write-back bound), come to fewer: 8192x768x768 takes 3 x 0.55 against 2 waves; 4096^3 8 x 0.55 against
+    4; a batch of products of k = 128 63 x 0.45 against 32. Within one wave (1024^3) nothing changes."""
+    a, b = np.zeros((batch, m, k), ml_dtypes.bfloat16), np.zeros((batch, k, n), ml_dtypes.bfloat16)
+    sb, sm, sk, sn = lt.symbols("b m k n")
+    c = (lt.Tensor(a).to(sb, sm, sk) * lt.Tensor(b).to(sb, sk, sn)).sum(sk)
+    tree = gpu_rules.gpu_tree(ir.lower(c.node)[0], H100)
+    assert ("128x128x64, 3 stages by tma, two blocks an SM" in tree.explain()) == paired, tree.explain()
+    assert ("4 stages by tma" in tree.explain()) != paired
+    smaller = dataclasses.replace(H100, shared_per_sm=96 * 1024)       # two blocks of 2 stages would not fit: never paired
+    assert "two blocks an SM" not in gpu_rules.gpu_tree(ir.lower(c.node)[0], smaller).explain()
 
 
 @pytest.mark.parametrize("m, n, sms, block", [(1024, 1024, 132, (128, 64)), (4096, 4096, 132, (128, 128)),
