@@ -73,10 +73,22 @@ def balanced(extent: int, most: int, multiple: int = 1) -> int:
     return min(-(-size // multiple) * multiple, extent)
 
 
-def reduction_block(target: Target, tile: RegisterTile, itemsize: int) -> int:
+def reduction_block(target: Target, tile: RegisterTile, itemsize: int, results: int = 0) -> int:
     """kc: the reduction length whose reused micro-panel (kc x columns) fills the L1 ways it gets
-    (`panel_ways`), as in BLIS's model (Low et al. 2016, section 3.3)."""
-    return max(1, panel_ways(target, tile) * (target.l1 // max(1, target.l1_ways)) // (tile.columns * itemsize))
+    (`panel_ways`), as in BLIS's model (Low et al. 2016, section 3.3); but where the `results` bytes a core
+    updates take more than half of L2 (`results_leave_l2`), each pass over k reads and writes them in L3, and
+    fewer passes pay more than an L1-resident micro-panel: it is read from L2 instead, kc making it fill one
+    of L2's ways (the register tile loads a few vectors of it a k step, within what L2 feeds L1; the broadcast
+    operand's block keeps the other ways but one, `block_ways`)."""
+    in_l1 = max(1, panel_ways(target, tile) * (target.l1 // max(1, target.l1_ways)) // (tile.columns * itemsize))
+    if not results_leave_l2(target, results):
+        return in_l1
+    return max(in_l1, target.l2 // max(1, target.l2_ways) // (tile.columns * itemsize))
+
+
+def results_leave_l2(target: Target, results: int) -> bool:
+    """Whether `results` bytes updated by each pass over a reduction take more than half of L2."""
+    return results > target.l2 // CACHE_SHARE
 
 
 def panel_ways(target: Target, tile: RegisterTile) -> int:

@@ -349,12 +349,18 @@ class Builder:
         reductions = structure.by_stride(self.program, stage, list(stage.reduce_dims))
         first, rest = reductions[0], reductions[1:]
         rest_length = math.prod(size(d) for d in rest)
-        kc = model.reduction_block(self.target, tile, itemsize)
+        results = math.prod(size(d) for d in stage.dims) * itemsize // self.target.cores
+        kc = model.reduction_block(self.target, tile, itemsize, results)
         block = model.balanced(size(first), max(1, kc // rest_length))
         block = self.decide(f"{name}.{first}.block", block, choices.halves_and_doubles(block, size(first)))
         reduce_outer, reduce_inner = self.split(name, first, block)
         kc = block * rest_length
-        if reduce_outer:
+        if reduce_outer and model.results_leave_l2(self.target, results):
+            self.note(name, f"reduction block {first} by {block} ({kc} products per result per pass): the "
+                            f"{results // 1024} KiB of results a core updates would leave L2 between passes, so "
+                            f"fewer passes, each {kc}x{tile.columns} micro-panel ({tile.columns * kc * itemsize // 1024} "
+                            f"KiB) read from L2, one of its {self.target.l2_ways} ways at most")
+        elif reduce_outer:
             ways = model.panel_ways(self.target, tile)
             self.note(name, f"reduction block {first} by {block} ({kc} products per result per pass): "
                             f"a {kc}x{tile.columns} micro-panel takes {tile.columns * kc * itemsize // 1024} KiB, "
@@ -399,7 +405,8 @@ class Builder:
                             f"panels it encloses are made by each thread)")
         self.reorder(name, [lp for lp in outer + [reduce_inner] + rest + [rows, vectors, lanes] if lp])
         self.note(name, f"loops: {found.col} tiles outside {found.row} tiles, so each {tile.columns}-column "
-                        f"micro-panel of {found.reused} stays in L1 while {found.broadcast} streams past")
+                        f"micro-panel of {found.reused} stays in {'L2' if model.results_leave_l2(self.target, results) else 'L1'} "
+                        f"while {found.broadcast} streams past")
         for loop, annotation in ((rows, "unroll"), (vectors, "unroll"), (lanes, "vectorize")):
             if loop:
                 self.schedule = self.schedule.annotate(name, loop, annotation)

@@ -98,11 +98,12 @@ def test_a_row_sum_of_a_shifted_exp_vectorizes_the_row_not_the_shift():
 @pytest.mark.parametrize("l3, outermost", [(32 << 20, True), (4 << 20, False)])
 def test_a_parallel_column_loop_leaves_the_reduction_blocks_when_the_broadcast_operand_fits_l3(l3, outermost):
     """1024³: A (4 MiB) is swept once per column tile by each thread; it fits in half of a thread's share
-    of a 32 MiB L3 (2 cores), not of a 4 MiB one."""
+    of a 32 MiB L3 (2 cores), not of a 4 MiB one. (A 4 MiB L2 holds each core's half of the results, so the
+    reduction block is L1's.)"""
     a, b = (np.random.default_rng(0).standard_normal((1024, 1024), dtype=np.float32) for _ in range(2))
     m, k, n = lt.symbols("m k n")
     c = (lt.Tensor(a).to(m, k) * lt.Tensor(b).to(k, n)).sum(k)
-    tree = auto_tree(lower_on_host(c.node)[0], fake(32, 512, cores=2, l2=1 << 20, l3=l3))
+    tree = auto_tree(lower_on_host(c.node)[0], fake(32, 512, cores=2, l2=4 << 20, l3=l3))
     names = order(tree)
     parallel = next(lp.name for lp in tree.schedule.of("t0").loops if lp.annotation == "parallel")
     assert (names[0] == parallel) == outermost and ("parallel n.0 outermost" in tree.explain()) == outermost
