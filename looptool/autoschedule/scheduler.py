@@ -350,12 +350,21 @@ class Builder:
         first, rest = reductions[0], reductions[1:]
         rest_length = math.prod(size(d) for d in rest)
         results = math.prod(size(d) for d in stage.dims) * itemsize // self.target.cores
-        kc = model.reduction_block(self.target, tile, itemsize, results)
+        reused = math.prod(self.program.buffer_shape(found.reused)) * itemsize // self.target.cores
+        extent = math.prod(size(d) for d in reductions)
+
+        def traffic(kc: int) -> int:
+            return model.l3_traffic(self.target, tile, kc, itemsize, extent, results, size(found.row), reused)
+        # (a convolution's reduction, c kh kw, keeps L1's block: held to AVX2 on the Xeon, a 3x3 conv's whole
+        # reduction in one pass ran 5 % faster on one core, 12 % slower on two)
+        kc = model.reduction_block(self.target, tile, itemsize, None if rest else traffic)
         block = model.balanced(size(first), max(1, kc // rest_length))
         block = self.decide(f"{name}.{first}.block", block, choices.halves_and_doubles(block, size(first)))
         reduce_outer, reduce_inner = self.split(name, first, block)
         kc = block * rest_length
-        if reduce_outer and model.results_leave_l2(self.target, results):
+        from_l2 = reduce_outer and model.results_leave_l2(self.target, results) \
+            and kc > model.reduction_block(self.target, tile, itemsize)
+        if from_l2:
             self.note(name, f"reduction block {first} by {block} ({kc} products per result per pass): the "
                             f"{results // 1024} KiB of results a core updates would leave L2 between passes, so "
                             f"fewer passes, each {kc}x{tile.columns} micro-panel ({tile.columns * kc * itemsize // 1024} "
@@ -405,7 +414,7 @@ class Builder:
                             f"panels it encloses are made by each thread)")
         self.reorder(name, [lp for lp in outer + [reduce_inner] + rest + [rows, vectors, lanes] if lp])
         self.note(name, f"loops: {found.col} tiles outside {found.row} tiles, so each {tile.columns}-column "
-                        f"micro-panel of {found.reused} stays in {'L2' if model.results_leave_l2(self.target, results) else 'L1'} "
+                        f"micro-panel of {found.reused} stays in {'L2' if from_l2 else 'L1'} "
                         f"while {found.broadcast} streams past")
         for loop, annotation in ((rows, "unroll"), (vectors, "unroll"), (lanes, "vectorize")):
             if loop:

@@ -90,28 +90,29 @@ def test_the_reduction_block_fills_the_l1_ways_its_panel_gets(registers, bits, w
     assert f"at most {panel_ways} of L1's {ways} ways" in tree.explain()
 
 
-@pytest.mark.parametrize("registers, bits, l2, ways, size, k_block", [
-    (32, 512, 2048 << 10, 16, 1024, 342),   # 5x80: 4 MiB of results; one 128 KiB way holds 409 rows: 3 x 342
-    (32, 512, 2048 << 10, 16, 2048, 342),   # 16 MiB of results: 6 x 342
-    (16, 256, 512 << 10, 8, 1024, 512),     # 4x24 on an 8-way 512 KiB L2 (Zen 2): 682 rows, 2 x 512
-    (32, 512, 8192 << 10, 16, 1024, 128),   # the results fit half of an 8 MiB L2: the L1 rule's 128
+@pytest.mark.parametrize("registers, bits, l2, ways, size, k_block, from_l2", [
+    (32, 512, 2048 << 10, 16, 1024, 342, True),    # 5x80: one 128 KiB way holds 409 rows: 3 x 342
+    (32, 512, 2048 << 10, 16, 2048, 342, True),    # 16 MiB of results: 6 x 342
+    (16, 256, 512 << 10, 8, 1024, 342, False),     # 4x24 on an 8-way 512 KiB L2: L1's 426 rows (3 x 342)
+    (32, 512, 8192 << 10, 16, 1024, 128, False),   # the results fit half of an 8 MiB L2: L1's 128
 ])
 def test_results_that_leave_l2_take_a_reduction_block_whose_panel_is_read_from_l2(registers, bits, l2, ways, size,
-                                                                                     k_block):
+                                                                                     k_block, from_l2):
     """Each pass over k reads and writes the results; where they take more than half of L2 they come from L3,
-    so the micro-panel is read from L2 instead (one of its ways), for fewer passes (Xeon 1024^3: 164 -> 171-182
-    GFLOP/s on one core, 292 -> 338-372 on two)."""
+    and where that moves more bytes through L3 than packing the reused operand once per row block, the
+    micro-panel is read from L2 instead (one of its ways), for fewer passes: 5x80 at 1024^3 moves 72 MB at
+    kc 128 against 32 at 342 (Xeon: 164 -> 171-182 GFLOP/s on one core). A 4x24 tile's wider L1 block keeps
+    it (at 682 rows its row blocks, and so its packing, would double)."""
     _, program, _ = matmul_program(size, size, size)
     tree = auto_tree(program, fake(registers, bits, l1=48 * 1024, l2=l2, l1_ways=12, l2_ways=ways))
     assert {lp.name: lp.extent for lp in tree.schedule.of("t0").loops}["k.1"] == k_block
-    leaves = k_block != 128
-    assert ("would leave L2 between passes" in tree.explain()) == leaves, tree.explain()
-    assert ("micro-panel of in1 stays in L2" in tree.explain()) == leaves
+    assert ("would leave L2 between passes" in tree.explain()) == from_l2, tree.explain()
+    assert ("micro-panel of in1 stays in L2" in tree.explain()) == from_l2
 
 
 @pytest.mark.parametrize("registers, bits, l2, ways, block_ways, m_block", [
-    (16, 256, 512 << 10, 8, 6, 172),    # 4x24, kc 512 (results leave L2): 6 ways of 64 KiB hold 192 rows, 6 x 172
-    (16, 256, 1 << 20, 16, 14, 344),    # 1 MiB in 16 ways of 64 KiB, kc 512: 14 hold 448 rows, 3 x 344
+    (16, 256, 512 << 10, 8, 6, 344),    # 4x24, kc 256: 6 ways of 64 KiB hold 384 rows, balanced to 3 x 344
+    (16, 256, 1 << 20, 16, 14, 512),    # 1 MiB in 16 ways of 64 KiB: 14 hold 896 rows, balanced to 2 x 512
     (32, 512, 128 << 10, 8, 5, 260),    # 5x80, kc 74 (L1's; L2's 51): the 23 KiB micro-panel takes 2 ways of 16 KiB
 ])
 def test_the_broadcast_block_gets_the_l2_ways_the_micro_panels_leave(registers, bits, l2, ways, block_ways, m_block):
