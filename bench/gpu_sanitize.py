@@ -120,6 +120,11 @@ def automatic_workloads() -> dict:
            a16.astype(np.float64) @ b16.astype(np.float64))
     out["bf16 matmul padded onto wgmma, the pads TMA's zero fill 257x136x200"] = odd
     out["bf16 matmul as one wgmma kernel: edge tiles guarded, k zero-filled by TMA 257x136x200"] = odd
+    a16 = rng.standard_normal((2300, 100), dtype=np.float32).astype(dtypes.bfloat16)
+    b16 = rng.standard_normal((100, 2304), dtype=np.float32).astype(dtypes.bfloat16)
+    out["bf16 matmul on 128x128 wgmma blocks two an SM, edge tiles guarded, k zero-filled 2300x100x2304"] = (
+        (lt.Tensor(a16).to(s.m, s.k) * lt.Tensor(b16).to(s.k, s.n)).sum(s.k),
+        a16.astype(np.float64) @ b16.astype(np.float64))
     q16 = rng.standard_normal((3, 201, 64), dtype=np.float32).astype(dtypes.bfloat16)
     k16 = rng.standard_normal((3, 64, 136), dtype=np.float32).astype(dtypes.bfloat16)
     sb = lt.symbols("b")[0]
