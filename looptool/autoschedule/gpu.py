@@ -22,6 +22,17 @@ GRID_LIMITS = {"block.x": 2 ** 31 - 1, "block.y": 65535, "block.z": 65535}     #
 # by cp.async one k tile ahead
 FLOAT32_TILES = {"x_threads": 16, "x_groups": 2, "vector": 4, "y_threads": 16, "y_tile": 8, "y_groups": 2,
                  "k_tile": 32, "stages": 2}
+# ... but an input with k last is transposed ahead (a kernel of its own) only where a block walks at least this
+# much of k; on shorter runs (split-k parts, small products) its k tiles are copied as stored. H100, session 24,
+# kernels' ms ahead / as stored (run of k): bf16 100^3 0.0193 / 0.0149 (100), f32 64x8192x64 0.0286 / 0.0192
+# (64), 333x444x555 0.0376 / 0.0314 (74), 200x300x500 0.026 / 0.020 (75), 257x511x129 0.0257 / 0.0183 (73),
+# 512^3 0.0274 / 0.0243 (64), 128^3 0.0293 / 0.0207 (64), 768x3072x768 0.138 / 0.126 (512), 1000x1500x777
+# 0.104 / 0.101 (300); 1024^3 0.0675 / 0.0768 (1024). The columns' input (B stored n-major: an attention
+# head's k, a convolution's weights) from a run of TRANSPOSE_COLUMNS_AHEAD_RUN: its tiles read as stored slowed
+# the conv f32 8x64x56x56's product (k 576) by 17 %, but sped the attention heads' q.k^T (k 64) with A's
+# (1024x64 0.044 -> 0.035 ms, 4096x64 0.230 -> 0.193)
+TRANSPOSE_AHEAD_RUN = 1024
+TRANSPOSE_COLUMNS_AHEAD_RUN = 256
 # a float32 contraction with fewer register-tile blocks than SMs has its k cut into the most parts (split-k)
 # whose blocks still fit in one wave of this many blocks an SM, each part at least SPLIT_K_RUN long
 # (bench.gpu_rules_variants --knob split_k_blocks, session 12 on an H200: 1000x1500x777 0.122 ms unsplit,
@@ -197,7 +208,8 @@ def contraction_candidates(tree: LoopTree, stage: str, hopper: bool, gpu: GpuTar
         try:
             block = least_work_block(tree.program, stage, sms, float32_blocks(tree.program, stage))
             candidates.append((f"register tiles on CUDA cores, {block[0]}x{block[1]} a block (inputs with k last "
-                               f"transposed ahead, dynamic rows in blocks), cp.async k tiles", _float32_tree(tree, stage, block)))
+                               f"{float32_copy(tree.program, stage)}, dynamic rows in blocks), cp.async k tiles",
+                               _float32_tree(tree, stage, block)))
         except ValueError as err:
             LOG.debug("no register-tile template for %s: %s", stage, err)
     return candidates
@@ -346,6 +358,19 @@ def narrow_float32(program: ir.Program) -> bool:
         and float32_blocks(program, stage) == (FLOAT32_NARROW_BLOCK,)
 
 
+def transposes_ahead(program: ir.Program, stage: str) -> bool:
+    """Whether the register-tile template transposes an input with k last ahead: where a block walks at least
+    TRANSPOSE_AHEAD_RUN of k, or over a dynamic dim (whose temp keeps the rows in blocks: docs/frontend.md)."""
+    return program.size(program.stage(stage).reduce_dims[0]) >= TRANSPOSE_AHEAD_RUN or bool(program.dynamic)
+
+
+def float32_copy(program: ir.Program, stage: str) -> str:
+    """How the register-tile template copies an input with k last, in words."""
+    if transposes_ahead(program, stage):
+        return "transposed ahead"
+    return f"copied as stored (a run of k under {TRANSPOSE_AHEAD_RUN} does not pay for a transposing kernel)"
+
+
 def _float32_tree(tree: LoopTree, stage: str, block: tuple[int, int] = FLOAT32_BLOCKS[0]) -> LoopTree:
     st = tree.program.stage(stage)
     p = float32_tiles(block)
@@ -355,12 +380,15 @@ def _float32_tree(tree: LoopTree, stage: str, block: tuple[int, int] = FLOAT32_B
             or size(st.reduce_dims[0]) < p["k_tile"]:
         raise ValueError(f"the matrices of {st.name} are smaller than one block tile")
     inputs = sorted({ld.buffer for ld in _loads(st)})
-    ahead = [b for b in inputs if transposable(tree, st.name, b)]
+    long_run = transposes_ahead(tree.program, stage)
+    ahead = [b for b in inputs if transposable(tree, st.name, b) and (long_run or not rows_k_last(tree, st.name, b)
+                                                                      and size(st.reduce_dims[0]) >= TRANSPOSE_COLUMNS_AHEAD_RUN)]
     for buffer in ahead:
         tree = transposed_ahead(tree, st.name, buffer, block_rows=block[0])
     shared = tuple(f"{b}.{st.name}" if b in ahead else b for b in inputs)
-    as_stored = [f"{b}.{st.name}" for b in ahead] + [b for b in inputs
-                                                    if b not in ahead and dynamic_rows_k_last(tree, st.name, b)]
+    as_stored = [f"{b}.{st.name}" for b in ahead] + [
+        b for b in inputs if b not in ahead and (dynamic_rows_k_last(tree, st.name, b)
+                                                 or not long_run and rows_k_last(tree, st.name, b))]
     tree = register_tiled(tree, st.name, p["x_threads"], p["x_groups"], p["vector"], p["y_threads"], p["y_tile"],
                           p["k_tile"], True, shared, tuple(as_stored), y_groups=p["y_groups"])
     return tree.pipeline(f"{st.reduce_dims[0]}.0", p["stages"], stage=f"{st.name}.acc")
@@ -498,14 +526,19 @@ def transposable(tree: LoopTree, stage: str, buffer: str) -> bool:
 
 
 def dynamic_rows_k_last(tree: LoopTree, stage: str, buffer: str) -> bool:
-    """Whether `buffer` is an input laid out (..., k) that holds the rows of the stage's tiles, a dynamic dim
-    (before k, or first with a split's parts between), so not transposed
-    ahead: its k tiles are copied into shared memory as stored (16 bytes at a time, pipelined by cp.async)
-    and the register tile reads them along k, not transposed word by word on the way."""
+    """Whether `buffer` is an input laid out (..., k) that holds the rows of the stage's tiles (`rows_k_last`),
+    a dynamic dim, so not transposed ahead: its k tiles are copied into shared memory as stored (16 bytes at a
+    time, pipelined by cp.async) and the register tile reads them along k, not transposed word by word on the way."""
+    return rows_k_last(tree, stage, buffer) and isinstance(tree.program.size(tile_dims(tree.program.stage(stage))[1]),
+                                                           ir.Size)
+
+
+def rows_k_last(tree: LoopTree, stage: str, buffer: str) -> bool:
+    """Whether `buffer` is an input laid out (..., k) that holds the rows of the stage's tiles (before k, or
+    first with a split's parts between)."""
     dims = _layout(tree.program, buffer)
     st = tree.program.stage(stage)
-    rows = tile_dims(st)[1]
-    return len(dims) >= 2 and dims[-1] in st.reduce_dims and rows in dims and isinstance(tree.program.size(rows), ir.Size)
+    return len(dims) >= 2 and dims[-1] in st.reduce_dims and tile_dims(st)[1] in dims
 
 
 def tile_dims(stage) -> tuple[str, str | None, list[str]]:
