@@ -57,7 +57,7 @@ def test_an_untuned_matmul_runs_its_template_on_the_gpu(rng):
     cp = cupy_or_skip()
     c, ref = matmul(rng, 300, 200, 260)
     assert_close(cp.asnumpy(c.cuda()), ref, 1e-5)
-    assert len(gpu.kernel_for(gpu.automatic_tree(c.loop_tree().program)).module.launches) == 2
+    assert len(gpu.kernel_for(gpu.automatic_tree(c.loop_tree().program)).module.launches) == 1     # (A copied as stored)
 
 
 @pytest.mark.gpu
