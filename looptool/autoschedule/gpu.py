@@ -368,7 +368,17 @@ def float32_copy(program: ir.Program, stage: str) -> str:
     """How the register-tile template copies an input with k last, in words."""
     if transposes_ahead(program, stage):
         return "transposed ahead"
-    return f"copied as stored (a run of k under {TRANSPOSE_AHEAD_RUN} does not pay for a transposing kernel)"
+    return (f"copied as stored (a run of k under {TRANSPOSE_AHEAD_RUN}, the columns' under "
+            f"{TRANSPOSE_COLUMNS_AHEAD_RUN}, does not pay for a transposing kernel)")
+
+
+def _inputs_transposed_ahead(tree: LoopTree, st: ir.Stage, inputs: list[str]) -> list[str]:
+    """Of `inputs`, those `_float32_tree` transposes ahead: the `transposable` ones where a block walks a long
+    run of k (`transposes_ahead`), and the columns' input from TRANSPOSE_COLUMNS_AHEAD_RUN."""
+    long_run = transposes_ahead(tree.program, st.name)
+    columns_run = tree.program.size(st.reduce_dims[0]) >= TRANSPOSE_COLUMNS_AHEAD_RUN
+    return [b for b in inputs if transposable(tree, st.name, b)
+            and (long_run or columns_run and not rows_k_last(tree, st.name, b))]
 
 
 def _float32_tree(tree: LoopTree, stage: str, block: tuple[int, int] = FLOAT32_BLOCKS[0]) -> LoopTree:
@@ -381,8 +391,7 @@ def _float32_tree(tree: LoopTree, stage: str, block: tuple[int, int] = FLOAT32_B
         raise ValueError(f"the matrices of {st.name} are smaller than one block tile")
     inputs = sorted({ld.buffer for ld in _loads(st)})
     long_run = transposes_ahead(tree.program, stage)
-    ahead = [b for b in inputs if transposable(tree, st.name, b) and (long_run or not rows_k_last(tree, st.name, b)
-                                                                      and size(st.reduce_dims[0]) >= TRANSPOSE_COLUMNS_AHEAD_RUN)]
+    ahead = _inputs_transposed_ahead(tree, st, inputs)
     for buffer in ahead:
         tree = transposed_ahead(tree, st.name, buffer, block_rows=block[0])
     shared = tuple(f"{b}.{st.name}" if b in ahead else b for b in inputs)
