@@ -125,6 +125,17 @@ def automatic_workloads() -> dict:
     out["bf16 matmul on 128x128 wgmma blocks two an SM, edge tiles guarded, k zero-filled 2300x100x2304"] = (
         (lt.Tensor(a16).to(s.m, s.k) * lt.Tensor(b16).to(s.k, s.n)).sum(s.k),
         a16.astype(np.float64) @ b16.astype(np.float64))
+    a16 = rng.standard_normal((3000, 200), dtype=np.float32).astype(dtypes.bfloat16)
+    b16 = rng.standard_normal((200, 3100), dtype=np.float32).astype(dtypes.bfloat16)
+    out["bf16 matmul persistent (blocks run the tiles in turn), edge tiles guarded, k zero-filled 3000x200x3100"] = (
+        (lt.Tensor(a16).to(s.m, s.k) * lt.Tensor(b16).to(s.k, s.n)).sum(s.k),
+        a16.astype(np.float64) @ b16.astype(np.float64))
+    q16 = rng.standard_normal((8, 1100, 128), dtype=np.float32).astype(dtypes.bfloat16)
+    k16 = rng.standard_normal((8, 128, 1104), dtype=np.float32).astype(dtypes.bfloat16)
+    sb = lt.symbols("b")[0]
+    out["batched bf16 matmul persistent over batch and tiles, a bf16 result, edges guarded 8x1100x128x1104"] = (
+        (lt.Tensor(q16).to(sb, s.m, s.k) * lt.Tensor(k16).to(sb, s.k, s.n)).sum(s.k).astype(lt.bfloat16),
+        np.einsum("bmk,bkn->bmn", q16.astype(np.float64), k16.astype(np.float64)))
     q16 = rng.standard_normal((3, 201, 64), dtype=np.float32).astype(dtypes.bfloat16)
     k16 = rng.standard_normal((3, 64, 136), dtype=np.float32).astype(dtypes.bfloat16)
     sb = lt.symbols("b")[0]

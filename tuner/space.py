@@ -20,8 +20,9 @@ import optuna
 from looptool import autoschedule, ir
 from looptool.analysis.target import Target, host
 from looptool.autoschedule.gpu import (FLOAT32_BLOCKS, FLOAT32_TILES, TENSOR_START, contraction_dtype,
-                                       float32_tiles, least_work_block, mma_tiled, register_tiled, tile_dims,
-                                       transposable, transposed_ahead, wgmma_start, wgmma_tiled)
+                                       float32_tiles, least_work_block, mma_tiled, persistent_grid, register_tiled,
+                                       resident_blocks, tile_dims, transposable, transposed_ahead, wgmma_start,
+                                       wgmma_tiled)
 from looptool.codegen import gpu as codegen_gpu
 from looptool.runtime import gpu as runtime_gpu
 from looptool.schedule import LoopTree
@@ -169,6 +170,10 @@ def _gpu_tensor(trial: optuna.Trial, tree: LoopTree, family: str, stage: str) ->
     shared = (block[0] + block[1]) * k_tile * 2 * max(stages, 1)
     if shared > mma_shared_limit():
         raise ValueError(f"{shared} bytes of shared memory a block (at most {mma_shared_limit()})")
+    gpu = _gpu()
+    if copier == "tma" and stages and gpu is not None and _choose(trial, f"gpu.{family}.persistent", [False, True]):
+        persistent = resident_blocks(gpu, block, k_tile, stages, 2) * gpu.sms
+        return spec.build(tree, st.name, block, teams, k_tile, stages, copier, persistent=persistent)
     return spec.build(tree, st.name, block, teams, k_tile, stages, copier)
 
 
@@ -206,6 +211,8 @@ def gpu_start_params(program: ir.Program) -> dict:
         params[f"gpu.{family}.k.tile"] = k_tile
     if len(spec.copiers) > 1:
         params[f"gpu.{family}.copier"] = copier
+    if copier == "tma":
+        params[f"gpu.{family}.persistent"] = bool(persistent_grid(program, contraction, _gpu(), block, k_tile, stages, copier))
     return params
 
 

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 from .. import ir
 from ..errors import IllegalScheduleError
 from ..memo import BoundedMemo
-from ..schedule import GPU_AXES, LoopNode, LoopTree, StmtNode, accesses, blocked, pipeline_depth, thread_bound, walk
+from ..schedule import (BLOCK_AXES, GPU_AXES, LoopNode, LoopTree, StmtNode, accesses, blocked, pipeline_depth,
+                        pipeline_persistent, thread_bound, walk)
 from ..schedule.printing import stmt_text
 from .tensorize import tensor_tiles
 from .tma import bulk_copies
@@ -252,6 +253,8 @@ def _check_pipelines(tree: LoopTree):
         if not copies:
             raise IllegalScheduleError(f"loop '{name}' is pipelined but no stage is placed at it: cache an input "
                                        f"and place its copy at '{name}' to prefetch it")
+        if pipeline_persistent(node.loop.annotation):
+            check_persistent(node, path)
         written = {stmt.stage.name for stmt, _ in walk(path[:1] or [node]) if isinstance(stmt, StmtNode)}
         for copy in copies:
             _check_prefetchable(tree, node, copy, written)
@@ -261,6 +264,30 @@ def _check_pipelines(tree: LoopTree):
                     f"of it, which the GPU keeps in the thread's registers: a pipeline copies into shared memory "
                     f"(cp.async, TMA), where the slices would overlap. Read the copy across threads, or do not "
                     f"pipeline '{name}'")
+
+
+def check_persistent(node: LoopNode, path: list[LoopNode]):
+    """A persistent pipelined loop runs inside its kernel's block-bound loops, each alone in the one around
+    it from the kernel's top, one an axis, over a number of tiles known ahead and each running fully; the
+    loop itself runs a number of iterations known ahead (its blocks count their iterations across tiles)."""
+    name = node.loop.name
+    blocks = [p for p in path if p.loop.annotation in BLOCK_AXES]
+    kernel_blocks = [n for n, _ in walk(path[:1]) if isinstance(n, LoopNode) and n.loop.annotation in BLOCK_AXES]
+    if not blocks or path[:len(blocks)] != blocks or len(kernel_blocks) != len(blocks) \
+            or any(len(p.body) != 1 for p in blocks[:-1]):
+        raise IllegalScheduleError(
+            f"loop '{name}' is pipelined persistently, so its kernel's blocks run the tiles of the block-bound "
+            f"loops around it in turn: those must be the kernel's outermost loops, each alone in the one around it, "
+            f"and its only block-bound loops (found {[p.loop.name for p in kernel_blocks]})")
+    if len({p.loop.annotation for p in blocks}) != len(blocks):
+        raise IllegalScheduleError(f"loop '{name}' is pipelined persistently inside two loops bound to one block axis "
+                                   f"({[p.loop.annotation for p in blocks]}): bind each to its own axis")
+    for loop in [*blocks, node]:
+        if isinstance(loop.loop.extent, ir.Size) or loop.limits:
+            raise IllegalScheduleError(
+                f"loop '{name}' is pipelined persistently, but loop '{loop.loop.name}' runs a number of iterations "
+                f"known only at run time ({loop.loop.extent}{', with a tail' if loop.limits else ''}): a persistent "
+                f"kernel counts its tiles and their iterations ahead")
 
 
 def _check_prefetchable(tree: LoopTree, node: LoopNode, copy: str, written: set[str]):

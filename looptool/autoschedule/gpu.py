@@ -6,6 +6,7 @@ the automatic scheduler `gpu_rules` tries in turn), built from the fastest confi
 The GPU tuner draws the same templates' parameters (tuner.space)."""
 from __future__ import annotations
 
+import functools
 import logging
 import math
 
@@ -107,6 +108,18 @@ PAIRED_TILE_SHARE = 0.55
 PAIRED_SHORT_K = 4
 PAIRED_SHORT_K_SHARE = 0.45
 BLOCK_RESERVED_SHARED = 1024    # bytes of an SM's shared memory the driver keeps for each resident block
+# Persistent wgmma kernels: as many blocks as fit the SMs at once run every tile in turn, each issuing its next
+# tile's first TMA copies while it finishes the current one (its copies' latency and write-back then overlap).
+# Where products take at least PERSISTENT_WAVES waves of blocks, k at most PERSISTENT_K_TILES k tiles and the
+# write-back at most PERSISTENT_STORE_SHARE of a tile's loads. H100, session 25 (kernels' ms, a block a tile /
+# persistent): 4096x256x4096 0.0459 / 0.0411, 8192x256x8192 0.136 / 0.128, 4096x512x4096 0.0575 / 0.0541,
+# 2048x512x8192 0.0548 / 0.0505, 4096x1024x4096 0.0739 / 0.0705, batched 32x2048x128x2048 with a bf16 result
+# 0.211 / 0.184; slower where blocks run long k loops out of step (their shared operand's reads miss L2 more):
+# 4096^3 0.2066 / 0.2077, 8192^3 1.599 / 1.666, 6000^3 0.881 / 0.938; with a float32 result as heavy as the
+# loads (the same batched product) 0.213 / 0.236; and at 1.45 waves (2048x768x3072, 8192x768x768) 5-9 % slower.
+PERSISTENT_WAVES = 2
+PERSISTENT_K_TILES = 16
+PERSISTENT_STORE_SHARE = 0.5
 # wgmma tiles cut at the ends of m and n (computed whole, stored under guards) before the tiles of a
 # padded copy: on. On the H100 (session 12, bench.gpu_rules_variants --knob wgmma_edges) bf16 1000^3 as
 # one such kernel took 22.4 us against 26.1 us for the padded product and its copy back (2 kernels);
@@ -193,14 +206,18 @@ def contraction_candidates(tree: LoopTree, stage: str, hopper: bool, gpu: GpuTar
     if dtype in ("bfloat16", "float16") and tensor_tiles_fit(tree.program, stage):
         for family, build in (("wgmma", wgmma_tiled), ("mma", mma_tiled))[0 if hopper else 1:]:
             block, teams, k_tile, stages, copier = TENSOR_START[family]
+            persistent = 0
             if family == "wgmma":
                 block, teams, k_tile, stages, copier = wgmma_start(tree.program, stage, gpu)
                 if not WGMMA_EDGE_TILES and not wgmma_whole_tiles(tree.program, stage, block, teams):
                     continue
+                persistent = persistent_grid(tree.program, stage, gpu, block, k_tile, stages, copier)
+                build = functools.partial(wgmma_tiled, persistent=persistent)
             try:
                 described = f"{family} tensor-core tiles {block[0]}x{block[1]}x{k_tile}, {stages} stages by {copier}" \
                     + (", two blocks an SM (their waves fuller than 128x256 alone)" if family == "wgmma" and
-                       (block, stages) == (PAIRED_BLOCK, paired_stages(tree.program, stage, gpu, WGMMA_BLOCKS[0])) else "")
+                       (block, stages) == (PAIRED_BLOCK, paired_stages(tree.program, stage, gpu, WGMMA_BLOCKS[0])) else "") \
+                    + persistent_note(persistent)
                 candidates.append((described, build(tree, stage, block, teams, k_tile, stages, copier)))
             except ValueError as err:
                 LOG.debug("no %s template for %s: %s", family, stage, err)
@@ -289,6 +306,45 @@ def wgmma_start(program: ir.Program, stage: str, gpu: GpuTarget | None) -> tuple
     block = wgmma_block(program, stage, gpu and gpu.sms)
     paired = paired_stages(program, stage, gpu, block)
     return (PAIRED_BLOCK, teams, k_tile, paired, copier) if paired else (block, teams, k_tile, stages, copier)
+
+
+def persistent_grid(program: ir.Program, stage: str, gpu: GpuTarget | None, block: tuple[int, int], k_tile: int,
+                    stages: int, copier: str) -> int:
+    """The blocks of a persistent wgmma kernel (as many of its blocks as `gpu`'s SMs hold at once, by shared
+    memory) where its pipelined TMA copies run on across tiles to advantage: at least PERSISTENT_WAVES
+    waves of blocks, k at most PERSISTENT_K_TILES k tiles, a tile's write-back at most
+    PERSISTENT_STORE_SHARE of its loads; else 0 (a block a tile)."""
+    if gpu is None or copier != "tma" or stages < 2 or program.dynamic:
+        return 0
+    item = ITEM_BYTES[contraction_dtype(program, stage)]
+    resident = resident_blocks(gpu, block, k_tile, stages, item)
+    k = program.size(contraction_dims(program, stage)[2])
+    loads = sum(block) * k * item
+    stores = block[0] * block[1] * ITEM_BYTES[result_dtype(program, stage)]
+    if resident < 1 or block_count(program, stage, block) < PERSISTENT_WAVES * resident * gpu.sms \
+            or k > PERSISTENT_K_TILES * k_tile or stores > PERSISTENT_STORE_SHARE * loads:
+        return 0
+    return resident * gpu.sms
+
+
+def resident_blocks(gpu: GpuTarget, block: tuple[int, int], k_tile: int, stages: int, item: int) -> int:
+    """How many blocks of a pipelined tensor-core template (`stages` k tiles of `item`-byte operands) an SM
+    of `gpu` holds at once, by its shared memory."""
+    return gpu.shared_per_sm // (sum(block) * k_tile * item * stages + BLOCK_RESERVED_SHARED)
+
+
+def persistent_note(persistent: int) -> str:
+    """What `explain` says of a persistent kernel (nothing for 0)."""
+    return (f", persistent: {persistent} blocks run the tiles in turn, each copying its next tile's first k tiles "
+            f"while it finishes one (many short tiles)") if persistent else ""
+
+
+def result_dtype(program: ir.Program, stage: str) -> str:
+    """The dtype a contraction's tile is written back in: the program's result's where that is the
+    contraction's result moved through pointwise stages (a bias, a cast), else the stage's own."""
+    out, st = program.output, program.stage(stage)
+    pure = [d for d in st.loop_dims if d not in st.reduce_dims]
+    return out.dtype if not out.reduce_dims and list(out.dims) == pure else st.dtype
 
 
 def paired_stages(program: ir.Program, stage: str, gpu: GpuTarget | None, block: tuple[int, int]) -> int:
@@ -659,11 +715,12 @@ def mma_tiled(tree: LoopTree, stage: str, block: tuple[int, int] = (128, 128), w
 
 
 def wgmma_tiled(tree: LoopTree, stage: str, block: tuple[int, int] = (128, 256), groups: tuple[int, int] = (2, 1),
-                k_tile: int = 64, stages: int = 0, copier: str = "cp.async") -> LoopTree:
+                k_tile: int = 64, stages: int = 0, copier: str = "cp.async", persistent: int = 0) -> LoopTree:
     """A contraction on Hopper's tensor cores (wgmma): as `mma_tiled`, but the block's tile is split
     between groups[0] x groups[1] warpgroups (4 warps each, on thread.y), each computing its tile as 64 x N wgmma
     tiles (N its columns, at most 256) straight from the shared-memory tiles (k_tile * 2 bytes must be
-    128 where A's k is contiguous); a pipeline's tiles are copied by `copier` ('cp.async' or 'tma')."""
+    128 where A's k is contiguous); a pipeline's tiles are copied by `copier` ('cp.async' or 'tma'), by a
+    grid of `persistent` blocks running the tiles in turn where that is not 0 (TMA only)."""
     columns = block[1] // groups[1]
     fitting = [name for name, shape in TENSOR_INSTRUCTIONS.items()
                if shape["warps"] > 1 and columns % shape["n"] == 0]
@@ -671,11 +728,11 @@ def wgmma_tiled(tree: LoopTree, stage: str, block: tuple[int, int] = (128, 256),
         raise ValueError(f"a warpgroup's {columns} columns are not a multiple of 8 (wgmma tiles are 64 x N, N a "
                          f"multiple of 8 up to 256)")
     return _tensor_tiled(tree, stage, block, groups, k_tile, stages,
-                         max(fitting, key=lambda name: TENSOR_INSTRUCTIONS[name]["n"]), copier)
+                         max(fitting, key=lambda name: TENSOR_INSTRUCTIONS[name]["n"]), copier, persistent)
 
 
 def _tensor_tiled(tree: LoopTree, stage: str, block: tuple[int, int], teams: tuple[int, int], k_tile: int,
-                  stages: int, instruction: str, copier: str) -> LoopTree:
+                  stages: int, instruction: str, copier: str, persistent: int = 0) -> LoopTree:
     """The schedule `mma_tiled` and `wgmma_tiled` describe: `teams` warps (or warpgroups) over the
     block's tile, each computing its part as unrolled tiles of `instruction`."""
     shape = TENSOR_INSTRUCTIONS[instruction]
@@ -705,7 +762,7 @@ def _tensor_tiled(tree: LoopTree, stage: str, block: tuple[int, int], teams: tup
     tree = tree.split(f"{k}.1", shape["k"], stage=acc).unroll(f"{k}.1.0", stage=acc)
     tree = tree.reorder(f"{m}.1.0", f"{n}.1.0", f"{k}.1.0", f"{m}.1.1.0", f"{n}.1.1.0", *tiles, f"{k}.1.1", stage=acc)
     tree = tree.tensorize(tiles, instruction, stage=stage).tensorize((*tiles, f"{k}.1.1"), instruction, stage=acc)
-    return tree.pipeline(f"{k}.0", stages, stage=acc, copier=copier) if stages >= 2 else tree
+    return tree.pipeline(f"{k}.0", stages, stage=acc, copier=copier, persistent=persistent) if stages >= 2 else tree
 
 
 def _copy_by_warps(tree: LoopTree, acc: str, buffer: str, warps: tuple[int, int], depth: int) -> LoopTree:

@@ -595,7 +595,8 @@ class _Planner:
             tree = self.tree.pad({k: k_tile}, stage=name) if padded else self.tree
             block, teams, k_tile, stages, copier = templates.wgmma_start(tree.program, stage, self.gpu)
             copier = "tma" if padded else copier
-            tree = templates.wgmma_tiled(tree, stage, block, teams, k_tile, stages, copier)
+            persistent = templates.persistent_grid(tree.program, stage, self.gpu, block, k_tile, stages, copier)
+            tree = templates.wgmma_tiled(tree, stage, block, teams, k_tile, stages, copier, persistent)
             tree, filled = self.zero_filled_by_tma(tree, name)
             tree = tree.epilogue(name) if padded else tree
         except ValueError:
@@ -607,6 +608,7 @@ class _Planner:
                         f"{k_tile}, {stages} stages by {copier}, whose edge tiles are computed whole and stored under guards"
                         + (f"; {k} padded with zeros to a multiple of {k_tile}" if padded else "")
                         + (f" by TMA's zero fill ({', '.join(filled)}, no copy)" if filled else "")
+                        + templates.persistent_note(persistent)
                         + ("; the padded result written straight into the result" if padded else ""))
         self.pad_copies_pointwise(name)
         return True

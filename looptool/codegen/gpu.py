@@ -36,10 +36,12 @@ from llvmlite import ir as llir
 
 from .. import ir
 from ..analysis.gpu_target import STATIC_SHARED
+from ..analysis.legality import check_persistent
 from ..analysis.tensorize import WARP, SharedOperand, TensorTile, is_warpgroup, tensor_tiles
 from ..analysis.tma import BulkCopy, bulk_copies
 from ..ir import Affine
-from ..schedule import GPU_AXES, LoopNode, LoopTree, StmtNode, accesses, pipeline_depth, tensor_role, thread_bound, walk
+from ..schedule import (BLOCK_AXES, GPU_AXES, LoopNode, LoopTree, StmtNode, accesses, pipeline_depth, pipeline_persistent,
+                        tensor_role, thread_bound, walk)
 from .accumulators import run_in_registers
 from .edges import clamped_outside, inside_buffer, register_tails, tail_host
 # TENSOR_MAP_BYTES and WgmmaLayout are not used here: runtime.gpu and tests import them from this module
@@ -163,7 +165,11 @@ def _module(tree: LoopTree, tiles: dict[int, TensorTile], copies: dict[int, Bulk
         for arg, (dim, _) in zip(fn.args[len(pointers):], tree.program.dynamic):
             arg.name = f"size.{dim}"
         grid, block = launch_dims(nodes)
-        builder = _GpuBuilder(tree, fn, dict(zip(pointers, fn.args)), aligned_params, tiles, copies, block, dynamic)
+        for node, path in walk(nodes):
+            if isinstance(node, LoopNode) and pipeline_persistent(node.loop.annotation):
+                check_persistent(node, path)
+        builder = _GpuBuilder(tree, fn, dict(zip(pointers, fn.args)), aligned_params, tiles, copies, block, dynamic,
+                              persistent_blocks(nodes))
         builder.body(nodes, dict(zip(sizes, fn.args[len(pointers):])))
         builder.finish()
         aligned |= builder.aligned_params
@@ -211,11 +217,18 @@ def launch_dims(nodes: list) -> tuple[tuple[int, int, int], tuple[int, int, int]
             if is_warpgroup(tensor_role(loop)[0]):
                 extents["thread.y"] = max(extents["thread.y"], 4)
     grid = tuple(extents[f"block.{a}"] for a in "xyz")
+    if persistent_blocks(nodes):
+        grid = (min(persistent_blocks(nodes), grid[0] * grid[1] * grid[2]), 1, 1)
     block = tuple(extents[f"thread.{a}"] for a in "xyz")
     if block[0] * block[1] * block[2] > 1024:
         raise ValueError(f"a GPU block of {block[0]}x{block[1]}x{block[2]} threads exceeds the 1024-thread limit; "
                          f"split the thread-bound loops")
     return grid, block
+
+
+def persistent_blocks(nodes: list) -> int:
+    """The blocks of a persistent kernel's grid (its pipelined loop's `persistent`), 0 for other kernels."""
+    return max((pipeline_persistent(current.loop.annotation) for current in _loop_nodes(nodes)), default=0)
 
 
 def _widest(extent: int, other: int, loop) -> int:
@@ -273,9 +286,11 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
 
     def __init__(self, tree: LoopTree, fn: llir.Function, pointers: dict, aligned_params: bool,
                  tiles: dict[int, TensorTile], copies: dict[int, BulkCopy], block: tuple[int, int, int],
-                 dynamic: bool = False):
+                 dynamic: bool = False, persistent: int = 0):
         super().__init__(tree, fn, pointers, threads=1)
         self.block = block
+        self.persistent_blocks = persistent                # a persistent kernel's grid (`persistent_tiles`)
+        self.persisted = None                              # its pipeline and tiles, while its tiles are built
         self.tiles = tiles
         self.bulk_copies = copies
         self.dynamic = dynamic
@@ -398,7 +413,14 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
         if axis not in GPU_AXES:
             super().loop(node, env)
             return
+        if axis in BLOCK_AXES and self.persistent_blocks and node.loop.name not in env:
+            self.persistent_tiles(node, env, self.persistent_blocks)
+            return
         self.allocate_placed(node)
+        if axis in BLOCK_AXES and node.loop.name in env:        # a persistent kernel's tile (`persistent_tiles`)
+            self.close_body = False
+            self.loop_body(node, env)
+            return
         kind, dim = axis.split(".")
         value = self.builder.zext(self.special_register(f"{SREG[kind]}.{dim}"), I64)
         if counts_warpgroups(node):

@@ -27,7 +27,8 @@ from .. import ir
 from ..analysis.tma import copied_load
 from ..analysis.tensorize import SWIZZLE_BYTES
 from ..ir import Affine
-from ..schedule import LoopNode, StmtNode, accesses, pipeline_copier, walk
+from ..schedule import (BLOCK_AXES, LoopNode, StmtNode, accesses, pipeline_copier, pipeline_depth, pipeline_persistent,
+                        walk)
 from .gpu_tensor_cores import holds_wgmma
 from .llvm import I32, I64, ITEM_BYTES, MEMORY_TYPE, ZERO, FunctionBuilder, constant
 
@@ -52,7 +53,24 @@ class AsyncCopyLowering:
         with each iteration's copies issued ahead: by cp.async (`cp_async_pipeline`) or TMA
         (`tma_pipeline`), `stages - 1` iterations ahead. Where the body's wgmma batch stays in flight
         into the next iteration (3 stages or more) and the copies are issued before it, one buffer is
-        its: cp.async copies run `stages - 2` iterations ahead."""
+        its: cp.async copies run `stages - 2` iterations ahead. In a persistent kernel the pipeline
+        was set up before the block's tiles (`persistent_tiles`) and runs on across them."""
+        if self.persisted is not None and self.persisted.node is node:
+            persisted = self.persisted
+            self.tma_loop(persisted.plan, env, persisted.full, persisted.empty,
+                          self.builder.mul(persisted.turn, persisted.plan.count))
+            self.settle_wgmma()
+            return
+        plan = self.pipeline_plan(node, env, stages)
+        if plan.tma:
+            self.tma_pipeline(plan, env)
+        else:
+            self.cp_async_pipeline(plan, env, max(in_flight - plan.overlap, 0))
+        for buffer in plan.sizes:
+            self.rotations.pop(buffer, None)
+
+    def pipeline_plan(self, node: LoopNode, env: dict, stages: int) -> "_Pipeline":
+        """The pipelined loop's plan, its rotating buffers allocated in shared memory."""
         placed = self.tree.local_buffers.get(id(node), [])
         sizes = {plan.name: self.rotating_size(plan) for plan in placed}
         for plan in placed:
@@ -63,14 +81,8 @@ class AsyncCopyLowering:
         overlap = stages > 2 and holds_wgmma(rest)
         tma = pipeline_copier(node.loop.annotation) == "tma"
         spare = tma and TMA_SPARE_STAGE and stages > 3
-        plan = _Pipeline(node.loop.name, self.trip_count(node, env), stages, stages - 1 - (overlap and not tma) - spare,
-                         overlap, sizes, copies, rest)
-        if tma:
-            self.tma_pipeline(plan, env)
-        else:
-            self.cp_async_pipeline(plan, env, max(in_flight - overlap, 0))
-        for buffer in sizes:
-            self.rotations.pop(buffer, None)
+        return _Pipeline(node.loop.name, self.trip_count(node, env), stages, stages - 1 - (overlap and not tma) - spare,
+                         overlap, tma, sizes, copies, rest)
 
     def cp_async_pipeline(self, plan: "_Pipeline", env: dict, in_flight: int):
         """Each iteration waits until at most `in_flight` copy groups run, synchronizes the block (so
@@ -83,7 +95,7 @@ class AsyncCopyLowering:
             self.wait_copies(in_flight)
             self.barrier(settle=not plan.overlap)
             self.issue_copies(plan, {**env, plan.loop: self.builder.add(i, constant(I64, plan.ahead))})
-            self.run_body(plan, env, i)
+            self.run_body(plan, env, i, i)
             if plan.overlap:
                 self.settle_wgmma(in_flight=1)
         self.counted_loop_of(plan, iteration)
@@ -92,36 +104,50 @@ class AsyncCopyLowering:
 
     def tma_pipeline(self, plan: "_Pipeline", env: dict):
         """No barrier per iteration: each buffer has a `full` mbarrier (its copies' bytes arrived) and
-        an `empty` one (each warp's wgmma batches that read it are done). An iteration waits until its
-        buffer is full and runs its batch (committed before any other waiting loop: ptxas serializes
-        wgmma across branches); once a batch is done (the one before, where it stays in flight), each
-        warp's first lane marks its buffer empty; once the buffer of the copies `plan.ahead` iterations
-        ahead is empty (that batch's, where it stayed in flight), the first thread issues them."""
-        full = self.mbarriers(plan.stages, f"{plan.loop}.full", 1)
-        warps = self.block[1] * self.block[2]          # thread.x is a warp's 32 lanes where wgmma runs
-        empty = self.mbarriers(plan.stages, f"{plan.loop}.empty", warps)
+        an `empty` one (each warp's wgmma batches that read it are done); see `tma_loop`."""
+        full, empty = self.tma_barriers(plan)
         for iteration in range(plan.ahead):
-            self.issue_copies(plan, {**env, plan.loop: constant(I64, iteration)}, full)
+            self.issue_tma(plan, env, constant(I64, iteration), full, empty)
+        self.tma_loop(plan, env, full, empty, ZERO)
+        self.release_tma(plan, full, empty)
 
+    def tma_barriers(self, plan: "_Pipeline") -> tuple[llir.Value, llir.Value]:
+        """The pipeline's `full` mbarriers (one arrival: the issuing thread's) and `empty` ones (a warp's
+        first lane each)."""
+        warps = self.block[1] * self.block[2]          # thread.x is a warp's 32 lanes where wgmma runs
+        return (self.mbarriers(plan.stages, f"{plan.loop}.full", 1),
+                self.mbarriers(plan.stages, f"{plan.loop}.empty", warps))
+
+    def tma_loop(self, plan: "_Pipeline", env: dict, full: llir.Value, empty: llir.Value, start: llir.Value):
+        """The TMA pipeline's loop, its iterations counted on from `start` (a persistent kernel's earlier
+        tiles). An iteration waits until its buffer is full and runs its batch (committed before any
+        other waiting loop: ptxas serializes wgmma across branches); once a batch is done (the one
+        before, where it stays in flight), each warp's first lane marks its buffer empty; the first
+        thread issues the copies `plan.ahead` iterations ahead (`issue_tma`)."""
         def iteration(i):
             b = self.builder
-            self.wait_mbarrier(full, plan.stages, i)
-            self.run_body(plan, env, i)
+            counted = b.add(start, i)
+            self.wait_mbarrier(full, plan.stages, counted)
+            self.run_body(plan, env, i, counted)
             self.settle_wgmma(in_flight=int(plan.overlap))
-            done = b.sub(i, constant(I64, int(plan.overlap)))
+            done = b.sub(counted, constant(I64, int(plan.overlap)))
             with b.if_then(b.icmp_signed(">=", done, ZERO)):
                 self.inline_by("mbarrier.arrive.shared::cta.b64 state, [$0];",
                                [self.mbarrier_at(empty, b.urem(done, constant(I64, plan.stages)))], "x")
-            self.issue_copies(plan, {**env, plan.loop: b.add(i, constant(I64, plan.ahead))}, full, empty)
+            self.issue_tma(plan, env, b.add(counted, constant(I64, plan.ahead)), full, empty)
         self.counted_loop_of(plan, iteration)
+
+    def release_tma(self, plan: "_Pipeline", full: llir.Value, empty: llir.Value):
+        """After the pipeline: every thread done with its buffers, the mbarriers invalidated."""
         self.barrier()
         for barriers in (full, empty):
             for slot in range(plan.stages):
                 self.inline_by("mbarrier.inval.shared::cta.b64 [$0];", [self.mbarrier_at(barriers, slot)])
 
-    def run_body(self, plan: "_Pipeline", env: dict, i: llir.Value):
-        """The pipelined loop's body but its copies, in iteration `i` (reading that iteration's buffers)."""
-        self.rotate(plan.sizes, plan.stages, i)
+    def run_body(self, plan: "_Pipeline", env: dict, i: llir.Value, counted: llir.Value):
+        """The pipelined loop's body but its copies, in iteration `i` (reading the buffers of iteration
+        `counted`, the same but in a persistent kernel's later tiles)."""
+        self.rotate(plan.sizes, plan.stages, counted)
         self.close_body = False
         self.body(plan.rest, {**env, plan.loop: i})
 
@@ -149,23 +175,85 @@ class AsyncCopyLowering:
             return pointer
         return self.element(pointer, self.rotations[buffer], self.tree.buffers[buffer].dtype)
 
-    def issue_copies(self, plan: "_Pipeline", env: dict, full: llir.Value | None = None,
-                     empty: llir.Value | None = None):
-        """The copies of iteration env[plan.loop] (if it exists): as cp.async, then one commit (every
+    def issue_copies(self, plan: "_Pipeline", env: dict):
+        """The cp.async copies of iteration env[plan.loop] (if it exists), then one commit (every
         thread commits a group per iteration, empty or not, so the group count follows the
-        iterations); or, with the `full` mbarriers, as TMA copies issued by the block's first thread
-        once the buffer's last readers are done (its `empty` mbarrier)."""
+        iterations)."""
         b, iteration = self.builder, env[plan.loop]
         with b.if_then(b.icmp_signed("<", iteration, plan.count)):
             self.rotate(plan.sizes, plan.stages, iteration)
-            if full is not None:
-                self.tma_copies(plan, env, full, empty)
-            else:
-                self.asynchronous |= plan.sizes.keys()
-                FunctionBuilder.body(self, plan.copies, env)
-                self.asynchronous -= plan.sizes.keys()
-        if full is None:
-            b.call(self.declare("llvm.nvvm.cp.async.commit.group", llir.VoidType(), []), [])
+            self.asynchronous |= plan.sizes.keys()
+            FunctionBuilder.body(self, plan.copies, env)
+            self.asynchronous -= plan.sizes.keys()
+        b.call(self.declare("llvm.nvvm.cp.async.commit.group", llir.VoidType(), []), [])
+
+    def issue_tma(self, plan: "_Pipeline", env: dict, counted: llir.Value, full: llir.Value, empty: llir.Value):
+        """The TMA copies of iteration `counted` (if it exists: in a persistent kernel, of the tile it
+        falls in), issued by the block's first thread once the buffer's last readers, `stages`
+        iterations back, are done (every thread waits for that, so no branch on the thread separates a
+        warpgroup's wgmma instructions: ptxas would serialize them)."""
+        b = self.builder
+        copied, exists = self.copies_env(plan, env, counted)
+        with b.if_then(exists):
+            self.rotate(plan.sizes, plan.stages, counted)
+            with b.if_then(b.icmp_signed(">=", counted, constant(I64, plan.stages))):
+                self.wait_mbarrier(empty, plan.stages, counted, phase_offset=1)
+            slot = b.urem(counted, constant(I64, plan.stages))
+            self.bulk_copy(plan.copies, copied, self.mbarrier_at(full, slot))
+
+    def copies_env(self, plan: "_Pipeline", env: dict, counted: llir.Value) -> tuple[dict, llir.Value]:
+        """(the loop values, whether it exists) of iteration `counted` of the pipelined loop: of its
+        tile's loop where the kernel is persistent (`counted` then runs on over the block's tiles)."""
+        b = self.builder
+        if self.persisted is None:
+            return {**env, plan.loop: counted}, b.icmp_signed("<", counted, plan.count)
+        tile = b.add(self.persisted.first, b.mul(b.udiv(counted, plan.count), constant(I64, self.persisted.blocks)))
+        return ({**env, **self.tile_values(tile), plan.loop: b.urem(counted, plan.count)},
+                b.icmp_signed("<", tile, constant(I64, self.persisted.tiles)))
+
+    # Persistent kernels: a grid of fewer blocks than tiles, each block running its tiles in turn ----
+    def persistent_tiles(self, node: LoopNode, env: dict, blocks: int):
+        """Block-bound loop `node` and the block-bound loops nested in it, run by a grid of `blocks`
+        blocks (`launch_dims`): block b runs tiles b, b + blocks, ... (block.x fastest), the TMA
+        pipeline inside set up once and run on across them, so a tile's first copies are issued
+        while the tile before finishes."""
+        chain = block_chain(node)
+        pipelined = next(current for current, _ in walk(chain[-1].body) if isinstance(current, LoopNode)
+                         and pipeline_persistent(current.loop.annotation))
+        b = self.builder
+        plan = self.pipeline_plan(pipelined, env, pipeline_depth(pipelined.loop.annotation)[0])
+        if not isinstance(plan.count, llir.Constant):
+            raise NotImplementedError(f"a persistent kernel's pipelined loop '{plan.loop}' runs a number of "
+                                      f"iterations known only where it runs")
+        full, empty = self.tma_barriers(plan)
+        extents = {current.loop.annotation: current.loop.extent for current in chain}
+        first = b.zext(self.special_register("ctaid.x"), I64)
+        self.persisted = _Persistence(pipelined, plan, full, empty, [(c.loop.name, c.loop.annotation) for c in chain],
+                                      tuple(extents.get(f"block.{axis}", 1) for axis in "xyz"), blocks, first, ZERO)
+        for iteration in range(plan.ahead):
+            self.issue_tma(plan, env, constant(I64, iteration), full, empty)
+
+        def turn(j):
+            self.persisted.turn = j
+            tile = b.add(first, b.mul(j, constant(I64, blocks)))
+            self.loop(chain[0], {**env, **self.tile_values(tile)})
+        turns = b.add(b.udiv(b.sub(constant(I64, self.persisted.tiles - 1), first), constant(I64, blocks)),
+                      constant(I64, 1))
+        self.counted_loop(ZERO, turns, turn, f"{node.loop.name}.tiles", rolled=True)
+        self.persisted = None
+        self.release_tma(plan, full, empty)
+        for buffer in plan.sizes:
+            self.rotations.pop(buffer, None)
+
+    def tile_values(self, tile: llir.Value) -> dict:
+        """The block-bound loops' values in a persistent kernel's tile number `tile` (block.x fastest)."""
+        b, (x, y, _), values = self.builder, self.persisted.grid, {}
+        along = {"block.x": b.urem(tile, constant(I64, x)),
+                 "block.y": b.urem(b.udiv(tile, constant(I64, x)), constant(I64, y)),
+                 "block.z": b.udiv(tile, constant(I64, x * y))}
+        for name, axis in self.persisted.loops:
+            values[name] = along[axis]
+        return values
 
     def wait_copies(self, in_flight: int):
         """Wait until at most `in_flight` of this thread's copy groups are still running."""
@@ -229,17 +317,6 @@ class AsyncCopyLowering:
         self.inline("{ .reg .pred done; WAIT${:uid}: mbarrier.try_wait.parity.shared::cta.b64 done, [$0], $1; "
                  "@!done bra WAIT${:uid}; }", [self.mbarrier_at(barriers, slot), parity])
 
-    def tma_copies(self, plan: "_Pipeline", env: dict, full: llir.Value, empty: llir.Value | None):
-        """Iteration env[plan.loop]'s TMA copies, into a buffer used before only once its readers of
-        `stages` iterations back are done (every thread waits for that, so no branch on the thread
-        separates a warpgroup's wgmma instructions: ptxas would serialize them)."""
-        b, iteration = self.builder, env[plan.loop]
-        if empty is not None:
-            with b.if_then(b.icmp_signed(">=", iteration, constant(I64, plan.stages))):
-                self.wait_mbarrier(empty, plan.stages, iteration, phase_offset=1)
-        slot = b.urem(iteration, constant(I64, plan.stages))
-        self.bulk_copy(plan.copies, env, self.mbarrier_at(full, slot))
-
     def bulk_copy(self, copies: list, env: dict, barrier: llir.Value):
         """One iteration's TMA copies: the mbarrier told how many bytes will arrive, then each tile's
         boxes, from the box at its origin (its own loops at 0) in the input."""
@@ -285,17 +362,48 @@ class AsyncCopyLowering:
 class _Pipeline:
     """A pipelined loop as the code generator runs it: its name and trip count, `stages` buffers, the
     copies issued `ahead` iterations ahead, whether a wgmma batch stays in flight into the next
-    iteration (`overlap`), each pipelined buffer's size (elements of one copy), its copy nests and
-    the rest of its body."""
+    iteration (`overlap`), whether TMA copies (not cp.async), each pipelined buffer's size (elements
+    of one copy), its copy nests and the rest of its body."""
 
     loop: str
     count: llir.Value
     stages: int
     ahead: int
     overlap: bool
+    tma: bool
     sizes: dict[str, int]
     copies: list
     rest: list
+
+
+@dataclass
+class _Persistence:
+    """A persistent kernel as the code generator runs it: its pipelined loop and that loop's plan and
+    mbarriers, set up before the tiles; the block-bound loops (name, axis), the tiles along block.x,
+    .y and .z, the blocks of the grid, this block's first tile and its turn (the tiles it ran before)."""
+
+    node: LoopNode
+    plan: _Pipeline
+    full: llir.Value
+    empty: llir.Value
+    loops: list[tuple[str, str]]
+    grid: tuple[int, int, int]
+    blocks: int
+    first: llir.Value
+    turn: llir.Value
+
+    @property
+    def tiles(self) -> int:
+        return self.grid[0] * self.grid[1] * self.grid[2]
+
+
+def block_chain(node: LoopNode) -> list[LoopNode]:
+    """A block-bound loop and the block-bound loops nested alone in it, outermost first."""
+    chain = [node]
+    while len(chain[-1].body) == 1 and isinstance(chain[-1].body[0], LoopNode) \
+            and chain[-1].body[0].loop.annotation in BLOCK_AXES:
+        chain.append(chain[-1].body[0])
+    return chain
 
 
 def buffers_touched(node) -> tuple[set[str], set[str]]:

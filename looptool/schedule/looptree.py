@@ -307,13 +307,16 @@ class LoopTree:
         return LoopTree(self.program, self.schedule.annotate(self._stage(stage), loop, axis))
 
     def pipeline(self, loop: str, stages: int = 2, in_flight: int | None = None,
-                 stage: str | None = None, copier: str = "cp.async") -> "LoopTree":
+                 stage: str | None = None, copier: str = "cp.async", persistent: int = 0) -> "LoopTree":
         """On a GPU, copy the input tiles placed inside block-level `loop` into shared memory
         asynchronously (cp.async), `stages - 1` iterations ahead, in `stages` rotating buffers.
         Each iteration waits until at most `in_flight` groups of copies are still running
         (default and most that is legal: stages - 2), then the block synchronizes. With
         copier='tma' (Hopper, wgmma operand tiles) one thread copies each tile with the tensor
-        memory accelerator, and each iteration waits on its buffer's mbarrier instead."""
+        memory accelerator, and each iteration waits on its buffer's mbarrier instead. With
+        `persistent` blocks (TMA), a grid of at most that many blocks runs every tile of the
+        block-bound loops around `loop` (block.x fastest), each block its tiles in turn, issuing
+        the copies of its next tile while it finishes the current one."""
         if copier not in COPIERS:
             raise ValueError(f"pipeline: copier must be one of {COPIERS}, got {copier!r}")
         if not isinstance(stages, int) or stages < 2:
@@ -321,9 +324,12 @@ class LoopTree:
         in_flight = stages - 2 if in_flight is None else in_flight
         if not isinstance(in_flight, int) or in_flight < 0:
             raise ValueError(f"pipeline: in_flight must be a non-negative integer, got {in_flight!r}")
+        if not isinstance(persistent, int) or persistent < 0 or (persistent and copier != "tma"):
+            raise ValueError(f"pipeline: persistent must be a number of blocks >= 1 with copier='tma' (or 0: "
+                             f"a block a tile), got {persistent!r} with copier {copier!r}")
         return LoopTree(self.program,
                         self.schedule.annotate(self._stage(stage), loop,
-                                               pipeline_annotation(stages, in_flight, copier)))
+                                               pipeline_annotation(stages, in_flight, copier, persistent)))
 
     def tensorize(self, loops, instruction: str, stage: str | None = None) -> "LoopTree":
         """Compute the tile of the loops `(m, n, k)` of a contraction with one matrix instruction on

@@ -22,22 +22,25 @@ from ..ir import Program
 BLOCK_AXES = ("block.x", "block.y", "block.z")
 GPU_AXES = BLOCK_AXES + ("thread.x", "thread.y", "thread.z")
 ANNOTATIONS = ("", "unroll", "vectorize", "parallel") + GPU_AXES
-PIPELINE = "pipeline"      # annotation 'pipeline.<stages>.<in flight>[.tma]': see `pipeline_depth`
+PIPELINE = "pipeline"      # annotation 'pipeline.<stages>.<in flight>[.tma[.<blocks>]]': see `pipeline_depth`
 COPIERS = ("cp.async", "tma")
 
 
-def pipeline_annotation(stages: int, in_flight: int, copier: str = "cp.async") -> str:
+def pipeline_annotation(stages: int, in_flight: int, copier: str = "cp.async", persistent: int = 0) -> str:
     """The annotation of a loop whose copies into shared memory run `stages - 1` iterations ahead,
     waiting each iteration until at most `in_flight` groups of copies are still running; with
-    copier 'tma', each tile is one bulk tensor copy that completes on its buffer's mbarrier."""
-    return f"{PIPELINE}.{stages}.{in_flight}" + (".tma" if copier == "tma" else "")
+    copier 'tma', each tile is one bulk tensor copy that completes on its buffer's mbarrier; with
+    `persistent` blocks (TMA only), that many blocks run every tile of the block-bound loops around
+    it in turn, the copies of a block's next tile issued during its current one."""
+    return f"{PIPELINE}.{stages}.{in_flight}" + (".tma" if copier == "tma" else "") \
+        + (f".{persistent}" if persistent else "")
 
 
 def pipeline_depth(annotation: str) -> tuple[int, int] | None:
     """(stages, copy groups left in flight at each wait) of a pipelined loop, or None for other loops."""
     parts = annotation.split(".")
-    if parts[3:] not in ([], ["tma"]) or len(parts) < 3 or parts[0] != PIPELINE \
-            or not (parts[1].isdigit() and parts[2].isdigit()):
+    if len(parts) < 3 or parts[0] != PIPELINE or not (parts[1].isdigit() and parts[2].isdigit()) \
+            or not (parts[3:] in ([], ["tma"]) or (len(parts) == 5 and parts[3] == "tma" and parts[4].isdigit())):
         return None
     return int(parts[1]), int(parts[2])
 
@@ -46,7 +49,13 @@ def pipeline_copier(annotation: str) -> str | None:
     """How a pipelined loop copies its tiles ('cp.async' or 'tma'); None for other loops."""
     if pipeline_depth(annotation) is None:
         return None
-    return "tma" if annotation.endswith(".tma") else "cp.async"
+    return "tma" if annotation.split(".")[3:4] == ["tma"] else "cp.async"
+
+
+def pipeline_persistent(annotation: str) -> int:
+    """The blocks that run the tiles around a persistent pipelined loop in turn; 0 for other loops."""
+    parts = annotation.split(".")
+    return int(parts[4]) if pipeline_depth(annotation) and len(parts) == 5 else 0
 
 
 # The matrix instructions `tensorize` maps a contraction's innermost loops onto, the tile each

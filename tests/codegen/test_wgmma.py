@@ -11,6 +11,7 @@ import pytest
 import looptool as lt
 from looptool.analysis.tensorize import SharedOperand
 from looptool.codegen import gpu
+from looptool.schedule import LoopTree
 from tests.gpu_helpers import assert_refused, hopper_or_skip
 from tests.helpers import assert_close, mentions
 from looptool.autoschedule import gpu as templates
@@ -156,3 +157,40 @@ def test_warpgroup_tiles_run_on_hopper(rng, dtype, block, groups, stages, copier
     c, ref = contraction(rng, dtype, m=192, k=k, n=512)
     t = templates.wgmma_tiled(c.loop_tree(), "t0", block, groups, 64, stages, copier)
     assert_close(cp.asnumpy(c.cuda(t)), ref, 1e-5)
+
+
+@pytest.mark.parametrize("blocks, grid", [(4, 4), (100, 12)])
+def test_a_persistent_wgmma_kernel_launches_at_most_its_blocks_and_issues_copies_across_tiles(rng, blocks, grid):
+    """12 tiles (3 x 2, a batch of 2) run by `blocks` blocks, at most one a tile; the pipeline's loop is one
+    rolled loop inside the loop over a block's tiles."""
+    sb, sm, sk, sn = lt.symbols("b m k n")
+    a, b = rng.standard_normal((2, 300, 208)).astype(lt.bfloat16), rng.standard_normal((2, 208, 512)).astype(lt.bfloat16)
+    c = (lt.Tensor(a).to(sb, sm, sk) * lt.Tensor(b).to(sb, sk, sn)).sum(sk)
+    t = templates.wgmma_tiled(c.loop_tree(), "t0", (128, 256), (2, 1), 64, 4, "tma", persistent=blocks)
+    assert t.check() == (True, "legal")
+    assert [launch.grid for launch in gpu.generate(t, "sm_90").launches] == [(grid, 1, 1)]
+    assert_close(c.numpy(t), np.einsum("bmk,bkn->bmn", a.astype(np.float64), b.astype(np.float64)), 1e-5)
+
+
+def test_persistent_pipelines_are_refused_in_plain_words(rng):
+    """Persistence needs TMA copies, and block-bound loops that are the kernel's outermost."""
+    c, _ = contraction(rng)
+    with pytest.raises(ValueError, match="persistent must be a number of blocks >= 1 with copier='tma'"):
+        templates.wgmma_tiled(c.loop_tree(), "t0", (128, 256), (2, 1), 64, 4, "cp.async", persistent=4)
+    t = templates.wgmma_tiled(c.loop_tree(), "t0", (128, 256), (2, 1), 64, 4, "tma", persistent=4)
+    assert_refused(LoopTree(t.program, t.schedule.annotate("t0", "m.0", "")), "persistently", "outermost loops")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("blocks", [1, 5, 64])
+@pytest.mark.parametrize("stages, batch, m, k, n", [(4, 2, 300, 208, 512), (3, 3, 257, 136, 600), (4, 1, 640, 1024, 520)])
+def test_persistent_wgmma_kernels_run_on_hopper(rng, blocks, stages, batch, m, k, n):
+    """Blocks running several tiles each, their copies running on from one tile into the next (k of 4, 3
+    and 16 k tiles against 3 or 4 stages: the buffers' phases wrap across tiles), edge tiles guarded."""
+    cp = hopper_or_skip("wgmma")
+    sb, sm, sk, sn = lt.symbols("b m k n")
+    a, b = rng.standard_normal((batch, m, k)).astype(lt.bfloat16), rng.standard_normal((batch, k, n)).astype(lt.bfloat16)
+    c = (lt.Tensor(a).to(sb, sm, sk) * lt.Tensor(b).to(sb, sk, sn)).sum(sk)
+    block = (128, 256) if stages == 4 else (128, 128)
+    t = templates.wgmma_tiled(c.loop_tree(), "t0", block, (2, 1), 64, stages, "tma", persistent=blocks)
+    assert_close(cp.asnumpy(c.cuda(t)), np.einsum("bmk,bkn->bmn", a.astype(np.float64), b.astype(np.float64)), 1e-5)
