@@ -108,17 +108,17 @@ PAIRED_TILE_SHARE = 0.55
 PAIRED_SHORT_K = 4
 PAIRED_SHORT_K_SHARE = 0.45
 BLOCK_RESERVED_SHARED = 1024    # bytes of an SM's shared memory the driver keeps for each resident block
-# Persistent wgmma kernels: as many blocks as fit the SMs at once run every tile in turn, each issuing its next
-# tile's first TMA copies while it finishes the current one (its copies' latency and write-back then overlap).
-# Where products take at least PERSISTENT_WAVES waves of blocks, k at most PERSISTENT_K_TILES k tiles and the
-# write-back at most PERSISTENT_STORE_SHARE of a tile's loads. H100, session 25 (kernels' ms, a block a tile /
-# persistent): 4096x256x4096 0.0459 / 0.0411, 8192x256x8192 0.136 / 0.128, 4096x512x4096 0.0575 / 0.0541,
-# 2048x512x8192 0.0548 / 0.0505, 4096x1024x4096 0.0739 / 0.0705, batched 32x2048x128x2048 with a bf16 result
-# 0.211 / 0.184; slower where blocks run long k loops out of step (their shared operand's reads miss L2 more):
-# 4096^3 0.2066 / 0.2077, 8192^3 1.599 / 1.666, 6000^3 0.881 / 0.938; with a float32 result as heavy as the
-# loads (the same batched product) 0.213 / 0.236; and at 1.45 waves (2048x768x3072, 8192x768x768) 5-9 % slower.
+# Persistent wgmma kernels: as many blocks as fit the SMs at once run every tile in turn (in groups of rows:
+# codegen.gpu_copies.TILE_GROUP_ROWS), each issuing its next tile's first TMA copies while it finishes the current
+# one (its copies' latency and write-back then overlap). Where products take at least PERSISTENT_WAVES waves of
+# blocks of whole tiles and the write-back is at most PERSISTENT_STORE_SHARE of a tile's loads. H100, session 25
+# (kernels' ms, a block a tile / persistent in rows of tiles / persistent in groups of 8 rows): 4096x512x4096
+# 0.0575 / 0.0541, 2048x512x8192 0.0548 / 0.0505, 8192x512x4096 0.0968 / 0.088 / 0.084, 4096^3 0.2015 / 0.2025 /
+# 0.1976, 8192^3 1.590 / 1.721 / 1.571, 2048x4096x11008 0.3358 / 0.3466 / 0.2992, batched 32x2048x128x2048 with a
+# bf16 result 0.2041 / 0.1747; slower with a float32 result as heavy as the loads (the same batched product)
+# 0.213 / 0.236, at 1.45 waves (2048x768x3072, 8192x768x768) 5-9 %, and with edge tiles: 6000^3 0.852 / 0.946 /
+# 0.970, 6000x4096x6000 0.508 / 0.592 / 0.672, 3000x2000x1000 0.0439 / 0.0465 / 0.0475, 3000x256x5000 0.0483 / 0.0505.
 PERSISTENT_WAVES = 2
-PERSISTENT_K_TILES = 16
 PERSISTENT_STORE_SHARE = 0.5
 # wgmma tiles cut at the ends of m and n (computed whole, stored under guards) before the tiles of a
 # padded copy: on. On the H100 (session 12, bench.gpu_rules_variants --knob wgmma_edges) bf16 1000^3 as
@@ -312,17 +312,17 @@ def persistent_grid(program: ir.Program, stage: str, gpu: GpuTarget | None, bloc
                     stages: int, copier: str) -> int:
     """The blocks of a persistent wgmma kernel (as many of its blocks as `gpu`'s SMs hold at once, by shared
     memory) where its pipelined TMA copies run on across tiles to advantage: at least PERSISTENT_WAVES
-    waves of blocks, k at most PERSISTENT_K_TILES k tiles, a tile's write-back at most
-    PERSISTENT_STORE_SHARE of its loads; else 0 (a block a tile)."""
+    waves of blocks, m and n whole tiles, a tile's write-back at most PERSISTENT_STORE_SHARE of its loads;
+    else 0 (a block a tile)."""
     if gpu is None or copier != "tma" or stages < 2 or program.dynamic:
         return 0
     item = ITEM_BYTES[contraction_dtype(program, stage)]
     resident = resident_blocks(gpu, block, k_tile, stages, item)
-    k = program.size(contraction_dims(program, stage)[2])
+    m, n, k = (program.size(d) for d in contraction_dims(program, stage))
     loads = sum(block) * k * item
     stores = block[0] * block[1] * ITEM_BYTES[result_dtype(program, stage)]
     if resident < 1 or block_count(program, stage, block) < PERSISTENT_WAVES * resident * gpu.sms \
-            or k > PERSISTENT_K_TILES * k_tile or stores > PERSISTENT_STORE_SHARE * loads:
+            or m % block[0] or n % block[1] or stores > PERSISTENT_STORE_SHARE * loads:
         return 0
     return resident * gpu.sms
 
@@ -335,8 +335,8 @@ def resident_blocks(gpu: GpuTarget, block: tuple[int, int], k_tile: int, stages:
 
 def persistent_note(persistent: int) -> str:
     """What `explain` says of a persistent kernel (nothing for 0)."""
-    return (f", persistent: {persistent} blocks run the tiles in turn, each copying its next tile's first k tiles "
-            f"while it finishes one (many short tiles)") if persistent else ""
+    return (f", persistent: {persistent} blocks run the tiles in turn (in groups of rows), each copying its next "
+            f"tile's first k tiles while it finishes one") if persistent else ""
 
 
 def result_dtype(program: ir.Program, stage: str) -> str:

@@ -183,10 +183,12 @@ def test_persistent_pipelines_are_refused_in_plain_words(rng):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("blocks", [1, 5, 64])
-@pytest.mark.parametrize("stages, batch, m, k, n", [(4, 2, 300, 208, 512), (3, 3, 257, 144, 600), (4, 1, 640, 1024, 520)])
+@pytest.mark.parametrize("stages, batch, m, k, n", [(4, 2, 300, 208, 512), (3, 3, 257, 144, 600), (4, 1, 640, 1024, 520),
+                                                     (4, 1, 1300, 128, 520), (3, 2, 1100, 144, 304)])
 def test_persistent_wgmma_kernels_run_on_hopper(rng, blocks, stages, batch, m, k, n):
     """Blocks running several tiles each, their copies running on from one tile into the next (k of 4, 3
-    and 16 k tiles against 3 or 4 stages: the buffers' phases wrap across tiles), edge tiles guarded."""
+    and 16 k tiles against 3 or 4 stages: the buffers' phases wrap across tiles), edge tiles guarded; 11
+    and 9 rows of tiles walked in groups of 8 rows and a last one of 3 or 1."""
     cp = hopper_or_skip("wgmma")
     sb, sm, sk, sn = lt.symbols("b m k n")
     a, b = rng.standard_normal((batch, m, k)).astype(lt.bfloat16), rng.standard_normal((batch, k, n)).astype(lt.bfloat16)
