@@ -255,3 +255,29 @@ def test_mma_shared_limit_is_the_gpus_or_48_kb_without_one(monkeypatch):
     monkeypatch.setattr(space.runtime_gpu, "shared_limit", lambda: 227 * 1024)
     assert space.mma_shared_limit() == 227 * 1024
     space.mma_shared_limit.cache_clear()
+
+
+def test_a_gpu_study_keeps_its_best_draw_only_where_timed_again_it_beats_the_automatic_schedule(monkeypatch):
+    """The trial's time is not enough (trials minutes apart differ by a few per cent): the best draw and the
+    automatic schedule are timed again in turn, and the draw is kept only where its median is more than
+    1 % faster; a draw that lost in its trial is not timed again."""
+    from types import SimpleNamespace
+    from tuner import study
+    sm, sk, sn = lt.symbols("m k n")
+    c = (lt.Tensor(np.ones((8, 8), np.float32)).to(sm, sk) * lt.Tensor(np.ones((8, 8), np.float32)).to(sk, sn)).sum(sk)
+    tree = c.loop_tree()
+    monkeypatch.setattr(gpu, "automatic_tree", lambda program: tree)
+    drawn = tree.split("m", 4)
+    for times, automatic_trial, kept in (({"drawn": 1.0, "automatic": 1.005}, 2.0, False),
+                                         ({"drawn": 1.0, "automatic": 1.05}, 2.0, True),
+                                         ({"drawn": 1.0, "automatic": 0.9}, 2.0, False),
+                                         ({"drawn": 1.0, "automatic": 0.5}, 0.5, False)):
+        measured = []
+
+        def measure(steps, times=times):
+            measured.append(steps)
+            return SimpleNamespace(seconds=times["drawn" if steps == drawn.schedule.steps else "automatic"])
+        tuning = SimpleNamespace(program=tree.program, automatic_seconds=lambda t=automatic_trial: t,
+                                 measurer=SimpleNamespace(measure=measure))
+        assert study.Tuning.beats_automatic(tuning, 1.0, drawn.schedule) == kept
+        assert len(measured) == (2 * study.CONFIRM_ROUNDS if automatic_trial > 1.0 else 0)
