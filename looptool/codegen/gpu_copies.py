@@ -219,17 +219,14 @@ class AsyncCopyLowering:
     # Persistent kernels: a grid of fewer blocks than tiles, each block running its tiles in turn ----
     def persistent_tiles(self, node: LoopNode, env: dict, blocks: int):
         """Block-bound loop `node` and the block-bound loops nested in it, run by a grid of `blocks`
-        blocks (`launch_dims`): block b runs tiles b, b + blocks, ... (block.x fastest), the TMA
-        pipeline inside set up once and run on across them, so a tile's first copies are issued
-        while the tile before finishes."""
+        blocks (`launch_dims`): block b runs tiles b, b + blocks, ... (in the order of `tile_values`),
+        the TMA pipeline inside set up once and run on across them, so a tile's first copies are issued
+        while the tile before finishes (`check_persistent` has made sure the loops allow it)."""
         chain = block_chain(node)
         pipelined = next(current for current, _ in walk(chain[-1].body) if isinstance(current, LoopNode)
                          and pipeline_persistent(current.loop.annotation))
         b = self.builder
         plan = self.pipeline_plan(pipelined, env, pipeline_depth(pipelined.loop.annotation)[0])
-        if not isinstance(plan.count, llir.Constant):
-            raise NotImplementedError(f"a persistent kernel's pipelined loop '{plan.loop}' runs a number of "
-                                      f"iterations known only where it runs")
         full, empty = self.tma_barriers(plan)
         extents = {current.loop.annotation: current.loop.extent for current in chain}
         first = b.zext(self.special_register("ctaid.x"), I64)
