@@ -166,6 +166,21 @@ def test_the_reused_operand_is_packed_by_the_register_tile_s_vectors(registers, 
 
 
 @pytest.mark.parametrize("registers, bits", [(16, 256), (32, 512)])
+def test_a_packed_panel_of_the_whole_reduction_is_copied_row_by_row(registers, bits):
+    """A reduction short enough to need no block (k = 129 with a large L1) is copied in the panel's layout
+    too: the reduction outermost, each row by the tile's vectors (it came columns outer, k innermost: a
+    scalar copy down each column)."""
+    c, program, ref = matmul_program(257, 129, 511)
+    tree = auto_tree(program, fake(registers, bits, l1=64 * 1024, l1_ways=16))
+    assert "k.0" not in [lp.name for lp in tree.schedule.of("t0").loops]
+    copy = tree.schedule.of("in1.t0").loops
+    assert [lp.dim for lp in copy] == ["k", "n", "n"]
+    assert (copy[-1].annotation, copy[-1].extent) == ("vectorize", bits // 32)
+    assert "each row copied by the register tile's vectors" in tree.explain()
+    assert_close(c.numpy(tree), ref, 1e-5)
+
+
+@pytest.mark.parametrize("registers, bits", [(16, 256), (32, 512)])
 def test_the_broadcast_operand_is_packed_when_its_rows_crowd_sets_of_l2(registers, bits):
     """512 rows 2 KiB apart: a row block's rows fall in every 32nd line of L2's 64 KiB ways, so some
     set would hold more of its lines than the block's ways, and it is copied (rows outer, reductions
