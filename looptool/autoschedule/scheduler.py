@@ -380,11 +380,13 @@ class Builder:
         col_tiles, col_tile = self.split(name, col_rest, tile.columns)
         vectors, lanes = self.split(name, col_tile, tile.lanes)
         ways = model.block_ways(self.target, tile, kc, itemsize)
+        room = model.block_room(self.target, tile, kc, itemsize)
+        capped = " and half of L2" if room < ways * (self.target.l2 // self.target.l2_ways) else ""
         row_blocks, row_rest = self.cache_block(name, found.row, kc, itemsize, tile.rows, found.broadcast,
-                                                (ways * (self.target.l2 // self.target.l2_ways),
-                                                 f"{ways} of L2's {self.target.l2_ways} ways at most (one is left to "
-                                                 f"the results, the rest to the {kc}x{tile.columns} micro-panels "
-                                                 f"passing through)"))
+                                                (room, f"{ways} of L2's {self.target.l2_ways} ways{capped} at most "
+                                                       f"(one way is left to the results, some to the "
+                                                       f"{kc}x{tile.columns} micro-panels passing through; a block "
+                                                       f"re-read in turn stays in half of L2)"))
         block_rows = self.extent(name, row_rest)
         row_tiles, rows = self.split(name, row_rest, tile.rows)
         others = structure.by_stride(self.program, stage, [d for d in stage.dims if d not in (found.row, found.col)])
