@@ -357,18 +357,18 @@ class Builder:
             return model.l3_traffic(self.target, tile, kc, itemsize, extent, results, size(found.row), reused)
         # (a convolution's reduction, c kh kw, keeps L1's block: held to AVX2 on the Xeon, a 3x3 conv's whole
         # reduction in one pass ran 5 % faster on one core, 12 % slower on two)
-        kc = model.reduction_block(self.target, tile, itemsize, None if rest else traffic)
+        kc = model.reduction_block(self.target, tile, itemsize, None if rest else traffic, extent)
         block = model.balanced(size(first), max(1, kc // rest_length))
         block = self.decide(f"{name}.{first}.block", block, choices.halves_and_doubles(block, size(first)))
         reduce_outer, reduce_inner = self.split(name, first, block)
         kc = block * rest_length
-        from_l2 = reduce_outer and model.results_leave_l2(self.target, results) \
-            and kc > model.reduction_block(self.target, tile, itemsize)
+        from_l2 = model.results_leave_l2(self.target, results) and kc > model.reduction_block(self.target, tile,
+                                                                                                itemsize)
         if from_l2:
-            self.note(name, f"reduction block {first} by {block} ({kc} products per result per pass): the "
-                            f"{results // 1024} KiB of results a core updates would leave L2 between passes, so "
-                            f"fewer passes, each {kc}x{tile.columns} micro-panel ({tile.columns * kc * itemsize // 1024} "
-                            f"KiB) read from L2, one of its {self.target.l2_ways} ways at most")
+            passes = f"reduction block {first} by {block}" if reduce_outer else f"whole reduction {first}, one pass"
+            self.note(name, f"{passes} ({kc} products per result per pass): the {results // 1024} KiB of results a "
+                            f"core updates would leave L2 between passes, so fewer passes, each "
+                            f"{kc}x{tile.columns} micro-panel ({tile.columns * kc * itemsize // 1024} KiB) read from L2")
         elif reduce_outer:
             ways = model.panel_ways(self.target, tile)
             self.note(name, f"reduction block {first} by {block} ({kc} products per result per pass): "

@@ -110,6 +110,21 @@ def test_results_that_leave_l2_take_a_reduction_block_whose_panel_is_read_from_l
     assert ("micro-panel of in1 stays in L2" in tree.explain()) == from_l2
 
 
+@pytest.mark.parametrize("registers, bits, whole", [(32, 512, True), (16, 256, False)])
+def test_the_whole_reduction_in_one_pass_where_that_moves_fewest_bytes_through_l3(registers, bits, whole):
+    """1000x777x1500 (6 MiB of results) on a 2 MiB 16-way L2: 5x80 at L2's kc (389, two passes) moves 42.6 MB
+    through L3 by `l3_traffic`, the whole 777 in one pass (a 242 KiB micro-panel, rows in blocks of 335) 40 MB,
+    so it takes one pass (Xeon, 1 thread: 0.92 -> 0.95-0.96x OpenBLAS; 2 threads +10 %). A 4x24 tile (AVX2)
+    keeps L1's block: its narrow micro-panel leaves row blocks too small to pay for packing B again."""
+    c, program, ref = matmul_program(1000, 777, 1500)
+    target = fake(registers, bits, l1=48 * 1024, l2=2 << 20, l1_ways=12, l2_ways=16)
+    tree = auto_tree(program, target)
+    assert ("k.0" not in [lp.name for lp in tree.schedule.of("t0").loops]) == whole
+    assert ("whole reduction k, one pass (777 products per result per pass)" in tree.explain()) == whole
+    if whole:
+        assert_close(c.numpy(tree), ref, 1e-4)
+
+
 @pytest.mark.parametrize("registers, bits, l2, ways, block_ways, m_block, capped", [
     (16, 256, 512 << 10, 8, 6, 256, True),    # 4x24, kc 256: 6 ways of 64 KiB would hold 384 rows, half of L2 256
     (16, 256, 1 << 20, 16, 14, 512, True),    # 1 MiB in 16 ways of 64 KiB: 14 hold 896 rows, half of L2 512
@@ -254,12 +269,13 @@ def test_threads_take_the_loop_whose_busiest_core_finishes_first_regions_counted
     5x80 tiles, 6 of them (3 a core: `register_tile` counts the busiest core); its row tiles split evenly
     but stay inside the k blocks and column tiles (a row loop moved out would repack the reused operand),
     so they would open 3 x 7 = 21 parallel regions a call. The column tiles win: 0.496 ms a call against
-    0.517 (Zen 4, 2 threads, 7 column tiles). AVX2's 18 column tiles win anyway."""
+    0.517 (Zen 4, 2 threads, 7 column tiles). AVX2's 18 column tiles win anyway. (The Zen 4's 1 MiB L2 holds
+    each core's results, so the reduction keeps L1's blocks.)"""
     _, program, ref = matmul_program(331, 277, 413)
-    tree = auto_tree(program, fake(registers, bits, cores=2))
+    target = fake(registers, bits, cores=2, l2=1 << 20)
+    tree = auto_tree(program, target)
     assert f"t0: parallel n.0: {tiles} iterations for 2 cores" in tree.explain()
     assert "parallel n.0 outermost: one parallel region per call" in tree.explain()
-    target = fake(registers, bits, cores=2)
     work = 331 * 277 * 413 // target.lanes("float32")
     assert model.threaded_time(target, 7, work, 1) < model.threaded_time(target, 56, work, 21)
     assert model.threaded_time(target, 56, work, 1) < model.threaded_time(target, 7, work, 1)
