@@ -380,13 +380,14 @@ class Builder:
         col_tiles, col_tile = self.split(name, col_rest, tile.columns)
         vectors, lanes = self.split(name, col_tile, tile.lanes)
         ways = model.block_ways(self.target, tile, kc, itemsize)
-        room = model.block_room(self.target, tile, kc, itemsize)
-        capped = " and half of L2" if room < ways * (self.target.l2 // self.target.l2_ways) else ""
+        in_place = not self.packs_broadcast(stage, found, model.block_room(self.target, tile, kc, itemsize, False),
+                                            {first: block, **{d: size(d) for d in rest}}, ways, itemsize)
+        room = model.block_room(self.target, tile, kc, itemsize, in_place)
+        capped = " and half of L2 (read in place)" if room < ways * (self.target.l2 // self.target.l2_ways) else ""
         row_blocks, row_rest = self.cache_block(name, found.row, kc, itemsize, tile.rows, found.broadcast,
                                                 (room, f"{ways} of L2's {self.target.l2_ways} ways{capped} at most "
                                                        f"(one way is left to the results, some to the "
-                                                       f"{kc}x{tile.columns} micro-panels passing through; a block "
-                                                       f"re-read in turn stays in half of L2)"))
+                                                       f"{kc}x{tile.columns} micro-panels passing through)"))
         block_rows = self.extent(name, row_rest)
         row_tiles, rows = self.split(name, row_rest, tile.rows)
         others = structure.by_stride(self.program, stage, [d for d in stage.dims if d not in (found.row, found.col)])
@@ -466,6 +467,18 @@ class Builder:
                               f"{found.col} tile re-reads the copy; read in place, its {shape} block would put "
                               f"{needed} lines in one set of L2, more than the {ways} of its {self.target.l2_ways} "
                               f"ways the block gets; packed its lines are consecutive")
+
+    def packs_broadcast(self, stage: ir.Stage, found: structure.Contraction, room: int, reductions: dict[str, int],
+                        ways: int, itemsize: int) -> bool:
+        """Whether `pack_broadcast` would copy the broadcast operand's row block as `room` bytes of L2 hold it
+        (`reductions`: the block's extent along each reduction dim): plain reads whose lines crowd some set of
+        L2 beyond the block's `ways`."""
+        reads = broadcast_reads(stage.expr, found.broadcast)
+        if not self.allowed.pack or not all(isinstance(e, ir.Load) and not e.clamped for e in reads):
+            return False
+        kc = math.prod(reductions.values())
+        rows = model.balanced(self.program.size(found.row), model.cache_block(room, kc, itemsize))
+        return self.set_load(reads, {found.row: rows, **reductions}, itemsize) > ways
 
     def set_load(self, reads: list[ir.Expr], block: dict[str, int], itemsize: int) -> int:
         """The most lines of L2 one set holds of the block of `block`'s extents that `reads` (loads) read
