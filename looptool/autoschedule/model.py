@@ -79,13 +79,13 @@ def reduction_block(target: Target, tile: RegisterTile, itemsize: int, traffic=N
     core moves through L3 at that kc: `l3_traffic`) is less at it, the one that makes the micro-panel fill one
     of L2's ways, read from L2 (the register tile loads a few vectors of it a k step, within what L2 feeds L1),
     or the whole reduction's `extent`, one pass (its micro-panel read from L2 too); the shorter of equals.
-    Xeon, 1000x777x1500 (5x80): 389 -> 777 (42.6 -> 40 MB by this count), 0.90-0.93 -> 0.96-0.97x OpenBLAS."""
+    Xeon, 1000x777x1500 (5x80): 389 -> 777 (42.6 -> 40 MB by this count), 0.89-0.93 -> 0.95-1.01x OpenBLAS."""
     in_l1 = max(1, panel_ways(target, tile) * (target.l1 // max(1, target.l1_ways)) // (tile.columns * itemsize))
     if traffic is None:
         return in_l1
     in_l2 = target.l2 // max(1, target.l2_ways) // (tile.columns * itemsize)
-    longer = [kc for kc in (in_l2, extent) if kc > max(in_l1, in_l2 if kc == extent else 0)]
-    return min([in_l1, *longer], key=traffic)
+    candidates = [in_l1] + [in_l2] * (in_l2 > in_l1) + [extent] * (extent > max(in_l1, in_l2))
+    return min(candidates, key=traffic)
 
 
 def l3_traffic(target: Target, tile: RegisterTile, kc: int, itemsize: int, extent: int, results: int,
@@ -93,9 +93,9 @@ def l3_traffic(target: Target, tile: RegisterTile, kc: int, itemsize: int, exten
     """The bytes a core reads and writes in L3 for a contraction at reduction block `kc`, where its `results`
     bytes leave L2 (`results_leave_l2`): each pass over the reduction's `extent` reads and writes the results,
     and each block of the broadcast operand's `rows` (as many as its room in L2 holds, `block_room`, counted as
-    read in place: the most blocks) packs
-    the `reused` operand's bytes again. Xeon (rocketlake, 5x80 tile), matmul 1024^3 one core: kc 128 -> 342
-    (72 -> 32 MB by this count), 164 -> 171-182 GFLOP/s; two cores 292 -> 338-372. A 4x24 tile (AVX2)
+    read in place: the most blocks) packs the `reused` operand's bytes again. Xeon (rocketlake, 5x80 tile),
+    matmul 1024^3 one core: kc 128 -> 342 (72 -> 32 MB by this count), 164 -> 171-182 GFLOP/s; two cores
+    292 -> 338-372. A 4x24 tile (AVX2)
     on a 512 KiB L2 keeps 256 (56 MB against 64 for 512: twice the row blocks, so twice the packing;
     measured 110 against 103 on the Xeon held to AVX2)."""
     if not results_leave_l2(target, results):

@@ -362,8 +362,8 @@ class Builder:
         block = self.decide(f"{name}.{first}.block", block, choices.halves_and_doubles(block, size(first)))
         reduce_outer, reduce_inner = self.split(name, first, block)
         kc = block * rest_length
-        from_l2 = model.results_leave_l2(self.target, results) and kc > model.reduction_block(self.target, tile,
-                                                                                                itemsize)
+        in_l1 = model.reduction_block(self.target, tile, itemsize)
+        from_l2 = model.results_leave_l2(self.target, results) and kc > in_l1
         if from_l2:
             passes = f"reduction block {first} by {block}" if reduce_outer else f"whole reduction {first}, one pass"
             self.note(name, f"{passes} ({kc} products per result per pass): the {results // 1024} KiB of results a "
