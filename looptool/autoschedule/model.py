@@ -73,30 +73,35 @@ def balanced(extent: int, most: int, multiple: int = 1) -> int:
     return min(-(-size // multiple) * multiple, extent)
 
 
-def reduction_block(target: Target, tile: RegisterTile, itemsize: int, traffic=None) -> int:
+def reduction_block(target: Target, tile: RegisterTile, itemsize: int, traffic=None, extent: int = 0) -> int:
     """kc: the reduction length whose reused micro-panel (kc x columns) fills the L1 ways it gets
     (`panel_ways`), as in BLIS's model (Low et al. 2016, section 3.3); or, where `traffic(kc)` (the bytes a
     core moves through L3 at that kc: `l3_traffic`) is less at it, the one that makes the micro-panel fill one
-    of L2's ways, read from L2 (the register tile loads a few vectors of it a k step, within what L2 feeds L1)."""
+    of L2's ways, read from L2 (the register tile loads a few vectors of it a k step, within what L2 feeds L1),
+    or the whole reduction's `extent`, one pass (its micro-panel read from L2 too); the shorter of equals.
+    Xeon, 1000x777x1500 (5x80): 389 -> 777 (42.6 -> 40 MB by this count), 0.89-0.93 -> 0.95-1.01x OpenBLAS."""
     in_l1 = max(1, panel_ways(target, tile) * (target.l1 // max(1, target.l1_ways)) // (tile.columns * itemsize))
+    if traffic is None:
+        return in_l1
     in_l2 = target.l2 // max(1, target.l2_ways) // (tile.columns * itemsize)
-    return in_l2 if traffic is not None and in_l2 > in_l1 and traffic(in_l2) < traffic(in_l1) else in_l1
+    candidates = [in_l1] + [in_l2] * (in_l2 > in_l1) + [extent] * (extent > max(in_l1, in_l2))
+    return min(candidates, key=traffic)
 
 
 def l3_traffic(target: Target, tile: RegisterTile, kc: int, itemsize: int, extent: int, results: int,
                rows: int, reused: int) -> int:
     """The bytes a core reads and writes in L3 for a contraction at reduction block `kc`, where its `results`
     bytes leave L2 (`results_leave_l2`): each pass over the reduction's `extent` reads and writes the results,
-    and each block of the broadcast operand's `rows` (as many as L2's ways for it hold, `block_ways`) packs
-    the `reused` operand's bytes again. Xeon (rocketlake, 5x80 tile), matmul 1024^3 one core: kc 128 -> 342
-    (72 -> 32 MB by this count), 164 -> 171-182 GFLOP/s; two cores 292 -> 338-372. A 4x24 tile (AVX2)
+    and each block of the broadcast operand's `rows` (as many as its room in L2 holds, `block_room`, counted as
+    read in place: the most blocks) packs the `reused` operand's bytes again. Xeon (rocketlake, 5x80 tile),
+    matmul 1024^3 one core: kc 128 -> 342 (72 -> 32 MB by this count), 164 -> 171-182 GFLOP/s; two cores
+    292 -> 338-372. A 4x24 tile (AVX2)
     on a 512 KiB L2 keeps 256 (56 MB against 64 for 512: twice the row blocks, so twice the packing;
     measured 110 against 103 on the Xeon held to AVX2)."""
     if not results_leave_l2(target, results):
         return 0
     passes = -(-extent // kc)
-    room = block_ways(target, tile, kc, itemsize) * (target.l2 // max(1, target.l2_ways))
-    row_blocks = -(-rows // cache_block(room, kc, itemsize))
+    row_blocks = -(-rows // cache_block(block_room(target, tile, kc, itemsize, in_place=True), kc, itemsize))
     return 2 * (passes * results + row_blocks * reused)
 
 
@@ -139,6 +144,19 @@ def block_ways(target: Target, tile: RegisterTile, kc: int, itemsize: int) -> in
         return max(1, ways // CACHE_SHARE)
     panel = -(-kc * tile.columns * itemsize // max(1, target.l2 // ways))
     return max(1, ways - 1 - panel)
+
+
+def block_room(target: Target, tile: RegisterTile, kc: int, itemsize: int, in_place: bool = True) -> int:
+    """Bytes for the mc x kc block of the broadcast operand: the L2 ways it gets (`block_ways`), and, for a block
+    read in place, no more than half of L2 (CACHE_SHARE). Read in place, each row's kc-long piece starts and
+    ends inside a line and L2's streamer, seeing the row read in order, fetches past its end, so the block
+    takes more of L2 than its bytes, and an L2 that does not evict its least recently used line first does not
+    keep it near full. Xeon (2 MiB 16-way L2 by sysfs: an array read again and again comes from L2 at full speed
+    up to 1.1 MiB, at 68 % at 1.5 MiB, 33 % at 2 MiB), 997x1001x1003 (5x80, kc 334, read in place): one block of
+    997 rows (14 ways) against two of 500: 0.91 -> 0.96x OpenBLAS. A packed block is contiguous: 1024^3 (packed)
+    ran the same or 2-3 % slower at two threads with the half (three blocks of 342 against two of 512)."""
+    room = block_ways(target, tile, kc, itemsize) * (target.l2 // max(1, target.l2_ways))
+    return min(room, target.l2 // CACHE_SHARE) if in_place else room
 
 
 def set_load(target: Target, offsets: np.ndarray) -> int:

@@ -357,18 +357,18 @@ class Builder:
             return model.l3_traffic(self.target, tile, kc, itemsize, extent, results, size(found.row), reused)
         # (a convolution's reduction, c kh kw, keeps L1's block: held to AVX2 on the Xeon, a 3x3 conv's whole
         # reduction in one pass ran 5 % faster on one core, 12 % slower on two)
-        kc = model.reduction_block(self.target, tile, itemsize, None if rest else traffic)
+        kc = model.reduction_block(self.target, tile, itemsize, None if rest else traffic, extent)
         block = model.balanced(size(first), max(1, kc // rest_length))
         block = self.decide(f"{name}.{first}.block", block, choices.halves_and_doubles(block, size(first)))
         reduce_outer, reduce_inner = self.split(name, first, block)
         kc = block * rest_length
-        from_l2 = reduce_outer and model.results_leave_l2(self.target, results) \
-            and kc > model.reduction_block(self.target, tile, itemsize)
+        in_l1 = model.reduction_block(self.target, tile, itemsize)
+        from_l2 = model.results_leave_l2(self.target, results) and kc > in_l1
         if from_l2:
-            self.note(name, f"reduction block {first} by {block} ({kc} products per result per pass): the "
-                            f"{results // 1024} KiB of results a core updates would leave L2 between passes, so "
-                            f"fewer passes, each {kc}x{tile.columns} micro-panel ({tile.columns * kc * itemsize // 1024} "
-                            f"KiB) read from L2, one of its {self.target.l2_ways} ways at most")
+            passes = f"reduction block {first} by {block}" if reduce_outer else f"whole reduction {first}, one pass"
+            self.note(name, f"{passes} ({kc} products per result per pass): the {results // 1024} KiB of results a "
+                            f"core updates would leave L2 between passes, so fewer passes, each "
+                            f"{kc}x{tile.columns} micro-panel ({tile.columns * kc * itemsize // 1024} KiB) read from L2")
         elif reduce_outer:
             ways = model.panel_ways(self.target, tile)
             self.note(name, f"reduction block {first} by {block} ({kc} products per result per pass): "
@@ -380,11 +380,14 @@ class Builder:
         col_tiles, col_tile = self.split(name, col_rest, tile.columns)
         vectors, lanes = self.split(name, col_tile, tile.lanes)
         ways = model.block_ways(self.target, tile, kc, itemsize)
+        in_place = not self.packs_broadcast(stage, found, model.block_room(self.target, tile, kc, itemsize, False),
+                                            {first: block, **{d: size(d) for d in rest}}, ways, itemsize)
+        room = model.block_room(self.target, tile, kc, itemsize, in_place)
+        capped = " and half of L2 (read in place)" if room < ways * (self.target.l2 // self.target.l2_ways) else ""
         row_blocks, row_rest = self.cache_block(name, found.row, kc, itemsize, tile.rows, found.broadcast,
-                                                (ways * (self.target.l2 // self.target.l2_ways),
-                                                 f"{ways} of L2's {self.target.l2_ways} ways at most (one is left to "
-                                                 f"the results, the rest to the {kc}x{tile.columns} micro-panels "
-                                                 f"passing through)"))
+                                                (room, f"{ways} of L2's {self.target.l2_ways} ways{capped} at most "
+                                                       f"(one way is left to the results, some to the "
+                                                       f"{kc}x{tile.columns} micro-panels passing through)"))
         block_rows = self.extent(name, row_rest)
         row_tiles, rows = self.split(name, row_rest, tile.rows)
         others = structure.by_stride(self.program, stage, [d for d in stage.dims if d not in (found.row, found.col)])
@@ -464,6 +467,18 @@ class Builder:
                               f"{found.col} tile re-reads the copy; read in place, its {shape} block would put "
                               f"{needed} lines in one set of L2, more than the {ways} of its {self.target.l2_ways} "
                               f"ways the block gets; packed its lines are consecutive")
+
+    def packs_broadcast(self, stage: ir.Stage, found: structure.Contraction, room: int, reductions: dict[str, int],
+                        ways: int, itemsize: int) -> bool:
+        """Whether `pack_broadcast` would copy the broadcast operand's row block as `room` bytes of L2 hold it
+        (`reductions`: the block's extent along each reduction dim): plain reads whose lines crowd some set of
+        L2 beyond the block's `ways`."""
+        reads = broadcast_reads(stage.expr, found.broadcast)
+        if not self.allowed.pack or not all(isinstance(e, ir.Load) and not e.clamped for e in reads):
+            return False
+        kc = math.prod(reductions.values())
+        rows = model.balanced(self.program.size(found.row), model.cache_block(room, kc, itemsize))
+        return self.set_load(reads, {found.row: rows, **reductions}, itemsize) > ways
 
     def set_load(self, reads: list[ir.Expr], block: dict[str, int], itemsize: int) -> int:
         """The most lines of L2 one set holds of the block of `block`'s extents that `reads` (loads) read
@@ -549,9 +564,20 @@ class Builder:
             return
         contiguous = not self.gathered(stage, found)
         copy = self.copy_operand(stage.name, found.reused, order, len(blocks))
+        if contiguous:
+            self.copy_in_layout_order(copy, order)
         by_vectors = self.vector_copy(copy, tile_loops) if contiguous else ""
         self.note(stage.name, f"pack {found.reused} as ({', '.join(order)}) {_once_per(blocks)}: it is re-read by "
                               f"every row tile, and packed its micro-panel is one contiguous block{by_vectors}")
+
+    def copy_in_layout_order(self, copy: str, order: tuple[str, ...]):
+        """Run the loops of a packed micro-panel's copy in the order of its layout (`order`: reductions outer,
+        columns innermost), so that each row is copied along the columns, where both the operand and the copy
+        are contiguous. Where no reduction block is split off, the copy's loops came columns outer and the
+        whole reduction innermost: a scalar copy down each column (257x129x511 on the AVX-512 Xeon: 8 panels
+        of 129x64 a call, each element read from another row of the operand)."""
+        loops = sorted(self.schedule.of(copy).loops, key=lambda lp: order.index(lp.dim))
+        self.reorder(copy, [lp.name for lp in loops])
 
     def vector_copy(self, copy: str, tile_loops: tuple[str | None, str | None]) -> str:
         """Copy each row of a packed micro-panel by the register tile's vectors where the tile's lanes are the

@@ -110,6 +110,21 @@ def test_results_that_leave_l2_take_a_reduction_block_whose_panel_is_read_from_l
     assert ("micro-panel of in1 stays in L2" in tree.explain()) == from_l2
 
 
+@pytest.mark.parametrize("registers, bits, whole", [(32, 512, True), (16, 256, False)])
+def test_the_whole_reduction_in_one_pass_where_that_moves_fewest_bytes_through_l3(registers, bits, whole):
+    """1000x777x1500 (6 MiB of results) on a 2 MiB 16-way L2: 5x80 at L2's kc (389, two passes) moves 42.6 MB
+    through L3 by `l3_traffic`, the whole 777 in one pass (a 242 KiB micro-panel, rows in blocks of 335) 40 MB,
+    so it takes one pass (Xeon, 1 thread: 0.92 -> 0.95-0.96x OpenBLAS; 2 threads +10 %). A 4x24 tile (AVX2)
+    keeps L1's block: its narrow micro-panel leaves row blocks too small to pay for packing B again."""
+    c, program, ref = matmul_program(1000, 777, 1500)
+    target = fake(registers, bits, l1=48 * 1024, l2=2 << 20, l1_ways=12, l2_ways=16)
+    tree = auto_tree(program, target)
+    assert ("k.0" not in [lp.name for lp in tree.schedule.of("t0").loops]) == whole
+    assert ("whole reduction k, one pass (777 products per result per pass)" in tree.explain()) == whole
+    if whole:
+        assert_close(c.numpy(tree), ref, 1e-4)
+
+
 @pytest.mark.parametrize("registers, bits, l2, ways, block_ways, m_block", [
     (16, 256, 512 << 10, 8, 6, 344),    # 4x24, kc 256: 6 ways of 64 KiB hold 384 rows, balanced to 3 x 344
     (16, 256, 1 << 20, 16, 14, 512),    # 1 MiB in 16 ways of 64 KiB: 14 hold 896 rows, balanced to 2 x 512
@@ -166,6 +181,21 @@ def test_the_reused_operand_is_packed_by_the_register_tile_s_vectors(registers, 
 
 
 @pytest.mark.parametrize("registers, bits", [(16, 256), (32, 512)])
+def test_a_packed_panel_of_the_whole_reduction_is_copied_row_by_row(registers, bits):
+    """A reduction short enough to need no block (k = 129 with a large L1) is copied in the panel's layout
+    too: the reduction outermost, each row by the tile's vectors (it came columns outer, k innermost: a
+    scalar copy down each column)."""
+    c, program, ref = matmul_program(257, 129, 511)
+    tree = auto_tree(program, fake(registers, bits, l1=64 * 1024, l1_ways=16))
+    assert "k.0" not in [lp.name for lp in tree.schedule.of("t0").loops]
+    copy = tree.schedule.of("in1.t0").loops
+    assert [lp.dim for lp in copy] == ["k", "n", "n"]
+    assert (copy[-1].annotation, copy[-1].extent) == ("vectorize", bits // 32)
+    assert "each row copied by the register tile's vectors" in tree.explain()
+    assert_close(c.numpy(tree), ref, 1e-5)
+
+
+@pytest.mark.parametrize("registers, bits", [(16, 256), (32, 512)])
 def test_the_broadcast_operand_is_packed_when_its_rows_crowd_sets_of_l2(registers, bits):
     """512 rows 2 KiB apart: a row block's rows fall in every 32nd line of L2's 64 KiB ways, so some
     set would hold more of its lines than the block's ways, and it is copied (rows outer, reductions
@@ -178,6 +208,24 @@ def test_the_broadcast_operand_is_packed_when_its_rows_crowd_sets_of_l2(register
     _, small, _ = matmul_program(200, 300, 500)
     explained = auto_tree(small, fake(registers, bits)).explain()
     assert "pack in0" not in explained and "in0 read in place" in explained
+
+
+@pytest.mark.parametrize("m, k, n, m_block, capped", [(997, 1001, 1003, 500, True), (1024, 1024, 1024, None, False)])
+def test_a_broadcast_block_read_in_place_gets_half_of_l2_at_most(m, k, n, m_block, capped):
+    """5x80 on a 2 MiB 16-way L2 (kc 334 from L2): 997 rows of the broadcast operand read in place (4004 bytes
+    apart, 12 lines a set) would make one 1.3 MiB block in 14 ways; read in place a block takes more of L2
+    than its bytes, so it gets half of L2 at most: two blocks of 500 (Xeon: 0.91 -> 0.96x OpenBLAS). 1024 rows
+    4 KiB apart crowd sets and are packed, and a packed block keeps its 14 ways (1024 rows, one block)."""
+    _, program, _ = matmul_program(m, k, n)
+    target = fake(32, 512, l1=48 * 1024, l2=2 << 20, l1_ways=12, l2_ways=16)
+    tree = auto_tree(program, target)
+    found = re.search(r"m block (\d+)", tree.explain())
+    assert (found and int(found.group(1))) == m_block
+    assert ("and half of L2 (read in place) at most" in tree.explain()) == capped
+    assert ("in0 read in place" in tree.explain()) == capped
+    tile = model.RegisterTile(5, 5, 16)
+    assert model.block_room(target, tile, 334, 4, in_place=True) == 1 << 20
+    assert model.block_room(target, tile, 334, 4, in_place=False) == 14 * (128 << 10)
 
 
 @pytest.mark.parametrize("registers, bits, l2", [(16, 256, 512 * 1024), (32, 512, 1 << 20)])
@@ -233,12 +281,13 @@ def test_threads_take_the_loop_whose_busiest_core_finishes_first_regions_counted
     5x80 tiles, 6 of them (3 a core: `register_tile` counts the busiest core); its row tiles split evenly
     but stay inside the k blocks and column tiles (a row loop moved out would repack the reused operand),
     so they would open 3 x 7 = 21 parallel regions a call. The column tiles win: 0.496 ms a call against
-    0.517 (Zen 4, 2 threads, 7 column tiles). AVX2's 18 column tiles win anyway."""
+    0.517 (Zen 4, 2 threads, 7 column tiles). AVX2's 18 column tiles win anyway. (The Zen 4's 1 MiB L2 holds
+    each core's results, so the reduction keeps L1's blocks.)"""
     _, program, ref = matmul_program(331, 277, 413)
-    tree = auto_tree(program, fake(registers, bits, cores=2))
+    target = fake(registers, bits, cores=2, l2=1 << 20)
+    tree = auto_tree(program, target)
     assert f"t0: parallel n.0: {tiles} iterations for 2 cores" in tree.explain()
     assert "parallel n.0 outermost: one parallel region per call" in tree.explain()
-    target = fake(registers, bits, cores=2)
     work = 331 * 277 * 413 // target.lanes("float32")
     assert model.threaded_time(target, 7, work, 1) < model.threaded_time(target, 56, work, 21)
     assert model.threaded_time(target, 56, work, 1) < model.threaded_time(target, 7, work, 1)
