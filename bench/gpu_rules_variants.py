@@ -24,7 +24,10 @@ run of k a half-precision part sums (`autoschedule.gpu.HALF_SPLIT_K_RUN`; 0: no 
 blocks keep less than this share of the SMs busy; 0: never, 1.01: wherever they leave more than
 SPLIT_K_IDLE of them idle, as before session 20) on bfloat16 products from 24 to 97 % busy;
 `vector_store_bytes`, `codegen.gpu.VECTOR_STORE_BYTES` (a code generator's constant: run it with
-LOOPTOOL_CACHE_DIR= so no cached PTX is read) on batched bf16 products, float32 and bfloat16 results. For each
+LOOPTOOL_CACHE_DIR= so no cached PTX is read) on batched bf16 products, float32 and bfloat16 results;
+`persistent_waves`, `autoschedule.gpu.PERSISTENT_WAVES` (the waves of blocks from which a wgmma product's
+kernel is persistent; 2**30: never) and `tile_group_rows`, `codegen.gpu_copies.TILE_GROUP_ROWS` (a persistent
+kernel's tiles in groups of this many block rows; with LOOPTOOL_CACHE_DIR=), on bfloat16 products of many tiles. For each
 workload and value, the automatic schedule's kernels run on a NaN-poisoned output, are compared with
 torch in float64, and are timed interleaved with torch (median of CUDA-event timed calls, best of 3
 rounds). Prints one line per variant: kernels' time, torch / kernels.
@@ -40,6 +43,7 @@ import looptool as lt
 from looptool.autoschedule import gpu as templates
 from looptool.autoschedule import gpu_rules
 from looptool.codegen import gpu as codegen_gpu
+from looptool.codegen import gpu_copies
 from looptool.runtime import gpu as runtime_gpu
 from bench.gpu_suite import interleaved_ms
 
@@ -73,6 +77,8 @@ KNOBS = {
                                 setattr(templates, "HALF_SPLIT_K_RUN", v or 1)), (0, 512, 1024), "wgmma_cases"),
     "half_split_k_busy": (lambda v: setattr(templates, "HALF_SPLIT_K_BUSY", v), (0.0, 0.5, 1.01), "split_cases"),
     "vector_store_bytes": (lambda v: setattr(codegen_gpu, "VECTOR_STORE_BYTES", v), (16, 8, 4, 16), "write_back_cases"),
+    "persistent_waves": (lambda v: setattr(templates, "PERSISTENT_WAVES", v), (1 << 30, 2, 1), "persistent_cases"),
+    "tile_group_rows": (lambda v: setattr(gpu_copies, "TILE_GROUP_ROWS", v), (1, 4, 8, 16), "persistent_cases"),
     "wgmma_stages": (lambda v: _wgmma_start(*v), ((((128, 256), (128, 128), (128, 64)), 3), (((128, 128),), 1),
                                                  (((128, 128),), 2), (((128, 64),), 1), (((128, 64),), 2),
                                                  (((128, 256),), 1)), "wgmma_cases"),
@@ -192,6 +198,15 @@ def wgmma_cases(torch):
         out.append((f"matmul bf16 {batch}x{m}x{k}x{n}", c, lambda a=a, b=b: a @ b,
                     lambda a=a, b=b: a.double() @ b.double()))
     return out
+
+
+def persistent_cases(torch):
+    """bfloat16 products of many tiles: long and short k, aligned, and 6000 or 6144 along m and n (edge tiles
+    in one, the other or both: what makes the edge-tile kernel slow, session 25)."""
+    return products(torch, ((4096, 4096, 4096), (8192, 8192, 8192), (2048, 4096, 11008), (4096, 512, 4096),
+                            (8192, 512, 4096), (5120, 5120, 5120), (6144, 4096, 6144), (6000, 4096, 6000),
+                            (6144, 4096, 6000), (6000, 4096, 6144), (3000, 2000, 1000)),
+                    torch.bfloat16, "bf16")
 
 
 def split_cases(torch):
