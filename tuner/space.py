@@ -21,8 +21,8 @@ from looptool import autoschedule, ir
 from looptool.analysis.target import Target, host
 from looptool.autoschedule.gpu import (FLOAT32_BLOCKS, FLOAT32_TILES, TENSOR_START, contraction_dtype,
                                        float32_tiles, least_work_block, mma_tiled, persistent_grid, register_tiled,
-                                       resident_blocks, tile_dims, transposable, transposed_ahead, wgmma_start,
-                                       wgmma_tiled)
+                                       resident_blocks, stage_bytes, tile_dims, transposable, transposed_ahead,
+                                       wgmma_start, wgmma_tiled)
 from looptool.codegen import gpu as codegen_gpu
 from looptool.runtime import gpu as runtime_gpu
 from looptool.schedule import LoopTree
@@ -167,7 +167,7 @@ def _gpu_tensor(trial: optuna.Trial, tree: LoopTree, family: str, stage: str) ->
         raise ValueError(f"{teams[0] * teams[1]} {spec.team}s of {part[0]}x{part[1]} need {threads} threads (at "
                          f"most 1024) of {accumulators} accumulators (at most {MMA_ACCUMULATORS}, and "
                          f"{BLOCK_REGISTERS} registers a block)")
-    shared = (block[0] + block[1]) * k_tile * 2 * max(stages, 1)
+    shared = stage_bytes(block, k_tile, 2) * max(stages, 1)
     if shared > mma_shared_limit():
         raise ValueError(f"{shared} bytes of shared memory a block (at most {mma_shared_limit()})")
     gpu = _gpu()

@@ -330,7 +330,12 @@ def persistent_grid(program: ir.Program, stage: str, gpu: GpuTarget | None, bloc
 def resident_blocks(gpu: GpuTarget, block: tuple[int, int], k_tile: int, stages: int, item: int) -> int:
     """How many blocks of a pipelined tensor-core template (`stages` k tiles of `item`-byte operands) an SM
     of `gpu` holds at once, by its shared memory."""
-    return gpu.shared_per_sm // (sum(block) * k_tile * item * stages + BLOCK_RESERVED_SHARED)
+    return gpu.shared_per_sm // (stage_bytes(block, k_tile, item) * stages + BLOCK_RESERVED_SHARED)
+
+
+def stage_bytes(block: tuple[int, int], k_tile: int, item: int) -> int:
+    """Shared memory one pipeline stage of a tensor-core template takes: a k tile of both operands' tiles."""
+    return sum(block) * k_tile * item
 
 
 def persistent_note(persistent: int) -> str:
@@ -355,8 +360,8 @@ def paired_stages(program: ir.Program, stage: str, gpu: GpuTarget | None, block:
         return 0
     whole = block_count(program, stage, block)
     k_tile = TENSOR_START["wgmma"][2]
-    stage_bytes = sum(PAIRED_BLOCK) * k_tile * ITEM_BYTES[contraction_dtype(program, stage)]
-    stages = min(TENSOR_START["wgmma"][3], (gpu.shared_per_sm // 2 - BLOCK_RESERVED_SHARED) // stage_bytes)
+    one_stage = stage_bytes(PAIRED_BLOCK, k_tile, ITEM_BYTES[contraction_dtype(program, stage)])
+    stages = min(TENSOR_START["wgmma"][3], (gpu.shared_per_sm // 2 - BLOCK_RESERVED_SHARED) // one_stage)
     if whole <= gpu.sms or stages < 2:
         return 0
     short = program.size(contraction_dims(program, stage)[2]) <= PAIRED_SHORT_K * k_tile

@@ -217,8 +217,9 @@ def launch_dims(nodes: list) -> tuple[tuple[int, int, int], tuple[int, int, int]
             if is_warpgroup(tensor_role(loop)[0]):
                 extents["thread.y"] = max(extents["thread.y"], 4)
     grid = tuple(extents[f"block.{a}"] for a in "xyz")
-    if persistent_blocks(nodes):
-        grid = (min(persistent_blocks(nodes), grid[0] * grid[1] * grid[2]), 1, 1)
+    persistent = persistent_blocks(nodes)
+    if persistent:
+        grid = (min(persistent, grid[0] * grid[1] * grid[2]), 1, 1)
     block = tuple(extents[f"thread.{a}"] for a in "xyz")
     if block[0] * block[1] * block[2] > 1024:
         raise ValueError(f"a GPU block of {block[0]}x{block[1]}x{block[2]} threads exceeds the 1024-thread limit; "

@@ -315,8 +315,8 @@ class LoopTree:
         copier='tma' (Hopper, wgmma operand tiles) one thread copies each tile with the tensor
         memory accelerator, and each iteration waits on its buffer's mbarrier instead. With
         `persistent` blocks (TMA), a grid of at most that many blocks runs every tile of the
-        block-bound loops around `loop` (block.x fastest), each block its tiles in turn, issuing
-        the copies of its next tile while it finishes the current one."""
+        block-bound loops around `loop` (in groups of block.y rows), each block its tiles in turn,
+        issuing the copies of its next tile while it finishes the current one."""
         if copier not in COPIERS:
             raise ValueError(f"pipeline: copier must be one of {COPIERS}, got {copier!r}")
         if not isinstance(stages, int) or stages < 2:
