@@ -445,11 +445,10 @@ class Builder:
         a block spanning more than half of L2, however its lines fell: 257x511x129's 257 rows 2044 bytes
         apart, 2 lines a set at most, were copied once per reduction block, 5 % of the call.)"""
         depth = max((i + 1 for i, lp in enumerate(outer) if lp in enclosing), default=0)
-        reads = broadcast_reads(stage.expr, found.broadcast)
-        plain = all(isinstance(e, ir.Load) and not e.clamped for e in reads)
-        candidate = self.allowed.pack and plain and col_tiles is not None and col_tiles in outer[depth:]
-        needed = self.set_load(reads, block, np.dtype(stage.dtype).itemsize) if candidate else 0
-        pays = needed > ways
+        placed = col_tiles is not None and col_tiles in outer[depth:]
+        needed = self.broadcast_set_load(stage, found, block, np.dtype(stage.dtype).itemsize) if placed else None
+        candidate = needed is not None
+        pays = candidate and needed > ways
         shape = "x".join(str(block[d]) for d in block)
         if not self.decide(f"{stage.name}.pack.{found.broadcast}", pays, (pays, not pays) if candidate else (False,)):
             if candidate:
@@ -461,8 +460,7 @@ class Builder:
         order = tuple([d for d in dims if d not in stage.reduce_dims and d != found.row] + [found.row]
                       + [d for d in dims if d in stage.reduce_dims])
         copy = self.copy_operand(stage.name, found.broadcast, order, depth)
-        loops = sorted(self.schedule.of(copy).loops, key=lambda lp: order.index(lp.dim))
-        self.reorder(copy, [lp.name for lp in loops])
+        self.copy_in_layout_order(copy, order)
         self.note(stage.name, f"pack {found.broadcast} as ({', '.join(order)}) {_once_per(outer[:depth])}: every "
                               f"{found.col} tile re-reads the copy; read in place, its {shape} block would put "
                               f"{needed} lines in one set of L2, more than the {ways} of its {self.target.l2_ways} "
@@ -473,12 +471,20 @@ class Builder:
         """Whether `pack_broadcast` would copy the broadcast operand's row block as `room` bytes of L2 hold it
         (`reductions`: the block's extent along each reduction dim): plain reads whose lines crowd some set of
         L2 beyond the block's `ways`."""
-        reads = broadcast_reads(stage.expr, found.broadcast)
-        if not self.allowed.pack or not all(isinstance(e, ir.Load) and not e.clamped for e in reads):
-            return False
         kc = math.prod(reductions.values())
         rows = model.balanced(self.program.size(found.row), model.cache_block(room, kc, itemsize))
-        return self.set_load(reads, {found.row: rows, **reductions}, itemsize) > ways
+        needed = self.broadcast_set_load(stage, found, {found.row: rows, **reductions}, itemsize)
+        return needed is not None and needed > ways
+
+    def broadcast_set_load(self, stage: ir.Stage, found: structure.Contraction, block: dict[str, int],
+                           itemsize: int) -> int | None:
+        """The most lines of L2 one set holds of the broadcast operand's `block` read in place (`set_load`);
+        None where it is not to be packed whatever it holds: packing is off, or it is read under padding
+        guards (a guarded copy costs what it saves)."""
+        reads = broadcast_reads(stage.expr, found.broadcast)
+        if not self.allowed.pack or not all(isinstance(e, ir.Load) and not e.clamped for e in reads):
+            return None
+        return self.set_load(reads, block, itemsize)
 
     def set_load(self, reads: list[ir.Expr], block: dict[str, int], itemsize: int) -> int:
         """The most lines of L2 one set holds of the block of `block`'s extents that `reads` (loads) read
@@ -571,9 +577,9 @@ class Builder:
                               f"every row tile, and packed its micro-panel is one contiguous block{by_vectors}")
 
     def copy_in_layout_order(self, copy: str, order: tuple[str, ...]):
-        """Run the loops of a packed micro-panel's copy in the order of its layout (`order`: reductions outer,
+        """Run the loops of a packed copy in the order of its layout (`order`; a micro-panel's: reductions outer,
         columns innermost), so that each row is copied along the columns, where both the operand and the copy
-        are contiguous. Where no reduction block is split off, the copy's loops came columns outer and the
+        are contiguous. Where a micro-panel's reduction is not split into blocks, the copy's loops came columns outer and the
         whole reduction innermost: a scalar copy down each column (257x129x511 on the AVX-512 Xeon: 8 panels
         of 129x64 a call, each element read from another row of the operand)."""
         loops = sorted(self.schedule.of(copy).loops, key=lambda lp: order.index(lp.dim))
