@@ -44,6 +44,11 @@ TRANSPOSE_COLUMNS_AHEAD_RUN = 256
 # blocks: a second wave 18 % full) took 0.124 against 0.103 in 5 (520: one wave)
 SPLIT_K_BLOCKS = 4
 SPLIT_K_RUN = 64
+# ... preferring parts whose runs of k are whole 16-byte vectors (`aligned_first`; H100, session 26, kernels' ms
+# and registers a thread: 333x444x555 in 128 x 64 blocks, 2 / 3 / 4 parts (runs of 222 / 148 / 111) 0.0395 (235)
+# / 0.0287 (128) / 0.0303 (233); in 64 x 64 blocks the automatic 6 parts of 74 0.0331, 3 of 148 0.0285-0.0297;
+# 1000x1500x777 in 128 x 64 blocks, 2 to 6 parts: 0.153 (225) / 0.118 (128) / 0.166 (225) / 0.100 (128) / 0.158 (225))
+SPLIT_K_ALIGN = 16
 # ... but over a dynamic dim, planned at the least size of its class, the fewest parts reaching those blocks,
 # each at least this long: the parts' partial results grow with the rows a call brings (relu(x @ w), k = n =
 # 1024, planned at 256 rows, in 16 parts of 64: at 1000 rows 99.9 us against 59.3 in 4 parts of 256, H100)
@@ -143,7 +148,8 @@ def contraction_dtype(program: ir.Program, stage: str | None = None) -> str | No
 def split_k_parts(program: ir.Program, sms: int, hopper: bool = True) -> int:
     """The parts `ir.split_k` cuts a contraction's k into (its first stage's, maybe followed by an epilogue)
     on a GPU of `sms` SMs (`hopper`: with
-    wgmma) where its blocks leave more than SPLIT_K_IDLE of the SMs idle: float32 on register tiles (`least_work_block`), the
+    wgmma) where its blocks leave more than SPLIT_K_IDLE of the SMs idle (parts starting on 16-byte
+    boundaries first: `aligned_first`): float32 on register tiles (`least_work_block`), the
     most dividing k, each at least SPLIT_K_RUN long, whose blocks fit in one wave of SPLIT_K_BLOCKS an SM
     (over a dynamic dim: the fewest, each at least DYNAMIC_SPLIT_K_RUN long, that reach it, else the most);
     half precision on tensor cores with its template's block (`wgmma_block`, or mma's), the fewest in runs of
@@ -171,10 +177,19 @@ def split_k_parts(program: ir.Program, sms: int, hopper: bool = True) -> int:
     if not per_sm or blocks(1) >= (1 - SPLIT_K_IDLE) * sms \
             or dtype != "float32" and busy_share(blocks(1), per_sm * sms) >= HALF_SPLIT_K_BUSY:
         return 1
-    dividing = [parts for parts in range(2, size // shortest + 1) if size % (parts * k_tile) == 0]
+    dividing = aligned_first([parts for parts in range(2, size // shortest + 1) if size % (parts * k_tile) == 0],
+                             size, ITEM_BYTES[dtype])
     if dtype == "float32" and not program.dynamic:
         return max((parts for parts in dividing if blocks(parts) <= per_sm * sms), default=1)
     return next((parts for parts in dividing if blocks(parts) >= per_sm * sms), max(dividing, default=1))
+
+
+def aligned_first(parts: list[int], size: int, item: int) -> list[int]:
+    """Of the part counts `parts` of a k of `size`, those whose parts start on SPLIT_K_ALIGN-byte boundaries
+    (where any do), else all: a part off them loads its k-last rows in scalars, which doubled the register
+    tile's registers and halved the blocks an SM holds."""
+    aligned = [p for p in parts if size // p * item % SPLIT_K_ALIGN == 0]
+    return aligned or parts
 
 
 def busy_share(blocks: int, slots: int) -> float:

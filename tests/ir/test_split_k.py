@@ -90,13 +90,16 @@ def test_split_k_keeps_an_epilogue_after_the_parts_are_summed(rng):
 
 
 @pytest.mark.parametrize("m, k, n, sms, parts", [(1000, 1500, 777, 132, 5), (4096, 4096, 4096, 132, 1),
-                                                  (1000, 1500, 777, 16, 1), (1000, 300, 777, 132, 4),
+                                                  (1000, 1500, 777, 16, 1), (1000, 300, 777, 132, 3),
+                                                  (333, 444, 555, 132, 3),
                                                   (260, 1024, 100, 132, 16), (1024, 1024, 1024, 132, 1),
                                                   (64, 8192, 64, 132, 128), (1000, 100, 777, 132, 1)])
 def test_float32_contractions_with_fewer_blocks_than_sms_are_split(rng, m, k, n, sms, parts):
     """1000x777 gives 104 blocks of 128 x 64: k = 1500 cut in 5 (520 blocks: one wave of SPLIT_K_BLOCKS an SM
     of 132; 6 parts, 624 blocks, would start a second wave 18 % full); 4096^2 fills the GPU; a GPU of 16 SMs
-    is filled; k = 300 in 4 parts of 75; 6 blocks of 260x100 take the most parts of at least SPLIT_K_RUN
+    is filled; k = 300 in 3 parts of 100, not 4 of 75 (a part's start, 300 bytes on, would be off the
+    16-byte vectors: `aligned_first`); 333x555's 54 blocks of 64 x 64: k = 444 in 3 parts of 148, not 6 of
+    74 (the most that fit one wave); 6 blocks of 260x100 take the most parts of at least SPLIT_K_RUN
     (64) that divide k = 1024; one block of 64x64 with k = 8192: 128 parts; k = 100 is too short to cut into
     parts of 64; 1024^2's 128 blocks leave fewer than SPLIT_K_IDLE of 132 SMs idle."""
     sm, sk, sn = lt.symbols("m k n")

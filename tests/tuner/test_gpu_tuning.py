@@ -209,6 +209,7 @@ def test_a_gpu_study_of_a_half_contraction_starts_from_the_gpus_best_tensor_core
     wgmma copied by TMA in 4 stages on Hopper, else mma; the draw is legal and computes the right
     result; other programs get no first draw."""
     optuna = pytest.importorskip("optuna")
+    monkeypatch.setattr(space, "_gpu", lambda: None)       # (as on a machine without a GPU, whose SM count could narrow the block)
     monkeypatch.setattr(space, "tensor_families", lambda: families)
     monkeypatch.setattr(space, "mma_shared_limit", lambda: 227 * 1024)
     c, ref = matmul(rng, 256, 128, 512, dtype=lt.bfloat16)
@@ -220,12 +221,13 @@ def test_a_gpu_study_of_a_half_contraction_starts_from_the_gpus_best_tensor_core
     assert space.gpu_start_params(ir.lower(softmax_rows(rng, rows=32, cols=128)[0].node)[0]) == {}
 
 
-def test_a_float32_gpu_study_starts_from_pipelined_register_tiles(rng):
+def test_a_float32_gpu_study_starts_from_pipelined_register_tiles(rng, monkeypatch):
     """A float32 contraction's first draw is bench.gpu's fastest register-tile schedule: A transposed
     ahead by a kernel of its own, then k tiles of 32 of both staged in shared memory by a 2-stage
     cp.async pipeline, each thread's rows in two runs of 4; it is legal and right. Matrices smaller
     than one block tile get no first draw."""
     optuna = pytest.importorskip("optuna")
+    monkeypatch.setattr(space, "_gpu", lambda: None)
     c, ref = matmul(rng, 128, 64, 128)
     params = space.gpu_start_params(ir.lower(c.node)[0])
     assert params["t0.gpu.stages"] == 2 and params["t0.gpu.k.tile"] == 32
