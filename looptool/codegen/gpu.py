@@ -539,6 +539,9 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
             self.guarded_statement(stmt, env)
             return
         partial = self.partials.get(id(stmt))
+        if partial is None and self.copied_asynchronously(stmt) and self.copy_elements(stmt):
+            self.copy_element(stmt, env)
+            return
         if partial is None:
             super().statement(stmt, env)
             return

@@ -272,22 +272,45 @@ class AsyncCopyLowering:
     # cp.async: a vectorized copy statement as one asynchronous copy ---------------------------------
     def copy_asynchronously(self, stmt: StmtNode, env: dict, lanes=None) -> bool:
         """Emit a vectorized copy statement of a pipelined stage as one cp.async of 8 or 16 bytes where
-        both sides are contiguous and aligned; False otherwise (the copy then runs as loads and
-        stores, still into the buffer of its iteration: per-element cp.async would cost a memory
-        request per element, e.g. for a tile transposed into shared memory)."""
-        stage, load = stmt.stage, stmt.stage.expr
-        if stage.name not in self.asynchronous or lanes is None or stmt.kind != "assign" \
-                or not isinstance(load, ir.Load) or load.clamped or load.dtype != stage.dtype \
-                or load.buffer not in self.params:
+        both sides are contiguous and aligned, or as a cp.async an element where its source cannot be
+        read as one vector (`copy_elements`); False otherwise (the copy then runs as loads and stores,
+        still into the buffer of its iteration: a tile transposed into shared memory reads its source
+        in vectors and writes elements, fewer memory requests than a cp.async an element)."""
+        if lanes is None or not self.copied_asynchronously(stmt):
             return False
+        stage, load = stmt.stage, stmt.stage.expr
         source, source_step, source_align = self.linear_address(load.buffer, load.index, stmt, env, lanes)
         target, target_step, target_align = self.linear_address(stage.name, Affine.identity(stage.dims), stmt,
                                                                 env, lanes)
         width = lanes.width * ITEM_BYTES[stage.dtype]
-        if source_step != 1 or target_step != 1 or width not in (8, 16) or min(source_align, target_align) < width:
+        if source_step == 1 and target_step == 1 and width in (8, 16) and min(source_align, target_align) >= width:
+            self.cp_async(target, source, width)
+            return True
+        if source_step == 1 and source_align >= width or not self.copy_elements(stmt):
             return False
-        self.cp_async(target, source, width)
+        for lane in range(lanes.width):
+            self.copy_element(stmt, {**env, lanes.name: constant(I64, lane)})
         return True
+
+    def copied_asynchronously(self, stmt: StmtNode) -> bool:
+        """Whether a statement copies a kernel parameter's elements as they are into a pipelined buffer."""
+        stage, load = stmt.stage, stmt.stage.expr
+        return stage.name in self.asynchronous and stmt.kind == "assign" and isinstance(load, ir.Load) \
+            and not load.clamped and load.dtype == stage.dtype and load.buffer in self.params
+
+    def copy_elements(self, stmt: StmtNode) -> bool:
+        """Whether a pipelined copy may run as a cp.async an element: elements of 4 or 8 bytes (cp.async's
+        least). Its loads would otherwise stall the thread where it stores them, in the iteration that
+        issues them, not where they are read (H100, session 26: a float32 product's B of 777 columns,
+        rows off 16-byte boundaries, copied an element through registers: 1000x1536x777 at 0.72x torch)."""
+        return ITEM_BYTES[stmt.stage.dtype] in (4, 8)
+
+    def copy_element(self, stmt: StmtNode, env: dict):
+        """One element of a pipelined copy (`copy_elements`) as a cp.async."""
+        stage, load = stmt.stage, stmt.stage.expr
+        source = self.access(load.buffer, load.index, False, stmt, env)
+        target = self.access(stage.name, Affine.identity(stage.dims), False, stmt, env)
+        self.cp_async(target, source, ITEM_BYTES[stage.dtype])
 
     def cp_async(self, target: llir.Value, source: llir.Value, size: int):
         """cp.async of `size` bytes from global to shared memory (.cg, which bypasses L1, takes only 16)."""

@@ -30,6 +30,18 @@ def test_copies_become_cp_async_with_one_commit_per_issue(rng, stages):
     assert "cp.async.cg.shared.global" in module.ptx and "ld.global.nc.v4" in module.ptx
 
 
+def test_a_copy_whose_source_rows_are_off_16_byte_boundaries_runs_as_a_cp_async_an_element(rng):
+    """B of 66 columns: its rows start off 16-byte boundaries, so its tile cannot be copied in 16-byte
+    vectors; it is copied a 4-byte cp.async an element (loads into registers would stall the thread at
+    the store, in the iteration issuing them). A, transposed into shared memory, is still read in
+    vectors and stored an element."""
+    c, _ = matmul(rng, 64, 64, 66)
+    module = gpu.generate(register_tiles(c).pipeline("k.0", 2, stage="t0.acc"), "sm_90")
+    assert calls(module.llvm_ir, "llvm.nvvm.cp.async.ca.shared.global.4") > 0
+    assert calls(module.llvm_ir, "llvm.nvvm.cp.async.cg.shared.global.16") == 0
+    assert "ld.global.nc.v4" in module.ptx and "st.shared.b32" in module.ptx
+
+
 def test_an_unpipelined_tree_has_no_async_copies(rng):
     c, _ = matmul(rng, 64, 64, 64)
     module = gpu.generate(register_tiles(c), "sm_90")
