@@ -45,7 +45,7 @@ from ..schedule import (BLOCK_AXES, GPU_AXES, LoopNode, LoopTree, StmtNode, acce
 from .accumulators import run_in_registers
 from .edges import clamped_outside, inside_buffer, register_tails, tail_host
 # TENSOR_MAP_BYTES and WgmmaLayout are not used here: runtime.gpu and tests import them from this module
-from .gpu_copies import TENSOR_MAP_BYTES, TENSOR_MAPS, AsyncCopyLowering, buffers_touched  # noqa: F401
+from .gpu_copies import TENSOR_MAP_BYTES, TENSOR_MAPS, AsyncCopyLowering, buffers_touched, grouped_grid  # noqa: F401
 from .gpu_tensor_cores import (WGMMA_ALIGN, WGMMA_ARCHS, Swizzle, TensorCoreLowering, WgmmaLayout,  # noqa: F401
                                holds_wgmma)
 from .llvm import (F32, F64, I32, I64, IDENTITY, INLINE_F32, ITEM_BYTES, MEMORY_TYPE, REDUCE_BINARY, VALUE_TYPE, ZERO,
@@ -169,7 +169,7 @@ def _module(tree: LoopTree, tiles: dict[int, TensorTile], copies: dict[int, Bulk
             if isinstance(node, LoopNode) and pipeline_persistent(node.loop.annotation):
                 check_persistent(node, path)
         builder = _GpuBuilder(tree, fn, dict(zip(pointers, fn.args)), aligned_params, tiles, copies, block, dynamic,
-                              persistent_blocks(nodes))
+                              persistent_blocks(nodes), grouped_grid(nodes, grid))
         builder.body(nodes, dict(zip(sizes, fn.args[len(pointers):])))
         builder.finish()
         aligned |= builder.aligned_params
@@ -287,11 +287,13 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
 
     def __init__(self, tree: LoopTree, fn: llir.Function, pointers: dict, aligned_params: bool,
                  tiles: dict[int, TensorTile], copies: dict[int, BulkCopy], block: tuple[int, int, int],
-                 dynamic: bool = False, persistent: int = 0):
+                 dynamic: bool = False, persistent: int = 0, grouped: tuple[int, int, int] | None = None):
         super().__init__(tree, fn, pointers, threads=1)
         self.block = block
         self.persistent_blocks = persistent                # a persistent kernel's grid (`persistent_tiles`)
         self.persisted = None                              # its pipeline and tiles, while its tiles are built
+        self.grouped_grid = grouped                        # a grid whose blocks take tiles in groups (`block_index`)
+        self.grouped_values: dict[str, llir.Value] = {}
         self.tiles = tiles
         self.bulk_copies = copies
         self.dynamic = dynamic
@@ -423,7 +425,8 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
             self.loop_body(node, env)
             return
         kind, dim = axis.split(".")
-        value = self.builder.zext(self.special_register(f"{SREG[kind]}.{dim}"), I64)
+        value = self.block_index(axis) if kind == "block" else \
+            self.builder.zext(self.special_register(f"{SREG[kind]}.{dim}"), I64)
         if counts_warpgroups(node):
             value = self.builder.lshr(value, constant(I64, 2))
         inside = {**env, node.loop.name: value}

@@ -10,7 +10,7 @@ import pytest
 
 import looptool as lt
 from looptool.analysis.tensorize import SharedOperand
-from looptool.codegen import gpu
+from looptool.codegen import gpu, gpu_copies
 from looptool.schedule import LoopTree
 from tests.gpu_helpers import assert_refused, hopper_or_skip
 from tests.helpers import assert_close, mentions
@@ -196,3 +196,30 @@ def test_persistent_wgmma_kernels_run_on_hopper(rng, blocks, stages, batch, m, k
     block = (128, 256) if stages == 4 else (128, 128)
     t = templates.wgmma_tiled(c.loop_tree(), "t0", block, (2, 1), 64, stages, "tma", persistent=blocks)
     assert_close(cp.asnumpy(c.cuda(t)), np.einsum("bmk,bkn->bmn", a.astype(np.float64), b.astype(np.float64)), 1e-5)
+
+
+@pytest.mark.parametrize("m, n, persistent, grouped", [(1408, 600, 0, True), (100, 600, 0, False), (1408, 600, 12, False)])
+def test_the_blocks_of_a_tma_product_take_their_tiles_in_groups_of_rows(rng, m, n, persistent, grouped):
+    """11 x 3 tiles of a TMA-pipelined product: its blocks take them in groups of TILE_GROUP_ROWS rows
+    (`gpu_copies.grouped_grid`: the blocks running at once read few operand tiles, which stay in L2); one
+    row of tiles has nothing to group; a persistent kernel groups its tiles itself."""
+    a, b = rng.standard_normal((m, 128)).astype(lt.bfloat16), rng.standard_normal((128, n)).astype(lt.bfloat16)
+    sm, sk, sn = lt.symbols("m k n")
+    c = (lt.Tensor(a).to(sm, sk) * lt.Tensor(b).to(sk, sn)).sum(sk)
+    t = templates.wgmma_tiled(c.loop_tree(), "t0", (128, 256), (2, 1), 64, 4, "tma", persistent=persistent)
+    nodes = gpu.kernel_nodes(t.root)[0]
+    assert (gpu_copies.grouped_grid(nodes, gpu.launch_dims(nodes)[0]) is not None) == grouped
+
+
+@pytest.mark.gpu
+def test_a_product_whose_blocks_take_their_tiles_in_groups_runs_on_hopper(rng):
+    """11 rows of tiles in a group of 8 and a last one of 3, 3 columns, edge tiles in both: every tile
+    is computed once (the output starts as NaN)."""
+    cp = hopper_or_skip("wgmma")
+    a, b = rng.standard_normal((1400, 192)).astype(lt.bfloat16), rng.standard_normal((192, 600)).astype(lt.bfloat16)
+    sm, sk, sn = lt.symbols("m k n")
+    c = (lt.Tensor(a).to(sm, sk) * lt.Tensor(b).to(sk, sn)).sum(sk)
+    t = templates.wgmma_tiled(c.loop_tree(), "t0", (128, 256), (2, 1), 64, 4, "tma")
+    nodes = gpu.kernel_nodes(t.root)[0]
+    assert gpu_copies.grouped_grid(nodes, gpu.launch_dims(nodes)[0]) == (3, 11, 1)
+    assert_close(cp.asnumpy(c.cuda(t)), a.astype(np.float64) @ b.astype(np.float64), 1e-5)
