@@ -204,7 +204,8 @@ def main(argv=None):
     parser.add_argument("--budget", type=float, default=2.0, help="seconds of timing a row")
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_BUDGET} s of timing a row (noisier ratios)")
     parser.add_argument("--peers-isa", choices=sorted(PEER_ISA), default=None,
-                        help="hold XLA and PyTorch to these instructions (their run-time dispatched libraries aside)")
+                        help="hold XLA and PyTorch to these instructions (their run-time dispatched libraries aside: "
+                             "on an AVX-512 Intel host XLA's matmuls ignore the cap, session 26)")
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--schedules", type=Path, default=None, help=argparse.SUPPRESS)   # child: JSON file
     args = parser.parse_args(argv)

@@ -542,11 +542,11 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
             self.guarded_statement(stmt, env)
             return
         partial = self.partials.get(id(stmt))
-        if partial is None and self.copied_asynchronously(stmt) and self.copy_elements(stmt):
-            self.copy_element(stmt, env)
-            return
         if partial is None:
-            super().statement(stmt, env)
+            if self.copied_asynchronously(stmt) and self.copy_elements(stmt):
+                self.copy_element(stmt, env)
+            else:
+                super().statement(stmt, env)
             return
         old = self.builder.load(partial, typ=VALUE_TYPE[stmt.stage.dtype])
         value = self.accumulate(stmt.stage.reduce_op, old, stmt.stage.expr, lambda e: self.expr(e, stmt, env))
