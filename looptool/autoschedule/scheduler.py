@@ -285,10 +285,13 @@ class Builder:
         extent, lanes = self.program.size(vector), self.target.lanes(stage.dtype)
         along = structure.gathered_along(self.program, stage, vector) if not reductions else None
         # Gathered lanes load one by one: more vectors in flight would only spread more lines.
-        width = min(lanes, extent) if along in pure else model.vector_width(self.target, stage.dtype, extent)
+        reduced = stage.reduce_op if vector in stage.reduce_dims else None
+        width = min(lanes, extent) if along in pure else model.vector_width(self.target, stage.dtype, extent, reduced)
         width = self.decide(f"{stage.name}.{vector}.lanes", width,
                             choices.halves_and_doubles(width, extent, min(lanes, extent)))
         kind = "reduction, kept as vector partial sums" if vector in stage.reduce_dims else "pure"
+        if reduced in model.CHAINED_REDUCTIONS and width > lanes * model.INDEPENDENT_VECTORS:
+            kind = f"reduction, kept as {width // lanes} vectors of partial results: a {reduced} combines in a chain"
         scattered = structure.scatter_cost(self.program, stage, vector)
         self.note(stage.name, f"vectorize {vector} by {width} lanes ({kind}): "
                               f"{structure.unit_stride_count(self.program, stage, vector)} of its accesses "

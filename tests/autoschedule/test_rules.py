@@ -349,3 +349,18 @@ def test_numpy_compile_and_export_use_the_automatic_schedule_and_loop_tree_stays
     automatic = lt.auto_schedule(c)
     assert c.compile().tree.schedule.steps == automatic.schedule.steps
     assert_close(c.numpy(), ref, 1e-5)
+
+
+@pytest.mark.parametrize("bits, cols, op, lanes", [(256, 1024, "max", 64), (512, 1024, "max", 128), (256, 1024, "sum", 32),
+                                                   (512, 256, "max", 64), (256, 1024, "min", 64), (512, 1024, "sum", 64)])
+def test_a_max_or_min_over_a_long_row_keeps_twice_the_vectors_of_partial_results(bits, cols, op, lanes):
+    """A max or min propagates NaN, a chain of instructions a step: over rows long enough to give each of
+    8 vectors 4 steps it keeps 8 vectors of partial results, a sum 4; a row of 256 on AVX-512 keeps 4."""
+    x = np.random.default_rng(0).standard_normal((64, cols)).astype(np.float32)
+    r, c = lt.symbols("r c")
+    t = getattr(lt.Tensor(x).to(r, c), op)(c)
+    tree = auto_tree(lower_on_host(t.node)[0], fake(16 if bits == 256 else 32, bits))
+    assert [lp.extent for lp in tree.schedule.of("t0").loops if lp.annotation == "vectorize"] == [lanes]
+    assert (f"kept as {lanes * 32 // bits} vectors of partial results: a {op} combines in a chain" in tree.explain()) \
+        == (lanes * 32 // bits == 8)
+    assert_close(t.numpy(tree), getattr(x.astype(np.float64), op)(axis=1), 1e-6)
