@@ -281,10 +281,6 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
     """The CPU loop-tree walker with GPU-bound loops read from special registers; tensor-core tiles
     (`TensorCoreLowering`) and asynchronous copies (`AsyncCopyLowering`) come from their modules."""
 
-    # x / y as x * (1 / y) (within 1.5 ulp): a divisor fixed along a loop (a softmax's sum) is inverted once
-    # (`rcp.rn`) instead of an IEEE division an element (div.rn.f32: a dozen instructions)
-    division_flags = ("arcp",)
-
     def __init__(self, tree: LoopTree, fn: llir.Function, pointers: dict, aligned_params: bool,
                  tiles: dict[int, TensorTile], copies: dict[int, BulkCopy], block: tuple[int, int, int],
                  dynamic: bool = False, persistent: int = 0, grouped: tuple[int, int, int] | None = None):
