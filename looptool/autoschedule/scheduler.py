@@ -383,10 +383,11 @@ class Builder:
         col_tiles, col_tile = self.split(name, col_rest, tile.columns)
         vectors, lanes = self.split(name, col_tile, tile.lanes)
         ways = model.block_ways(self.target, tile, kc, itemsize)
-        in_place = not self.packs_broadcast(stage, found, model.block_room(self.target, tile, kc, itemsize, False),
-                                            {first: block, **{d: size(d) for d in rest}}, ways, itemsize)
+        packed_room = model.block_room(self.target, tile, kc, itemsize, in_place=False)
+        in_place = not self.packs_broadcast(stage, found, packed_room, {first: block, **{d: size(d) for d in rest}},
+                                            ways, itemsize)
         room = model.block_room(self.target, tile, kc, itemsize, in_place)
-        capped = " and half of L2 (read in place)" if room < ways * (self.target.l2 // self.target.l2_ways) else ""
+        capped = " and half of L2 (read in place)" if room < packed_room else ""
         row_blocks, row_rest = self.cache_block(name, found.row, kc, itemsize, tile.rows, found.broadcast,
                                                 (room, f"{ways} of L2's {self.target.l2_ways} ways{capped} at most "
                                                        f"(one way is left to the results, some to the "
