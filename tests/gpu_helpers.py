@@ -29,6 +29,12 @@ def tiled(tree, stage=None):
             .unroll("m.1.1", stage=stage))
 
 
+def k_across_blocks(tree, k_tile=8, lanes=4):
+    """A matmul whose k runs in blocks of `k_tile` on block.z (added atomically), n in vectors of `lanes`."""
+    return tree.split("k", k_tile).split("n", lanes).reorder("k.0", "m", "n.0", "k.1", "n.1").bind("k.0", "block.z") \
+        .bind("m", "block.x").bind("n.0", "thread.x").vectorize("n.1")
+
+
 def softmax_rows(rng, rows=6, cols=40, threads=16, dtype=np.float32):
     sm, ref = row_softmax(rng.standard_normal((rows, cols)).astype(dtype))
     tree = sm.loop_tree().bind("m", "block.x", stage="t2").place("t0", "t2", 1).place("t1", "t2", 1)

@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 from .. import ir
 from ..errors import IllegalScheduleError
 from ..memo import BoundedMemo
-from ..schedule import (BLOCK_AXES, GPU_AXES, LoopNode, LoopTree, StmtNode, accesses, blocked, pipeline_depth,
-                        pipeline_persistent, thread_bound, walk)
+from ..schedule import (ATOMIC_SUMS, BLOCK_AXES, GPU_AXES, LoopNode, LoopTree, StmtNode, accesses, across_blocks, blocked,
+                        pipeline_depth, pipeline_persistent, thread_bound, walk)
 from ..schedule.printing import stmt_text
 from .tensorize import tensor_tiles
 from .tma import bulk_copies
@@ -531,6 +531,21 @@ def _combined_reduction(src: _Stmt, dst: _Stmt) -> bool:
         and all(n.loop.dim not in stage.dims for n in src.path[bound[0]:])
 
 
+def _added_across_blocks(src: _Stmt, dst: _Stmt) -> bool:
+    """Updates of one sum under a loop over a reduction dim bound to GPU blocks (`across_blocks`): the GPU
+    backend adds each term into memory atomically, which float32 and float64 sums allow; any other
+    reduction so bound is refused here, naming what the backend cannot add."""
+    if src.node is not dst.node or not across_blocks(src.node, src.path):
+        return False
+    stage = src.node.stage
+    if stage.reduce_op != "sum" or stage.dtype not in ATOMIC_SUMS:
+        raise IllegalScheduleError(
+            f"illegal GPU schedule: stage {stage.name} ({stage.reduce_op} of {stage.dtype}) has a reduction loop bound "
+            f"to GPU blocks; the blocks' terms are combined by atomic adds, which only sums of "
+            f"{' or '.join(ATOMIC_SUMS)} have: bind only its result's dims to blocks")
+    return True
+
+
 def _check_gpu_threads(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, deps: isl.Map):
     """Within one GPU kernel a dependence may cross threads only where a barrier orders them."""
     private = _other_thread(tree, src, dst, buffer)
@@ -540,13 +555,13 @@ def _check_gpu_threads(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, deps
             f"thread-bound loops and every access is inside them), but `{dst.text()}` uses an element "
             f"that another thread's `{src.text()}` touches; bind the loops of both the same way")
     unsynchronized = _unsynchronized(src, dst)
-    if unsynchronized is None or _combined_reduction(src, dst):
+    if unsynchronized is None or _combined_reduction(src, dst) or _added_across_blocks(src, dst):
         return
     crossing = deps.intersect(unsynchronized)
     if not crossing.is_empty():
         reduction = src.node.stage is dst.node.stage and src.node.kind == dst.node.kind == "update"
-        what = ("a reduction loop is bound to GPU blocks, or to threads nested in other thread-bound loops or "
-                "around loops over the result's dims, without a combine across them" if reduction else
+        what = ("a reduction loop is bound to threads nested in other thread-bound loops or around loops over "
+                "the result's dims, without a combine across them" if reduction else
                 "no barrier orders them: they run in different blocks, or in one thread-bound loop")
         raise IllegalScheduleError(
             f"illegal GPU schedule: the dependence on buffer {buffer} from `{src.text()}` to "

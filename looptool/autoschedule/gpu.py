@@ -457,7 +457,8 @@ def _inputs_transposed_ahead(tree: LoopTree, st: ir.Stage, inputs: list[str]) ->
             and (long_run or columns_run and not rows_k_last(tree, st.name, b))]
 
 
-def _float32_tree(tree: LoopTree, stage: str, block: tuple[int, int] = FLOAT32_BLOCKS[0]) -> LoopTree:
+def _float32_tree(tree: LoopTree, stage: str, block: tuple[int, int] = FLOAT32_BLOCKS[0],
+                  summed_by: str | None = None) -> LoopTree:
     st = tree.program.stage(stage)
     p = float32_tiles(block)
     x, y, _ = tile_dims(st)
@@ -475,8 +476,15 @@ def _float32_tree(tree: LoopTree, stage: str, block: tuple[int, int] = FLOAT32_B
         b for b in inputs if b not in ahead and (dynamic_rows_k_last(tree, st.name, b)
                                                  or not long_run and rows_k_last(tree, st.name, b))]
     tree = register_tiled(tree, st.name, p["x_threads"], p["x_groups"], p["vector"], p["y_threads"], p["y_tile"],
-                          p["k_tile"], True, shared, tuple(as_stored), y_groups=p["y_groups"])
-    return tree.pipeline(f"{st.reduce_dims[0]}.0", p["stages"], stage=f"{st.name}.acc")
+                          p["k_tile"], True, shared, tuple(as_stored), y_groups=p["y_groups"], summed_by=summed_by)
+    return tree.pipeline(f"{st.reduce_dims[0]}.0", p["stages"], stage=st.name if summed_by else f"{st.name}.acc")
+
+
+def float32_parts_tree(tree: LoopTree, stage: str, total: str, block: tuple[int, int]) -> LoopTree:
+    """Split-k's parts (`stage`, a float32 contraction over [parts, m, n]) on register tiles whose blocks add
+    their results into `total` (the sum of the parts) atomically, the parts on block.z: `total` is zeroed by
+    a kernel of its own first, and no partial result is stored (`register_tiled`'s `summed_by`)."""
+    return _float32_tree(tree, stage, block, summed_by=total)
 
 
 def _loads(stage):
@@ -503,41 +511,50 @@ def shared_tiled(tree: LoopTree, block: int, k_tile: int, y_tile: int, x_threads
 
 def register_tiled(tree: LoopTree, stage: str, x_threads: int, x_groups: int, vector: int, y_threads: int,
                    y_tile: int, k_tile: int = 8, unroll_k: bool = False, shared: tuple[str, ...] = (),
-                   as_stored: tuple[str, ...] = (), *, y_groups: int = 1) -> LoopTree:
+                   as_stored: tuple[str, ...] = (), *, y_groups: int = 1, summed_by: str | None = None) -> LoopTree:
     """Blocks and threads over a stage's last two pure dims (x: contiguous, y): each thread computes
     y_tile x (x_groups * vector) outputs, its x outputs `vector`-wide and x_threads * vector apart,
     its y outputs in `y_groups` runs of consecutive rows, y_threads runs apart (so a tile of an
     input laid out along y is read, and copied, in whole vectors by neighbouring threads); the
     innermost of the other dims (a batch) on block.z.
     A reduction runs in registers over k tiles of `k_tile`; inputs in `shared` are staged in shared
-    memory per k tile, those also in `as_stored` in their own layout (see `_stage_in_shared`)."""
+    memory per k tile, those also in `as_stored` in their own layout (see `_stage_in_shared`).
+    With `summed_by` (a stage summing `stage` over its first dim: split-k's parts), that stage takes the
+    blocks, threads and registers, its sum's loop on block.z (each block adding its tile into the result:
+    `across_blocks`), and `stage` is placed in it as the register tile (no `cache_write`)."""
     st = tree.program.stage(stage)
-    x, y, others = tile_dims(st)
+    tiled = summed_by or stage          # the stage whose loops take the blocks, threads and registers
+    x, y, others = tile_dims(tree.program.stage(tiled))
+    parts = list(tree.program.stage(summed_by).reduce_dims) if summed_by else []
     span = x_threads * vector
-    tree = tree.split(x, span * x_groups, stage=stage).split(f"{x}.1", span, stage=stage)
+    tree = tree.split(x, span * x_groups, stage=tiled).split(f"{x}.1", span, stage=tiled)
     threads = [f"{x}.1.1"]
     registers = [f"{x}.1.0"]
     if vector > 1:
-        tree = tree.split(f"{x}.1.1", vector, stage=stage)
+        tree = tree.split(f"{x}.1.1", vector, stage=tiled)
         threads, registers = [f"{x}.1.1.0"], registers + [f"{x}.1.1.1"]
     blocks = [f"{x}.0"]
     if y is not None and y_groups > 1:
         run = y_tile // y_groups
-        tree = tree.split(y, y_threads * y_tile, stage=stage).split(f"{y}.1", y_threads * run, stage=stage) \
-            .split(f"{y}.1.1", run, stage=stage)
+        tree = tree.split(y, y_threads * y_tile, stage=tiled).split(f"{y}.1", y_threads * run, stage=tiled) \
+            .split(f"{y}.1.1", run, stage=tiled)
         blocks, threads = [f"{y}.0"] + blocks, [f"{y}.1.1.0"] + threads
         registers = [f"{y}.1.0", f"{y}.1.1.1"] + registers
     elif y is not None:
-        tree = tree.split(y, y_threads * y_tile, stage=stage).split(f"{y}.1", y_tile, stage=stage)
+        tree = tree.split(y, y_threads * y_tile, stage=tiled).split(f"{y}.1", y_tile, stage=tiled)
         blocks, threads, registers = [f"{y}.0"] + blocks, [f"{y}.1.0"] + threads, [f"{y}.1.1"] + registers
-    tree = tree.reorder(*others, *blocks, *threads, *registers, stage=stage)
-    batch = [d for d in others[-1:] if tree.program.size(d) <= GRID_LIMITS["block.z"]]
-    tree = _bind_tile(tree, stage, batch + blocks, threads, registers, vector)
+    tree = tree.reorder(*parts, *others, *blocks, *threads, *registers, stage=tiled)
+    batch = parts or [d for d in others[-1:] if tree.program.size(d) <= GRID_LIMITS["block.z"]]
+    tree = _bind_tile(tree, tiled, batch + blocks, threads, registers, vector)
     if not st.reduce_dims:
         return tree
-    acc = f"{stage}.acc"
-    depth = len(others) + len(blocks)
-    tree = tree.cache_write(stage).place(acc, stage, depth)
+    depth = len(parts) + len(others) + len(blocks)
+    if summed_by:
+        acc = stage
+        tree = tree.place(acc, summed_by, depth)
+    else:
+        acc = f"{stage}.acc"
+        tree = tree.cache_write(stage).place(acc, stage, depth)
     reduce_outer, reduce_inner = [], []
     for dim in st.reduce_dims:
         tree = tree.split(dim, k_tile, stage=acc)

@@ -62,6 +62,7 @@ FEW_ROWS_SMS = 8
 # x torch padded / not: bf16 100^3 0.61 / 0.99, 64x100x72 0.68 / 0.93, 200x300x100 0.66 / 0.84; 100x1000x100
 # 0.68 / 0.64; 130x64x200 keeps its one wgmma kernel with guarded edges, 1.50)
 SMALL_CONTRACTION_MACS = 1 << 25
+SPLIT_K_ATOMIC = True        # split-k's float32 parts added into the result by atomic adds (`parts_added_atomically`)
 FUSED_SUM_TERMS = 32         # a reduction this short, read only by a pointwise stage, is summed in its threads
 THREAD_TILE_ROWS = 4         # outputs along a second dim a thread walking a reduction takes at once
 SCALAR_RUN = 4               # elements a thread takes where rows hold no whole vectors
@@ -555,7 +556,7 @@ class _Planner:
             if small:
                 self.note(name, f"off the tensor cores' grid and too small to pad (at most {SMALL_CONTRACTION_MACS} "
                                 f"multiply-adds): four kernels would take longer than the rules below")
-        if self.padded_float32(name):
+        if self.padded_float32(name) or self.parts_added_atomically(name):
             return True
         refused = []
         for described, tree in templates.contraction_candidates(self.tree, name, hopper, self.gpu):
@@ -568,6 +569,34 @@ class _Planner:
         if refused:
             self.note(name, "no contraction template: " + "; ".join(refused))
         return False
+
+    def parts_added_atomically(self, name: str) -> bool:
+        """Split-k's float32 parts (`ir.split_k`: `name` over [parts, m, n], summed into the result) on register
+        tiles whose blocks add their tiles into the result by atomic adds, the parts on block.z
+        (`templates.float32_parts_tree`), where the sum is the program's result and the legality check
+        accepts it: a kernel zeroes the result first, and no partial result is written and read back by a
+        second kernel. False (tree unchanged) elsewhere, or where SPLIT_K_ATOMIC is off."""
+        program = self.tree.program
+        stage = program.stage(name)
+        total = program.output
+        if not SPLIT_K_ATOMIC or templates.contraction_dtype(program, name) != "float32" or total is stage \
+                or total.reduce_op != "sum" or total.reduce_dims != stage.dims[:1] or len(total.dims) != 2 \
+                or total.expr != ir.Load(name, ir.Affine.identity(stage.dims), stage.dtype):
+            return False
+        parts = self.size(stage.dims[0])        # the block `split_k_parts` counted its parts' blocks with
+        block = templates.least_work_block(program, name, self.gpu.sms * parts, templates.float32_blocks(program, name))
+        try:
+            tree = templates.float32_parts_tree(self.tree, name, total.name, block)
+        except ValueError:
+            return False
+        if not tree.check()[0]:
+            return False
+        self.tree = tree
+        self.scheduled.add(total.name)
+        self.note(name, f"split-k's parts on register tiles, {block[0]}x{block[1]} a block, cp.async k tiles; "
+                        f"the parts ({stage.dims[0]}) on block.z, each block adding its tile into {total.name} by atomic "
+                        f"adds ({total.name} zeroed by a kernel first): no partial results in memory, no kernel adding them")
+        return True
 
     def too_small_to_pad(self, name: str) -> bool:
         """Whether a contraction does at most SMALL_CONTRACTION_MACS multiply-adds: off the tensor cores'

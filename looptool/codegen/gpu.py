@@ -40,8 +40,8 @@ from ..analysis.legality import check_persistent
 from ..analysis.tensorize import WARP, SharedOperand, TensorTile, is_warpgroup, tensor_tiles
 from ..analysis.tma import BulkCopy, bulk_copies
 from ..ir import Affine
-from ..schedule import (BLOCK_AXES, GPU_AXES, LoopNode, LoopTree, StmtNode, accesses, pipeline_depth, pipeline_persistent,
-                        tensor_role, thread_bound, walk)
+from ..schedule import (BLOCK_AXES, GPU_AXES, LoopNode, LoopTree, StmtNode, accesses, across_blocks, pipeline_depth,
+                        pipeline_persistent, tensor_role, thread_bound, walk)
 from .accumulators import run_in_registers
 from .edges import clamped_outside, inside_buffer, register_tails, tail_host
 # TENSOR_MAP_BYTES and WgmmaLayout are not used here: runtime.gpu and tests import them from this module
@@ -60,6 +60,8 @@ LOCAL_LIMIT = 16 * 1024
 # pairs of columns into whole vectors (`store_vectors`; 4: pairs as the fragment holds them). Read here,
 # as each kernel's builder starts, so that setting it on this module (bench.gpu_rules_variants) applies
 VECTOR_STORE_BYTES = 16
+VECTOR_ATOMIC_ARCHS = ("sm_90", "sm_90a")      # red.global.add.v2/v4.f32 (PTX 8.1)
+VECTOR_ATOMIC_PTX = "+ptx81"
 
 
 @dataclass
@@ -100,11 +102,11 @@ def generate(tree: LoopTree, arch: str = "sm_90", aligned_params: bool = True,
     copies = bulk_copies(tree, tiles)
     # pipelined tiles (a contraction template's) take about 48 KiB and more: built for dynamic shared memory at once
     dynamic_shared = dynamic_shared or any(pipeline_depth(loop.annotation) for loop in _loops(tree.root))
-    module, launches, params, aligned = _module(tree, tiles, copies, aligned_params, dynamic=dynamic_shared)
+    module, launches, params, aligned = _module(tree, tiles, copies, aligned_params, dynamic_shared, arch)
     if not dynamic_shared and any(launch.dynamic_shared for launch in launches):
-        module, launches, params, aligned = _module(tree, tiles, copies, aligned_params, dynamic=True)
+        module, launches, params, aligned = _module(tree, tiles, copies, aligned_params, True, arch)
     text = str(module)      # printing costs about what building does: a build that only sized shared memory isn't
-    ptx = _compile(text, _arch_for(tiles, arch))
+    ptx = _compile(text, _arch_for(tiles, arch), VECTOR_ATOMIC_PTX if "red.global.add.v" in text else "")
     if any(launch.dynamic_shared for launch in launches):
         ptx = _extern_shared(ptx, [launch.name for launch in launches])
     return GpuModule(ptx, text, launches, params, arch, aligned, tuple(sorted(copies.values(), key=lambda c: c.index)))
@@ -143,7 +145,7 @@ def _extern_shared(ptx: str, kernels: list[str]) -> str:
 
 
 def _module(tree: LoopTree, tiles: dict[int, TensorTile], copies: dict[int, BulkCopy], aligned_params: bool,
-            dynamic: bool):
+            dynamic: bool, arch: str):
     """(LLVM module, launches, params, aligned params); a launch's dynamic_shared is the shared
     memory its kernel needs where that exceeds STATIC_SHARED (or, `dynamic`, all it needs)."""
     module = llir.Module(name="looptool_gpu")
@@ -169,7 +171,7 @@ def _module(tree: LoopTree, tiles: dict[int, TensorTile], copies: dict[int, Bulk
             if isinstance(node, LoopNode) and pipeline_persistent(node.loop.annotation):
                 check_persistent(node, path)
         builder = _GpuBuilder(tree, fn, dict(zip(pointers, fn.args)), aligned_params, tiles, copies, block, dynamic,
-                              persistent_blocks(nodes), grouped_grid(nodes, grid))
+                              persistent_blocks(nodes), grouped_grid(nodes, grid), arch in VECTOR_ATOMIC_ARCHS)
         builder.body(nodes, dict(zip(sizes, fn.args[len(pointers):])))
         builder.finish()
         aligned |= builder.aligned_params
@@ -262,10 +264,10 @@ def _target_data() -> llvm.TargetData:
     return llvm.create_target_data(DATA_LAYOUT)
 
 
-def _compile(text: str, arch: str) -> str:
+def _compile(text: str, arch: str, features: str = "") -> str:
     llvm.initialize_all_targets()
     llvm.initialize_all_asmprinters()
-    machine = llvm.Target.from_triple(TRIPLE).create_target_machine(cpu=arch, opt=3)
+    machine = llvm.Target.from_triple(TRIPLE).create_target_machine(cpu=arch, features=features, opt=3)
     module = llvm.parse_assembly(text)
     module.verify()
     options = llvm.create_pipeline_tuning_options(speed_level=3)
@@ -283,8 +285,11 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
 
     def __init__(self, tree: LoopTree, fn: llir.Function, pointers: dict, aligned_params: bool,
                  tiles: dict[int, TensorTile], copies: dict[int, BulkCopy], block: tuple[int, int, int],
-                 dynamic: bool = False, persistent: int = 0, grouped: tuple[int, int, int] | None = None):
+                 dynamic: bool = False, persistent: int = 0, grouped: tuple[int, int, int] | None = None,
+                 vector_atomics: bool = False):
         super().__init__(tree, fn, pointers, threads=1)
+        self.vector_atomics = vector_atomics                # float32 atomic adds of 2 or 4 lanes (`add_atomically`)
+        self.added_atomically = {id(stmt) for stmt, path in tree.statements() if across_blocks(stmt, path)}
         self.block = block
         self.persistent_blocks = persistent                # a persistent kernel's grid (`persistent_tiles`)
         self.persisted = None                              # its pipeline and tiles, while its tiles are built
@@ -487,6 +492,8 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
             lanes = Lanes(lanes.name, lanes.width, self.splat(self.predicate, lanes.width))
         if lanes.mask is not None:
             self.masked_statement(stmt, env, lanes)
+        elif id(stmt) in self.added_atomically:
+            self.add_atomically(stmt, env, lanes)
         elif not self.copy_asynchronously(stmt, env, lanes):
             super().vector_statement(stmt, env, lanes)
 
@@ -537,6 +544,9 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
         if self.predicate is not None:
             self.guarded_statement(stmt, env)
             return
+        if id(stmt) in self.added_atomically:
+            self.add_atomically(stmt, env)
+            return
         partial = self.partials.get(id(stmt))
         if partial is None:
             if self.copied_asynchronously(stmt) and self.copy_elements(stmt):
@@ -547,6 +557,32 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
         old = self.builder.load(partial, typ=VALUE_TYPE[stmt.stage.dtype])
         value = self.accumulate(stmt.stage.reduce_op, old, stmt.stage.expr, lambda e: self.expr(e, stmt, env))
         self.builder.store(value, partial)
+
+    def add_atomically(self, stmt: StmtNode, env: dict, lanes: Lanes | None = None):
+        """An update of a sum whose reduction loop is bound to blocks (`across_blocks`): its term added into
+        the result in memory by an atomic add; a vector of float32 lanes at consecutive addresses by the
+        widest `red.global.add.v4/v2.f32` its alignment allows (sm_90), other lanes one by one."""
+        b, stage = self.builder, stmt.stage
+        own = Affine.identity(stage.dims)
+        if lanes is None:
+            target = self.access(stage.name, own, False, stmt, env)
+            b.atomic_rmw("fadd", target, self.expr(stage.expr, stmt, env), "monotonic")
+            return
+        value = self.vector_expr(stage.expr, stmt, env, lanes)
+        base, step, align = self.linear_address(stage.name, own, stmt, env, lanes)
+        width = min(4, align // 4) if self.vector_atomics and step == 1 and stage.dtype == "float32" else 1
+        width = width if lanes.width % width == 0 else 1
+        for first in range(0, lanes.width, width):
+            terms = [b.extract_element(value, constant(I32, first + k)) for k in range(width)]
+            if width > 1:
+                address = b.addrspacecast(self.element(base, constant(I64, first), stage.dtype), llir.PointerType(addrspace=1))
+                operands = "{" + ", ".join(f"${k + 1}" for k in range(width)) + "}"
+                b.asm(llir.FunctionType(llir.VoidType(), [address.type] + [F32] * width),
+                      f"red.global.add.v{width}.f32 [$0], {operands};", ",".join(["l"] + ["f"] * width + ["~{memory}"]),
+                      [address, *terms], side_effect=True)
+                continue
+            target = self.access(stage.name, own, False, stmt, {**env, lanes.name: constant(I64, first)})
+            b.atomic_rmw("fadd", target, terms[0], "monotonic")
 
     # Edge tiles: register tiles cut by a tail -------------------------------------------------
     def edge_loop(self, node: LoopNode, env: dict):

@@ -15,7 +15,7 @@ from .. import ir
 from ..hooks import Hook
 from ..ir import Affine, Program
 from .printing import buffer_text, loop_text, stmt_text
-from .steps import COPIERS, GPU_AXES, Loop, Schedule, Tail, pipeline_annotation
+from .steps import BLOCK_AXES, COPIERS, GPU_AXES, Loop, Schedule, Tail, pipeline_annotation
 
 LEGALITY = Hook("the legality check (LoopTree.check, assert_legal)", "looptool.analysis")
 AUTOSCHEDULE = Hook("the automatic scheduler (LoopTree.auto)", "looptool.autoschedule")
@@ -406,6 +406,16 @@ def walk(body: list, path: list[LoopNode] | None = None):
 def thread_bound(node: LoopNode) -> bool:
     """Whether a loop is bound to GPU threads."""
     return node.loop.annotation.startswith("thread")
+
+
+ATOMIC_SUMS = ("float32", "float64")     # sums the GPU adds into memory atomically
+
+
+def across_blocks(stmt: StmtNode, path: list[LoopNode]) -> bool:
+    """Whether a reduction's update runs inside a loop over a reduction dim bound to GPU blocks: each block
+    then adds its terms into the result in memory (split-k's parts), zeroed before by the init's own kernel."""
+    return stmt.kind == "update" and any(node.loop.annotation in BLOCK_AXES and node.loop.dim in stmt.stage.reduce_dims
+                                         for node in path)
 
 
 class Access(NamedTuple):

@@ -5,12 +5,33 @@ import looptool as lt
 from tests.gpu_helpers import matmul
 
 
-def test_reduction_bound_to_blocks_is_illegal(rng):
+def test_a_sum_bound_to_blocks_whose_zeroing_runs_in_the_same_kernel_is_illegal(rng):
+    """k inside m and n: each block zeroes t0 in the kernel that other blocks add into, unordered."""
     c, _ = matmul(rng)
     tree = c.loop_tree().reorder("m", "n", "k").bind("k", "block.x").bind("n", "thread.x")
     legal, reason = tree.check()
     assert not legal
-    assert "crosses GPU threads" in reason and "without a combine" in reason and "buffer t0" in reason
+    assert "crosses GPU threads" in reason and "`t0[m, n] = 0`" in reason and "different blocks" in reason
+
+
+def test_a_float32_or_float64_sum_whose_reduction_loop_is_outermost_on_blocks_is_added_atomically(rng):
+    """k's blocks outermost: t0 is zeroed by a kernel of its own, and the blocks' updates are atomic adds."""
+    for dtype in (np.float32, np.float64):
+        c, _ = matmul(rng, dtype=dtype)
+        tree = c.loop_tree().split("k", 8).reorder("k.0", "m", "n", "k.1").bind("k.0", "block.z") \
+            .bind("m", "block.x").bind("n", "thread.x")
+        assert tree.check() == (True, "legal")
+
+
+def test_a_max_bound_to_blocks_is_refused_in_words(rng):
+    """The GPU combines blocks' terms only by atomic adds, of float32 and float64 sums."""
+    x = rng.standard_normal((64, 32)).astype(np.float32)
+    m, n = lt.symbols("m n")
+    peak = lt.Tensor(x).to(m, n).max(m)
+    tree = peak.loop_tree().split("m", 8).reorder("m.0", "n", "m.1").bind("m.0", "block.y").bind("n", "thread.x")
+    legal, reason = tree.check()
+    assert not legal and "stage t0 (max of float32) has a reduction loop bound to GPU blocks" in reason
+    assert "only sums of float32 or float64" in reason
 
 
 def test_reading_a_reduction_inside_the_thread_loop_that_combines_it_is_illegal(rng):

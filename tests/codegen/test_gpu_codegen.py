@@ -7,7 +7,7 @@ import pytest
 
 import looptool as lt
 from looptool.codegen import gpu
-from tests.gpu_helpers import matmul, register_tiles, softmax_rows, tiled
+from tests.gpu_helpers import k_across_blocks, matmul, register_tiles, softmax_rows, tiled
 from tests.helpers import assert_close
 
 
@@ -144,3 +144,21 @@ def test_a_vectorized_loop_inside_a_combined_reduction_adds_into_the_threads_par
     stores = [line for line in module.ptx.splitlines() if "st.global" in line]
     assert len(stores) == 2, stores         # the init and thread 0's fold of the total, no store per vector
     assert_close(total.numpy(tree), x.min(), 1e-6)
+
+
+@pytest.mark.parametrize("n, vector", [(48, True), (47, False)])
+def test_a_sum_across_blocks_is_zeroed_by_its_own_kernel_then_added_atomically(rng, n, vector):
+    """Rows of 48 floats keep 16-byte vectors: red.global.add.v4.f32 (PTX 8.1 on sm_90); rows of 47 add lane
+    by lane; on sm_80 every lane alone. The same tree runs on the CPU (bound loops as plain loops)."""
+    c, ref = matmul(rng, 20, 32, n)
+    tree = k_across_blocks(c.loop_tree())
+    assert tree.check() == (True, "legal")
+    module = gpu.generate(tree, "sm_90")
+    zero, product = module.ptx.split(".entry")[1:]
+    assert [launch.grid for launch in module.launches] == [(20, 1, 1), (20, 1, 4)]
+    assert "red.global.add" not in zero and "atom" not in zero and "st.global" in zero
+    assert ("red.global.add.v4.f32" in product) == vector and (".version 8.1" in module.ptx) == vector
+    assert vector or re.search(r"(atom|red)\.global\.add\.f32", product)
+    assert "st.global" not in product
+    assert re.search(r"(atom|red)\.global\.add\.f32", gpu.generate(tree, "sm_80").ptx)
+    assert_close(c.numpy(tree), ref, 1e-5)

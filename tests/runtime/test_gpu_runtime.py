@@ -10,7 +10,7 @@ from looptool import ir
 from looptool.analysis.gpu_target import assumed_gpu
 from looptool.autoschedule import gpu_rules
 from looptool.runtime import gpu
-from tests.gpu_helpers import cupy_or_skip, matmul, register_tiles, softmax_rows, tiled
+from tests.gpu_helpers import cupy_or_skip, k_across_blocks, matmul, register_tiles, softmax_rows, tiled
 from tests.helpers import assert_close, row_softmax
 
 
@@ -283,7 +283,20 @@ def test_a_float32_matmul_too_small_to_fill_the_gpu_runs_split_along_k(rng, a_tr
     program, _ = gpu.lowered_for(c.node)
     if gpu.gpu_target().sms > 104:          # 104 blocks of 128 x 64 leave SMs idle: k cut into parts
         assert [st.name for st in program.stages] == ["t0.part", "t0"]
-    assert_close(cp.asnumpy(c.cuda()), a.astype(np.float64) @ b, 1e-5)
+        assert "adding its tile into t0 by atomic adds" in gpu.planned_trees(c.node)[0].explain()
+    for _ in range(2):                      # the result zeroed again at each call
+        assert_close(cp.asnumpy(c.cuda()), a.astype(np.float64) @ b, 1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, n", [(np.float32, 48), (np.float32, 47), (np.float64, 48)])
+def test_a_sum_whose_k_runs_across_blocks_adds_into_a_result_zeroed_at_each_call(rng, dtype, n):
+    """Vectors of 4 float32 lanes by red.global.add.v4.f32, rows of 47 lane by lane, float64 by atom.add.f64."""
+    cp = cupy_or_skip()
+    c, ref = matmul(rng, 20, 64, n, dtype)
+    tree = k_across_blocks(c.loop_tree())
+    for _ in range(2):
+        assert_close(cp.asnumpy(c.cuda(tree)), ref, 1e-5)
 
 
 @pytest.mark.gpu
