@@ -45,7 +45,8 @@ from ..schedule import (BLOCK_AXES, GPU_AXES, LoopNode, LoopTree, StmtNode, acce
 from .accumulators import run_in_registers
 from .edges import clamped_outside, inside_buffer, register_tails, tail_host
 # TENSOR_MAP_BYTES and WgmmaLayout are not used here: runtime.gpu and tests import them from this module
-from .gpu_copies import TENSOR_MAP_BYTES, TENSOR_MAPS, AsyncCopyLowering, buffers_touched, grouped_grid  # noqa: F401
+from .gpu_copies import (TENSOR_MAP_BYTES, TENSOR_MAPS, AsyncCopyLowering, buffers_touched, grouped_grid,  # noqa: F401
+                         producer_warps)
 from .gpu_tensor_cores import (WGMMA_ALIGN, WGMMA_ARCHS, Swizzle, TensorCoreLowering, WgmmaLayout,  # noqa: F401
                                holds_wgmma)
 from .llvm import (F32, F64, I32, I64, IDENTITY, INLINE_F32, ITEM_BYTES, MEMORY_TYPE, REDUCE_BINARY, VALUE_TYPE, ZERO,
@@ -166,12 +167,14 @@ def _module(tree: LoopTree, tiles: dict[int, TensorTile], copies: dict[int, Bulk
                 arg.add_attribute("noalias")   # written buffers are shared between threads: not noalias
         for arg, (dim, _) in zip(fn.args[len(pointers):], tree.program.dynamic):
             arg.name = f"size.{dim}"
-        grid, block = launch_dims(nodes)
+        producer = producer_warps(nodes, tree, arch)
+        grid, block = launch_dims(nodes, producer)
         for node, path in walk(nodes):
             if isinstance(node, LoopNode) and pipeline_persistent(node.loop.annotation):
                 check_persistent(node, path)
         builder = _GpuBuilder(tree, fn, dict(zip(pointers, fn.args)), aligned_params, tiles, copies, block, dynamic,
-                              persistent_blocks(nodes), grouped_grid(nodes, grid), arch in VECTOR_ATOMIC_ARCHS)
+                              persistent_blocks(nodes), grouped_grid(nodes, grid), arch in VECTOR_ATOMIC_ARCHS,
+                              producer)
         builder.body(nodes, dict(zip(sizes, fn.args[len(pointers):])))
         builder.finish()
         aligned |= builder.aligned_params
@@ -206,8 +209,9 @@ def kernel_nodes(root: list) -> list[list]:
     return kernels + ([pending] if pending else [])
 
 
-def launch_dims(nodes: list) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-    """(grid, block) of the kernel that runs these top-level nodes."""
+def launch_dims(nodes: list, producer: int = 0) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """(grid, block) of the kernel that runs these top-level nodes (with `producer` warps more along thread.y:
+    a producer warpgroup, `producer_warps`)."""
     extents = {axis: 1 for axis in GPU_AXES}
     for current in _loop_nodes(nodes):
         loop = current.loop
@@ -222,7 +226,7 @@ def launch_dims(nodes: list) -> tuple[tuple[int, int, int], tuple[int, int, int]
     persistent = persistent_blocks(nodes)
     if persistent:
         grid = (min(persistent, grid[0] * grid[1] * grid[2]), 1, 1)
-    block = tuple(extents[f"thread.{a}"] for a in "xyz")
+    block = (extents["thread.x"], extents["thread.y"] + producer, extents["thread.z"])
     if block[0] * block[1] * block[2] > 1024:
         raise ValueError(f"a GPU block of {block[0]}x{block[1]}x{block[2]} threads exceeds the 1024-thread limit; "
                          f"split the thread-bound loops")
@@ -286,9 +290,12 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
     def __init__(self, tree: LoopTree, fn: llir.Function, pointers: dict, aligned_params: bool,
                  tiles: dict[int, TensorTile], copies: dict[int, BulkCopy], block: tuple[int, int, int],
                  dynamic: bool = False, persistent: int = 0, grouped: tuple[int, int, int] | None = None,
-                 vector_atomics: bool = False):
+                 vector_atomics: bool = False, producer: int = 0):
         super().__init__(tree, fn, pointers, threads=1)
         self.vector_atomics = vector_atomics                # float32 atomic adds of 2 or 4 lanes (`add_atomically`)
+        self.producer = producer                           # warps of a producer warpgroup, the block's last (`produce`)
+        self.producing = False                             # ... while its code is built
+        self.producer_exited = False                       # ... past where it left: barriers count the others
         self.added_atomically = {id(stmt) for stmt, path in tree.statements() if across_blocks(stmt, path)}
         self.block = block
         self.persistent_blocks = persistent                # a persistent kernel's grid (`persistent_tiles`)
@@ -363,6 +370,9 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
             self.settle_wgmma()
         if self.wgmma_operands:
             self.inline("fence.proxy.async.shared::cta;")
+        if self.producer_exited:
+            self.inline(f"bar.sync 1, {math.prod(self.block) - self.producer * WARP};")
+            return
         self.builder.call(self.declare("llvm.nvvm.barrier0", llir.VoidType(), []), [])
 
     def inline(self, ptx: str, operands: list = ()):
@@ -457,7 +467,7 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
         local memory."""
         kind, _, axis = node.loop.annotation.partition(".")
         return kind == "thread" and holds_wgmma(node.body) and isinstance(count, llir.Constant) \
-            and count.constant * _threads_per_value(node) == self.block["xyz".index(axis)]
+            and count.constant * _threads_per_value(node) == self.block["xyz".index(axis)] - (axis == "y") * self.producer
 
     def shared_alignment(self, name: str) -> int:
         """Bytes a shared buffer starts on: 16, or WGMMA_ALIGN for a wgmma operand."""

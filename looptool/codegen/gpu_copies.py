@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from llvmlite import ir as llir
 
 from .. import ir
+from ..analysis.gpu_target import assumed_gpu
 from ..analysis.tma import copied_load
 from ..analysis.tensorize import SWIZZLE_BYTES
 from ..ir import Affine
@@ -49,6 +50,28 @@ TMA_SPARE_STAGE = True
 TILE_GROUP_ROWS = 8
 # ... and so do the blocks of a kernel of tensor-core tiles that is not persistent (`grouped_grid`)
 GROUPED_BLOCKS = True
+# A persistent TMA pipeline gets a warpgroup of its own (`producer_warps`), whose first warp issues every copy as
+# soon as its buffer is empty: the warpgroups computing never wait for each other to issue the copies. The
+# producers give registers back (`setmaxnreg`, PRODUCER_REGISTERS), the computing warpgroups take them.
+PRODUCER_WARP = True
+PRODUCER_REGISTERS = 40
+CONSUMER_REGISTERS = 232
+WARPGROUP_WARPS = 4
+
+
+def producer_warps(nodes: list, tree, arch: str) -> int:
+    """The warps of the producer warpgroup the kernel of these top-level nodes runs besides its warpgroups
+    computing (PRODUCER_WARP): 4 where its TMA pipeline is persistent and its buffers take more than half
+    an SM's shared memory (the block is then alone on its SM, so its warps may take every register:
+    two blocks of 128 x 128 tiles an SM would no longer fit), else 0."""
+    shared = assumed_gpu(arch).shared_per_sm
+    for node, _ in walk(nodes):
+        if PRODUCER_WARP and isinstance(node, LoopNode) and pipeline_copier(node.loop.annotation) == "tma" \
+                and pipeline_persistent(node.loop.annotation):
+            stages = pipeline_depth(node.loop.annotation)[0]
+            taken = stages * sum(plan.size * ITEM_BYTES[plan.dtype] for plan in tree.local_buffers.get(id(node), []))
+            return WARPGROUP_WARPS if 2 * taken > shared else 0
+    return 0
 
 
 class AsyncCopyLowering:
@@ -113,15 +136,36 @@ class AsyncCopyLowering:
         """No barrier per iteration: each buffer has a `full` mbarrier (its copies' bytes arrived) and
         an `empty` one (each warp's wgmma batches that read it are done); see `tma_loop`."""
         full, empty = self.tma_barriers(plan)
-        for iteration in range(plan.ahead):
+        if self.producer:
+            self.produce(plan, env, full, empty, plan.count)
+        for iteration in range(0 if self.producer else plan.ahead):
             self.issue_tma(plan, env, constant(I64, iteration), full, empty)
         self.tma_loop(plan, env, full, empty, ZERO)
         self.release_tma(plan, full, empty)
 
+    def produce(self, plan: "_Pipeline", env: dict, full: llir.Value, empty: llir.Value, total: llir.Value):
+        """The producer warpgroup (the block's last, `producer_warps`) gives back registers, and its first warp
+        issues the TMA copies of iterations 0 .. total - 1, its first lane each once its buffer is empty;
+        then it exits, the warpgroups computing take the registers, and the block's barriers from here
+        on count only them."""
+        b = self.builder
+        first = constant(I32, self.block[1] - self.producer)
+        warp = self.special_register("tid.y")
+        with b.if_then(b.icmp_unsigned(">=", warp, first)):
+            self.inline(f"setmaxnreg.dec.sync.aligned.u32 {PRODUCER_REGISTERS};")
+            with b.if_then(b.icmp_unsigned("==", warp, first)):
+                self.producing = True
+                FunctionBuilder.counted_loop(self, ZERO, total, lambda i: self.issue_tma(plan, env, i, full, empty),
+                                             f"{plan.loop}.copies", rolled=True)
+                self.producing = False
+            b.ret_void()
+        self.inline(f"setmaxnreg.inc.sync.aligned.u32 {CONSUMER_REGISTERS};")
+        self.producer_exited = True
+
     def tma_barriers(self, plan: "_Pipeline") -> tuple[llir.Value, llir.Value]:
         """The pipeline's `full` mbarriers (one arrival: the issuing thread's) and `empty` ones (a warp's
         first lane each)."""
-        warps = self.block[1] * self.block[2]          # thread.x is a warp's 32 lanes where wgmma runs
+        warps = self.block[1] * self.block[2] - self.producer      # thread.x is a warp's 32 lanes where wgmma runs
         return (self.mbarriers(plan.stages, f"{plan.loop}.full", 1),
                 self.mbarriers(plan.stages, f"{plan.loop}.empty", warps))
 
@@ -141,7 +185,8 @@ class AsyncCopyLowering:
             with b.if_then(b.icmp_signed(">=", done, ZERO)):
                 self.inline_by("mbarrier.arrive.shared::cta.b64 state, [$0];",
                                [self.mbarrier_at(empty, b.urem(done, constant(I64, plan.stages)))], "x")
-            self.issue_tma(plan, env, b.add(counted, constant(I64, plan.ahead)), full, empty)
+            if not self.producer:
+                self.issue_tma(plan, env, b.add(counted, constant(I64, plan.ahead)), full, empty)
         self.counted_loop_of(plan, iteration)
 
     def release_tma(self, plan: "_Pipeline", full: llir.Value, empty: llir.Value):
@@ -234,15 +279,17 @@ class AsyncCopyLowering:
         first = b.zext(self.special_register("ctaid.x"), I64)
         self.persisted = _Persistence(pipelined, plan, full, empty, [(c.loop.name, c.loop.annotation) for c in chain],
                                       tuple(extents.get(f"block.{axis}", 1) for axis in "xyz"), blocks, first, ZERO)
-        for iteration in range(plan.ahead):
+        turns = b.add(b.udiv(b.sub(constant(I64, self.persisted.tiles - 1), first), constant(I64, blocks)),
+                      constant(I64, 1))
+        if self.producer:
+            self.produce(plan, env, full, empty, b.mul(turns, plan.count))
+        for iteration in range(0 if self.producer else plan.ahead):
             self.issue_tma(plan, env, constant(I64, iteration), full, empty)
 
         def turn(j):
             self.persisted.turn = j
             tile = b.add(first, b.mul(j, constant(I64, blocks)))
             self.loop(chain[0], {**env, **self.tile_values(tile)})
-        turns = b.add(b.udiv(b.sub(constant(I64, self.persisted.tiles - 1), first), constant(I64, blocks)),
-                      constant(I64, 1))
         self.counted_loop(ZERO, turns, turn, f"{node.loop.name}.tiles", rolled=True)
         self.persisted = None
         self.release_tma(plan, full, empty)
@@ -398,14 +445,14 @@ class AsyncCopyLowering:
                        f"[$0], [$1, {{{places}}}], [${rank + 2}];",
                        [b.add(target, constant(I32, offset)), b.ptrtoint(tensor_map, I64), *coordinates, barrier])
 
-    def inline_by(self, ptx: str, operands: list, axes: str = "xyz"):
+    def inline_by(self, ptx: str, operands: list, axes: str | None = None):
         """An inline PTX instruction (operands $0...; it may write the scratch register `state`)
-        predicated on the block's first thread (or, axes 'x', each warp's first lane: thread.x is a
-        warp's lanes where wgmma runs). A predicate, not a branch: ptxas serializes wgmma
-        instructions that a branch on the thread index separates."""
+        predicated on the block's first thread, or the producer warp's first lane while it is built (or,
+        axes 'x', each warp's first lane: thread.x is a warp's lanes where wgmma runs). A predicate, not a
+        branch: ptxas serializes wgmma instructions that a branch on the thread index separates."""
         b = self.builder
         index = constant(I32, 0)
-        for axis in axes:
+        for axis in axes or ("x" if self.producing else "xyz"):
             index = b.or_(index, self.special_register(f"tid.{axis}"))
         self.inline(f"{{ .reg .pred leader; .reg .b64 state; setp.eq.u32 leader, ${len(operands)}, 0; @leader {ptx} }}",
                     [*operands, index])

@@ -540,7 +540,9 @@ def test_wgmma_takes_128x128_blocks_two_an_sm_where_their_waves_are_fuller(batch
     (1, 2048, 768, 3072, False, 0), (32, 2048, 128, 2048, False, 0), (1, 1000, 1000, 1000, False, 0)])
 def test_wgmma_kernels_of_many_whole_tiles_are_persistent(batch, m, k, n, rounded, blocks):
     """At least two waves of blocks of whole tiles and a write-back at most half a tile's loads: as many
-    blocks as the SMs hold run the tiles in turn (two an SM for 128x128 blocks in 3 stages). Not with edge
+    blocks as the SMs hold run the tiles in turn (two an SM for 128x128 blocks in 3 stages); a block alone on
+    its SM issues its copies from a producer warpgroup of its own, the warpgroups computing taking its
+    registers (`setmaxnreg`) and synchronizing among themselves (named barrier 1). Not with edge
     tiles (6000^3), at 1.45 waves (2048x768x3072), with float32 results as heavy as the loads (the batched
     product of k = 128), nor in one wave (1000^3)."""
     a, b = np.zeros((batch, m, k), ml_dtypes.bfloat16), np.zeros((batch, k, n), ml_dtypes.bfloat16)
@@ -551,7 +553,13 @@ def test_wgmma_kernels_of_many_whole_tiles_are_persistent(batch, m, k, n, rounde
     assert (f"persistent: {blocks} blocks run the tiles in turn" in tree.explain()) == bool(blocks), tree.explain()
     assert ("persistent:" in tree.explain()) == bool(blocks)
     if blocks:
-        assert codegen_gpu.generate(tree, H100.arch).launches[-1].grid == (blocks, 1, 1)
+        module = codegen_gpu.generate(tree, H100.arch)
+        alone = blocks == H100.sms              # a block an SM: a producer warpgroup besides the two computing
+        assert module.launches[-1].grid == (blocks, 1, 1)
+        assert module.launches[-1].block == ((32, 12, 1) if alone else (32, 8, 1))
+        assert ("setmaxnreg.dec.sync.aligned.u32 40;" in module.ptx) == alone
+        assert ("setmaxnreg.inc.sync.aligned.u32 232;" in module.ptx) == alone
+        assert ("bar.sync 1, 256;" in module.ptx) == alone
     smaller = dataclasses.replace(H100, sms=16)         # the same tiles take more waves on fewer SMs
     if blocks:
         assert f"persistent: {blocks * 16 // 132} blocks" in gpu_rules.gpu_tree(ir.lower(c.node)[0], smaller).explain()
