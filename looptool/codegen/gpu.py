@@ -167,14 +167,14 @@ def _module(tree: LoopTree, tiles: dict[int, TensorTile], copies: dict[int, Bulk
                 arg.add_attribute("noalias")   # written buffers are shared between threads: not noalias
         for arg, (dim, _) in zip(fn.args[len(pointers):], tree.program.dynamic):
             arg.name = f"size.{dim}"
-        producer = producer_warps(nodes, tree, arch)
+        producer = producer_warps(nodes, tree, arch, launch_dims(nodes)[1])
         grid, block = launch_dims(nodes, producer)
         for node, path in walk(nodes):
             if isinstance(node, LoopNode) and pipeline_persistent(node.loop.annotation):
                 check_persistent(node, path)
         builder = _GpuBuilder(tree, fn, dict(zip(pointers, fn.args)), aligned_params, tiles, copies, block, dynamic,
                               persistent_blocks(nodes), grouped_grid(nodes, grid), arch in VECTOR_ATOMIC_ARCHS,
-                              producer)
+                              producer, arch)
         builder.body(nodes, dict(zip(sizes, fn.args[len(pointers):])))
         builder.finish()
         aligned |= builder.aligned_params
@@ -290,10 +290,11 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
     def __init__(self, tree: LoopTree, fn: llir.Function, pointers: dict, aligned_params: bool,
                  tiles: dict[int, TensorTile], copies: dict[int, BulkCopy], block: tuple[int, int, int],
                  dynamic: bool = False, persistent: int = 0, grouped: tuple[int, int, int] | None = None,
-                 vector_atomics: bool = False, producer: int = 0):
+                 vector_atomics: bool = False, producer: int = 0, arch: str = "sm_90"):
         super().__init__(tree, fn, pointers, threads=1)
         self.vector_atomics = vector_atomics                # float32 atomic adds of 2 or 4 lanes (`add_atomically`)
         self.producer = producer                           # warps of a producer warpgroup, the block's last (`produce`)
+        self.arch = arch
         self.producing = False                             # ... while its code is built
         self.producer_exited = False                       # ... past where it left: barriers count the others
         self.added_atomically = {id(stmt) for stmt, path in tree.statements() if across_blocks(stmt, path)}

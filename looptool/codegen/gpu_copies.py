@@ -55,23 +55,39 @@ GROUPED_BLOCKS = True
 # producers give registers back (`setmaxnreg`, PRODUCER_REGISTERS), the computing warpgroups take them.
 PRODUCER_WARP = True
 PRODUCER_REGISTERS = 40
-CONSUMER_REGISTERS = 232
+MOST_REGISTERS = 256            # setmaxnreg's most
 WARPGROUP_WARPS = 4
+# ... for blocks of at most this many warpgroups computing: 1 and 2 ran on an H100; a tuner trial of 4 (256 x 128
+# tiles) hung when they asked for more registers than the block was launched with (`consumer_registers` since)
+PRODUCED_WARPGROUPS = 2
 
 
-def producer_warps(nodes: list, tree, arch: str) -> int:
+def producer_warps(nodes: list, tree, arch: str, block: tuple[int, int, int]) -> int:
     """The warps of the producer warpgroup the kernel of these top-level nodes runs besides its warpgroups
-    computing (PRODUCER_WARP): 4 where its TMA pipeline is persistent and its buffers take more than half
-    an SM's shared memory (the block is then alone on its SM, so its warps may take every register:
-    two blocks of 128 x 128 tiles an SM would no longer fit), else 0."""
+    computing (PRODUCER_WARP), whose warps take `block` (one or two warpgroups along thread.y only): 4 where
+    its TMA pipeline is persistent and its buffers take more than half an SM's shared memory (the block is
+    then alone on its SM, so its warps may take every register: two blocks of 128 x 128 tiles an SM would
+    no longer fit), else 0."""
     shared = assumed_gpu(arch).shared_per_sm
     for node, _ in walk(nodes):
         if PRODUCER_WARP and isinstance(node, LoopNode) and pipeline_copier(node.loop.annotation) == "tma" \
-                and pipeline_persistent(node.loop.annotation):
+                and pipeline_persistent(node.loop.annotation) and block[2] == 1 \
+                and block[1] <= PRODUCED_WARPGROUPS * WARPGROUP_WARPS:
             stages = pipeline_depth(node.loop.annotation)[0]
             taken = stages * sum(plan.size * ITEM_BYTES[plan.dtype] for plan in tree.local_buffers.get(id(node), []))
             return WARPGROUP_WARPS if 2 * taken > shared else 0
     return 0
+
+
+def consumer_registers(arch: str, consumers: int) -> int:
+    """The registers each of `consumers` threads computing takes (`setmaxnreg.inc`, a multiple of 8) out of what
+    the block was launched with (its threads and the producer's, each the most a thread of so many may have:
+    ptxas launches a kernel that sets its registers with that many) once the producer warpgroup has given
+    back all but PRODUCER_REGISTERS of its own: two warpgroups take 232 of 384 x 168. Asking more than the
+    block holds would wait forever."""
+    producers = WARPGROUP_WARPS * 32
+    launched = assumed_gpu(arch).registers_per_sm // (consumers + producers) // 8 * 8
+    return min(MOST_REGISTERS, ((consumers + producers) * launched - producers * PRODUCER_REGISTERS) // consumers // 8 * 8)
 
 
 class AsyncCopyLowering:
@@ -159,7 +175,8 @@ class AsyncCopyLowering:
                                              f"{plan.loop}.copies", rolled=True)
                 self.producing = False
             b.ret_void()
-        self.inline(f"setmaxnreg.inc.sync.aligned.u32 {CONSUMER_REGISTERS};")
+        consumers = (self.block[1] - self.producer) * self.block[0]
+        self.inline(f"setmaxnreg.inc.sync.aligned.u32 {consumer_registers(self.arch, consumers)};")
         self.producer_exited = True
 
     def tma_barriers(self, plan: "_Pipeline") -> tuple[llir.Value, llir.Value]:

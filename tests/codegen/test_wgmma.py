@@ -223,3 +223,19 @@ def test_a_product_whose_blocks_take_their_tiles_in_groups_runs_on_hopper(rng):
     nodes = gpu.kernel_nodes(t.root)[0]
     assert gpu_copies.grouped_grid(nodes, gpu.launch_dims(nodes)[0]) == (3, 11, 1)
     assert_close(cp.asnumpy(c.cuda(t)), a.astype(np.float64) @ b.astype(np.float64), 1e-5)
+
+
+@pytest.mark.parametrize("tile, groups, block, registers", [
+    ((128, 256), (2, 1), (32, 12, 1), 232), ((128, 256), (1, 1), (32, 8, 1), 256),
+    ((128, 256), (1, 2), (32, 4, 2), None), ((128, 256), (2, 2), (32, 8, 2), None), ((256, 128), (4, 1), (32, 16, 1), None)])
+def test_a_persistent_block_alone_on_its_sm_takes_a_producer_warpgroup_where_its_warpgroups_lie_along_y(
+        rng, tile, groups, block, registers):
+    """One or two warpgroups along thread.y: one warpgroup more, which gives its registers to those computing
+    (setmaxnreg, within what the block was launched with) and issues the copies; warpgroups side by side
+    along n (thread.z) take none (a producer along y there crashed a tuner trial), nor do four (one hung)."""
+    c, _ = contraction(rng, m=1024, k=320, n=2048)
+    t = templates.wgmma_tiled(c.loop_tree(), "t0", tile, groups, 64, 4 if tile == (128, 256) else 3, "tma", persistent=20)
+    module = gpu.generate(t, "sm_90")
+    assert module.launches[0].block == block
+    assert ("setmaxnreg.dec.sync.aligned.u32 40;" in module.ptx) == (registers is not None)
+    assert registers is None or f"setmaxnreg.inc.sync.aligned.u32 {registers};" in module.ptx
