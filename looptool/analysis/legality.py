@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 from .. import ir
 from ..errors import IllegalScheduleError
 from ..memo import BoundedMemo
-from ..schedule import (ATOMIC_SUMS, BLOCK_AXES, GPU_AXES, LoopNode, LoopTree, StmtNode, accesses, across_blocks, blocked,
-                        pipeline_depth, pipeline_persistent, thread_bound, walk)
+from ..schedule import (ATOMIC_SUMS, BLOCK_AXES, GPU_AXES, LoopNode, LoopTree, StmtNode, accesses, across_blocks,
+                        blocked, pipeline_depth, pipeline_persistent, thread_bound, walk)
 from ..schedule.printing import stmt_text
 from .tensorize import tensor_tiles
 from .tma import bulk_copies

@@ -583,8 +583,9 @@ class _Planner:
                 or total.reduce_op != "sum" or total.reduce_dims != stage.dims[:1] or len(total.dims) != 2 \
                 or total.expr != ir.Load(name, ir.Affine.identity(stage.dims), stage.dtype):
             return False
-        parts = self.size(stage.dims[0])        # the block `split_k_parts` counted its parts' blocks with
-        block = templates.least_work_block(program, name, self.gpu.sms * parts, templates.float32_blocks(program, name))
+        parts = self.size(stage.dims[0])        # the block `split_k_parts` counted its parts' blocks with:
+        blocks = templates.float32_blocks(program, name)     # the unsplit product's, its waves on parts x the SMs
+        block = templates.least_work_block(program, name, self.gpu.sms * parts, blocks)
         try:
             tree = templates.float32_parts_tree(self.tree, name, total.name, block)
         except ValueError:
@@ -593,9 +594,10 @@ class _Planner:
             return False
         self.tree = tree
         self.scheduled.add(total.name)
-        self.note(name, f"split-k's parts on register tiles, {block[0]}x{block[1]} a block, cp.async k tiles; "
-                        f"the parts ({stage.dims[0]}) on block.z, each block adding its tile into {total.name} by atomic "
-                        f"adds ({total.name} zeroed by a kernel first): no partial results in memory, no kernel adding them")
+        self.note(name, f"split-k's parts on register tiles, {block[0]}x{block[1]} a block, cp.async k tiles; the "
+                        f"parts ({stage.dims[0]}) on block.z, each block adding its tile into {total.name} by "
+                        f"atomic adds ({total.name} zeroed by a kernel first): no partial results in memory, no "
+                        f"kernel adding them")
         return True
 
     def too_small_to_pad(self, name: str) -> bool:

@@ -173,8 +173,7 @@ def _module(tree: LoopTree, tiles: dict[int, TensorTile], copies: dict[int, Bulk
             if isinstance(node, LoopNode) and pipeline_persistent(node.loop.annotation):
                 check_persistent(node, path)
         builder = _GpuBuilder(tree, fn, dict(zip(pointers, fn.args)), aligned_params, tiles, copies, block, dynamic,
-                              persistent_blocks(nodes), grouped_grid(nodes, grid), arch in VECTOR_ATOMIC_ARCHS,
-                              producer, arch)
+                              persistent_blocks(nodes), grouped_grid(nodes, grid), producer, arch)
         builder.body(nodes, dict(zip(sizes, fn.args[len(pointers):])))
         builder.finish()
         aligned |= builder.aligned_params
@@ -290,11 +289,11 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
     def __init__(self, tree: LoopTree, fn: llir.Function, pointers: dict, aligned_params: bool,
                  tiles: dict[int, TensorTile], copies: dict[int, BulkCopy], block: tuple[int, int, int],
                  dynamic: bool = False, persistent: int = 0, grouped: tuple[int, int, int] | None = None,
-                 vector_atomics: bool = False, producer: int = 0, arch: str = "sm_90"):
+                 producer: int = 0, arch: str = "sm_90"):
         super().__init__(tree, fn, pointers, threads=1)
-        self.vector_atomics = vector_atomics                # float32 atomic adds of 2 or 4 lanes (`add_atomically`)
-        self.producer = producer                           # warps of a producer warpgroup, the block's last (`produce`)
         self.arch = arch
+        self.vector_atomics = arch in VECTOR_ATOMIC_ARCHS  # float32 atomic adds of 2 or 4 lanes (`add_atomically`)
+        self.producer = producer                           # warps of a producer warpgroup, the block's last (`produce`)
         self.producing = False                             # ... while its code is built
         self.producer_exited = False                       # ... past where it left: barriers count the others
         self.added_atomically = {id(stmt) for stmt, path in tree.statements() if across_blocks(stmt, path)}
@@ -467,8 +466,9 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
         serialize them). Other loops keep theirs: without it, LLVM moved a float32 register tile to
         local memory."""
         kind, _, axis = node.loop.annotation.partition(".")
+        computing = self.block["xyz".index(axis)] - (axis == "y") * self.producer     # (not a producer warpgroup)
         return kind == "thread" and holds_wgmma(node.body) and isinstance(count, llir.Constant) \
-            and count.constant * _threads_per_value(node) == self.block["xyz".index(axis)] - (axis == "y") * self.producer
+            and count.constant * _threads_per_value(node) == computing
 
     def shared_alignment(self, name: str) -> int:
         """Bytes a shared buffer starts on: 16, or WGMMA_ALIGN for a wgmma operand."""
@@ -586,14 +586,20 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
         for first in range(0, lanes.width, width):
             terms = [b.extract_element(value, constant(I32, first + k)) for k in range(width)]
             if width > 1:
-                address = b.addrspacecast(self.element(base, constant(I64, first), stage.dtype), llir.PointerType(addrspace=1))
-                operands = "{" + ", ".join(f"${k + 1}" for k in range(width)) + "}"
-                b.asm(llir.FunctionType(llir.VoidType(), [address.type] + [F32] * width),
-                      f"red.global.add.v{width}.f32 [$0], {operands};", ",".join(["l"] + ["f"] * width + ["~{memory}"]),
-                      [address, *terms], side_effect=True)
+                self.add_vector(self.element(base, constant(I64, first), stage.dtype), terms)
                 continue
             target = self.access(stage.name, own, False, stmt, {**env, lanes.name: constant(I64, first)})
             b.atomic_rmw("fadd", target, terms[0], "monotonic")
+
+    def add_vector(self, pointer: llir.Value, terms: list):
+        """float32 `terms` added into consecutive elements from `pointer` (aligned to all of them) by one
+        `red.global.add.v2/v4.f32`."""
+        b = self.builder
+        address = b.addrspacecast(pointer, llir.PointerType(addrspace=1))
+        operands = "{" + ", ".join(f"${k + 1}" for k in range(len(terms))) + "}"
+        b.asm(llir.FunctionType(llir.VoidType(), [address.type] + [F32] * len(terms)),
+              f"red.global.add.v{len(terms)}.f32 [$0], {operands};",
+              ",".join(["l"] + ["f"] * len(terms) + ["~{memory}"]), [address, *terms], side_effect=True)
 
     # Edge tiles: register tiles cut by a tail -------------------------------------------------
     def edge_loop(self, node: LoopNode, env: dict):

@@ -87,7 +87,8 @@ def consumer_registers(arch: str, consumers: int) -> int:
     block holds would wait forever."""
     producers = WARPGROUP_WARPS * 32
     launched = assumed_gpu(arch).registers_per_sm // (consumers + producers) // 8 * 8
-    return min(MOST_REGISTERS, ((consumers + producers) * launched - producers * PRODUCER_REGISTERS) // consumers // 8 * 8)
+    spare = (consumers + producers) * launched - producers * PRODUCER_REGISTERS
+    return min(MOST_REGISTERS, spare // consumers // 8 * 8)
 
 
 class AsyncCopyLowering:

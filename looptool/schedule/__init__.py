@@ -4,6 +4,7 @@ from .looptree import (ATOMIC_SUMS, AUTOSCHEDULE, LEGALITY, BufferPlan, Limit, L
 from .steps import (ANNOTATIONS, BLOCK_AXES, GPU_AXES, TENSOR_INSTRUCTIONS, Loop, Schedule, Tail, pipeline_copier,
                     pipeline_depth, pipeline_persistent, tensor_role)
 
-__all__ = ["ATOMIC_SUMS", "AUTOSCHEDULE", "LEGALITY", "BufferPlan", "Limit", "LoopNode", "LoopTree", "StmtNode", "accesses",
-           "across_blocks", "blocked", "thread_bound", "walk", "ANNOTATIONS", "BLOCK_AXES", "GPU_AXES", "TENSOR_INSTRUCTIONS", "Loop", "Schedule", "Tail",
-           "pipeline_copier", "pipeline_depth", "pipeline_persistent", "tensor_role"]
+__all__ = ["ATOMIC_SUMS", "AUTOSCHEDULE", "LEGALITY", "BufferPlan", "Limit", "LoopNode", "LoopTree", "StmtNode",
+           "accesses", "across_blocks", "blocked", "thread_bound", "walk", "ANNOTATIONS", "BLOCK_AXES", "GPU_AXES",
+           "TENSOR_INSTRUCTIONS", "Loop", "Schedule", "Tail", "pipeline_copier", "pipeline_depth",
+           "pipeline_persistent", "tensor_role"]
