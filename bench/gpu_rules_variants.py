@@ -29,7 +29,7 @@ LOOPTOOL_CACHE_DIR= so no cached PTX is read) on batched bf16 products, float32 
 kernel is persistent; 2**30: never) and `tile_group_rows`, `codegen.gpu_copies.TILE_GROUP_ROWS` (a persistent
 kernel's tiles in groups of this many block rows; with LOOPTOOL_CACHE_DIR=), on bfloat16 products of many tiles;
 `producer_warp`, `codegen.gpu_copies.PRODUCER_WARP` (a persistent product's producer warpgroup; with
-LOOPTOOL_CACHE_DIR=) on the same; `split_k_atomic`, `gpu_rules.SPLIT_K_ATOMIC` (split-k's float32 parts added into
+LOOPTOOL_CACHE_DIR=) on the same; `split_k_atomic`, `autoschedule.gpu.SPLIT_K_ATOMIC` (split-k's float32 parts added into
 the result atomically, or by a second kernel) on float32 matmuls. For each
 workload and value, the automatic schedule's kernels run on a NaN-poisoned output, are compared with
 torch in float64, and are timed interleaved with torch (median of CUDA-event timed calls, best of 3
@@ -83,7 +83,7 @@ KNOBS = {
     "persistent_waves": (lambda v: setattr(templates, "PERSISTENT_WAVES", v), (1 << 30, 2, 1), "persistent_cases"),
     "tile_group_rows": (lambda v: setattr(gpu_copies, "TILE_GROUP_ROWS", v), (1, 4, 8, 16), "persistent_cases"),
     "producer_warp": (lambda v: setattr(gpu_copies, "PRODUCER_WARP", v), (False, True), "persistent_cases"),
-    "split_k_atomic": (lambda v: setattr(gpu_rules, "SPLIT_K_ATOMIC", v), (False, True), "matmul_cases"),
+    "split_k_atomic": (lambda v: setattr(templates, "SPLIT_K_ATOMIC", v), (False, True), "matmul_cases"),
     "wgmma_stages": (lambda v: _wgmma_start(*v), ((((128, 256), (128, 128), (128, 64)), 3), (((128, 128),), 1),
                                                  (((128, 128),), 2), (((128, 64),), 1), (((128, 64),), 2),
                                                  (((128, 256),), 1)), "wgmma_cases"),

@@ -20,8 +20,8 @@ import optuna
 from looptool import autoschedule, ir
 from looptool.analysis.target import Target, host
 from looptool.autoschedule.gpu import (FLOAT32_BLOCKS, FLOAT32_TILES, TENSOR_START, contraction_dtype,
-                                       float32_tiles, least_work_block, mma_tiled, persistent_grid, register_tiled,
-                                       resident_blocks, stage_bytes, tile_dims, transposable, transposed_ahead,
+                                       atomic_parts_total, float32_tiles, least_work_block, mma_tiled,
+                                       persistent_grid, register_tiled, resident_blocks, stage_bytes, tile_dims, transposable, transposed_ahead,
                                        wgmma_start, wgmma_tiled)
 from looptool.codegen import gpu as codegen_gpu
 from looptool.runtime import gpu as runtime_gpu
@@ -116,8 +116,10 @@ def sample_gpu(trial: optuna.Trial, tree: LoopTree) -> LoopTree:
             for stage in stages[1:]:
                 tree = tree.epilogue(stage)
             return tree
+        total = atomic_parts_total(tree.program, stages[0])      # split-k's parts added into it: not tiled apart
         for stage in stages:
-            tree = _gpu_tiles(trial, tree, stage)
+            if stage != total:
+                tree = _gpu_tiles(trial, tree, stage, summed_by=total if stage == stages[0] else None)
         _check_block_size(tree)
     except ValueError as err:
         raise InvalidDraw(str(err)) from None
@@ -267,7 +269,9 @@ def _check_block_size(tree: LoopTree):
         codegen_gpu.launch_dims(nodes)
 
 
-def _gpu_tiles(trial: optuna.Trial, tree: LoopTree, stage: str) -> LoopTree:
+def _gpu_tiles(trial: optuna.Trial, tree: LoopTree, stage: str, summed_by: str | None = None) -> LoopTree:
+    """Draw `stage`'s register tiles (`register_tiled`; with `summed_by`, split-k's parts added into that
+    stage atomically, as the automatic schedule runs them)."""
     st = tree.program.stage(stage)
     if not st.dims:
         return tree
@@ -305,11 +309,11 @@ def _gpu_tiles(trial: optuna.Trial, tree: LoopTree, stage: str) -> LoopTree:
         shared = tuple(f"{b}.{stage}" if b in ahead else b for b in shared)
         as_stored = as_stored + tuple(f"{b}.{stage}" for b in ahead)
     tree = register_tiled(tree, stage, x_threads, x_groups, vector, y_threads, y_tile, k_tile, unroll_k, shared,
-                          as_stored, y_groups=y_groups)
+                          as_stored, y_groups=y_groups, summed_by=summed_by)
     if shared and len(st.reduce_dims) == 1:
         stages = _choose(trial, f"{stage}.gpu.stages", list(GPU_TILE_STAGES))
         if stages:
-            tree = tree.pipeline(f"{st.reduce_dims[0]}.0", stages, stage=f"{stage}.acc")
+            tree = tree.pipeline(f"{st.reduce_dims[0]}.0", stages, stage=stage if summed_by else f"{stage}.acc")
     return tree
 
 

@@ -57,6 +57,8 @@ DYNAMIC_SPLIT_K_RUN = 256
 # over 1000 x 1024 x 1024, 128 blocks on 132 SMs, 57 us unsplit against 63 split in 4 with its relu a
 # kernel of its own; 1024^3 alone was even, 0.066 ms either way)
 SPLIT_K_IDLE = 0.1
+# float32 parts add their tiles into the result by atomic adds, no kernel adding them (`atomic_parts_total`)
+SPLIT_K_ATOMIC = True
 # and a half-precision one on tensor cores (whose blocks fill an SM alone): parts that give one block an
 # SM, each at least HALF_SPLIT_K_RUN long and a whole number of the template's k tiles (H100, session 17,
 # bench.gpu_rules_variants --knob half_split_k, kernels' ms unsplit / runs of 512 / 1024: bf16
@@ -478,6 +480,18 @@ def _float32_tree(tree: LoopTree, stage: str, block: tuple[int, int] = FLOAT32_B
     tree = register_tiled(tree, st.name, p["x_threads"], p["x_groups"], p["vector"], p["y_threads"], p["y_tile"],
                           p["k_tile"], True, shared, tuple(as_stored), y_groups=p["y_groups"], summed_by=summed_by)
     return tree.pipeline(f"{st.reduce_dims[0]}.0", p["stages"], stage=st.name if summed_by else f"{st.name}.acc")
+
+
+def atomic_parts_total(program: ir.Program, stage: str) -> str | None:
+    """The stage whose float32 result sums split-k's parts `stage` ([parts, m, n], `ir.split_k`) where the parts
+    may add their tiles into it atomically (SPLIT_K_ATOMIC): it is the program's result, a plain sum of
+    `stage` over its parts, two dims (no epilogue, no batch); else None."""
+    parts, total = program.stage(stage), program.output
+    if not SPLIT_K_ATOMIC or contraction_dtype(program, stage) != "float32" or total is parts \
+            or total.reduce_op != "sum" or total.reduce_dims != parts.dims[:1] or len(total.dims) != 2 \
+            or total.expr != ir.Load(stage, ir.Affine.identity(parts.dims), parts.dtype):
+        return None
+    return total.name
 
 
 def float32_parts_tree(tree: LoopTree, stage: str, total: str, block: tuple[int, int]) -> LoopTree:

@@ -62,7 +62,6 @@ FEW_ROWS_SMS = 8
 # x torch padded / not: bf16 100^3 0.61 / 0.99, 64x100x72 0.68 / 0.93, 200x300x100 0.66 / 0.84; 100x1000x100
 # 0.68 / 0.64; 130x64x200 keeps its one wgmma kernel with guarded edges, 1.50)
 SMALL_CONTRACTION_MACS = 1 << 25
-SPLIT_K_ATOMIC = True        # split-k's float32 parts added into the result by atomic adds (`parts_added_atomically`)
 FUSED_SUM_TERMS = 32         # a reduction this short, read only by a pointwise stage, is summed in its threads
 THREAD_TILE_ROWS = 4         # outputs along a second dim a thread walking a reduction takes at once
 SCALAR_RUN = 4               # elements a thread takes where rows hold no whole vectors
@@ -575,13 +574,11 @@ class _Planner:
         tiles whose blocks add their tiles into the result by atomic adds, the parts on block.z
         (`templates.float32_parts_tree`), where the sum is the program's result and the legality check
         accepts it: a kernel zeroes the result first, and no partial result is written and read back by a
-        second kernel. False (tree unchanged) elsewhere, or where SPLIT_K_ATOMIC is off."""
+        second kernel. False (tree unchanged) elsewhere (`templates.atomic_parts_total`)."""
         program = self.tree.program
         stage = program.stage(name)
-        total = program.output
-        if not SPLIT_K_ATOMIC or templates.contraction_dtype(program, name) != "float32" or total is stage \
-                or total.reduce_op != "sum" or total.reduce_dims != stage.dims[:1] or len(total.dims) != 2 \
-                or total.expr != ir.Load(name, ir.Affine.identity(stage.dims), stage.dtype):
+        total = program.stage(templates.atomic_parts_total(program, name) or name)
+        if total is stage:
             return False
         parts = self.size(stage.dims[0])        # the block `split_k_parts` counted its parts' blocks with:
         blocks = templates.float32_blocks(program, name)     # the unsplit product's, its waves on parts x the SMs

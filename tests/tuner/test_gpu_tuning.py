@@ -283,3 +283,31 @@ def test_a_gpu_study_keeps_its_best_draw_only_where_timed_again_it_beats_the_aut
                                  measurer=SimpleNamespace(measure=measure))
         assert study.Tuning.beats_automatic(tuning, 1.0, drawn.schedule) == kept
         assert len(measured) == (2 * study.CONFIRM_ROUNDS if automatic_trial > 1.0 else 0)
+
+
+def test_split_k_parts_drawn_on_register_tiles_add_into_the_result_atomically(rng):
+    """A float32 product cut into parts (`ir.split_k`): the tiles family tiles the parts and adds them into the
+    result from their blocks (`atomic_parts_total`), as the automatic schedule does, not by a second
+    kernel; each legal draw computes the product (on this CPU, against float64)."""
+    optuna = pytest.importorskip("optuna")
+    sm, sk, sn = lt.symbols("m k n")
+    a, b = rng.standard_normal((300, 1024)).astype(np.float32), rng.standard_normal((1024, 200)).astype(np.float32)
+    program, arrays = ir.lower((lt.Tensor(a).to(sm, sk) * lt.Tensor(b).to(sk, sn)).sum(sk).node)
+    split = ir.split_k(program, 4)
+    views = [np.lib.stride_tricks.as_strided(x, buf.shape, [s * x.itemsize for s in buf.strides])
+             for x, buf in zip(arrays, split.inputs)]
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    legal = 0
+    for _ in range(30):
+        trial = study.ask()
+        try:
+            tree = space.sample_gpu(trial, lt.LoopTree(split))
+        except space.InvalidDraw:
+            continue
+        if trial.params["gpu.family"] != "tiles" or not tree.check()[0]:
+            continue
+        legal += 1
+        assert "t0[m, n] += t0.part[k_o, m, n]" in str(tree) and "t0.part: f32[1, " in str(tree)
+        assert [launch.grid[2] for launch in codegen_gpu.generate(tree, "sm_90").launches][-1] == 4
+        assert_close(lt.Kernel(tree, 1)(views), a.astype(np.float64) @ b, 1e-5)
+    assert legal >= 1
