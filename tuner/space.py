@@ -19,10 +19,10 @@ import optuna
 
 from looptool import autoschedule, ir
 from looptool.analysis.target import Target, host
-from looptool.autoschedule.gpu import (FLOAT32_BLOCKS, FLOAT32_TILES, TENSOR_START, contraction_dtype,
-                                       atomic_parts_total, float32_tiles, least_work_block, mma_tiled,
-                                       persistent_grid, register_tiled, resident_blocks, stage_bytes, tile_dims, transposable, transposed_ahead,
-                                       wgmma_start, wgmma_tiled)
+from looptool.autoschedule.gpu import (FLOAT32_BLOCKS, FLOAT32_TILES, TENSOR_START, atomic_parts_total,
+                                       contraction_dtype, float32_tiles, least_work_block, mma_tiled, persistent_grid,
+                                       register_tiled, resident_blocks, stage_bytes, tile_dims, transposable,
+                                       transposed_ahead, wgmma_start, wgmma_tiled)
 from looptool.codegen import gpu as codegen_gpu
 from looptool.runtime import gpu as runtime_gpu
 from looptool.schedule import LoopTree
