@@ -21,7 +21,7 @@ from looptool import autoschedule, ir
 from looptool.analysis.target import Target, host
 from looptool.autoschedule.gpu import (FLOAT32_BLOCKS, FLOAT32_TILES, TENSOR_START, atomic_parts_total,
                                        contraction_dtype, float32_tiles, least_work_block, mma_tiled, persistent_grid,
-                                       register_tiled, resident_blocks, stage_bytes, tile_dims, transposable,
+                                       register_tiled, resident_grid, stage_bytes, tile_dims, transposable,
                                        transposed_ahead, wgmma_start, wgmma_tiled)
 from looptool.codegen import gpu as codegen_gpu
 from looptool.runtime import gpu as runtime_gpu
@@ -174,7 +174,7 @@ def _gpu_tensor(trial: optuna.Trial, tree: LoopTree, family: str, stage: str) ->
         raise ValueError(f"{shared} bytes of shared memory a block (at most {mma_shared_limit()})")
     gpu = _gpu()
     if copier == "tma" and stages and gpu is not None and _choose(trial, f"gpu.{family}.persistent", [False, True]):
-        persistent = resident_blocks(gpu, block, k_tile, stages, 2) * gpu.sms
+        persistent = resident_grid(gpu, block, k_tile, stages, 2)
         return spec.build(tree, st.name, block, teams, k_tile, stages, copier, persistent=persistent)
     return spec.build(tree, st.name, block, teams, k_tile, stages, copier)
 

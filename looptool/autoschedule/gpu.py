@@ -334,20 +334,21 @@ def persistent_grid(program: ir.Program, stage: str, gpu: GpuTarget | None, bloc
     if gpu is None or copier != "tma" or stages < 2 or program.dynamic:
         return 0
     item = ITEM_BYTES[contraction_dtype(program, stage)]
-    resident = resident_blocks(gpu, block, k_tile, stages, item)
+    grid = resident_grid(gpu, block, k_tile, stages, item)
     m, n, k = (program.size(d) for d in contraction_dims(program, stage))
     loads = sum(block) * k * item
     stores = block[0] * block[1] * ITEM_BYTES[result_dtype(program, stage)]
-    if resident < 1 or block_count(program, stage, block) < PERSISTENT_WAVES * resident * gpu.sms \
+    if grid < 1 or block_count(program, stage, block) < PERSISTENT_WAVES * grid \
             or m % block[0] or n % block[1] or stores > PERSISTENT_STORE_SHARE * loads:
         return 0
-    return resident * gpu.sms
+    return grid
 
 
-def resident_blocks(gpu: GpuTarget, block: tuple[int, int], k_tile: int, stages: int, item: int) -> int:
-    """How many blocks of a pipelined tensor-core template (`stages` k tiles of `item`-byte operands) an SM
-    of `gpu` holds at once, by its shared memory."""
-    return gpu.shared_per_sm // (stage_bytes(block, k_tile, item) * stages + BLOCK_RESERVED_SHARED)
+def resident_grid(gpu: GpuTarget, block: tuple[int, int], k_tile: int, stages: int, item: int) -> int:
+    """How many blocks of a pipelined tensor-core template (`stages` k tiles of `item`-byte operands) `gpu`'s
+    SMs hold at once, by their shared memory: a persistent kernel's grid."""
+    per_sm = gpu.shared_per_sm // (stage_bytes(block, k_tile, item) * stages + BLOCK_RESERVED_SHARED)
+    return per_sm * gpu.sms
 
 
 def stage_bytes(block: tuple[int, int], k_tile: int, item: int) -> int:
