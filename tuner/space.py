@@ -104,10 +104,12 @@ def sample_gpu(trial: optuna.Trial, tree: LoopTree) -> LoopTree:
     'mma' (a contraction of two bfloat16 or float16 tensors, alone or with pointwise stages after it)
     runs it on tensor cores (`mma_tiled`: block tile, warps, k tile, pipeline stages), and on Hopper so
     does 'wgmma' (`wgmma_tiled`: block tile, warpgroups, pipeline stages); the pointwise stages (a bias,
-    relu, a cast) are computed in its write-back (`epilogue`)."""
+    relu, a cast) are computed in its write-back (`epilogue`). Split-k's float32 parts (`atomic_parts_total`)
+    draw only 'tiles' (their sum placed in rows of the result was never legal)."""
     try:
         stages = [st.name for st in tree.program.stages]
-        if len(stages) > 1 and trial.suggest_categorical("gpu.family", ["tiles", "rows"]) == "rows":
+        total = atomic_parts_total(tree.program, stages[0])      # split-k's parts added into it: not tiled apart
+        if len(stages) > 1 and total is None and trial.suggest_categorical("gpu.family", ["tiles", "rows"]) == "rows":
             return _gpu_rows(trial, tree)
         contraction = half_contraction(tree.program)
         family = contraction and trial.suggest_categorical("gpu.tensor.family", tensor_families())
@@ -116,7 +118,6 @@ def sample_gpu(trial: optuna.Trial, tree: LoopTree) -> LoopTree:
             for stage in stages[1:]:
                 tree = tree.epilogue(stage)
             return tree
-        total = atomic_parts_total(tree.program, stages[0])      # split-k's parts added into it: not tiled apart
         for stage in stages:
             if stage != total:
                 tree = _gpu_tiles(trial, tree, stage, summed_by=total if stage == stages[0] else None)
