@@ -19,10 +19,10 @@ import optuna
 
 from looptool import autoschedule, ir
 from looptool.analysis.target import Target, host
-from looptool.autoschedule.gpu import (FLOAT32_BLOCKS, FLOAT32_TILES, TENSOR_START, atomic_parts_total,
-                                       contraction_dtype, float32_tiles, least_work_block, mma_tiled, persistent_grid,
-                                       register_tiled, resident_grid, stage_bytes, tile_dims, transposable,
-                                       transposed_ahead, wgmma_start, wgmma_tiled)
+from looptool.autoschedule.gpu import (TENSOR_START, atomic_parts_total, contraction_dtype, float32_block,
+                                       float32_copies, float32_tiles, mma_tiled, persistent_grid, register_tiled,
+                                       resident_grid, stage_bytes, tile_dims, transposable, transposed_ahead,
+                                       wgmma_start, wgmma_tiled)
 from looptool.codegen import gpu as codegen_gpu
 from looptool.runtime import gpu as runtime_gpu
 from looptool.schedule import LoopTree
@@ -180,23 +180,17 @@ def _gpu_tensor(trial: optuna.Trial, tree: LoopTree, family: str, stage: str) ->
     return spec.build(tree, st.name, block, teams, k_tile, stages, copier)
 
 
-# the GPU default for float32 contractions (looptool.autoschedule.gpu), as this space's parameters
-TILES_START = {"vector": FLOAT32_TILES["vector"], "x.threads": FLOAT32_TILES["x_threads"],
-               "x.tile": FLOAT32_TILES["x_groups"], "y.threads": FLOAT32_TILES["y_threads"],
-               "y.tile": FLOAT32_TILES["y_tile"], "y.groups": FLOAT32_TILES["y_groups"],
-               "k.tile": FLOAT32_TILES["k_tile"], "k.unroll": True, "shared.in0": True, "shared.in1": True,
-               "as_stored.in0": False, "as_stored.in1": False, "ahead.in0": True, "stages": FLOAT32_TILES["stages"]}
-
-
 def gpu_start_params(program: ir.Program) -> dict:
     """The GPU space's first draw for a contraction (a study starts there, as a CPU study starts from
     the automatic schedule): for a half-precision contraction, with an epilogue or not (`half_contraction`),
     the best tensor-core family of this GPU (wgmma on Hopper, else mma) with the block, teams, k tile,
     stages and copier of the automatic schedule (`wgmma_start`) or of bench.gpu's fastest mma schedule;
-    for float32 the fastest register-tile schedule (`TILES_START`) where the matrices hold one block
-    tile; {} for other programs."""
-    if contraction_dtype(program) == "float32":
-        return _tiles_start(program)
+    for float32 (a product alone, or split-k's parts added atomically) the automatic register-tile schedule
+    (`_tiles_start`) where the matrices hold one block tile; {} for other programs."""
+    first = program.stages[0].name
+    if contraction_dtype(program, first) == "float32" \
+            and (len(program.stages) == 1 or atomic_parts_total(program, first)):
+        return _tiles_start(program, first)
     contraction = half_contraction(program)
     if contraction is None:
         return {}
@@ -219,15 +213,26 @@ def gpu_start_params(program: ir.Program) -> dict:
     return params
 
 
-def _tiles_start(program: ir.Program) -> dict:
-    """TILES_START with the block tile the automatic schedule takes on this GPU (`least_work_block`)."""
-    st = program.output
+def _tiles_start(program: ir.Program, stage: str) -> dict:
+    """The automatic schedule's register tiles of the float32 contraction `stage` on this GPU as this space's
+    parameters: its block (`float32_block`), threads and tiles (`float32_tiles`), and which inputs it copies
+    as stored or transposes ahead (`float32_copies`); {} where the matrices hold no block tile."""
+    st = program.stage(stage)
     x, y, _ = tile_dims(st)
-    tiles = float32_tiles(least_work_block(program, st.name, _sm_count(), FLOAT32_BLOCKS))
-    p = dict(TILES_START, **{"x.tile": tiles["x_groups"], "y.tile": tiles["y_tile"], "y.groups": tiles["y_groups"]})
-    fits = (program.size(x) >= p["x.threads"] * p["x.tile"] * p["vector"] and y is not None
-            and program.size(y) >= p["y.threads"] * p["y.tile"] and program.size(st.reduce_dims[0]) >= p["k.tile"])
-    return {f"{st.name}.gpu.{name}": value for name, value in p.items()} if fits else {}
+    tiles = float32_tiles(float32_block(program, stage, _sm_count()))
+    if y is None or program.size(x) < tiles["x_threads"] * tiles["x_groups"] * tiles["vector"] \
+            or program.size(y) < tiles["y_threads"] * tiles["y_tile"] or program.size(st.reduce_dims[0]) < tiles["k_tile"]:
+        return {}
+    tree = LoopTree(program)
+    ahead, stored = float32_copies(tree, stage)
+    params = {"vector": tiles["vector"], "x.threads": tiles["x_threads"], "x.tile": tiles["x_groups"],
+              "y.threads": tiles["y_threads"], "y.tile": tiles["y_tile"], "y.groups": tiles["y_groups"],
+              "k.tile": tiles["k_tile"], "k.unroll": True, "stages": tiles["stages"]}
+    for buffer in sorted({ld.buffer for ld in _loads(st) if ld.buffer.startswith("in")}):
+        params |= {f"shared.{buffer}": True, f"as_stored.{buffer}": buffer in stored}
+        if buffer not in stored and transposable(tree, stage, buffer):
+            params[f"ahead.{buffer}"] = buffer in ahead
+    return {f"{stage}.gpu.{name}": value for name, value in params.items()}
 
 
 def _gpu():

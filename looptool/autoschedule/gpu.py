@@ -240,7 +240,7 @@ def contraction_candidates(tree: LoopTree, stage: str, hopper: bool, gpu: GpuTar
                 LOG.debug("no %s template for %s: %s", family, stage, err)
     if dtype in ("float32", "bfloat16", "float16"):
         try:
-            block = least_work_block(tree.program, stage, sms, float32_blocks(tree.program, stage))
+            block = float32_block(tree.program, stage, sms)
             candidates.append((f"register tiles on CUDA cores, {block[0]}x{block[1]} a block (inputs with k last "
                                f"{float32_copy(tree.program, stage)}, dynamic rows in blocks), cp.async k tiles",
                                _float32_tree(tree, stage, block)))
@@ -470,17 +470,35 @@ def _float32_tree(tree: LoopTree, stage: str, block: tuple[int, int] = FLOAT32_B
             or size(st.reduce_dims[0]) < p["k_tile"]:
         raise ValueError(f"the matrices of {st.name} are smaller than one block tile")
     inputs = sorted({ld.buffer for ld in _loads(st)})
-    long_run = transposes_ahead(tree.program, stage)
-    ahead = _inputs_transposed_ahead(tree, st, inputs)
+    ahead, stored = float32_copies(tree, stage)
     for buffer in ahead:
         tree = transposed_ahead(tree, st.name, buffer, block_rows=block[0])
     shared = tuple(f"{b}.{st.name}" if b in ahead else b for b in inputs)
-    as_stored = [f"{b}.{st.name}" for b in ahead] + [
-        b for b in inputs if b not in ahead and (dynamic_rows_k_last(tree, st.name, b)
-                                                 or not long_run and rows_k_last(tree, st.name, b))]
+    as_stored = [f"{b}.{st.name}" for b in ahead] + stored
     tree = register_tiled(tree, st.name, p["x_threads"], p["x_groups"], p["vector"], p["y_threads"], p["y_tile"],
                           p["k_tile"], True, shared, tuple(as_stored), y_groups=p["y_groups"], summed_by=summed_by)
     return tree.pipeline(f"{st.reduce_dims[0]}.0", p["stages"], stage=st.name if summed_by else f"{st.name}.acc")
+
+
+def float32_copies(tree: LoopTree, stage: str) -> tuple[list[str], list[str]]:
+    """(inputs transposed ahead by a kernel of their own, inputs whose k tiles are copied into shared memory as
+    stored) of the register-tile template of `stage` (`transposes_ahead`, `_inputs_transposed_ahead`): the
+    rest are copied transposed, a word at a time."""
+    st = tree.program.stage(stage)
+    inputs = sorted({ld.buffer for ld in _loads(st)})
+    long_run = transposes_ahead(tree.program, stage)
+    ahead = _inputs_transposed_ahead(tree, st, inputs)
+    stored = [b for b in inputs if b not in ahead and (dynamic_rows_k_last(tree, stage, b)
+                                                      or not long_run and rows_k_last(tree, stage, b))]
+    return ahead, stored
+
+
+def float32_block(program: ir.Program, stage: str, sms: int | None) -> tuple[int, int]:
+    """The register-tile block a float32 contraction `stage` takes on a GPU of `sms` SMs (`least_work_block` of
+    `float32_blocks`); for split-k's parts added atomically (`atomic_parts_total`) the unsplit product's, the
+    one `split_k_parts` counted its parts with (its waves counted on parts x the SMs)."""
+    parts = program.size(program.stage(stage).dims[0]) if atomic_parts_total(program, stage) else 1
+    return least_work_block(program, stage, sms and sms * parts, float32_blocks(program, stage))
 
 
 def atomic_parts_total(program: ir.Program, stage: str) -> str | None:

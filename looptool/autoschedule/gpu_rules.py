@@ -580,9 +580,7 @@ class _Planner:
         total = program.stage(templates.atomic_parts_total(program, name) or name)
         if total is stage:
             return False
-        parts = self.size(stage.dims[0])        # the block `split_k_parts` counted its parts' blocks with:
-        blocks = templates.float32_blocks(program, name)     # the unsplit product's, its waves on parts x the SMs
-        block = templates.least_work_block(program, name, self.gpu.sms * parts, blocks)
+        block = templates.float32_block(program, name, self.gpu.sms)     # the unsplit product's
         try:
             tree = templates.float32_parts_tree(self.tree, name, total.name, block)
         except ValueError:

@@ -221,22 +221,30 @@ def test_a_gpu_study_of_a_half_contraction_starts_from_the_gpus_best_tensor_core
     assert space.gpu_start_params(ir.lower(softmax_rows(rng, rows=32, cols=128)[0].node)[0]) == {}
 
 
-def test_a_float32_gpu_study_starts_from_pipelined_register_tiles(rng, monkeypatch):
-    """A float32 contraction's first draw is bench.gpu's fastest register-tile schedule: A transposed
-    ahead by a kernel of its own, then k tiles of 32 of both staged in shared memory by a 2-stage
-    cp.async pipeline, each thread's rows in two runs of 4; it is legal and right. Matrices smaller
-    than one block tile get no first draw."""
+@pytest.mark.parametrize("m, k, n, parts, copied", [(128, 64, 128, 1, "in0.t0.acc[m, k] = in0[m, k]"),
+                                                     (256, 1024, 256, 1, "in0.t0[k, m] = in0[m, k]"),
+                                                     (300, 1024, 200, 4, "in0.t0.part[k_o, m, k_i] = in0[k_o, m, k_i]")])
+def test_a_float32_gpu_study_starts_from_the_automatic_schedule(rng, monkeypatch, m, k, n, parts, copied):
+    """A float32 study's first draw is the automatic schedule of this GPU (`_tiles_start`: its block, threads,
+    tiles and copies), step for step: A's short k tiles copied as stored, A transposed ahead where k is long,
+    split-k's parts added into the result atomically; legal and right. Matrices smaller than one block tile
+    get no first draw."""
     optuna = pytest.importorskip("optuna")
-    monkeypatch.setattr(space, "_gpu", lambda: None)
-    c, ref = matmul(rng, 128, 64, 128)
-    params = space.gpu_start_params(ir.lower(c.node)[0])
-    assert params["t0.gpu.stages"] == 2 and params["t0.gpu.k.tile"] == 32
-    tree = space.sample_gpu(optuna.trial.FixedTrial(params), c.loop_tree())
-    assert "[pipeline.2" in str(tree) and tree.check() == (True, "legal")
-    assert "for k.1.1 in 0..16  [thread.y]" in str(tree)     # B's 32-row k tile copied by every row of threads
-    assert "in0.t0[k, m] = in0[m, k]" in str(tree) and "in0.t0.t0.acc: f32[32, 128] local" in str(tree)
-    assert_close(c.numpy(tree), ref, 1e-5)
-    assert space.gpu_start_params(ir.lower(matmul(rng, 64, 32, 128)[0].node)[0]) == {}
+    from looptool.analysis.gpu_target import assumed_gpu
+    from looptool.autoschedule import gpu_rules
+    h100 = assumed_gpu("sm_90")
+    monkeypatch.setattr(space, "_gpu", lambda: h100)
+    c, ref = matmul(rng, m, k, n)
+    program, arrays = ir.lower(c.node)
+    program = ir.split_k(program, parts) if parts > 1 else program
+    params = space.gpu_start_params(program)
+    tree = space.sample_gpu(optuna.trial.FixedTrial(params), lt.LoopTree(program))
+    assert tree.schedule.steps == gpu_rules.gpu_tree(program, h100).schedule.steps
+    assert "[pipeline.2" in str(tree) and copied in str(tree) and tree.check() == (True, "legal")
+    views = [np.lib.stride_tricks.as_strided(x, buf.shape, [s * x.itemsize for s in buf.strides])
+             for x, buf in zip(arrays, program.inputs)]
+    assert_close(lt.Kernel(tree, 1)(views), ref, 1e-5)
+    assert space.gpu_start_params(ir.lower(matmul(rng, 32, 16, 32)[0].node)[0]) == {}
 
 
 def test_tensor_families_offer_wgmma_only_on_hopper(monkeypatch):
