@@ -167,8 +167,8 @@ def _module(tree: LoopTree, tiles: dict[int, TensorTile], copies: dict[int, Bulk
                 arg.add_attribute("noalias")   # written buffers are shared between threads: not noalias
         for arg, (dim, _) in zip(fn.args[len(pointers):], tree.program.dynamic):
             arg.name = f"size.{dim}"
-        producer = producer_warps(nodes, tree, arch, launch_dims(nodes)[1])
-        grid, block = launch_dims(nodes, producer)
+        grid, block = launch_dims(nodes)
+        producer = producer_warps(nodes, tree, arch, block)
         for node, path in walk(nodes):
             if isinstance(node, LoopNode) and pipeline_persistent(node.loop.annotation):
                 check_persistent(node, path)
@@ -178,7 +178,7 @@ def _module(tree: LoopTree, tiles: dict[int, TensorTile], copies: dict[int, Bulk
         builder.finish()
         aligned |= builder.aligned_params
         needed = builder.shared_bytes if dynamic or builder.shared_bytes > STATIC_SHARED else 0
-        launches.append(Launch(name, grid, block, needed))
+        launches.append(Launch(name, grid, (block[0], block[1] + producer, block[2]), needed))
         _declare_block_size(module, fn, launches[-1].block)
     return module, launches, params, tuple(sorted(aligned))
 
@@ -208,9 +208,9 @@ def kernel_nodes(root: list) -> list[list]:
     return kernels + ([pending] if pending else [])
 
 
-def launch_dims(nodes: list, producer: int = 0) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
-    """(grid, block) of the kernel that runs these top-level nodes (with `producer` warps more along thread.y:
-    a producer warpgroup, `producer_warps`)."""
+def launch_dims(nodes: list) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """(grid, block) of the kernel that runs these top-level nodes (a producer warpgroup, `producer_warps`,
+    is launched besides the block)."""
     extents = {axis: 1 for axis in GPU_AXES}
     for current in _loop_nodes(nodes):
         loop = current.loop
@@ -225,7 +225,7 @@ def launch_dims(nodes: list, producer: int = 0) -> tuple[tuple[int, int, int], t
     persistent = persistent_blocks(nodes)
     if persistent:
         grid = (min(persistent, grid[0] * grid[1] * grid[2]), 1, 1)
-    block = (extents["thread.x"], extents["thread.y"] + producer, extents["thread.z"])
+    block = tuple(extents[f"thread.{a}"] for a in "xyz")
     if block[0] * block[1] * block[2] > 1024:
         raise ValueError(f"a GPU block of {block[0]}x{block[1]}x{block[2]} threads exceeds the 1024-thread limit; "
                          f"split the thread-bound loops")
@@ -293,11 +293,11 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
         super().__init__(tree, fn, pointers, threads=1)
         self.arch = arch
         self.vector_atomics = arch in VECTOR_ATOMIC_ARCHS  # float32 atomic adds of 2 or 4 lanes (`add_atomically`)
-        self.producer = producer                           # warps of a producer warpgroup, the block's last (`produce`)
+        self.producer = producer                           # warps of a producer warpgroup after the block's (`produce`)
         self.producing = False                             # ... while its code is built
         self.producer_exited = False                       # ... past where it left: barriers count the others
         self.added_atomically = {id(stmt) for stmt, path in tree.statements() if across_blocks(stmt, path)}
-        self.block = block
+        self.block = block                                 # the warps computing (a producer warpgroup launched besides)
         self.persistent_blocks = persistent                # a persistent kernel's grid (`persistent_tiles`)
         self.persisted = None                              # its pipeline and tiles, while its tiles are built
         self.grouped_grid = grouped                        # a grid whose blocks take tiles in groups (`block_index`)
@@ -371,7 +371,7 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
         if self.wgmma_operands:
             self.inline("fence.proxy.async.shared::cta;")
         if self.producer_exited:
-            self.inline(f"bar.sync 1, {math.prod(self.block) - self.producer * WARP};")
+            self.inline(f"bar.sync 1, {math.prod(self.block)};")
             return
         self.builder.call(self.declare("llvm.nvvm.barrier0", llir.VoidType(), []), [])
 
@@ -466,9 +466,8 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
         serialize them). Other loops keep theirs: without it, LLVM moved a float32 register tile to
         local memory."""
         kind, _, axis = node.loop.annotation.partition(".")
-        computing = self.block["xyz".index(axis)] - (axis == "y") * self.producer     # (not a producer warpgroup)
         return kind == "thread" and holds_wgmma(node.body) and isinstance(count, llir.Constant) \
-            and count.constant * _threads_per_value(node) == computing
+            and count.constant * _threads_per_value(node) == self.block["xyz".index(axis)]
 
     def shared_alignment(self, name: str) -> int:
         """Bytes a shared buffer starts on: 16, or WGMMA_ALIGN for a wgmma operand."""
@@ -574,22 +573,24 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
         the result in memory by an atomic add; a vector of float32 lanes at consecutive addresses by the
         widest `red.global.add.v4/v2.f32` its alignment allows (sm_90), other lanes one by one."""
         b, stage = self.builder, stmt.stage
-        own = Affine.identity(stage.dims)
         if lanes is None:
-            target = self.access(stage.name, own, False, stmt, env)
-            b.atomic_rmw("fadd", target, self.expr(stage.expr, stmt, env), "monotonic")
+            self.add_element(stmt, env, self.expr(stage.expr, stmt, env))
             return
         value = self.vector_expr(stage.expr, stmt, env, lanes)
-        base, step, align = self.linear_address(stage.name, own, stmt, env, lanes)
+        base, step, align = self.linear_address(stage.name, Affine.identity(stage.dims), stmt, env, lanes)
         width = min(4, align // 4) if self.vector_atomics and step == 1 and stage.dtype == "float32" else 1
         width = width if lanes.width % width == 0 else 1
         for first in range(0, lanes.width, width):
             terms = [b.extract_element(value, constant(I32, first + k)) for k in range(width)]
             if width > 1:
                 self.add_vector(self.element(base, constant(I64, first), stage.dtype), terms)
-                continue
-            target = self.access(stage.name, own, False, stmt, {**env, lanes.name: constant(I64, first)})
-            b.atomic_rmw("fadd", target, terms[0], "monotonic")
+            else:
+                self.add_element(stmt, {**env, lanes.name: constant(I64, first)}, terms[0])
+
+    def add_element(self, stmt: StmtNode, env: dict, term: llir.Value):
+        """`term` added into the element of the statement's result at `env` by one atomic add."""
+        target = self.access(stmt.stage.name, Affine.identity(stmt.stage.dims), False, stmt, env)
+        self.builder.atomic_rmw("fadd", target, term, "monotonic")
 
     def add_vector(self, pointer: llir.Value, terms: list):
         """float32 `terms` added into consecutive elements from `pointer` (aligned to all of them) by one

@@ -19,6 +19,7 @@ memory visible to the tensor cores (which read through the async proxy).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from llvmlite import ir as llir
@@ -68,11 +69,12 @@ def producer_warps(nodes: list, tree, arch: str, block: tuple[int, int, int]) ->
     its TMA pipeline is persistent and its buffers take more than half an SM's shared memory (the block is
     then alone on its SM, so its warps may take every register: two blocks of 128 x 128 tiles an SM would
     no longer fit), else 0."""
+    if not PRODUCER_WARP or block[2] != 1 or block[1] > PRODUCED_WARPGROUPS * WARPGROUP_WARPS:
+        return 0
     shared = assumed_gpu(arch).shared_per_sm
     for node, _ in walk(nodes):
-        if PRODUCER_WARP and isinstance(node, LoopNode) and pipeline_copier(node.loop.annotation) == "tma" \
-                and pipeline_persistent(node.loop.annotation) and block[2] == 1 \
-                and block[1] <= PRODUCED_WARPGROUPS * WARPGROUP_WARPS:
+        if isinstance(node, LoopNode) and pipeline_copier(node.loop.annotation) == "tma" \
+                and pipeline_persistent(node.loop.annotation):
             stages = pipeline_depth(node.loop.annotation)[0]
             taken = stages * sum(plan.size * ITEM_BYTES[plan.dtype] for plan in tree.local_buffers.get(id(node), []))
             return WARPGROUP_WARPS if 2 * taken > shared else 0
@@ -161,12 +163,12 @@ class AsyncCopyLowering:
         self.release_tma(plan, full, empty)
 
     def produce(self, plan: "_Pipeline", env: dict, full: llir.Value, empty: llir.Value, total: llir.Value):
-        """The producer warpgroup (the block's last, `producer_warps`) gives back registers, and its first warp
-        issues the TMA copies of iterations 0 .. total - 1, its first lane each once its buffer is empty;
-        then it exits, the warpgroups computing take the registers, and the block's barriers from here
-        on count only them."""
+        """The producer warpgroup (launched after the block's warps, `producer_warps`) gives back registers, and
+        its first warp issues the TMA copies of iterations 0 .. total - 1, its first lane each once its buffer
+        is empty; then it exits, the warpgroups computing take the registers, and the block's barriers from
+        here on count only them."""
         b = self.builder
-        first = constant(I32, self.block[1] - self.producer)
+        first = constant(I32, self.block[1])
         warp = self.special_register("tid.y")
         with b.if_then(b.icmp_unsigned(">=", warp, first)):
             self.inline(f"setmaxnreg.dec.sync.aligned.u32 {PRODUCER_REGISTERS};")
@@ -176,14 +178,13 @@ class AsyncCopyLowering:
                                              f"{plan.loop}.copies", rolled=True)
                 self.producing = False
             b.ret_void()
-        consumers = (self.block[1] - self.producer) * self.block[0]
-        self.inline(f"setmaxnreg.inc.sync.aligned.u32 {consumer_registers(self.arch, consumers)};")
+        self.inline(f"setmaxnreg.inc.sync.aligned.u32 {consumer_registers(self.arch, math.prod(self.block))};")
         self.producer_exited = True
 
     def tma_barriers(self, plan: "_Pipeline") -> tuple[llir.Value, llir.Value]:
         """The pipeline's `full` mbarriers (one arrival: the issuing thread's) and `empty` ones (a warp's
         first lane each)."""
-        warps = self.block[1] * self.block[2] - self.producer      # thread.x is a warp's 32 lanes where wgmma runs
+        warps = self.block[1] * self.block[2]          # thread.x is a warp's 32 lanes where wgmma runs
         return (self.mbarriers(plan.stages, f"{plan.loop}.full", 1),
                 self.mbarriers(plan.stages, f"{plan.loop}.empty", warps))
 
