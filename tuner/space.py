@@ -19,10 +19,10 @@ import optuna
 
 from looptool import autoschedule, ir
 from looptool.analysis.target import Target, host
-from looptool.autoschedule.gpu import (TENSOR_START, atomic_parts_total, contraction_dtype, float32_block,
-                                       float32_copies, float32_tiles, mma_tiled, persistent_grid, register_tiled,
-                                       resident_grid, stage_bytes, tile_dims, transposable, transposed_ahead,
-                                       wgmma_start, wgmma_tiled)
+from looptool.autoschedule.gpu import (TENSOR_START, accumulator, atomic_parts_total, contraction_dtype,
+                                       float32_block, float32_copies, float32_tiles, holds_block_tile, mma_tiled,
+                                       persistent_grid, register_tiled, resident_grid, stage_bytes, tile_dims,
+                                       transposable, transposed_ahead, wgmma_start, wgmma_tiled)
 from looptool.codegen import gpu as codegen_gpu
 from looptool.runtime import gpu as runtime_gpu
 from looptool.schedule import LoopTree
@@ -218,10 +218,8 @@ def _tiles_start(program: ir.Program, stage: str) -> dict:
     parameters: its block (`float32_block`), threads and tiles (`float32_tiles`), and which inputs it copies
     as stored or transposes ahead (`float32_copies`); {} where the matrices hold no block tile."""
     st = program.stage(stage)
-    x, y, _ = tile_dims(st)
     tiles = float32_tiles(float32_block(program, stage, _sm_count()))
-    if y is None or program.size(x) < tiles["x_threads"] * tiles["x_groups"] * tiles["vector"] \
-            or program.size(y) < tiles["y_threads"] * tiles["y_tile"] or program.size(st.reduce_dims[0]) < tiles["k_tile"]:
+    if not holds_block_tile(program, stage, tiles):
         return {}
     tree = LoopTree(program)
     ahead, stored = float32_copies(tree, stage)
@@ -319,7 +317,7 @@ def _gpu_tiles(trial: optuna.Trial, tree: LoopTree, stage: str, summed_by: str |
     if shared and len(st.reduce_dims) == 1:
         stages = _choose(trial, f"{stage}.gpu.stages", list(GPU_TILE_STAGES))
         if stages:
-            tree = tree.pipeline(f"{st.reduce_dims[0]}.0", stages, stage=stage if summed_by else f"{stage}.acc")
+            tree = tree.pipeline(f"{st.reduce_dims[0]}.0", stages, stage=accumulator(stage, summed_by))
     return tree
 
 

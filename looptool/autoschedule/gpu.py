@@ -464,10 +464,7 @@ def _float32_tree(tree: LoopTree, stage: str, block: tuple[int, int] = FLOAT32_B
                   summed_by: str | None = None) -> LoopTree:
     st = tree.program.stage(stage)
     p = float32_tiles(block)
-    x, y, _ = tile_dims(st)
-    size = tree.program.size
-    if y is None or size(x) < p["x_threads"] * p["x_groups"] * p["vector"] or size(y) < p["y_threads"] * p["y_tile"] \
-            or size(st.reduce_dims[0]) < p["k_tile"]:
+    if not holds_block_tile(tree.program, stage, p):
         raise ValueError(f"the matrices of {st.name} are smaller than one block tile")
     inputs = sorted({ld.buffer for ld in _loads(st)})
     ahead, stored = float32_copies(tree, stage)
@@ -477,7 +474,23 @@ def _float32_tree(tree: LoopTree, stage: str, block: tuple[int, int] = FLOAT32_B
     as_stored = [f"{b}.{st.name}" for b in ahead] + stored
     tree = register_tiled(tree, st.name, p["x_threads"], p["x_groups"], p["vector"], p["y_threads"], p["y_tile"],
                           p["k_tile"], True, shared, tuple(as_stored), y_groups=p["y_groups"], summed_by=summed_by)
-    return tree.pipeline(f"{st.reduce_dims[0]}.0", p["stages"], stage=st.name if summed_by else f"{st.name}.acc")
+    return tree.pipeline(f"{st.reduce_dims[0]}.0", p["stages"], stage=accumulator(stage, summed_by))
+
+
+def holds_block_tile(program: ir.Program, stage: str, tiles: dict) -> bool:
+    """Whether the matrices of contraction `stage` hold one block tile of `tiles` (`float32_tiles`) and k one
+    k tile."""
+    st = program.stage(stage)
+    x, y, _ = tile_dims(st)
+    return y is not None and program.size(x) >= tiles["x_threads"] * tiles["x_groups"] * tiles["vector"] \
+        and program.size(y) >= tiles["y_threads"] * tiles["y_tile"] \
+        and program.size(st.reduce_dims[0]) >= tiles["k_tile"]
+
+
+def accumulator(stage: str, summed_by: str | None = None) -> str:
+    """The stage holding `register_tiled`'s register tile of `stage`: its `cache_write` (`<stage>.acc`), or
+    `stage` itself where a stage sums it (`summed_by`: split-k's parts)."""
+    return stage if summed_by else f"{stage}.acc"
 
 
 def float32_copies(tree: LoopTree, stage: str) -> tuple[list[str], list[str]]:
@@ -582,12 +595,8 @@ def register_tiled(tree: LoopTree, stage: str, x_threads: int, x_groups: int, ve
     if not st.reduce_dims:
         return tree
     depth = len(parts) + len(others) + len(blocks)
-    if summed_by:
-        acc = stage
-        tree = tree.place(acc, summed_by, depth)
-    else:
-        acc = f"{stage}.acc"
-        tree = tree.cache_write(stage).place(acc, stage, depth)
+    acc = accumulator(stage, summed_by)
+    tree = tree.place(acc, summed_by, depth) if summed_by else tree.cache_write(stage).place(acc, stage, depth)
     reduce_outer, reduce_inner = [], []
     for dim in st.reduce_dims:
         tree = tree.split(dim, k_tile, stage=acc)
@@ -812,7 +821,7 @@ def _tensor_tiled(tree: LoopTree, stage: str, block: tuple[int, int], teams: tup
     batch = [d for d in st.loop_dims if d not in st.reduce_dims and d not in (m, n)]
     if len(batch) > 1:
         raise ValueError(f"mma_tiled binds one batch dim to block.z; stage {stage} has {batch}")
-    acc = f"{stage}.acc"
+    acc = accumulator(stage)
     tree = tree.cache_write(stage).split(m, block[0], stage=stage).split(n, block[1], stage=stage)
     tree = tree.reorder(*batch, f"{m}.0", f"{n}.0", f"{m}.1", f"{n}.1", stage=stage)
     tree = tree.place(acc, stage, len(batch) + 2)

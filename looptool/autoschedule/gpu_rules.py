@@ -576,22 +576,21 @@ class _Planner:
         accepts it: a kernel zeroes the result first, and no partial result is written and read back by a
         second kernel. False (tree unchanged) elsewhere (`templates.atomic_parts_total`)."""
         program = self.tree.program
-        stage = program.stage(name)
-        total = program.stage(templates.atomic_parts_total(program, name) or name)
-        if total is stage:
+        total = templates.atomic_parts_total(program, name)
+        if total is None:
             return False
         block = templates.float32_block(program, name, self.gpu.sms)     # the unsplit product's
         try:
-            tree = templates.float32_parts_tree(self.tree, name, total.name, block)
+            tree = templates.float32_parts_tree(self.tree, name, total, block)
         except ValueError:
             return False
         if not tree.check()[0]:
             return False
         self.tree = tree
-        self.scheduled.add(total.name)
+        self.scheduled.add(total)
         self.note(name, f"split-k's parts on register tiles, {block[0]}x{block[1]} a block, cp.async k tiles; the "
-                        f"parts ({stage.dims[0]}) on block.z, each block adding its tile into {total.name} by "
-                        f"atomic adds ({total.name} zeroed by a kernel first): no partial results in memory, no "
+                        f"parts ({program.stage(name).dims[0]}) on block.z, each block adding its tile into {total} by "
+                        f"atomic adds ({total} zeroed by a kernel first): no partial results in memory, no "
                         f"kernel adding them")
         return True
 
