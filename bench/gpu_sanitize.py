@@ -109,6 +109,9 @@ def automatic_workloads() -> dict:
     a, b = rng.standard_normal((260, 1024), dtype=np.float32), rng.standard_normal((1024, 100), dtype=np.float32)
     out["float32 matmul split along k 260x1024x100"] = (
         (lt.Tensor(a).to(s.m, s.k) * lt.Tensor(b).to(s.k, s.n)).sum(s.k), a.astype(np.float64) @ b)
+    a, b = rng.standard_normal((1000, 1536), dtype=np.float32), rng.standard_normal((1536, 777), dtype=np.float32)
+    out["float32 matmul in parts on 128x128 blocks, rows of 777 1000x1536x777"] = (
+        (lt.Tensor(a).to(s.m, s.k) * lt.Tensor(b).to(s.k, s.n)).sum(s.k), a.astype(np.float64) @ b)
     a, b = rng.standard_normal((300, 100), dtype=np.float32), rng.standard_normal((100, 200), dtype=np.float32)
     a16, b16 = (v.astype(dtypes.bfloat16) for v in (a[:100, :70], b[:70, :45]))
     out["bf16 matmul padded onto tensor cores 100x70x45"] = (

@@ -18,6 +18,7 @@ from ..schedule import TENSOR_INSTRUCTIONS, LoopTree
 LOG = logging.getLogger(__name__)
 UNROLL_LIMIT = 8
 GRID_LIMITS = {"block.x": 2 ** 31 - 1, "block.y": 65535, "block.z": 65535}     # blocks a grid may have an axis
+VECTOR_BYTES = 16            # the widest global load and store (ld.global.v4.f32)
 # bench.gpu's fastest float32 schedule on an H100 (0.97-1.00x cuBLAS at 4096^3): A transposed ahead,
 # 128 x 128 block tiles of 8 x 8 a thread (rows in 2 runs of 4), k tiles of 32 of both inputs copied
 # by cp.async one k tile ahead
@@ -59,6 +60,25 @@ DYNAMIC_SPLIT_K_RUN = 256
 SPLIT_K_IDLE = 0.1
 # float32 parts add their tiles into the result by atomic adds, no kernel adding them (`atomic_parts_total`)
 SPLIT_K_ATOMIC = True
+# ... and where they are (no epilogue), the parts and the block tile are the pair of least modelled time
+# (`float32_cost`), one part included: whether the SMs are idle or their last wave part-full (H100, session 28,
+# kernels' ms against the rule above: 1536^3 0.2461 whole on 128 x 64 (288 blocks, 2.2 an SM) against 0.1973 in
+# 4 parts, 0.2018 in 6 on 128 x 128; 1024x4096x1024 0.2261 against 0.1984 in 4 parts on 128 x 128;
+# 2048^3 and 4096^3 fastest whole on 128 x 128, 1024^3 on 128 x 64).
+# The model: an SM runs ceil(blocks / SMs) blocks in turn, each costing its tile's outputs, plus
+# TILE_LOAD_COST x (rows + columns) for the operand values a k step loads for them, times its run of k plus
+# BLOCK_START_RUN (the steps its start and write-back take). Fitted to the same run: 128 x 64 tiles took 1.09x
+# the time of 128 x 128 per output (1024x4096x1024 in 4 parts: 0.217 / 0.198), 64 x 64 1.28x (1000x1500x777
+# in 5: 0.1253 / 0.0980 on 128 x 64); 1000x1500x777 on 128 x 64 in 15 parts of 100 0.1205, in 5 of 300 0.0980
+TILE_LOAD_COST = 16
+BLOCK_START_RUN = 40
+# ... a split where that is at least SPLIT_K_GAIN less than whole's (its zeroing kernel and atomic adds are not
+# modelled: 1024^3 whole on 128 x 64 0.0692 ms, in 2 parts on 128 x 128 0.0713, modelled 6 % less; 8192^3 21.12
+# whole, 21.39 in 2, modelled 1 % less; 1024x2048x1024 0.1212 whole, 0.1114 in 2, modelled 7.3 % less), and
+# wherever a dim's rows are not whole 16-byte vectors and the parts' are: whole, such a product is padded
+# (three kernels more, not modelled), its parts are not (1000x300x777 0.0492 whole and padded, 0.0469 in 3
+# parts, modelled 19 % more)
+SPLIT_K_GAIN = 0.07
 # and a half-precision one on tensor cores (whose blocks fill an SM alone): parts that give one block an
 # SM, each at least HALF_SPLIT_K_RUN long and a whole number of the template's k tiles (H100, session 17,
 # bench.gpu_rules_variants --knob half_split_k, kernels' ms unsplit / runs of 512 / 1024: bf16
@@ -149,14 +169,17 @@ def contraction_dtype(program: ir.Program, stage: str | None = None) -> str | No
 
 def split_k_parts(program: ir.Program, sms: int, hopper: bool = True) -> int:
     """The parts `ir.split_k` cuts a contraction's k into (its first stage's, maybe followed by an epilogue)
-    on a GPU of `sms` SMs (`hopper`: with
-    wgmma) where its blocks leave more than SPLIT_K_IDLE of the SMs idle (parts starting on 16-byte
-    boundaries first: `aligned_first`): float32 on register tiles (`least_work_block`), the
-    most dividing k, each at least SPLIT_K_RUN long, whose blocks fit in one wave of SPLIT_K_BLOCKS an SM
-    (over a dynamic dim: the fewest, each at least DYNAMIC_SPLIT_K_RUN long, that reach it, else the most);
-    half precision on tensor cores with its template's block (`wgmma_block`, or mma's), the fewest in runs of
-    at least HALF_SPLIT_K_RUN in whole k tiles that give HALF_SPLIT_K_BLOCKS blocks an SM (where none does,
-    the most), where its unsplit blocks keep less than HALF_SPLIT_K_BUSY of the SMs busy. Else 1."""
+    on a GPU of `sms` SMs (`hopper`: with wgmma), of the counts dividing k whose parts start on 16-byte
+    boundaries where any do (`aligned_first`): float32 on register tiles, where its parts would be added into
+    the result atomically (`split_atomically`), the count and block tile of least `float32_cost`, each
+    part at least SPLIT_K_RUN long, where that is SPLIT_K_GAIN less than one part's or the product whole would be
+    padded and its parts start on 16-byte boundaries (`whole_rows`); else only where its blocks (`float32_block`) leave
+    more than SPLIT_K_IDLE of the SMs idle: the most, each at least SPLIT_K_RUN long, whose blocks fit in one
+    wave of SPLIT_K_BLOCKS an SM (over a dynamic dim: the fewest, each at least DYNAMIC_SPLIT_K_RUN long,
+    that reach it, else the most); half precision on tensor cores with its template's block (`wgmma_block`,
+    or mma's), the fewest in runs of at least HALF_SPLIT_K_RUN in whole k tiles that give
+    HALF_SPLIT_K_BLOCKS blocks an SM (where none does, the most), where its unsplit blocks keep less than
+    HALF_SPLIT_K_BUSY of the SMs busy. Else 1."""
     if not ir.splittable(program):
         return 1
     stage = program.stages[0]
@@ -164,8 +187,7 @@ def split_k_parts(program: ir.Program, sms: int, hopper: bool = True) -> int:
     if len(stage.dims) < 2 or dtype is None or (program.dynamic and dtype != "float32"):
         return 1                # (a dot product: the reduction rules; dynamic half precision: not tried)
     if dtype == "float32":
-        block = least_work_block(program, stage.name, sms, float32_blocks(program, stage.name))
-        whole = block_count(program, stage.name, block)
+        whole = block_count(program, stage.name, float32_block(program, stage.name, sms))
 
         def blocks(parts: int) -> int:
             return whole * parts
@@ -176,14 +198,40 @@ def split_k_parts(program: ir.Program, sms: int, hopper: bool = True) -> int:
     else:
         return 1
     size = program.size(stage.reduce_dims[0])
+    dividing = aligned_first([parts for parts in range(2, size // shortest + 1) if size % (parts * k_tile) == 0],
+                             size, ITEM_BYTES[dtype])
+    if dtype == "float32" and not program.dynamic and dividing and split_atomically(program, dividing[0]):
+        cost = functools.partial(_least_float32_cost, program, stage.name, sms)
+        parts = min(dividing, key=lambda parts: (cost(parts), parts))
+        padded_whole = not whole_rows(program, stage.name) and size // parts * ITEM_BYTES[dtype] % SPLIT_K_ALIGN == 0
+        return parts if padded_whole or cost(parts) <= (1 - SPLIT_K_GAIN) * cost(1) else 1
     if not per_sm or blocks(1) >= (1 - SPLIT_K_IDLE) * sms \
             or dtype != "float32" and busy_share(blocks(1), per_sm * sms) >= HALF_SPLIT_K_BUSY:
         return 1
-    dividing = aligned_first([parts for parts in range(2, size // shortest + 1) if size % (parts * k_tile) == 0],
-                             size, ITEM_BYTES[dtype])
     if dtype == "float32" and not program.dynamic:
         return max((parts for parts in dividing if blocks(parts) <= per_sm * sms), default=1)
     return next((parts for parts in dividing if blocks(parts) >= per_sm * sms), max(dividing, default=1))
+
+
+def split_atomically(program: ir.Program, parts: int) -> bool:
+    """Whether `program` cut into `parts` (`ir.split_k`) has its parts added into the result atomically
+    (`atomic_parts_total`)."""
+    split = ir.split_k(program, parts)
+    return split is not None and atomic_parts_total(split, split.stages[0].name) is not None
+
+
+def float32_cost(blocks: int, block: tuple[int, int], run: int, sms: int) -> float:
+    """The modelled time of `blocks` register-tile blocks of `block` (rows, columns), each summing a run of k
+    of `run`, on `sms` SMs (see TILE_LOAD_COST): an SM runs ceil(blocks / sms) of them in turn."""
+    rows, columns = block
+    return -(-blocks // sms) * (rows * columns + TILE_LOAD_COST * (rows + columns)) * (run + BLOCK_START_RUN)
+
+
+def _least_float32_cost(program: ir.Program, stage: str, sms: int, parts: int) -> float:
+    """The least `float32_cost` of a float32 contraction's register tiles with its k cut into `parts`."""
+    run = program.size(program.stage(stage).reduce_dims[0]) // parts
+    return min(float32_cost(block_count(program, stage, block) * parts, block, run, sms)
+               for block in float32_blocks(program, stage))
 
 
 def aligned_first(parts: list[int], size: int, item: int) -> list[int]:
@@ -216,7 +264,7 @@ def contraction_candidates(tree: LoopTree, stage: str, hopper: bool, gpu: GpuTar
     precision on tensor cores (`TENSOR_START`: wgmma on a Hopper GPU, `WGMMA_ONE_K_TILE` where k is one
     k tile, then mma, which takes narrower edges) where its sizes are whole mma tiles; then register tiles on CUDA cores (`FLOAT32_TILES`, 2-D inputs with k last
     transposed ahead, dynamic rows kept in blocks of the block tile's), where its matrices hold a block tile, the tile chosen for a GPU of `sms` SMs
-    (`least_work_block`; so is the wgmma template's: `wgmma_start`). The legality check still has the last word (wgmma's wide tiles, for one, take no tail)."""
+    (`float32_block`; so is the wgmma template's: `wgmma_start`). The legality check still has the last word (wgmma's wide tiles, for one, take no tail)."""
     dtype = contraction_dtype(tree.program, stage)
     sms = gpu and gpu.sms
     candidates = []
@@ -276,14 +324,6 @@ def wgmma_whole_tiles(program: ir.Program, stage: str, block: tuple[int, int], t
     width = max(shape["n"] for shape in TENSOR_INSTRUCTIONS.values()
                 if shape["warps"] > 1 and columns % shape["n"] == 0)
     return program.size(m) % TENSOR_INSTRUCTIONS[f"wgmma.m64n{width}k16"]["m"] == 0 and program.size(n) % width == 0
-
-
-def least_work_block(program: ir.Program, stage: str, sms: int | None,
-                     blocks: tuple[tuple[int, int], ...]) -> tuple[int, int]:
-    """The block tile (rows, columns) of `blocks` that leaves an SM the least work: blocks come in waves
-    of one a SM, so an SM computes (waves x tile) outputs; on a tie the larger tile (more reuse of each
-    load). Without an SM count, the first."""
-    return _least_per_sm(program, stage, sms, list(blocks), lambda block: block[0] * block[1])
 
 
 def least_traffic_block(program: ir.Program, stage: str, sms: int | None,
@@ -507,11 +547,15 @@ def float32_copies(tree: LoopTree, stage: str) -> tuple[list[str], list[str]]:
 
 
 def float32_block(program: ir.Program, stage: str, sms: int | None) -> tuple[int, int]:
-    """The register-tile block a float32 contraction `stage` takes on a GPU of `sms` SMs (`least_work_block` of
-    `float32_blocks`); for split-k's parts added atomically (`atomic_parts_total`) the unsplit product's, the
-    one `split_k_parts` counted its parts with (its waves counted on parts x the SMs)."""
-    parts = program.size(program.stage(stage).dims[0]) if atomic_parts_total(program, stage) else 1
-    return least_work_block(program, stage, sms and sms * parts, float32_blocks(program, stage))
+    """The register-tile block of `float32_blocks` a float32 contraction `stage` (split-k's parts included:
+    their dim counts in the blocks) takes on a GPU of `sms` SMs: the least `float32_cost`, the larger on a
+    tie. Without an SM count, the first."""
+    blocks = float32_blocks(program, stage)
+    if sms is None or tile_dims(program.stage(stage))[1] is None:
+        return blocks[0]
+    run = program.size(program.stage(stage).reduce_dims[0])
+    return min(blocks, key=lambda block: (float32_cost(block_count(program, stage, block), block, run, sms),
+                                          -block[0] * block[1]))
 
 
 def atomic_parts_total(program: ir.Program, stage: str) -> str | None:
@@ -648,6 +692,13 @@ def transposed_ahead(tree: LoopTree, stage: str, buffer: str, tile: int = 32, bl
                        (inner, "thread.x"), *((dim, "block.z") for dim in batch)):
         tree = tree.bind(loop, axis, stage=copy)
     return tree.vectorize(f"{k}.1.1", stage=copy)
+
+
+def whole_rows(program: ir.Program, stage: str) -> bool:
+    """Whether each dim of contraction `stage` (m, n, k) holds whole 16-byte vectors (`whole_vectors`): where one
+    does not, its register tiles run on operands padded with zeros (`gpu_rules.padded_float32`)."""
+    width = VECTOR_BYTES // ITEM_BYTES[contraction_dtype(program, stage)]
+    return all(whole_vectors(program.size(d), width) for d in contraction_dims(program, stage))
 
 
 def whole_vectors(size, width: int) -> bool:

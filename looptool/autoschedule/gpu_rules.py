@@ -65,7 +65,6 @@ SMALL_CONTRACTION_MACS = 1 << 25
 FUSED_SUM_TERMS = 32         # a reduction this short, read only by a pointwise stage, is summed in its threads
 THREAD_TILE_ROWS = 4         # outputs along a second dim a thread walking a reduction takes at once
 SCALAR_RUN = 4               # elements a thread takes where rows hold no whole vectors
-VECTOR_BYTES = 16            # the widest global load and store (ld.global.v4.f32)
 TRANSPOSE_TILE = WARP_LANES      # a transposed tile's side: a warp reads a row of it, and writes a column
 TRANSPOSE_ROWS_A_THREAD = 4  # rows of a transposed tile each thread copies and writes (loads in flight)
 BLOCK_CHUNK = BLOCK_THREADS * 8      # the least a block's partial result sums (8 loads in flight a thread)
@@ -579,7 +578,7 @@ class _Planner:
         total = templates.atomic_parts_total(program, name)
         if total is None:
             return False
-        block = templates.float32_block(program, name, self.gpu.sms)     # the unsplit product's
+        block = templates.float32_block(program, name, self.gpu.sms)
         try:
             tree = templates.float32_parts_tree(self.tree, name, total, block)
         except ValueError:
@@ -679,12 +678,10 @@ class _Planner:
         are whole vectors, a dim is dynamic, or the legality check refuses it."""
         program = self.tree.program
         dims = templates.contraction_dims(program, name)
-        width = VECTOR_BYTES // templates.ITEM_BYTES["float32"]
         if templates.contraction_dtype(program, name) != "float32" or dims is None or program.dynamic \
-                or templates.tile_dims(program.stage(name))[2] \
-                or all(templates.whole_vectors(self.size(d), width) for d in dims):
+                or templates.tile_dims(program.stage(name))[2] or templates.whole_rows(program, name):
             return False
-        block = templates.least_work_block(program, name, self.gpu.sms, templates.float32_blocks(program, name))
+        block = templates.float32_block(program, name, self.gpu.sms)
         multiples = dict(zip(dims, (*block, templates.FLOAT32_TILES["k_tile"])))
         if any(self.size(d) < multiple for d, multiple in multiples.items()):
             return False
@@ -700,7 +697,7 @@ class _Planner:
         if not tree.check()[0]:
             return False
         self.tree = tree
-        self.note(name, f"a contraction of rows that are not whole {VECTOR_BYTES}-byte vectors: operands padded with "
+        self.note(name, f"a contraction of rows that are not whole {templates.VECTOR_BYTES}-byte vectors: operands padded with "
                         f"zeros to multiples of {tuple(multiples.values())} ({', '.join(dims)}), then {described}")
         self.pad_copies_pointwise(name, result_copy=True)
         return True
@@ -739,7 +736,7 @@ class _Planner:
         if self.transposed(stage):
             return
         name, x = stage.name, stage.dims[-1]
-        width = VECTOR_BYTES // templates.ITEM_BYTES[stage.dtype]
+        width = templates.VECTOR_BYTES // templates.ITEM_BYTES[stage.dtype]
         whole = self.size(x) % width == 0 or (len(stage.dims) == 1 and self.size(x) >= width * BLOCK_THREADS)
         vector = width if whole and self.size(x) >= width else 1
         along = -(-self.size(x) // vector)
@@ -899,7 +896,7 @@ class _Planner:
         """Outputs a thread of `reduce_in_thread` takes as one 16-byte vector along the stage's last dim (1
         where its rows do not hold whole vectors, or too few of them for a warp)."""
         x = stage.dims[-1]
-        width = VECTOR_BYTES // templates.ITEM_BYTES[stage.expr.dtype]
+        width = templates.VECTOR_BYTES // templates.ITEM_BYTES[stage.expr.dtype]
         least = width * (WARP_LANES // 2 if self.tile_rows(stage, [d for d in pure if d != x]) > 1 else WARP_LANES)
         return width if self.size(x) % width == 0 and self.size(x) >= least else 1
 

@@ -90,18 +90,20 @@ def test_split_k_keeps_an_epilogue_after_the_parts_are_summed(rng):
 
 
 @pytest.mark.parametrize("m, k, n, sms, parts", [(1000, 1500, 777, 132, 5), (4096, 4096, 4096, 132, 1),
-                                                  (1000, 1500, 777, 16, 1), (1000, 300, 777, 132, 3),
+                                                  (1000, 1500, 777, 16, 3), (1000, 300, 777, 132, 3),
                                                   (333, 444, 555, 132, 3),
-                                                  (260, 1024, 100, 132, 16), (1024, 1024, 1024, 132, 1),
-                                                  (64, 8192, 64, 132, 128), (1000, 100, 777, 132, 1)])
+                                                  (260, 1024, 100, 132, 8), (1024, 1024, 1024, 132, 1),
+                                                  (64, 8192, 64, 132, 128), (1000, 100, 777, 132, 1), (1536, 1536, 1536, 132, 6),
+                                                  (8192, 8192, 8192, 132, 1), (1000, 1536, 777, 132, 2)])
 def test_float32_contractions_with_fewer_blocks_than_sms_are_split(rng, m, k, n, sms, parts):
-    """1000x777 gives 104 blocks of 128 x 64: k = 1500 cut in 5 (520 blocks: one wave of SPLIT_K_BLOCKS an SM
-    of 132; 6 parts, 624 blocks, would start a second wave 18 % full); 4096^2 fills the GPU; a GPU of 16 SMs
-    is filled; k = 300 in 3 parts of 100, not 4 of 75 (a part's start, 300 bytes on, would be off the
-    16-byte vectors: `aligned_first`); 333x555's 54 blocks of 64 x 64: k = 444 in 3 parts of 148, not 6 of
-    74 (the most that fit one wave); 6 blocks of 260x100 take the most parts of at least SPLIT_K_RUN
-    (64) that divide k = 1024; one block of 64x64 with k = 8192: 128 parts; k = 100 is too short to cut into
-    parts of 64; 1024^2's 128 blocks leave fewer than SPLIT_K_IDLE of 132 SMs idle."""
+    """The parts and block of least modelled time (`float32_cost`): 1000x777 gives 104 blocks of 128 x 64: k =
+    1500 cut in 5 (520 blocks, 4 an SM of 132; 6 parts of 250 would start off 16-byte vectors:
+    `aligned_first`); 4096^2 fills the GPU; on a GPU of 16 SMs, 1000x777 in 3 parts (6.5 waves whole, but its
+    rows of 777 are padded when whole: `whole_rows`); k = 300 in 3 parts of 100 (padded when whole too); 333x555: k = 444 in 3 parts of 148; 260x100 in 8
+    parts of 128 (16 parts of 64 double the blocks an SM for runs half as long); one block of 64x64 with k =
+    8192: 128 parts; k = 100 is too short to cut into parts of 64; 1024^2 in 2 parts is modelled under
+    SPLIT_K_GAIN faster than whole; 1536^3 in 6 parts of 128 x 128 (864 blocks, 6.5 an SM, against 576 of 64 x
+    64 whole, 4.4 an SM: its last wave 36 % full); 8192^3 whole; 1000x1536x777 in 2 parts (padded when whole)."""
     sm, sk, sn = lt.symbols("m k n")
     program = ir.Program((ir.Buffer("in0", ("m", "k"), (m, k), "float32", (k, 1)),
                           ir.Buffer("in1", ("k", "n"), (k, n), "float32", (n, 1))),
