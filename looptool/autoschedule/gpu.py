@@ -69,7 +69,11 @@ SPLIT_K_ATOMIC = True
 # TILE_LOAD_COST x (rows + columns) for the operand values a k step loads for them, times its run of k plus
 # BLOCK_START_RUN (the steps its start and write-back take). Fitted to the same run: 128 x 64 tiles took 1.09x
 # the time of 128 x 128 per output (1024x4096x1024 in 4 parts: 0.217 / 0.198), 64 x 64 1.28x (1000x1500x777
-# in 5: 0.1253 / 0.0980 on 128 x 64); 1000x1500x777 on 128 x 64 in 15 parts of 100 0.1205, in 5 of 300 0.0980
+# in 5: 0.1253 / 0.0980 on 128 x 64, 256 threads of 4 x 4 then: `float32_tiles`); 1000x1500x777 on 128 x 64 in 15
+# parts of 100 0.1205, in 5 of 300 0.0980. With 64 x 64 on 128 threads of 8 x 4 (a second run, 12 products, 70
+# variants), its choice was 4 % slower than the best measured on the geometric mean, at most 15 % (640x8192x640:
+# 128 x 128 in 32 parts 0.1996 ms, 64 x 64 in 32 0.1739; 1536^3 0.2070 against 0.1884 on 64 x 64 in 4): it does
+# not count the blocks an SM holds at once (several of 64 x 64, one of 128 x 128)
 TILE_LOAD_COST = 16
 BLOCK_START_RUN = 40
 # ... a split where that is at least SPLIT_K_GAIN less than whole's (its zeroing kernel and atomic adds are not
@@ -445,14 +449,15 @@ def narrowed(program: ir.Program, stage: str, block: tuple[int, int]) -> tuple[i
 
 
 def float32_tiles(block: tuple[int, int]) -> dict:
-    """FLOAT32_TILES for a block tile of (rows, columns): the same 16 x 16 threads, fewer registers each; a
-    thread's rows in FLOAT32_TILES' runs where each run is still a whole vector (A's tile, stored along
-    m, is copied in vectors of a run: 64 rows in runs of 2 made its copy scalar, by 32 threads, and the
-    kernel 4x slower per output than 128 x 64, session 22)."""
+    """FLOAT32_TILES for a block tile of (rows, columns): each thread FLOAT32_TILES' rows (8, in runs of 4: A's
+    tile, stored along m, is copied in vectors of a run) and up to its columns, the block as many threads as
+    that takes (64 x 64: 128 threads of 8 x 4; before session 28 every block took 256 threads, 64 x 64 then
+    4 x 4 a thread, 24 % slower: H100, 1000x1500x777 in 5 parts 0.1215 against 0.0983 ms, 1536^3 in 6 0.1875
+    on 64 x 64 against 0.2006 on 128 x 128)."""
     rows, columns = block
     tiles = dict(FLOAT32_TILES)
     x_threads = min(tiles["x_threads"], columns // tiles["vector"])
-    y_threads = tiles["x_threads"] * tiles["y_threads"] // x_threads
+    y_threads = max(rows // tiles["y_tile"], 1)
     y_tile = rows // y_threads
     tiles.update(x_threads=x_threads, y_threads=y_threads, x_groups=columns // (x_threads * tiles["vector"]),
                  y_tile=y_tile, y_groups=tiles["y_groups"] if y_tile // tiles["y_groups"] >= tiles["vector"] else 1)

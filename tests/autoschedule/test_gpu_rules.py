@@ -597,24 +597,27 @@ def test_float32_matmuls_take_the_block_tile_that_leaves_each_sm_least_work(rng,
 
 @pytest.mark.parametrize("m, k, n", [(300, 200, 32), (260, 100, 40)])
 def test_a_float32_product_narrower_than_the_blocks_takes_the_narrow_block(rng, m, k, n):
-    """n below 64 columns (an attention head's p . v with a 32-wide v) takes 128 x 32 blocks of 8 x 32
-    threads, n = 40 with a tail, instead of a thread an output walking k (8192 x 8192 x 32 took 857 us so on
-    an H200, torch 139)."""
+    """n below 64 columns (an attention head's p . v with a 32-wide v) takes 128 x 32 blocks of 8 x 16
+    threads (8 x 4 outputs each), n = 40 with a tail, instead of a thread an output walking k (8192 x 8192 x
+    32 took 857 us so on an H200, torch 139)."""
     a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
     sm, sk, sn = lt.symbols("m k n")
     c = (lt.Tensor(a).to(sm, sk) * lt.Tensor(b).to(sk, sn)).sum(sk)
     tree, module = scheduled(c)
     assert "register tiles on CUDA cores, 128x32 a block" in tree.explain()
-    assert module.launches[-1].block == (8, 32, 1) and "cp.async" in module.ptx
+    assert module.launches[-1].block == (8, 16, 1) and "cp.async" in module.ptx
     assert_close(run_tree(c, tree, module), a.astype(np.float64) @ b, 1e-5)
 
 
-@pytest.mark.parametrize("block, y_tile, y_groups", [((128, 128), 8, 2), ((128, 64), 8, 2), ((64, 64), 4, 1)])
-def test_a_threads_rows_of_a_float32_block_run_in_whole_vectors(block, y_tile, y_groups):
-    """A's tile is copied in vectors of a thread's run of rows: 64-row blocks keep their 4 rows in one run
-    (in 2 runs of 2 the copy was scalar, by 32 threads, and the kernel 4x slower per output)."""
+@pytest.mark.parametrize("block, threads, y_groups", [((128, 128), (16, 16), 2), ((128, 64), (16, 16), 2),
+                                                     ((64, 64), (16, 8), 2), ((128, 32), (8, 16), 2)])
+def test_a_threads_rows_of_a_float32_block_run_in_whole_vectors(block, threads, y_groups):
+    """Each thread takes 8 rows in runs of 4, copied in vectors (64 rows in runs of 2 made A's copy scalar, by
+    32 threads, and the kernel 4x slower per output), and the block as many threads as that leaves (64 x 64:
+    128 threads, 8 x 4 outputs each; in 256 threads of 4 x 4 it was 24 % slower)."""
     tiles = templates.float32_tiles(block)
-    assert (tiles["y_tile"], tiles["y_groups"]) == (y_tile, y_groups)
+    assert (tiles["x_threads"], tiles["y_threads"]) == threads and (tiles["y_tile"], tiles["y_groups"]) == (8, y_groups)
+    assert tiles["x_threads"] * tiles["x_groups"] * tiles["vector"] == block[1] and tiles["y_threads"] * 8 == block[0]
     assert tiles["y_tile"] // tiles["y_groups"] % tiles["vector"] == 0
 
 
