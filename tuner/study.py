@@ -28,6 +28,7 @@ from looptool.autoschedule import gpu_rules
 from looptool import ir
 from looptool.codegen import cpu as codegen_cpu
 from looptool.runtime import gpu as runtime_gpu
+from looptool.runtime import ptx_cache
 from looptool.runtime import tuning_db
 from looptool.schedule import LoopTree, Schedule
 
@@ -233,6 +234,12 @@ class Objective:
         return seconds
 
 
+def same_kernels(first: LoopTree, second: LoopTree, arch: str) -> bool:
+    """Whether two loop trees lower to the same GPU kernels for `arch` (the same PTX and launches)."""
+    modules = [ptx_cache.generate(tree, arch) for tree in (first, second)]
+    return modules[0].ptx == modules[1].ptx and modules[0].launches == modules[1].launches
+
+
 def faster_by_margin(drawn: list[float], automatic: list[float]) -> bool:
     """Whether the median of `drawn` times is below the median of `automatic` by more than KEEP_MARGIN."""
     return statistics.median(drawn) < statistics.median(automatic) * (1 - KEEP_MARGIN)
@@ -359,10 +366,14 @@ class Tuning:
     def beats_automatic(self, seconds: float, schedule: Schedule) -> bool:
         """On a GPU, whether the study's best schedule (`seconds` in its trial) beats the automatic one:
         faster in its trial, then in CONFIRM_ROUNDS measurements of each taken in turn, by more than
-        KEEP_MARGIN on their medians (trials measured minutes apart differ by a few per cent on one GPU)."""
+        KEEP_MARGIN on their medians (trials measured minutes apart differ by a few per cent on one GPU); never
+        where it lowers to the automatic schedule's own kernels (`same_kernels`: then any gap is noise)."""
         if self.automatic_seconds() <= seconds:
             return False
-        automatic = runtime_gpu.automatic_tree(self.program).schedule.steps
+        automatic_tree = runtime_gpu.automatic_tree(self.program)
+        if same_kernels(LoopTree(self.program, schedule), automatic_tree, runtime_gpu.device_arch()):
+            return False
+        automatic = automatic_tree.schedule.steps
         times: dict[str, list[float]] = {"drawn": [], "automatic": []}
         for _ in range(CONFIRM_ROUNDS):
             times["drawn"].append(self.measurer.measure(schedule.steps).seconds)
