@@ -109,6 +109,9 @@ def automatic_workloads() -> dict:
     a, b = rng.standard_normal((260, 1024), dtype=np.float32), rng.standard_normal((1024, 100), dtype=np.float32)
     out["float32 matmul split along k 260x1024x100"] = (
         (lt.Tensor(a).to(s.m, s.k) * lt.Tensor(b).to(s.k, s.n)).sum(s.k), a.astype(np.float64) @ b)
+    a, b = rng.standard_normal((520, 1024), dtype=np.float32), rng.standard_normal((1024, 32), dtype=np.float32)
+    out["float32 matmul on 128x32 blocks, A's tiles read once as stored 520x1024x32"] = (
+        (lt.Tensor(a).to(s.m, s.k) * lt.Tensor(b).to(s.k, s.n)).sum(s.k), a.astype(np.float64) @ b)
     a, b = rng.standard_normal((1000, 1536), dtype=np.float32), rng.standard_normal((1536, 777), dtype=np.float32)
     out["float32 matmul in parts on 128x128 blocks, rows of 777 1000x1536x777"] = (
         (lt.Tensor(a).to(s.m, s.k) * lt.Tensor(b).to(s.k, s.n)).sum(s.k), a.astype(np.float64) @ b)

@@ -218,11 +218,12 @@ def _tiles_start(program: ir.Program, stage: str) -> dict:
     parameters: its block (`float32_block`), threads and tiles (`float32_tiles`), and which inputs it copies
     as stored or transposes ahead (`float32_copies`); {} where the matrices hold no block tile."""
     st = program.stage(stage)
-    tiles = float32_tiles(float32_block(program, stage, _sm_count()))
+    block = float32_block(program, stage, _sm_count())
+    tiles = float32_tiles(block)
     if not holds_block_tile(program, stage, tiles):
         return {}
     tree = LoopTree(program)
-    ahead, stored = float32_copies(tree, stage)
+    ahead, stored = float32_copies(tree, stage, block)
     params = {"vector": tiles["vector"], "x.threads": tiles["x_threads"], "x.tile": tiles["x_groups"],
               "y.threads": tiles["y_threads"], "y.tile": tiles["y_tile"], "y.groups": tiles["y_groups"],
               "k.tile": tiles["k_tile"], "k.unroll": True, "stages": tiles["stages"]}

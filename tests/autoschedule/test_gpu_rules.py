@@ -609,6 +609,21 @@ def test_a_float32_product_narrower_than_the_blocks_takes_the_narrow_block(rng, 
     assert_close(run_tree(c, tree, module), a.astype(np.float64) @ b, 1e-5)
 
 
+@pytest.mark.parametrize("m, k, n, kernels", [(512, 1024, 32, 1), (1024, 1024, 100, 2)])
+def test_an_input_whose_tiles_one_block_reads_is_not_transposed_ahead(rng, m, k, n, kernels):
+    """With k long (1024) A is transposed ahead by a kernel of its own only where more than one block column
+    reads each of its tiles: n = 32 fits one 128 x 32 block column, so A's k tiles are copied as stored (a
+    transposing kernel would read it twice: 8192 x 8192 x 32 0.36 -> 0.16 ms on an H100); n = 100 takes two
+    of 64 x 64."""
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    sm, sk, sn = lt.symbols("m k n")
+    c = (lt.Tensor(a).to(sm, sk) * lt.Tensor(b).to(sk, sn)).sum(sk)
+    tree, module = scheduled(c)
+    assert len(module.launches) == kernels
+    assert ("read by one block" in tree.explain()) == (kernels == 1)
+    assert_close(run_tree(c, tree, module), a.astype(np.float64) @ b, 1e-5)
+
+
 @pytest.mark.parametrize("block, threads, y_groups", [((128, 128), (16, 16), 2), ((128, 64), (16, 16), 2),
                                                      ((64, 64), (16, 8), 2), ((128, 32), (8, 16), 2)])
 def test_a_threads_rows_of_a_float32_block_run_in_whole_vectors(block, threads, y_groups):
