@@ -100,21 +100,17 @@ def automatic_workloads() -> dict:
     out["pointwise 33x1001"] = ((lt.Tensor(g).to(m, n) * 2.0).exp(), np.exp(2.0 * g.astype(np.float64)))
     out["pointwise 33x1000"] = ((lt.Tensor(g[:, :1000]).to(m, n) * 2.0).exp(), np.exp(2.0 * g[:, :1000].astype(np.float64)))
     s = lt.symbols("m k n")
-    a, b = rng.standard_normal((300, 100), dtype=np.float32), rng.standard_normal((100, 200), dtype=np.float32)
-    out["matmul on register tiles with edges 300x100x200"] = (
-        (lt.Tensor(a).to(s.m, s.k) * lt.Tensor(b).to(s.k, s.n)).sum(s.k), a.astype(np.float64) @ b)
-    a, b = rng.standard_normal((260, 100), dtype=np.float32), rng.standard_normal((100, 40), dtype=np.float32)
-    out["float32 matmul on 128x32 blocks, a tail along n 260x100x40"] = (
-        (lt.Tensor(a).to(s.m, s.k) * lt.Tensor(b).to(s.k, s.n)).sum(s.k), a.astype(np.float64) @ b)
-    a, b = rng.standard_normal((260, 1024), dtype=np.float32), rng.standard_normal((1024, 100), dtype=np.float32)
-    out["float32 matmul split along k 260x1024x100"] = (
-        (lt.Tensor(a).to(s.m, s.k) * lt.Tensor(b).to(s.k, s.n)).sum(s.k), a.astype(np.float64) @ b)
-    a, b = rng.standard_normal((520, 1024), dtype=np.float32), rng.standard_normal((1024, 32), dtype=np.float32)
-    out["float32 matmul on 128x32 blocks, A's tiles read once as stored 520x1024x32"] = (
-        (lt.Tensor(a).to(s.m, s.k) * lt.Tensor(b).to(s.k, s.n)).sum(s.k), a.astype(np.float64) @ b)
-    a, b = rng.standard_normal((1000, 1536), dtype=np.float32), rng.standard_normal((1536, 777), dtype=np.float32)
-    out["float32 matmul in parts on 128x128 blocks, rows of 777 1000x1536x777"] = (
-        (lt.Tensor(a).to(s.m, s.k) * lt.Tensor(b).to(s.k, s.n)).sum(s.k), a.astype(np.float64) @ b)
+
+    def product(shape: tuple[int, int, int]):
+        a = rng.standard_normal(shape[:2], dtype=np.float32)
+        b = rng.standard_normal(shape[1:], dtype=np.float32)
+        return (lt.Tensor(a).to(s.m, s.k) * lt.Tensor(b).to(s.k, s.n)).sum(s.k), a.astype(np.float64) @ b
+    for name, shape in {"matmul on register tiles with edges": (300, 100, 200),
+                            "float32 matmul on 128x32 blocks, a tail along n": (260, 100, 40),
+                            "float32 matmul split along k": (260, 1024, 100),
+                            "float32 matmul on 128x32 blocks, A's tiles read once as stored": (520, 1024, 32),
+                            "float32 matmul in parts on 128x128 blocks, rows of 777": (1000, 1536, 777)}.items():
+        out[f"{name} {'x'.join(map(str, shape))}"] = product(shape)
     a, b = rng.standard_normal((300, 100), dtype=np.float32), rng.standard_normal((100, 200), dtype=np.float32)
     a16, b16 = (v.astype(dtypes.bfloat16) for v in (a[:100, :70], b[:70, :45]))
     out["bf16 matmul padded onto tensor cores 100x70x45"] = (

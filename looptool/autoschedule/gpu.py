@@ -205,9 +205,10 @@ def split_k_parts(program: ir.Program, sms: int, hopper: bool = True) -> int:
     dividing = aligned_first([parts for parts in range(2, size // shortest + 1) if size % (parts * k_tile) == 0],
                              size, ITEM_BYTES[dtype])
     if dtype == "float32" and not program.dynamic and dividing and split_atomically(program, dividing[0]):
-        cost = functools.partial(_least_float32_cost, program, stage.name, sms)
+        def cost(parts: int) -> float:
+            return min(_float32_costs(program, stage.name, sms, parts).values())
         parts = min(dividing, key=lambda parts: (cost(parts), parts))
-        padded_whole = not whole_rows(program, stage.name) and size // parts * ITEM_BYTES[dtype] % SPLIT_K_ALIGN == 0
+        padded_whole = not whole_rows(program, stage.name) and starts_aligned(parts, size, ITEM_BYTES[dtype])
         return parts if padded_whole or cost(parts) <= (1 - SPLIT_K_GAIN) * cost(1) else 1
     if not per_sm or blocks(1) >= (1 - SPLIT_K_IDLE) * sms \
             or dtype != "float32" and busy_share(blocks(1), per_sm * sms) >= HALF_SPLIT_K_BUSY:
@@ -231,19 +232,25 @@ def float32_cost(blocks: int, block: tuple[int, int], run: int, sms: int) -> flo
     return -(-blocks // sms) * (rows * columns + TILE_LOAD_COST * (rows + columns)) * (run + BLOCK_START_RUN)
 
 
-def _least_float32_cost(program: ir.Program, stage: str, sms: int, parts: int) -> float:
-    """The least `float32_cost` of a float32 contraction's register tiles with its k cut into `parts`."""
+def _float32_costs(program: ir.Program, stage: str, sms: int, parts: int = 1) -> dict[tuple[int, int], float]:
+    """The `float32_cost` of each register-tile block of `float32_blocks` for contraction `stage`, its k cut
+    into `parts` more."""
     run = program.size(program.stage(stage).reduce_dims[0]) // parts
-    return min(float32_cost(block_count(program, stage, block) * parts, block, run, sms)
-               for block in float32_blocks(program, stage))
+    return {block: float32_cost(block_count(program, stage, block) * parts, block, run, sms)
+            for block in float32_blocks(program, stage)}
 
 
 def aligned_first(parts: list[int], size: int, item: int) -> list[int]:
     """Of the part counts `parts` of a k of `size`, those whose parts start on SPLIT_K_ALIGN-byte boundaries
     (where any do), else all: a part off them loads its k-last rows in scalars, which doubled the register
     tile's registers and halved the blocks an SM holds."""
-    aligned = [p for p in parts if size // p * item % SPLIT_K_ALIGN == 0]
-    return aligned or parts
+    return [p for p in parts if starts_aligned(p, size, item)] or parts
+
+
+def starts_aligned(parts: int, size: int, item: int) -> bool:
+    """Whether each of `parts` parts of a k of `size` (items of `item` bytes) starts on an SPLIT_K_ALIGN-byte
+    boundary."""
+    return size // parts * item % SPLIT_K_ALIGN == 0
 
 
 def busy_share(blocks: int, slots: int) -> float:
@@ -573,12 +580,10 @@ def float32_block(program: ir.Program, stage: str, sms: int | None) -> tuple[int
     """The register-tile block of `float32_blocks` a float32 contraction `stage` (split-k's parts included:
     their dim counts in the blocks) takes on a GPU of `sms` SMs: the least `float32_cost`, the larger on a
     tie. Without an SM count, the first."""
-    blocks = float32_blocks(program, stage)
     if sms is None or tile_dims(program.stage(stage))[1] is None:
-        return blocks[0]
-    run = program.size(program.stage(stage).reduce_dims[0])
-    return min(blocks, key=lambda block: (float32_cost(block_count(program, stage, block), block, run, sms),
-                                          -block[0] * block[1]))
+        return float32_blocks(program, stage)[0]
+    costs = _float32_costs(program, stage, sms)
+    return min(costs, key=lambda block: (costs[block], -block[0] * block[1]))
 
 
 def atomic_parts_total(program: ir.Program, stage: str) -> str | None:
@@ -796,8 +801,9 @@ def _stage_in_shared(tree: LoopTree, acc: str, buffer: str, depth: int, as_store
     rows is split for them, or they would all write the same elements). The tile is laid out
     reduction dims first (the register tile reads consecutive words along its pure dim; for A of a
     matmul a transpose, stored word by word), or `as_stored` in the source's own layout (written
-    in whole 16-byte vectors, which cp.async can pipeline; the register tile's unrolled k steps are
-    then read as vectors along k)."""
+    in whole 16-byte vectors, which cp.async can pipeline; the register tile then reads it a word at a
+    time: a 128 x 64 tile's k step takes 8 scalar shared loads of A beside one 16-byte load of B, where A
+    transposed takes two 16-byte loads, session 28's PTX: LLVM does not merge the unrolled k steps' words)."""
     program = tree.program
     dims = _layout(program, buffer)
     reduce_dims = program.stage(acc).reduce_dims
