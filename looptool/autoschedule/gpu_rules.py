@@ -587,8 +587,12 @@ class _Planner:
             return False
         self.tree = tree
         self.scheduled.add(total)
-        self.note(name, f"split-k's parts on register tiles, {block[0]}x{block[1]} a block, cp.async k tiles; the "
-                        f"parts ({program.stage(name).dims[0]}) on block.z, each block adding its tile into {total} by "
+        parts, run = program.size(program.stage(name).dims[0]), program.size(program.stage(name).reduce_dims[0])
+        blocks = templates.block_count(program, name, block)
+        self.note(name, f"split-k's {parts} parts of {run} on register tiles, {block[0]}x{block[1]} a block (the parts "
+                        f"and block of least modelled time, `float32_cost`: {blocks} blocks, at most "
+                        f"{-(-blocks // self.gpu.sms)} an SM in turn), cp.async k tiles; the parts "
+                        f"({program.stage(name).dims[0]}) on block.z, each block adding its tile into {total} by "
                         f"atomic adds ({total} zeroed by a kernel first): no partial results in memory, no "
                         f"kernel adding them")
         return True
