@@ -173,17 +173,8 @@ def contraction_dtype(program: ir.Program, stage: str | None = None) -> str | No
 
 def split_k_parts(program: ir.Program, sms: int, hopper: bool = True) -> int:
     """The parts `ir.split_k` cuts a contraction's k into (its first stage's, maybe followed by an epilogue)
-    on a GPU of `sms` SMs (`hopper`: with wgmma), of the counts dividing k whose parts start on 16-byte
-    boundaries where any do (`aligned_first`): float32 on register tiles, where its parts would be added into
-    the result atomically (`split_atomically`), the count and block tile of least `float32_cost`, each
-    part at least SPLIT_K_RUN long, where that is SPLIT_K_GAIN less than one part's or the product whole would be
-    padded and its parts start on 16-byte boundaries (`whole_rows`); else only where its blocks (`float32_block`) leave
-    more than SPLIT_K_IDLE of the SMs idle: the most, each at least SPLIT_K_RUN long, whose blocks fit in one
-    wave of SPLIT_K_BLOCKS an SM (over a dynamic dim: the fewest, each at least DYNAMIC_SPLIT_K_RUN long,
-    that reach it, else the most); half precision on tensor cores with its template's block (`wgmma_block`,
-    or mma's), the fewest in runs of at least HALF_SPLIT_K_RUN in whole k tiles that give
-    HALF_SPLIT_K_BLOCKS blocks an SM (where none does, the most), where its unsplit blocks keep less than
-    HALF_SPLIT_K_BUSY of the SMs busy. Else 1."""
+    on a GPU of `sms` SMs (`hopper`: with wgmma): float32 on register tiles (`_float32_parts`), half
+    precision on tensor cores (`_half_parts`, products of two matrices, not dynamic). Else 1."""
     if not ir.splittable(program):
         return 1
     stage = program.stages[0]
@@ -191,31 +182,56 @@ def split_k_parts(program: ir.Program, sms: int, hopper: bool = True) -> int:
     if len(stage.dims) < 2 or dtype is None or (program.dynamic and dtype != "float32"):
         return 1                # (a dot product: the reduction rules; dynamic half precision: not tried)
     if dtype == "float32":
-        whole = block_count(program, stage.name, float32_block(program, stage.name, sms))
+        return _float32_parts(program, stage, sms)
+    if len(stage.dims) == 2 and tensor_tiles_fit(program, stage.name):     # (a batch: no second batch dim)
+        return _half_parts(program, stage, sms, hopper)
+    return 1
 
-        def blocks(parts: int) -> int:
-            return whole * parts
-        per_sm, shortest, k_tile = SPLIT_K_BLOCKS, DYNAMIC_SPLIT_K_RUN if program.dynamic else SPLIT_K_RUN, 1
-    elif len(stage.dims) == 2 and tensor_tiles_fit(program, stage.name):     # (a batch: no second batch dim)
-        blocks = _half_blocks(program, sms, hopper)
-        per_sm, shortest, k_tile = HALF_SPLIT_K_BLOCKS, HALF_SPLIT_K_RUN, TENSOR_START["wgmma" if hopper else "mma"][2]
-    else:
-        return 1
+
+def _dividing_parts(program: ir.Program, stage: ir.Stage, shortest: int, k_tile: int) -> list[int]:
+    """The part counts that cut `stage`'s k into runs of at least `shortest`, whole `k_tile`s each, those whose
+    parts start on 16-byte boundaries first (`aligned_first`)."""
     size = program.size(stage.reduce_dims[0])
-    dividing = aligned_first([parts for parts in range(2, size // shortest + 1) if size % (parts * k_tile) == 0],
-                             size, ITEM_BYTES[dtype])
-    if dtype == "float32" and not program.dynamic and dividing and split_atomically(program, dividing[0]):
+    counts = [parts for parts in range(2, size // shortest + 1) if size % (parts * k_tile) == 0]
+    return aligned_first(counts, size, ITEM_BYTES[contraction_dtype(program, stage.name)])
+
+
+def _float32_parts(program: ir.Program, stage: ir.Stage, sms: int) -> int:
+    """`split_k_parts` of a float32 contraction on register tiles: where its parts would be added into the
+    result atomically (`split_atomically`), the count and block tile of least `float32_cost`, each part at
+    least SPLIT_K_RUN long, where that is SPLIT_K_GAIN less than one part's or the product whole would be
+    padded and its parts start on 16-byte boundaries (`whole_rows`); else only where its blocks
+    (`float32_block`) leave more than SPLIT_K_IDLE of the SMs idle: the most, each at least SPLIT_K_RUN long,
+    whose blocks fit in one wave of SPLIT_K_BLOCKS an SM (over a dynamic dim: the fewest, each at least
+    DYNAMIC_SPLIT_K_RUN long, that reach it, else the most)."""
+    dividing = _dividing_parts(program, stage, DYNAMIC_SPLIT_K_RUN if program.dynamic else SPLIT_K_RUN, 1)
+    if not program.dynamic and dividing and split_atomically(program, dividing[0]):
         def cost(parts: int) -> float:
             return min(_float32_costs(program, stage.name, sms, parts).values())
         parts = min(dividing, key=lambda parts: (cost(parts), parts))
-        padded_whole = not whole_rows(program, stage.name) and starts_aligned(parts, size, ITEM_BYTES[dtype])
+        size = program.size(stage.reduce_dims[0])
+        padded_whole = not whole_rows(program, stage.name) and starts_aligned(parts, size, ITEM_BYTES["float32"])
         return parts if padded_whole or cost(parts) <= (1 - SPLIT_K_GAIN) * cost(1) else 1
-    if not per_sm or blocks(1) >= (1 - SPLIT_K_IDLE) * sms \
-            or dtype != "float32" and busy_share(blocks(1), per_sm * sms) >= HALF_SPLIT_K_BUSY:
+    whole = block_count(program, stage.name, float32_block(program, stage.name, sms))
+    wave = SPLIT_K_BLOCKS * sms
+    if not SPLIT_K_BLOCKS or whole >= (1 - SPLIT_K_IDLE) * sms:
         return 1
-    if dtype == "float32" and not program.dynamic:
-        return max((parts for parts in dividing if blocks(parts) <= per_sm * sms), default=1)
-    return next((parts for parts in dividing if blocks(parts) >= per_sm * sms), max(dividing, default=1))
+    if not program.dynamic:
+        return max((parts for parts in dividing if whole * parts <= wave), default=1)
+    return next((parts for parts in dividing if whole * parts >= wave), max(dividing, default=1))
+
+
+def _half_parts(program: ir.Program, stage: ir.Stage, sms: int, hopper: bool) -> int:
+    """`split_k_parts` of a half-precision product of two matrices on tensor cores, with its template's block
+    (`wgmma_block`, or mma's): where its unsplit blocks keep less than HALF_SPLIT_K_BUSY of the SMs busy, the
+    fewest parts in runs of at least HALF_SPLIT_K_RUN in whole k tiles that give HALF_SPLIT_K_BLOCKS blocks an
+    SM (where none does, the most)."""
+    blocks = _half_blocks(program, sms, hopper)
+    wave = HALF_SPLIT_K_BLOCKS * sms
+    if not HALF_SPLIT_K_BLOCKS or blocks(1) >= (1 - SPLIT_K_IDLE) * sms or busy_share(blocks(1), wave) >= HALF_SPLIT_K_BUSY:
+        return 1
+    dividing = _dividing_parts(program, stage, HALF_SPLIT_K_RUN, TENSOR_START["wgmma" if hopper else "mma"][2])
+    return next((parts for parts in dividing if blocks(parts) >= wave), max(dividing, default=1))
 
 
 def split_atomically(program: ir.Program, parts: int) -> bool:
