@@ -587,14 +587,14 @@ class _Planner:
             return False
         self.tree = tree
         self.scheduled.add(total)
-        parts, run = program.size(program.stage(name).dims[0]), program.size(program.stage(name).reduce_dims[0])
+        stage = program.stage(name)
+        parts, run = program.size(stage.dims[0]), program.size(stage.reduce_dims[0])
         blocks = templates.block_count(program, name, block)
-        self.note(name, f"split-k's {parts} parts of {run} on register tiles, {block[0]}x{block[1]} a block (the parts "
-                        f"and block of least modelled time, `float32_cost`: {blocks} blocks, at most "
-                        f"{-(-blocks // self.gpu.sms)} an SM in turn), cp.async k tiles; the parts "
-                        f"({program.stage(name).dims[0]}) on block.z, each block adding its tile into {total} by "
-                        f"atomic adds ({total} zeroed by a kernel first): no partial results in memory, no "
-                        f"kernel adding them")
+        self.note(name, f"split-k's {parts} parts of {run} on register tiles, {block[0]}x{block[1]} a block (the block "
+                        f"of least modelled time for these parts, `float32_cost`: {blocks} blocks, at most "
+                        f"{-(-blocks // self.gpu.sms)} an SM in turn), cp.async k tiles; the parts ({stage.dims[0]}) "
+                        f"on block.z, each block adding its tile into {total} by atomic adds ({total} zeroed by a "
+                        f"kernel first): no partial results in memory, no kernel adding them")
         return True
 
     def too_small_to_pad(self, name: str) -> bool:
