@@ -262,6 +262,18 @@ def row_cases(torch):
             column_sum(8192, 8192), column_sum(3001, 1000), dot(1 << 24), dot(10 ** 7 + 1)]
 
 
+def automatic_kernels(tensor, reference: np.ndarray):
+    """The automatic schedule's kernels of `tensor` as `.cuda()` lowers it (`runtime.gpu.lowered_for`), run once
+    on a NaN-poisoned output: (a prepared call of them, their relative error against `reference`, the kernel)."""
+    program, arrays = runtime_gpu.lowered_for(tensor.node)
+    kernel = runtime_gpu.GpuKernel(gpu_rules.gpu_tree(program, runtime_gpu.gpu_target()))
+    out = runtime_gpu.poisoned_empty(tuple(reference.shape), program.output.dtype)
+    got = runtime_gpu.to_host(kernel(arrays, out=out)).astype(np.float64)
+    error = float(np.linalg.norm(np.nan_to_num(got - reference, nan=1e30)) / np.linalg.norm(reference))
+    launch = kernel.prepare(arrays, out)
+    return (lambda: launch(out)), error, kernel
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--knob", choices=sorted(KNOBS), default="row_elements")
@@ -274,14 +286,8 @@ def main(argv=None):
         ref = reference().cpu().numpy()
         for value in values:
             apply(value)
-            program, arrays = runtime_gpu.lowered_for(tensor.node)      # as .cuda() lowers it
-            tree = gpu_rules.gpu_tree(program, runtime_gpu.gpu_target())
-            kernel = runtime_gpu.GpuKernel(tree)
-            out = runtime_gpu.poisoned_empty(tuple(ref.shape), program.output.dtype)
-            got = runtime_gpu.to_host(kernel(arrays, out=out)).astype(np.float64)
-            error = float(np.linalg.norm(np.nan_to_num(got - ref, nan=1e30)) / np.linalg.norm(ref))
-            launch = kernel.prepare(arrays, out)
-            ms = interleaved_ms({"kernels": lambda: launch(out), "torch": baseline})
+            call, error, kernel = automatic_kernels(tensor, ref)
+            ms = interleaved_ms({"kernels": call, "torch": baseline})
             print(json.dumps({"case": name, args.knob: value, "kernels_ms": round(ms["kernels"], 4),
                               "x_torch": round(ms["torch"] / ms["kernels"], 3), "rel_error": error,
                               "launches": [(l.grid, l.block) for l in kernel.module.launches],
