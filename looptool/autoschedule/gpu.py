@@ -34,6 +34,15 @@ FLOAT32_TILES = {"x_threads": 16, "x_groups": 2, "vector": 4, "y_threads": 16, "
 # the conv f32 8x64x56x56's product (k 576) by 17 %, but sped the attention heads' q.k^T (k 64) with A's
 # (1024x64 0.044 -> 0.035 ms, 4096x64 0.230 -> 0.193)
 TRANSPOSE_AHEAD_RUN = 1024
+# a register tile takes the k steps of a tile copied as stored (an input with k last: split-k's parts, short
+# runs of k) in runs of this many, row by row, so each row's run is one 16-byte shared load where it was a word
+# a step (LLVM's load-store vectorizer does not pair words 8 rows apart). Only where k is whole runs: its
+# tail then tests whole runs, with no tail inside one. H100, session 29, kernels' ms a step at a time / in runs
+# of 4 (bench.gpu_rules_variants --knob stored_k_run): 1000x1500x777 (5 parts) 0.0970 / 0.0912, 1536^3
+# (6 parts) 0.2067 / 0.1960, 640x8192x640 0.2022 / 0.1912, 1024x512x1024 0.0406 / 0.0360, 200x300x500 0.0190 /
+# 0.0163, 8192x8192x32 0.1604 / 0.1519, attention 4096x64 0.2858 / 0.2735; slower: 1000x300x777 0.0429 / 0.0451
+# (its 64 x 64 tile's registers 128 -> 216), attention 1000x64 0.0429 / 0.0462; 8 others within 3 %
+STORED_K_RUN = 4
 TRANSPOSE_COLUMNS_AHEAD_RUN = 256
 # a float32 contraction with fewer register-tile blocks than SMs has its k cut into the most parts (split-k)
 # whose blocks still fit in one wave of this many blocks an SM, each part at least SPLIT_K_RUN long
@@ -683,6 +692,9 @@ def register_tiled(tree: LoopTree, stage: str, x_threads: int, x_groups: int, ve
     if not st.reduce_dims:
         return tree
     depth = len(parts) + len(others) + len(blocks)
+    k_runs = unroll_k and len(st.reduce_dims) == 1 and STORED_K_RUN > 1 and k_tile % STORED_K_RUN == 0 \
+        and whole_vectors(tree.program.size(st.reduce_dims[0]), STORED_K_RUN) \
+        and any(rows_k_last(tree, stage, b) for b in as_stored if b in tree.buffers)
     acc = accumulator(stage, summed_by)
     tree = tree.place(acc, summed_by, depth) if summed_by else tree.cache_write(stage).place(acc, stage, depth)
     reduce_outer, reduce_inner = [], []
@@ -690,7 +702,10 @@ def register_tiled(tree: LoopTree, stage: str, x_threads: int, x_groups: int, ve
         tree = tree.split(dim, k_tile, stage=acc)
         reduce_outer.append(f"{dim}.0")
         reduce_inner.append(f"{dim}.1")
-    tree = tree.reorder(*reduce_outer, *threads, *reduce_inner, *registers, stage=acc)
+    inner = [*reduce_inner, *registers]
+    if k_runs:
+        tree, reduce_inner, inner = _k_runs_by_row(tree, acc, reduce_inner[0], registers, y)
+    tree = tree.reorder(*reduce_outer, *threads, *inner, stage=acc)
     tree = _bind_tile(tree, acc, [], threads, registers, vector, every=True)
     if unroll_k:
         for loop in reduce_inner:
@@ -698,6 +713,16 @@ def register_tiled(tree: LoopTree, stage: str, x_threads: int, x_groups: int, ve
     for buffer in shared:
         tree = _stage_in_shared(tree, acc, buffer, depth + len(reduce_outer), buffer in as_stored)
     return tree
+
+
+def _k_runs_by_row(tree: LoopTree, acc: str, k_inner: str, registers: list[str], y: str):
+    """Split a k tile's steps into runs of STORED_K_RUN taken row by row: (tree, k loops, register loops) in
+    the order `k runs, row registers, k steps of a run, column registers`, so a row of an input stored k last
+    is read as one vector of a run's k steps (a word a step otherwise; each output still sums its k in order)."""
+    tree = tree.split(k_inner, STORED_K_RUN, stage=acc)
+    rows = [r for r in registers if r.startswith(f"{y}.")]
+    columns = [r for r in registers if r not in rows]
+    return tree, [f"{k_inner}.0", f"{k_inner}.1"], [f"{k_inner}.0", *rows, f"{k_inner}.1", *columns]
 
 
 def transposed_ahead(tree: LoopTree, stage: str, buffer: str, tile: int = 32, block_rows: int | None = None) -> LoopTree:
@@ -817,9 +842,8 @@ def _stage_in_shared(tree: LoopTree, acc: str, buffer: str, depth: int, as_store
     rows is split for them, or they would all write the same elements). The tile is laid out
     reduction dims first (the register tile reads consecutive words along its pure dim; for A of a
     matmul a transpose, stored word by word), or `as_stored` in the source's own layout (written
-    in whole 16-byte vectors, which cp.async can pipeline; the register tile then reads it a word at a
-    time: a 128 x 64 tile's k step takes 8 scalar shared loads of A beside one 16-byte load of B, where A
-    transposed takes two 16-byte loads, session 28's PTX: LLVM does not merge the unrolled k steps' words)."""
+    in whole 16-byte vectors, which cp.async can pipeline; the register tile then reads a row's k steps in
+    runs of STORED_K_RUN, one 16-byte load each: `_k_runs_by_row`)."""
     program = tree.program
     dims = _layout(program, buffer)
     reduce_dims = program.stage(acc).reduce_dims

@@ -176,6 +176,7 @@ class Schedule:
         sched = self.of(stage)
         factor = int(factor) if isinstance(lp.extent, ir.Size) else max(1, min(int(factor), lp.extent))
         tails = tuple(_split_tail(t, lp.name, f"{lp.name}.0", f"{lp.name}.1", factor) for t in sched.tails)
+        tails = tuple(_inner_free(t, f"{lp.name}.1", factor) for t in tails)
         if isinstance(lp.extent, ir.Size):   # a dynamic extent: the tail is kept for every size
             outer = Loop(f"{lp.name}.0", lp.dim, lp.extent.divided(factor), lp.stride * factor, "")
             d = lp.extent.divisor      # x < ceil(n / d) is d*x < n
@@ -722,6 +723,18 @@ def _split_tail(tail: Tail, name: str, outer: str, inner: str, factor: int) -> T
         else:
             terms[n] = terms.get(n, 0) + c
     return Tail(tuple(terms.items()), tail.bound)
+
+
+def _inner_free(tail: Tail, inner: str, factor: int) -> Tail:
+    """`tail` without the term of `inner` (a loop of `factor` iterations) where that term can never decide it:
+    the bound and every other coefficient multiples of `factor` times its own, the bound a fixed size (a run of k tiles of 32 cut
+    into 4s, k < 300: whole runs of 4 in or out), the rest divided by that; `tail` itself elsewhere."""
+    terms = dict(tail.terms)
+    step = terms.get(inner, 0) * factor
+    if not step or isinstance(tail.bound, ir.Size) or tail.bound % step or len(terms) < 2 \
+            or any(c % step for n, c in terms.items() if n != inner):
+        return tail
+    return Tail(tuple((n, c // step) for n, c in terms.items() if n != inner), tail.bound // step)
 
 
 def _default_stage(program: Program, stage: ir.Stage) -> StageSchedule:

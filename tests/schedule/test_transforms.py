@@ -102,6 +102,18 @@ def test_nested_splits_with_tails(rng):
     assert "while" not in loop_line(tree, "k.1.0")
 
 
+@pytest.mark.parametrize("k, limited", [(300, "k.1.0"), (302, "k.1.1")])
+def test_a_split_tail_whole_runs_of_the_inner_loop_never_decide_stays_on_the_outer_one(rng, k, limited):
+    """k = 300 in tiles of 32 cut into runs of 4: 300 is whole runs, so the tail tests the runs (8*k.0 +
+    k.1.0 < 75) and the steps of a run run free; at 302 the steps keep it."""
+    tree, _ = run_case(matmul(rng, 3, k, 5), [("split", "k", 32), ("split", "k.1", 4)], rng)
+    assert "while" in loop_line(tree, limited)
+    free = {"k.1.0", "k.1.1"} - {limited}
+    assert "while" not in loop_line(tree, free.pop())
+    if k == 300:
+        assert re.search(r"while (8\*k\.0 \+ k\.1\.0|k\.1\.0 \+ 8\*k\.0) < 75$", loop_line(tree, "k.1.0"))
+
+
 @pytest.mark.parametrize("factors", [(2, 2, 2), (3, 5, 7), (9, 1, 4), (40, 3, 2)])
 def test_repeated_inner_splits(rng, factors):
     case = rowsum_exp(rng, m=2, n=37)
