@@ -30,7 +30,10 @@ kernel is persistent; 2**30: never) and `tile_group_rows`, `codegen.gpu_copies.T
 kernel's tiles in groups of this many block rows; with LOOPTOOL_CACHE_DIR=), on bfloat16 products of many tiles;
 `producer_warp`, `codegen.gpu_copies.PRODUCER_WARP` (a persistent product's producer warpgroup; with
 LOOPTOOL_CACHE_DIR=) on the same; `split_k_atomic`, `autoschedule.gpu.SPLIT_K_ATOMIC` (split-k's float32 parts added into
-the result atomically, or by a second kernel) on float32 matmuls. For each
+the result atomically, or by a second kernel) on float32 matmuls; `stored_k_run`, `autoschedule.gpu.STORED_K_RUN`
+(k steps a register tile reads at once from a row stored k last; 1: a word a step) on float32 products whose
+inputs are copied as stored; `one_k_tile_stages`, the stages of `autoschedule.gpu.WGMMA_ONE_K_TILE` (a product whose
+k is one wgmma k tile) on batched bfloat16 products against torch with the same result dtype. For each
 workload and value, the automatic schedule's kernels run on a NaN-poisoned output, are compared with
 torch in float64, and are timed interleaved with torch (median of CUDA-event timed calls, best of 3
 rounds). Prints one line per variant: kernels' time, torch / kernels.
@@ -84,6 +87,9 @@ KNOBS = {
     "tile_group_rows": (lambda v: setattr(gpu_copies, "TILE_GROUP_ROWS", v), (1, 4, 8, 16), "persistent_cases"),
     "producer_warp": (lambda v: setattr(gpu_copies, "PRODUCER_WARP", v), (False, True), "persistent_cases"),
     "split_k_atomic": (lambda v: setattr(templates, "SPLIT_K_ATOMIC", v), (False, True), "matmul_cases"),
+    "one_k_tile_stages": (lambda v: setattr(templates, "WGMMA_ONE_K_TILE", templates.WGMMA_ONE_K_TILE[:3] + (v,)
+                                            + templates.WGMMA_ONE_K_TILE[4:]), (2, 1), "batched_cases"),
+    "stored_k_run": (lambda v: setattr(templates, "STORED_K_RUN", v), (1, 4), "stored_cases"),
     "wgmma_stages": (lambda v: _wgmma_start(*v), ((((128, 256), (128, 128), (128, 64)), 3), (((128, 128),), 1),
                                                  (((128, 128),), 2), (((128, 64),), 1), (((128, 64),), 2),
                                                  (((128, 256),), 1)), "wgmma_cases"),
@@ -184,6 +190,32 @@ def small_matmul_cases(torch):
     return products(torch, ((331, 277, 413), (200, 300, 500), (333, 444, 555), (257, 511, 129), (257, 129, 511),
                             (512, 512, 512), (784, 288, 64), (1000, 1500, 777), (997, 1001, 1003)),
                     torch.float32, "f32")
+
+
+def stored_cases(torch):
+    """float32 products whose register tiles read an input stored k last: split-k parts, small products,
+    attention heads' q.k^T, a convolution's product."""
+    return small_matmul_cases(torch) + products(torch, ((1536, 1536, 1536), (640, 8192, 640), (1024, 512, 1024),
+                                                        (1000, 300, 777), (8192, 8192, 32)), torch.float32, "f32") \
+        + attention_cases(torch) + conv_cases(torch)[:1]
+
+
+def batched_cases(torch):
+    """Batched bfloat16 products whose k is one or two of the wgmma template's k tiles, float32 and bfloat16
+    results (torch: bmm with the same result dtype)."""
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    out = []
+    for batch, m, k, n in ((16, 1024, 64, 1024), (48, 512, 64, 512), (8, 333, 64, 333), (12, 512, 128, 512)):
+        a = torch.randn(batch, m, k, device="cuda", generator=gen).to(torch.bfloat16)
+        b = torch.randn(batch, k, n, device="cuda", generator=gen).to(torch.bfloat16)
+        sb, sm, sk, sn = lt.symbols("b m k n")
+        c = (lt.Tensor(a).to(sb, sm, sk) * lt.Tensor(b).to(sb, sk, sn)).sum(sk)
+        name = f"batched bf16 {batch}x{m}x{k}x{n}"
+        out.append((name, c, lambda a=a, b=b: torch.bmm(a, b, out_dtype=torch.float32),
+                    lambda a=a, b=b: torch.bmm(a.double(), b.double())))
+        out.append((f"{name}, bf16 result", c.astype(lt.bfloat16), lambda a=a, b=b: torch.bmm(a, b),
+                    lambda a=a, b=b: torch.bmm(a.double(), b.double())))
+    return out
 
 
 def wgmma_cases(torch):

@@ -6,7 +6,9 @@ run as a new user would: `c.cuda()` with no schedule and no tuning database. Per
 - the error of the kernels on a NaN-poisoned output against a float64 reference computed by torch;
 - the median time of `c.cuda()` calls (CUDA events around each call, so the call's host work counts
   where it outlasts the kernels), of the compiled kernels alone (launched by a prepared call, into
-  one output), and of the torch baseline, timed in
+  one output), and of the torch baseline (the same result dtype: half-precision products summed in
+  float32 against `torch.mm(..., out_dtype=torch.float32)`; before session 29 against torch writing
+  half precision, half our bytes), timed in
   turn in the same process, reported as ratios (torch / looptool: above 1 is faster than torch);
 - for memory-bound rows, the fraction of copy bandwidth (bytes moved over a device-to-device copy
   of the same bytes).
@@ -54,27 +56,32 @@ def workloads(torch, shapes: str = "suite"):
     def named(t, names):
         return lt.Tensor(t).to(*lt.symbols(names))
 
-    def matmul(m, k, n, dtype):
+    def same_result(product, a, b, rounded):
+        """torch's `product` of a and b with our result's dtype: half-precision inputs give a float32 sum
+        (written float32: `out_dtype`) unless the row casts it back (`rounded`)."""
+        if a.dtype == torch.float32 or rounded:
+            return lambda: product(a, b)
+        return lambda: product(a, b, out_dtype=torch.float32)
+
+    def matmul(m, k, n, dtype, rounded=False):              # rounded: the result cast to bfloat16, as torch's
         def build():
             a, b = rand(m, k, dtype=dtype), rand(k, n, dtype=dtype)
             sm, sk, sn = lt.symbols("m k n")
             c = (named(a, "m k") * named(b, "k n")).sum(sk)
-            return c, lambda: a @ b, lambda: a.double() @ b.double(), None
+            return (c.astype(lt.bfloat16) if rounded else c), same_result(torch.mm, a, b, rounded), \
+                lambda: a.double() @ b.double(), None
         return build
 
-    def batched(bsz, m, k, n, dtype, rounded=False):        # rounded: the result cast to bfloat16, as torch's
+    def batched(bsz, m, k, n, dtype, rounded=False):
         def build():
             a, b = rand(bsz, m, k, dtype=dtype), rand(bsz, k, n, dtype=dtype)
             c = (named(a, "b m k") * named(b, "b k n")).sum(lt.symbols("k")[0])
-            return (c.astype(lt.bfloat16) if rounded else c), lambda: torch.bmm(a, b), \
+            return (c.astype(lt.bfloat16) if rounded else c), same_result(torch.bmm, a, b, rounded), \
                 lambda: torch.bmm(a.double(), b.double()), None
         return build
 
     def matmul_rounded(m, k, n):
-        def build():
-            c, baseline, reference, moved = matmul(m, k, n, torch.bfloat16)()
-            return c.astype(lt.bfloat16), baseline, reference, moved
-        return build
+        return matmul(m, k, n, torch.bfloat16, rounded=True)
 
     def softmax(rows, cols, dtype):
         def build():
