@@ -89,6 +89,10 @@ KNOBS = {
     "split_k_atomic": (lambda v: setattr(templates, "SPLIT_K_ATOMIC", v), (False, True), "matmul_cases"),
     "one_k_tile_stages": (lambda v: setattr(templates, "WGMMA_ONE_K_TILE", templates.WGMMA_ONE_K_TILE[:3] + (v,)
                                             + templates.WGMMA_ONE_K_TILE[4:]), (2, 1), "batched_cases"),
+    "one_k_tile": (lambda v: _one_k_tile(*v), (((64, 128), (1, 1), 2, "cp.async", 0.5), ((64, 128), (1, 1), 2, "tma", 0.5),
+                                                ((64, 128), (1, 1), 2, "tma", 4.0), ((64, 128), (1, 1), 3, "tma", 4.0),
+                                                ((128, 128), (2, 1), 2, "tma", 4.0), ((128, 128), (2, 1), 3, "tma", 4.0),
+                                                ((128, 256), (2, 1), 2, "tma", 4.0)), "batched_cases"),
     "stored_k_run": (lambda v: setattr(templates, "STORED_K_RUN", v), (1, 4), "stored_cases"),
     "wgmma_stages": (lambda v: _wgmma_start(*v), ((((128, 256), (128, 128), (128, 64)), 3), (((128, 128),), 1),
                                                  (((128, 128),), 2), (((128, 64),), 1), (((128, 64),), 2),
@@ -101,6 +105,12 @@ def _wgmma_start(blocks, stages):
     templates.WGMMA_BLOCKS = blocks
     block, teams, k_tile, _, copier = templates.TENSOR_START["wgmma"]
     templates.TENSOR_START["wgmma"] = (block, teams, k_tile, stages, copier)
+
+
+def _one_k_tile(block, teams, stages, copier, store_share):
+    """`autoschedule.gpu.WGMMA_ONE_K_TILE` as (block, teams, 64, stages, copier), and PERSISTENT_STORE_SHARE."""
+    templates.WGMMA_ONE_K_TILE = (block, teams, 64, stages, copier)
+    templates.PERSISTENT_STORE_SHARE = store_share
 
 
 def attention_cases(torch):

@@ -4,7 +4,8 @@ The IR of CUDA-core kernels is rewritten for the host: each kernel takes its thr
 indices and a barrier as extra parameters; shared memory becomes plain globals (blocks run one after
 another), block barriers pthread barriers, cp.async a synchronous copy (every wait then finds its
 copies done). Each thread of a block is an OS thread (ctypes releases the GIL while a kernel runs).
-Tensor-core and TMA kernels (inline PTX) are not supported."""
+The hardware's bfloat16 rounding (`cvt.rn.bf16.f32`, `cvt.rn.bf16x2.f32`) becomes functions doing it in integer
+arithmetic. Tensor-core and TMA kernels (other inline PTX) are not supported."""
 import ctypes
 import re
 import threading
@@ -20,10 +21,38 @@ CP_ASYNC = re.compile(r'call void @"llvm\.nvvm\.cp\.async\.(?:cg|ca)\.shared\.gl
 EXTRA = ", ".join(f"i32 %__{kind}.{axis}" for kind in ("tid", "ctaid") for axis in "xyz") + ", ptr %__barrier"
 LIBC = ctypes.CDLL(None)
 BARRIER_BYTES = 128             # more than a pthread_barrier_t takes
+BF16_ROUNDING = {
+    re.compile(r'call i16 asm\s+"cvt\.rn\.bf16\.f32 \$0, \$1;", "=h,f"'): "call i16 @__bf16_rn",
+    re.compile(r'call i32 asm\s+"cvt\.rn\.bf16x2\.f32 \$0, \$1, \$2;", "=r,f,f"'): "call i32 @__bf16x2_rn"}
+BF16_FUNCTIONS = """
+define internal i16 @__bf16_rn(float %x) {
+  %bits = bitcast float %x to i32
+  %upper = lshr i32 %bits, 16
+  %odd = and i32 %upper, 1
+  %half = add i32 %bits, 32767
+  %up = add i32 %half, %odd
+  %rounded = lshr i32 %up, 16
+  %nan = fcmp uno float %x, %x
+  %chosen = select i1 %nan, i32 32767, i32 %rounded
+  %result = trunc i32 %chosen to i16
+  ret i16 %result
+}
+define internal i32 @__bf16x2_rn(float %high, float %low) {
+  %h = call i16 @__bf16_rn(float %high)
+  %l = call i16 @__bf16_rn(float %low)
+  %hw = zext i16 %h to i32
+  %lw = zext i16 %l to i32
+  %hs = shl i32 %hw, 16
+  %word = or i32 %hs, %lw
+  ret i32 %word
+}
+"""
 
 
 def host_ir(text: str) -> str:
     """A GPU module's LLVM IR rewritten to run on this CPU (see the module's docstring)."""
+    for pattern, call in BF16_ROUNDING.items():
+        text = pattern.sub(call, text)
     if re.search(r"\basm\b", text):
         raise ValueError("inline PTX (tensor cores, TMA) cannot run on the host")
     text = re.sub(r" addrspace\(\d+\)", "", text).replace("addrspacecast", "bitcast").replace("ptx_kernel ", "")
@@ -35,7 +64,7 @@ def host_ir(text: str) -> str:
     text = CP_ASYNC.sub(r"call void @llvm.memcpy.p0.p0.i64(\2, \3, i64 \1, i1 false)", text)
     text = re.sub(r'\n\s*call void @"llvm\.nvvm\.cp\.async\.(commit|wait)\.group"\([^)]*\)', "", text)
     text = re.sub(r'declare [^\n]*@"llvm\.nvvm[^\n]*\n', "", text)
-    return text + "\ndeclare i32 @pthread_barrier_wait(ptr)\ndeclare void @llvm.memcpy.p0.p0.i64(ptr, ptr, i64, i1)\n"
+    return text + BF16_FUNCTIONS + "\ndeclare i32 @pthread_barrier_wait(ptr)\ndeclare void @llvm.memcpy.p0.p0.i64(ptr, ptr, i64, i1)\n"
 
 
 def run(module, buffers: dict[str, np.ndarray]):

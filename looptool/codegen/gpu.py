@@ -35,7 +35,7 @@ import llvmlite.binding as llvm
 from llvmlite import ir as llir
 
 from .. import ir
-from ..analysis.gpu_target import STATIC_SHARED
+from ..analysis.gpu_target import STATIC_SHARED, GpuTarget
 from ..analysis.legality import check_persistent
 from ..analysis.tensorize import WARP, SharedOperand, TensorTile, is_warpgroup, tensor_tiles
 from ..analysis.tma import BulkCopy, bulk_copies
@@ -49,8 +49,8 @@ from .gpu_copies import (TENSOR_MAP_BYTES, TENSOR_MAPS, AsyncCopyLowering, buffe
                          producer_warps)
 from .gpu_tensor_cores import (WGMMA_ALIGN, WGMMA_ARCHS, Swizzle, TensorCoreLowering, WgmmaLayout,  # noqa: F401
                                holds_wgmma)
-from .llvm import (F32, F64, I32, I64, IDENTITY, INLINE_F32, ITEM_BYTES, MEMORY_TYPE, REDUCE_BINARY, VALUE_TYPE, ZERO,
-                   FunctionBuilder, Lanes, constant, element_type, hoisted_tail_checks, kernel_params,
+from .llvm import (F32, F64, I16, I32, I64, IDENTITY, INLINE_F32, ITEM_BYTES, MEMORY_TYPE, REDUCE_BINARY, VALUE_TYPE, ZERO,
+                   FunctionBuilder, Lanes, constant, element_type, hoisted_tail_checks, kernel_params, lane_count,
                    size_variable)
 
 TRIPLE = "nvptx64-nvidia-cuda"
@@ -61,6 +61,11 @@ LOCAL_LIMIT = 16 * 1024
 # pairs of columns into whole vectors (`store_vectors`; 4: pairs as the fragment holds them). Read here,
 # as each kernel's builder starts, so that setting it on this module (bench.gpu_rules_variants) applies
 VECTOR_STORE_BYTES = 16
+# a kernel that only sets a whole buffer to its reduction's identity (split-k's result zeroed before its parts are
+# added into it) is a flat fill, each of these threads a block storing one 16-byte vector (`whole_fill`); as the
+# init nest of the parts' tiles it stored 777-wide rows a word at a time (H100, session 29, ncu: 5.7 us of
+# 1000x1500x777's 104)
+FILL_THREADS = 256
 VECTOR_ATOMIC_ARCHS = ("sm_90", "sm_90a")      # red.global.add.v2/v4.f32 (PTX 8.1)
 VECTOR_ATOMIC_PTX = "+ptx81"
 
@@ -167,6 +172,12 @@ def _module(tree: LoopTree, tiles: dict[int, TensorTile], copies: dict[int, Bulk
                 arg.add_attribute("noalias")   # written buffers are shared between threads: not noalias
         for arg, (dim, _) in zip(fn.args[len(pointers):], tree.program.dynamic):
             arg.name = f"size.{dim}"
+        filled = whole_fill(nodes, tree)
+        if filled is not None:
+            launches.append(_fill_kernel(tree, fn, dict(zip(pointers, fn.args)), filled, aligned_params, arch))
+            aligned |= {filled} if aligned_params else set()
+            _declare_block_size(module, fn, launches[-1].block)
+            continue
         grid, block = launch_dims(nodes)
         producer = producer_warps(nodes, tree, arch, block)
         for node, path in walk(nodes):
@@ -181,6 +192,44 @@ def _module(tree: LoopTree, tiles: dict[int, TensorTile], copies: dict[int, Bulk
         launches.append(Launch(name, grid, (block[0], block[1] + producer, block[2]), needed))
         _declare_block_size(module, fn, launches[-1].block)
     return module, launches, params, tuple(sorted(aligned))
+
+
+def whole_fill(nodes: list, tree: LoopTree) -> str | None:
+    """The buffer a kernel's nodes only set to its reduction's identity, all of it (the init nest of a stage at
+    the top level), where that buffer is a dense array of fixed size in global memory; else None."""
+    statements = [node for node, _ in walk(nodes) if isinstance(node, StmtNode)]
+    if len(statements) != 1 or statements[0].kind != "init" or tree.program.dynamic:
+        return None
+    plan = tree.buffers[statements[0].stage.name]
+    dense = not plan.offsets and plan.block is None and plan.size == math.prod(plan.shape)
+    return plan.name if plan.kind in ("temp", "output") and dense and plan.size else None
+
+
+def _fill_kernel(tree: LoopTree, fn: llir.Function, pointers: dict, name: str, aligned: bool, arch: str) -> "Launch":
+    """`fn` setting buffer `name` to its stage's reduction identity, each thread one 16-byte vector (one element
+    where the buffer may not be `aligned`; the last thread the elements past the whole vectors), FILL_THREADS
+    threads a block; its Launch."""
+    stage, plan = tree.program.stage(name), tree.buffers[name]
+    lanes = 16 // ITEM_BYTES[plan.dtype] if aligned else 1
+    vectors = -(-plan.size // lanes)
+    builder = _GpuBuilder(tree, fn, pointers, aligned, {}, {}, (FILL_THREADS, 1, 1), arch=arch)
+    b = builder.builder
+    thread = b.add(b.mul(b.zext(builder.special_register("ctaid.x"), I64), constant(I64, FILL_THREADS)),
+                   b.zext(builder.special_register("tid.x"), I64))
+    first = b.mul(thread, constant(I64, lanes))
+    identity = constant(VALUE_TYPE[plan.dtype], IDENTITY[stage.reduce_op])
+    whole = plan.size // lanes * lanes
+    with b.if_else(b.icmp_signed("<", first, constant(I64, whole))) as (vector, rest):
+        with vector:
+            splat = constant(llir.VectorType(VALUE_TYPE[plan.dtype], lanes), [IDENTITY[stage.reduce_op]] * lanes)
+            builder.store_value(splat, builder.element(pointers[name], first, plan.dtype), plan.dtype,
+                                align=lanes * ITEM_BYTES[plan.dtype])
+        with rest:
+            for lane in range(plan.size - whole):
+                builder.store_value(identity, builder.element(pointers[name], constant(I64, whole + lane), plan.dtype),
+                                    plan.dtype)
+    builder.finish()
+    return Launch(fn.name, (-(-vectors // FILL_THREADS), 1, 1), (FILL_THREADS, 1, 1), 0)
 
 
 def _declare_block_size(module: llir.Module, fn: llir.Function, block: tuple[int, int, int]):
@@ -476,6 +525,29 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
     def special_register(self, name: str) -> llir.Value:
         """The 32-bit PTX special register `name` ('tid.x', 'ctaid.y', ...) read here."""
         return self.builder.call(self.declare(f"llvm.nvvm.read.ptx.sreg.{name}", I32, []), [])
+
+    def bfloat16_bits(self, value: llir.Value) -> llir.Value:
+        """float32 values -> bfloat16 bits by the hardware's round to nearest even (sm_80 on): two lanes an
+        instruction (`cvt.rn.bf16x2.f32`), an odd last lane alone; a NaN becomes the canonical NaN. Rounded by
+        integer arithmetic before sm_80 (and on the CPU: `FunctionBuilder.bfloat16_bits`), 9 instructions a
+        value: a 128 x 256 wgmma tile's write-back took 1152 of them a thread."""
+        if GpuTarget(self.arch, 1).capability < 80:
+            return super().bfloat16_bits(value)
+        b, width = self.builder, lane_count(value.type)
+        lanes = [value] if width is None else [b.extract_element(value, constant(I32, k)) for k in range(width)]
+        pair = llir.FunctionType(I32, [F32, F32])
+        words = [b.asm(pair, "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f", [high, low], side_effect=False)
+                 for low, high in zip(lanes[0::2], lanes[1::2])]
+        if len(lanes) % 2:
+            last = b.asm(llir.FunctionType(I16, [F32]), "cvt.rn.bf16.f32 $0, $1;", "=h,f", [lanes[-1]], side_effect=False)
+        if width is None:
+            return last
+        halves = [half for word in words for half in (b.trunc(word, I16), b.trunc(b.lshr(word, constant(I32, 16)), I16))]
+        halves += [last] if len(lanes) % 2 else []
+        bits = llir.Constant(llir.VectorType(I16, width), None)
+        for k, half in enumerate(halves):
+            bits = b.insert_element(bits, half, constant(I32, k))
+        return bits
 
     def shared_address(self, pointer: llir.Value) -> llir.Value:
         """A generic pointer into shared memory as a 32-bit shared-space address."""

@@ -149,16 +149,37 @@ def test_a_vectorized_loop_inside_a_combined_reduction_adds_into_the_threads_par
 @pytest.mark.parametrize("n, vector", [(48, True), (47, False)])
 def test_a_sum_across_blocks_is_zeroed_by_its_own_kernel_then_added_atomically(rng, n, vector):
     """Rows of 48 floats keep 16-byte vectors: red.global.add.v4.f32 (PTX 8.1 on sm_90); rows of 47 add lane
-    by lane; on sm_80 every lane alone. The same tree runs on the CPU (bound loops as plain loops)."""
+    by lane; on sm_80 every lane alone. The result is zeroed as one flat array (`whole_fill`: a 16-byte store a
+    thread, the last thread the 20 * 47 % 4 elements past them, one by one). The same tree runs on the CPU
+    (bound loops as plain loops)."""
     c, ref = matmul(rng, 20, 32, n)
     tree = k_across_blocks(c.loop_tree())
     assert tree.check() == (True, "legal")
     module = gpu.generate(tree, "sm_90")
     zero, product = module.ptx.split(".entry")[1:]
-    assert [launch.grid for launch in module.launches] == [(20, 1, 1), (20, 1, 4)]
-    assert "red.global.add" not in zero and "atom" not in zero and "st.global" in zero
+    assert [(launch.grid, launch.block[0]) for launch in module.launches][0] == ((1, 1, 1), gpu.FILL_THREADS)
+    assert module.launches[1].grid == (20, 1, 4)
+    assert "red.global.add" not in zero and "atom" not in zero
+    assert (zero.count("st.global.v4.b32"), len(re.findall(r"st\.global\.(f32|b32)", zero))) == (1, 20 * n % 4)
     assert ("red.global.add.v4.f32" in product) == vector and (".version 8.1" in module.ptx) == vector
     assert vector or re.search(r"(atom|red)\.global\.add\.f32", product)
     assert "st.global" not in product
     assert re.search(r"(atom|red)\.global\.add\.f32", gpu.generate(tree, "sm_80").ptx)
     assert_close(c.numpy(tree), ref, 1e-5)
+
+
+@pytest.mark.parametrize("arch, hardware", [("sm_90", True), ("sm_80", True), ("sm_75", False)])
+def test_bfloat16_results_are_rounded_by_the_hardware_from_sm_80(rng, arch, hardware):
+    """`cvt.rn.bf16x2.f32` (two lanes an instruction) or `cvt.rn.bf16.f32` from sm_80, the integer rounding
+    (9 instructions a value) before; either way ties go to even, as ml_dtypes rounds (run on this CPU by
+    tests.gpu_host, which does the hardware's rounding in integers)."""
+    from tests.gpu_host import run_tree
+    x = rng.standard_normal((16, 64)).astype(np.float32)
+    x[0, :5] = [1.00390625, 1.01171875, -3.3895314e38, 1e-40, np.inf]   # ties to even either way, the largest,
+    t = lt.Tensor(x).to(*lt.symbols("m n"))                                # a subnormal, infinity
+    y = t.astype(lt.bfloat16)
+    tree = y.loop_tree().split("n", 4).vectorize("n.1").bind("m", "block.x").bind("n.0", "thread.x")
+    module = gpu.generate(tree, arch)
+    assert ("cvt.rn.bf16x2.f32" in module.ptx) == hardware and ("32767" in module.llvm_ir) != hardware
+    expected = x.astype(lt.bfloat16)
+    assert np.array_equal(run_tree(y, tree, module).view(np.uint16), expected.view(np.uint16))
