@@ -171,7 +171,7 @@ class TensorCoreLowering:
         """A copy tile's expression at one element: `value` (its accumulator element, from the lane's
         fragment) where it reads the accumulator, everything else (an epilogue's bias) at `env`; its reads
         that move along a loop in `cut` (one a tail cuts: the element may lie outside them) clamped into
-        their buffers."""
+        their buffers; a cast to the stored dtype at its root left to the store (`before_store`)."""
         def evaluate(sub):
             if sub == accumulator:
                 return value
@@ -188,7 +188,7 @@ class TensorCoreLowering:
                 return self.builder.select(self.guards_hold(sub.guards, stmt, env), evaluate(sub.then),
                                            evaluate(sub.otherwise))
             return self.expr(sub, stmt, env)
-        return evaluate(e)
+        return self.before_store(e, stmt.stage.dtype, evaluate)
 
     def lane(self, instruction: str) -> llir.Value:
         """The thread's index in the warp (0-31) or, for wgmma, in the warpgroup (0-127: the warp is

@@ -387,6 +387,15 @@ class FunctionBuilder:
             return constant_like(shaped(VALUE_TYPE[stage.dtype], width), IDENTITY[stage.reduce_op])
         if stmt.kind == "update":
             return self.accumulate(stage.reduce_op, old, expr, evaluate)
+        return self.before_store(expr, stage.dtype, evaluate)
+
+    def before_store(self, expr: ir.Expr, dtype: str, evaluate) -> llir.Value:
+        """`expr` computed by `evaluate` for a store into a `dtype` buffer: a cast to `dtype` at its root is left
+        to the store, which rounds the same way (a bfloat16 result rounded once, not rounded, widened and
+        rounded again)."""
+        if isinstance(expr, ir.Cast) and expr.dtype == dtype:
+            inner = evaluate(expr.x)
+            return inner if element_type(inner.type) == VALUE_TYPE[dtype] else self.convert(inner, dtype)
         return evaluate(expr)
 
     def access(self, buffer: str, index: tuple[ir.Affine, ...], clamp: bool, stmt: StmtNode,
@@ -432,7 +441,7 @@ class FunctionBuilder:
         if stmt.kind == "init":
             value = constant(vty, [IDENTITY[stage.reduce_op]] * lanes.width)
         else:
-            value = evaluate(stage.expr)
+            value = self.before_store(stage.expr, stage.dtype, evaluate)
         if step == 0 and stmt.kind == "update":
             old = self.load_value(base, stage.dtype, align)
             total = self.binary(REDUCE_BINARY[stage.reduce_op], old, self.horizontal(stage.reduce_op, value))
