@@ -49,8 +49,8 @@ from .gpu_copies import (TENSOR_MAP_BYTES, TENSOR_MAPS, AsyncCopyLowering, buffe
                          producer_warps)
 from .gpu_tensor_cores import (WGMMA_ALIGN, WGMMA_ARCHS, Swizzle, TensorCoreLowering, WgmmaLayout,  # noqa: F401
                                holds_wgmma)
-from .llvm import (F32, F64, I16, I32, I64, IDENTITY, INLINE_F32, ITEM_BYTES, MEMORY_TYPE, REDUCE_BINARY, VALUE_TYPE, ZERO,
-                   FunctionBuilder, Lanes, constant, element_type, hoisted_tail_checks, kernel_params, lane_count,
+from .llvm import (F32, F64, I16, I32, I64, IDENTITY, INLINE_F32, ITEM_BYTES, MEMORY_TYPE, REDUCE_BINARY, VALUE_TYPE,
+                   ZERO, FunctionBuilder, Lanes, constant, element_type, hoisted_tail_checks, kernel_params, lane_count,
                    size_variable)
 
 TRIPLE = "nvptx64-nvidia-cuda"
@@ -535,15 +535,14 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
             return super().bfloat16_bits(value)
         b, width = self.builder, lane_count(value.type)
         lanes = [value] if width is None else [b.extract_element(value, constant(I32, k)) for k in range(width)]
-        pair = llir.FunctionType(I32, [F32, F32])
+        pair, single = llir.FunctionType(I32, [F32, F32]), llir.FunctionType(I16, [F32])
         words = [b.asm(pair, "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f", [high, low], side_effect=False)
                  for low, high in zip(lanes[0::2], lanes[1::2])]
-        if len(lanes) % 2:
-            last = b.asm(llir.FunctionType(I16, [F32]), "cvt.rn.bf16.f32 $0, $1;", "=h,f", [lanes[-1]], side_effect=False)
+        last = [b.asm(single, "cvt.rn.bf16.f32 $0, $1;", "=h,f", [lanes[-1]], side_effect=False)] if len(lanes) % 2 else []
         if width is None:
-            return last
-        halves = [half for word in words for half in (b.trunc(word, I16), b.trunc(b.lshr(word, constant(I32, 16)), I16))]
-        halves += [last] if len(lanes) % 2 else []
+            return last[0]
+        halves = [half for word in words
+                  for half in (b.trunc(word, I16), b.trunc(b.lshr(word, constant(I32, 16)), I16))] + last
         bits = llir.Constant(llir.VectorType(I16, width), None)
         for k, half in enumerate(halves):
             bits = b.insert_element(bits, half, constant(I32, k))

@@ -727,8 +727,8 @@ def _split_tail(tail: Tail, name: str, outer: str, inner: str, factor: int) -> T
 
 def _inner_free(tail: Tail, inner: str, factor: int) -> Tail:
     """`tail` without the term of `inner` (a loop of `factor` iterations) where that term can never decide it:
-    the bound and every other coefficient multiples of `factor` times its own, the bound a fixed size (a run of k tiles of 32 cut
-    into 4s, k < 300: whole runs of 4 in or out), the rest divided by that; `tail` itself elsewhere."""
+    the bound (a fixed size) and every other coefficient multiples of `factor` times its own (k < 300 in tiles
+    of 32 cut into 4s: whole runs of 4 in or out), the rest divided by that; `tail` itself elsewhere."""
     terms = dict(tail.terms)
     step = terms.get(inner, 0) * factor
     if not step or isinstance(tail.bound, ir.Size) or tail.bound % step or len(terms) < 2 \
