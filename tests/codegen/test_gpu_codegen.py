@@ -8,6 +8,7 @@ import pytest
 import looptool as lt
 from looptool.codegen import gpu
 from tests.gpu_helpers import k_across_blocks, matmul, register_tiles, softmax_rows, tiled
+from tests.gpu_host import run_tree
 from tests.helpers import assert_close
 
 
@@ -173,7 +174,6 @@ def test_bfloat16_results_are_rounded_by_the_hardware_from_sm_80(rng, arch, hard
     """`cvt.rn.bf16x2.f32` (two lanes an instruction) or `cvt.rn.bf16.f32` from sm_80, the integer rounding
     (9 instructions a value) before; either way ties go to even, as ml_dtypes rounds (run on this CPU by
     tests.gpu_host, which does the hardware's rounding in integers)."""
-    from tests.gpu_host import run_tree
     x = rng.standard_normal((16, 64)).astype(np.float32)
     x[0, :5] = [1.00390625, 1.01171875, -3.3895314e38, 1e-40, np.inf]   # ties to even either way, the largest,
     t = lt.Tensor(x).to(*lt.symbols("m n"))                                # a subnormal, infinity
