@@ -162,6 +162,9 @@ def test_a_sum_across_blocks_is_zeroed_by_its_own_kernel_then_added_atomically(r
     assert module.launches[1].grid == (20, 1, 4)
     assert "red.global.add" not in zero and "atom" not in zero
     assert (zero.count("st.global.v4.b32"), len(re.findall(r"st\.global\.(f32|b32)", zero))) == (1, 20 * n % 4)
+    unaligned = gpu.generate(tree, "sm_90", aligned_params=False)          # an element a thread, no vector
+    assert "st.global.v4" not in unaligned.ptx.split(".entry")[1] and "t0" not in unaligned.aligned
+    assert unaligned.launches[0].grid == (-(-20 * n // gpu.FILL_THREADS), 1, 1)
     assert ("red.global.add.v4.f32" in product) == vector and (".version 8.1" in module.ptx) == vector
     assert vector or re.search(r"(atom|red)\.global\.add\.f32", product)
     assert "st.global" not in product
