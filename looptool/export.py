@@ -31,6 +31,7 @@ import numpy as np
 from . import ir, runtime
 from .analysis import legality
 from .analysis import target as target_model
+from .analysis.gpu_target import capability
 from .analysis.tma import BulkCopy
 from .codegen import cpu as codegen_cpu
 from .codegen import gpu as codegen_gpu
@@ -328,8 +329,7 @@ class LoadedGpuKernel:
 def _runs_on(built: str, here: str) -> bool:
     """Whether PTX for GPU `built` runs on GPU `here`: PTX is compiled for newer GPUs too, but
     arch-specific code (sm_90a: wgmma, TMA) only for its own."""
-    number = {arch: int(arch.removeprefix("sm_").rstrip("a")) for arch in (built, here)}
-    return number[built] == number[here] if built.endswith("a") else number[built] <= number[here]
+    return capability(built) == capability(here) if built.endswith("a") else capability(built) <= capability(here)
 
 
 def _check_device_input(spec: dict, array):

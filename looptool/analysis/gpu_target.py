@@ -14,6 +14,11 @@ WARP_LANES = 32
 STATIC_SHARED = 48 * 1024        # shared memory a block may use without opting in (every arch)
 
 
+def capability(arch: str) -> int:
+    """The compute capability of a PTX target as a number, e.g. 90 for sm_90 (and sm_90a)."""
+    return int("".join(ch for ch in arch.removeprefix("sm_") if ch.isdigit()))
+
+
 @dataclass(frozen=True)
 class GpuTarget:
     """An NVIDIA GPU: its PTX target, SM count and per-SM limits (threads, registers, shared bytes),
@@ -30,8 +35,8 @@ class GpuTarget:
 
     @property
     def capability(self) -> int:
-        """The compute capability as a number, e.g. 90 for sm_90 (and sm_90a)."""
-        return int("".join(ch for ch in self.arch.removeprefix("sm_") if ch.isdigit()))
+        """The compute capability as a number (`capability`)."""
+        return capability(self.arch)
 
     @property
     def tensor_cores(self) -> str | None:
@@ -62,8 +67,7 @@ ASSUMED = {80: GpuTarget("sm_80", 108, 2048, 65536, 164 * 1024, 163 * 1024, "A10
 
 def assumed_gpu(arch: str) -> GpuTarget:
     """The reference part of `arch` (the nearest older architecture listed; an sm_75-like part before)."""
-    probe = GpuTarget(arch, 1)
-    known = [cc for cc in ASSUMED if cc <= probe.capability]
+    known = [cc for cc in ASSUMED if cc <= capability(arch)]
     if not known:
         return GpuTarget(arch, 40, 1024, 65536, 64 * 1024, STATIC_SHARED, f"{arch} (assumed)", 4 * MIB)
     base = ASSUMED[max(known)]

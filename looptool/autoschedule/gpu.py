@@ -535,7 +535,7 @@ def read_once(program: ir.Program, stage: str, buffer: str, block: tuple[int, in
     """Whether each tile of input `buffer` of contraction `stage` is read by one block of `block` (rows,
     columns): it has the rows' dim and the columns fit one block, or the columns' dim and the rows do."""
     x, y, _ = tile_dims(program.stage(stage))
-    dims = next(b.dims for b in program.inputs + program.stages if b.name == buffer)
+    dims = _layout(program, buffer)
     if y is None:
         return False
     if y in dims and x not in dims:

@@ -35,7 +35,7 @@ import llvmlite.binding as llvm
 from llvmlite import ir as llir
 
 from .. import ir
-from ..analysis.gpu_target import STATIC_SHARED, GpuTarget
+from ..analysis.gpu_target import STATIC_SHARED, capability
 from ..analysis.legality import check_persistent
 from ..analysis.tensorize import WARP, SharedOperand, TensorTile, is_warpgroup, tensor_tiles
 from ..analysis.tma import BulkCopy, bulk_copies
@@ -531,7 +531,7 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
         instruction (`cvt.rn.bf16x2.f32`), an odd last lane alone; a NaN becomes the canonical NaN. Rounded by
         integer arithmetic before sm_80 (and on the CPU: `FunctionBuilder.bfloat16_bits`), 9 instructions a
         value: a 128 x 256 wgmma tile's write-back took 1152 of them a thread."""
-        if GpuTarget(self.arch, 1).capability < 80:
+        if capability(self.arch) < 80:
             return super().bfloat16_bits(value)
         b, width = self.builder, lane_count(value.type)
         lanes = [value] if width is None else [b.extract_element(value, constant(I32, k)) for k in range(width)]
