@@ -32,8 +32,9 @@ kernel's tiles in groups of this many block rows; with LOOPTOOL_CACHE_DIR=), on 
 LOOPTOOL_CACHE_DIR=) on the same; `split_k_atomic`, `autoschedule.gpu.SPLIT_K_ATOMIC` (split-k's float32 parts added into
 the result atomically, or by a second kernel) on float32 matmuls; `stored_k_run`, `autoschedule.gpu.STORED_K_RUN`
 (k steps a register tile reads at once from a row stored k last; 1: a word a step) on float32 products whose
-inputs are copied as stored; `one_k_tile_stages`, the stages of `autoschedule.gpu.WGMMA_ONE_K_TILE` (a product whose
-k is one wgmma k tile) on batched bfloat16 products against torch with the same result dtype. For each
+inputs are copied as stored; `one_k_tile`, `autoschedule.gpu.WGMMA_ONE_K_TILE` (the wgmma template where k is one
+k tile: block, teams, stages, copier) with `PERSISTENT_STORE_SHARE`, on batched bfloat16 products against torch with
+the same result dtype (session 29's `one_k_tile_stages` runs were its first two values). For each
 workload and value, the automatic schedule's kernels run on a NaN-poisoned output, are compared with
 torch in float64, and are timed interleaved with torch (median of CUDA-event timed calls, best of 3
 rounds). Prints one line per variant: kernels' time, torch / kernels.
@@ -87,9 +88,8 @@ KNOBS = {
     "tile_group_rows": (lambda v: setattr(gpu_copies, "TILE_GROUP_ROWS", v), (1, 4, 8, 16), "persistent_cases"),
     "producer_warp": (lambda v: setattr(gpu_copies, "PRODUCER_WARP", v), (False, True), "persistent_cases"),
     "split_k_atomic": (lambda v: setattr(templates, "SPLIT_K_ATOMIC", v), (False, True), "matmul_cases"),
-    "one_k_tile_stages": (lambda v: setattr(templates, "WGMMA_ONE_K_TILE", templates.WGMMA_ONE_K_TILE[:3] + (v,)
-                                            + templates.WGMMA_ONE_K_TILE[4:]), (2, 1), "batched_cases"),
-    "one_k_tile": (lambda v: _one_k_tile(*v), (((64, 128), (1, 1), 2, "cp.async", 0.5), ((64, 128), (1, 1), 2, "tma", 0.5),
+    "one_k_tile": (lambda v: _one_k_tile(*v), (((64, 128), (1, 1), 2, "cp.async", 0.5), ((64, 128), (1, 1), 1, "cp.async", 0.5),
+                                                ((64, 128), (1, 1), 2, "tma", 0.5),
                                                 ((64, 128), (1, 1), 2, "tma", 4.0), ((64, 128), (1, 1), 3, "tma", 4.0),
                                                 ((128, 128), (2, 1), 2, "tma", 4.0), ((128, 128), (2, 1), 3, "tma", 4.0),
                                                 ((128, 256), (2, 1), 2, "tma", 4.0)), "batched_cases"),
