@@ -20,9 +20,9 @@ import optuna
 from looptool import autoschedule, ir
 from looptool.analysis.target import Target, host
 from looptool.autoschedule.gpu import (TENSOR_START, accumulator, atomic_parts_total, contraction_dtype,
-                                       float32_block, float32_copies, float32_tiles, holds_block_tile, mma_tiled,
-                                       persistent_grid, register_tiled, resident_grid, stage_bytes, tile_dims,
-                                       transposable, transposed_ahead, wgmma_start, wgmma_tiled)
+                                       float32_block, float32_copies, float32_k_tile, float32_tiles, holds_block_tile,
+                                       mma_tiled, persistent_grid, register_tiled, resident_grid, stage_bytes,
+                                       tile_dims, transposable, transposed_ahead, wgmma_start, wgmma_tiled)
 from looptool.codegen import gpu as codegen_gpu
 from looptool.runtime import gpu as runtime_gpu
 from looptool.schedule import LoopTree
@@ -77,11 +77,12 @@ def _choose(trial: optuna.Trial, name: str, options: list[int]) -> int:
 
 
 # GPU --------------------------------------------------------------------------------------------
+GPU_SPACE_VERSION = 2          # in GPU study names: Optuna refuses a stored study whose choices changed (2: k 64)
 GPU_THREADS_X = (8, 16, 32, 64, 128)
 GPU_THREADS_Y = (1, 2, 4, 8, 16, 32)
 GPU_REGISTER_TILE = (1, 2, 4, 8, 16)
 GPU_ROW_GROUPS = (1, 2, 4)       # runs a thread's rows come in (register_tiled's y_groups)
-GPU_K_TILE = (4, 8, 16, 32)
+GPU_K_TILE = (4, 8, 16, 32, 64)
 GPU_TILE_STAGES = (0, 2, 3)     # cp.async pipeline of the shared k tiles (0: copied, then computed)
 GPU_ROW_THREADS = (128, 256, 512, 1024)
 MMA_BLOCK = (64, 128, 256)
@@ -219,7 +220,7 @@ def _tiles_start(program: ir.Program, stage: str) -> dict:
     as stored or transposes ahead (`float32_copies`); {} where the matrices hold no block tile."""
     st = program.stage(stage)
     block = float32_block(program, stage, _sm_count())
-    tiles = float32_tiles(block)
+    tiles = float32_tiles(block, float32_k_tile(program, stage, block, _gpu()))
     if not holds_block_tile(program, stage, tiles):
         return {}
     tree = LoopTree(program)

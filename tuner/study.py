@@ -130,9 +130,10 @@ def make_sampler(name: str, seed: int | None, draw=None, threads: int = 1,
 
 
 def study_name_for(program: ir.Program, threads: int, device: str = "cpu", sizes: dict | None = None) -> str:
-    """Default study name: the workload, target and thread count, and for dynamic dims the sizes measured
-    (`worker.measured_sizes`: a study's values are on the scale of its sizes)."""
-    threads_part = "" if device == "gpu" else f"-t{threads}"
+    """Default study name: the workload, target and thread count (on a GPU the space's version,
+    `space.GPU_SPACE_VERSION`), and for dynamic dims the sizes measured (`worker.measured_sizes`: a study's
+    values are on the scale of its sizes)."""
+    threads_part = f"-space{space.GPU_SPACE_VERSION}" if device == "gpu" else f"-t{threads}"
     points = measured_sizes(program, sizes) if program.dynamic else []
     sizes_part = "".join(f"-{dim}{','.join(str(p[dim]) for p in points)}" for dim, _ in program.dynamic)
     return f"{tuning_db.workload_key(program)}-{target_name(device)}{threads_part}{sizes_part}"
@@ -284,7 +285,8 @@ class Tuning:
         self.measurer = Measurer(node, repeats=repeats, threads=threads, seed=seed or 0, device=device, sizes=sizes,
                                  gpu=gpu)
         self.objective = Objective(LoopTree(self.program), self.measurer, threads, inject_crash_at)
-        centre = space.automatic_params(self.program, threads) if device == "cpu" else None
+        centre = space.automatic_params(self.program, threads) if device == "cpu" \
+            else space.gpu_start_params(self.program)
         self.sampler = make_sampler(sampler, seed, self.objective.draw, threads, None, self.measurer,   # prior: run()
                                     centre)
         self.study = optuna.create_study(study_name=study_name, storage=self.storage, sampler=self.sampler,

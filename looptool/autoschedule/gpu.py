@@ -34,6 +34,18 @@ FLOAT32_TILES = {"x_threads": 16, "x_groups": 2, "vector": 4, "y_threads": 16, "
 # the conv f32 8x64x56x56's product (k 576) by 17 %, but sped the attention heads' q.k^T (k 64) with A's
 # (1024x64 0.044 -> 0.035 ms, 4096x64 0.230 -> 0.193)
 TRANSPOSE_AHEAD_RUN = 1024
+# ... and the k tile is the longest of these that the run of k fills FLOAT32_TILES' stages of and whose pipeline
+# leaves an SM's shared memory room for as many blocks as its registers hold (FLOAT32_THREAD_REGISTERS a thread:
+# what ptxas gives the 8 x 4 and 8 x 8 tiles): a tile of 64 halves the tile loop's barriers and copy set-up, and
+# a row of an input with k last copied as stored is 16 16-byte vectors, one for each of the 16 x threads (at 32,
+# half of them copy it while the rest wait). H100, session 30, kernels' ms at 32 / 64: 128 x 64 blocks (2 of 97 KiB
+# an SM; an A100's 164 KiB holds one) 1000x1500x777 (5 parts) 0.0902 / 0.0889, 1024^3 0.0669 / 0.0654, 333x444x555
+# 0.0271 / 0.0250, 257x511x129 even; where 64 leaves fewer blocks an SM: 512^3 (64 x 64, 4 -> 3 an SM) 0.0241 /
+# 0.0277, 8192x8192x32 (128 x 32, 4 -> 2) 0.152 / 0.258, 128 x 128 (2 -> 1) 4096^3 2.655 / 2.72, 2048^3 0.355 /
+# 0.379, 1024x4096x1024 0.2028 / 0.2125, 768x3072x768 0.1085 / 0.1111, but with A copied as stored 1536^3
+# (6 parts) 0.1959 / 0.1889, 640x8192x640 0.1926 / 0.1878
+FLOAT32_K_TILES = (64, 32)
+FLOAT32_THREAD_REGISTERS = 128
 # a register tile takes the k steps of a tile copied as stored (an input with k last: split-k's parts, short
 # runs of k) in runs of this many, row by row, so each row's run is one 16-byte shared load where it was a word
 # a step (LLVM's load-store vectorizer does not pair words 8 rows apart). Only where k is whole runs: its
@@ -325,9 +337,11 @@ def contraction_candidates(tree: LoopTree, stage: str, hopper: bool, gpu: GpuTar
     if dtype in ("float32", "bfloat16", "float16"):
         try:
             block = float32_block(tree.program, stage, sms)
-            tiled = _float32_tree(tree, stage, block)
+            tiled = _float32_tree(tree, stage, block, gpu=gpu)
+            k_tile = float32_k_tile(tree.program, stage, block, gpu)
             candidates.append((f"register tiles on CUDA cores, {block[0]}x{block[1]} a block (inputs with k last "
-                               f"{float32_copy(tree, stage, block)}, dynamic rows in blocks), cp.async k tiles", tiled))
+                               f"{float32_copy(tree, stage, block)}, dynamic rows in blocks), cp.async k tiles of "
+                               f"{k_tile}", tiled))
         except ValueError as err:
             LOG.debug("no register-tile template for %s: %s", stage, err)
     return candidates
@@ -480,14 +494,31 @@ def narrowed(program: ir.Program, stage: str, block: tuple[int, int]) -> tuple[i
     return block[0], min(block[1], -(-n // 8) * 8)
 
 
-def float32_tiles(block: tuple[int, int]) -> dict:
+def float32_k_tile(program: ir.Program, stage: str, block: tuple[int, int], gpu: GpuTarget | None) -> int:
+    """The k tile of the register-tile template of contraction `stage` on `block` (see FLOAT32_K_TILES): the
+    longest that the run of k fills the pipeline's stages of and whose stages leave `gpu`'s SMs room for the
+    blocks their registers hold; FLOAT32_TILES' without a GPU."""
+    tiles = float32_tiles(block)
+    if gpu is None:
+        return tiles["k_tile"]
+    by_registers = gpu.registers_per_sm // (tiles["x_threads"] * tiles["y_threads"] * FLOAT32_THREAD_REGISTERS)
+    item = ITEM_BYTES[contraction_dtype(program, stage)]
+    run = program.size(program.stage(stage).reduce_dims[0])
+
+    def fits(k_tile: int) -> bool:
+        per_block = tiles["stages"] * stage_bytes(block, k_tile, item) + BLOCK_RESERVED_SHARED
+        return run >= tiles["stages"] * k_tile and gpu.shared_per_sm // per_block >= by_registers
+    return next((k_tile for k_tile in FLOAT32_K_TILES if fits(k_tile)), tiles["k_tile"])
+
+
+def float32_tiles(block: tuple[int, int], k_tile: int | None = None) -> dict:
     """FLOAT32_TILES for a block tile of (rows, columns): each thread FLOAT32_TILES' rows (8, in runs of 4: A's
     tile, stored along m, is copied in vectors of a run) and up to its columns, the block as many threads as
     that takes (64 x 64: 128 threads of 8 x 4; before session 28 every block took 256 threads, 64 x 64 then
     4 x 4 a thread, 24 % slower: H100, 1000x1500x777 in 5 parts 0.1215 against 0.0983 ms, 1536^3 in 6 0.1875
     on 64 x 64 against 0.2006 on 128 x 128)."""
     rows, columns = block
-    tiles = dict(FLOAT32_TILES)
+    tiles = dict(FLOAT32_TILES, k_tile=k_tile or FLOAT32_TILES["k_tile"])
     x_threads = min(tiles["x_threads"], columns // tiles["vector"])
     y_threads = max(rows // tiles["y_tile"], 1)
     y_tile = rows // y_threads
@@ -553,9 +584,9 @@ def _inputs_transposed_ahead(tree: LoopTree, st: ir.Stage, inputs: list[str]) ->
 
 
 def _float32_tree(tree: LoopTree, stage: str, block: tuple[int, int] = FLOAT32_BLOCKS[0],
-                  summed_by: str | None = None) -> LoopTree:
+                  summed_by: str | None = None, gpu: GpuTarget | None = None) -> LoopTree:
     st = tree.program.stage(stage)
-    p = float32_tiles(block)
+    p = float32_tiles(block, float32_k_tile(tree.program, stage, block, gpu))
     if not holds_block_tile(tree.program, stage, p):
         raise ValueError(f"the matrices of {st.name} are smaller than one block tile")
     inputs = sorted({ld.buffer for ld in _loads(st)})
@@ -623,11 +654,12 @@ def atomic_parts_total(program: ir.Program, stage: str) -> str | None:
     return total.name
 
 
-def float32_parts_tree(tree: LoopTree, stage: str, total: str, block: tuple[int, int]) -> LoopTree:
+def float32_parts_tree(tree: LoopTree, stage: str, total: str, block: tuple[int, int],
+                       gpu: GpuTarget | None = None) -> LoopTree:
     """Split-k's parts (`stage`, a float32 contraction over [parts, m, n]) on register tiles whose blocks add
     their results into `total` (the sum of the parts) atomically, the parts on block.z: `total` is zeroed by
     a kernel of its own first, and no partial result is stored (`register_tiled`'s `summed_by`)."""
-    return _float32_tree(tree, stage, block, summed_by=total)
+    return _float32_tree(tree, stage, block, summed_by=total, gpu=gpu)
 
 
 def _loads(stage):

@@ -580,7 +580,7 @@ class _Planner:
             return False
         block = templates.float32_block(program, name, self.gpu.sms)
         try:
-            tree = templates.float32_parts_tree(self.tree, name, total, block)
+            tree = templates.float32_parts_tree(self.tree, name, total, block, self.gpu)
         except ValueError:
             return False
         if not tree.check()[0]:
@@ -592,7 +592,8 @@ class _Planner:
         blocks = templates.block_count(program, name, block)
         self.note(name, f"split-k's {parts} parts of {run} on register tiles, {block[0]}x{block[1]} a block (the block "
                         f"of least modelled time for these parts, `float32_cost`: {blocks} blocks, at most "
-                        f"{-(-blocks // self.gpu.sms)} an SM in turn), cp.async k tiles; the parts ({stage.dims[0]}) "
+                        f"{-(-blocks // self.gpu.sms)} an SM in turn), cp.async k tiles of "
+                        f"{templates.float32_k_tile(program, name, block, self.gpu)}; the parts ({stage.dims[0]}) "
                         f"on block.z, each block adding its tile into {total} by atomic adds ({total} zeroed by a "
                         f"kernel first): no partial results in memory, no kernel adding them")
         return True

@@ -636,6 +636,36 @@ def test_a_threads_rows_of_a_float32_block_run_in_whole_vectors(block, threads, 
     assert tiles["y_tile"] // tiles["y_groups"] % tiles["vector"] == 0
 
 
+@pytest.mark.parametrize("m, k, n, arch, k_tile", [(1000, 1500, 777, "sm_90", 64), (333, 444, 555, "sm_90", 64),
+                                                   (1000, 1500, 777, "sm_80", 32), (4096, 4096, 4096, "sm_90", 32),
+                                                   (512, 512, 512, "sm_90", 32), (1024, 64, 1024, "sm_90", 32)])
+def test_a_float32_k_tile_is_64_where_its_stages_leave_an_sm_its_blocks(m, k, n, arch, k_tile):
+    """k tiles of 64 where two stages of them leave an SM's shared memory room for the blocks its registers hold
+    (128 x 64 blocks on an H100: 2 of 97 KiB; an A100's 164 KiB holds one) and k fills them; 128 x 128 and
+    64 x 64 blocks (one, three an SM at 64 instead of two, four) and k of 64 keep 32, as does a schedule made
+    without a GPU."""
+    gpu = assumed_gpu(arch)
+    sm, sk, sn = lt.symbols("m k n")
+    c = (lt.Tensor(np.ones((m, k), np.float32)).to(sm, sk) * lt.Tensor(np.ones((k, n), np.float32)).to(sk, sn)).sum(sk)
+    program = ir.lower(c.node)[0]
+    parts = templates.split_k_parts(program, gpu.sms, gpu.tensor_cores == "wgmma")
+    split = ir.split_k(program, parts) if parts > 1 else program
+    stage = split.stages[0].name
+    block = templates.float32_block(split, stage, gpu.sms)
+    assert templates.float32_k_tile(split, stage, block, gpu) == k_tile
+    assert templates.float32_k_tile(split, stage, block, None) == templates.FLOAT32_TILES["k_tile"]
+
+
+def test_a_float32_product_on_k_tiles_of_64_with_a_tail_runs_right(rng):
+    """256 x 200 x 64 on a 2-SM Hopper: 128 x 64 blocks, k tiles of 64 (200: three and a tail of 8)."""
+    a, b = rng.standard_normal((256, 200)).astype(np.float32), rng.standard_normal((200, 64)).astype(np.float32)
+    sm, sk, sn = lt.symbols("m k n")
+    c = (lt.Tensor(a).to(sm, sk) * lt.Tensor(b).to(sk, sn)).sum(sk)
+    tree, module = scheduled(c, GpuTarget("sm_90", 2))
+    assert "128x64 a block" in tree.explain() and "cp.async k tiles of 64" in tree.explain()
+    assert_close(run_tree(c, tree, module), a.astype(np.float64) @ b, 1e-5)
+
+
 def test_a_convolution_reads_its_filters_coalesced(rng):
     sn, sc, sh, sw, so, soh, sow, skh, skw = lt.symbols("n c h w o oh ow kh kw")
     x, w = rng.standard_normal((2, 8, 9, 7)).astype(np.float32), rng.standard_normal((40, 8, 3, 3)).astype(np.float32)
