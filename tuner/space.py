@@ -20,7 +20,7 @@ import optuna
 from looptool import autoschedule, ir
 from looptool.analysis.target import Target, host
 from looptool.autoschedule.gpu import (TENSOR_START, accumulator, atomic_parts_total, contraction_dtype,
-                                       float32_block, float32_copies, float32_k_tile, float32_tiles, holds_block_tile,
+                                       float32_block, float32_copies, float32_plan, holds_block_tile,
                                        mma_tiled, persistent_grid, register_tiled, resident_grid, stage_bytes,
                                        tile_dims, transposable, transposed_ahead, wgmma_start, wgmma_tiled)
 from looptool.codegen import gpu as codegen_gpu
@@ -216,14 +216,14 @@ def gpu_start_params(program: ir.Program) -> dict:
 
 def _tiles_start(program: ir.Program, stage: str) -> dict:
     """The automatic schedule's register tiles of the float32 contraction `stage` on this GPU as this space's
-    parameters: its block (`float32_block`), threads and tiles (`float32_tiles`), and which inputs it copies
+    parameters: its block (`float32_block`), threads and tiles (`float32_plan`), and which inputs it copies
     as stored or transposes ahead (`float32_copies`); {} where the matrices hold no block tile."""
     st = program.stage(stage)
     block = float32_block(program, stage, _sm_count())
-    tiles = float32_tiles(block, float32_k_tile(program, stage, block, _gpu()))
+    tree = LoopTree(program)
+    tiles = float32_plan(tree, stage, block, _gpu())
     if not holds_block_tile(program, stage, tiles):
         return {}
-    tree = LoopTree(program)
     ahead, stored = float32_copies(tree, stage, block)
     params = {"vector": tiles["vector"], "x.threads": tiles["x_threads"], "x.tile": tiles["x_groups"],
               "y.threads": tiles["y_threads"], "y.tile": tiles["y_tile"], "y.groups": tiles["y_groups"],

@@ -46,6 +46,13 @@ TRANSPOSE_AHEAD_RUN = 1024
 # (6 parts) 0.1959 / 0.1889, 640x8192x640 0.1926 / 0.1878
 FLOAT32_K_TILES = (64, 32)
 FLOAT32_THREAD_REGISTERS = 128
+# a thread's rows come in FLOAT32_TILES' y_groups runs so that A's tile, stored along m, is copied in vectors of a
+# run; where A is copied as stored (k last) in this many, but on FLOAT32_NARROW_BLOCK. H100, session 30, kernels'
+# ms in 2 runs / 1 (one process): 1000x1500x777 0.0879 / 0.0849, 1536^3 0.1946 / 0.1916, 640x8192x640 0.1912 /
+# 0.1884, 257x511x129 0.0175 / 0.0171, 1000x300x777 0.0411 / 0.0399, 512^3 0.0217 / 0.0198, 200x300x500 0.0156 /
+# 0.0150; 333x444x555, 1024x64x1024, 331x277x413, 997x1001x1003 even; slower on the narrow block (8192x8192x32
+# 0.1485 / 0.1550) and with A transposed ahead (1024^3 0.0673 / 0.0740, 4096^3 2.653 / 2.916)
+STORED_ROWS_GROUPS = 1
 # a register tile takes the k steps of a tile copied as stored (an input with k last: split-k's parts, short
 # runs of k) in runs of this many, row by row, so each row's run is one 16-byte shared load where it was a word
 # a step (LLVM's load-store vectorizer does not pair words 8 rows apart). Only where k is whole runs: its
@@ -583,10 +590,21 @@ def _inputs_transposed_ahead(tree: LoopTree, st: ir.Stage, inputs: list[str]) ->
             and (long_run or columns_run and not rows_k_last(tree, st.name, b))]
 
 
+def float32_plan(tree: LoopTree, stage: str, block: tuple[int, int], gpu: GpuTarget | None) -> dict:
+    """`float32_tiles` of the register-tile template of contraction `stage` on `block` as it runs on `gpu`: its
+    k tile (`float32_k_tile`), and a thread's rows in STORED_ROWS_GROUPS runs where the input holding them is
+    copied as stored with k last (`float32_copies`), but on FLOAT32_NARROW_BLOCK."""
+    tiles = float32_tiles(block, float32_k_tile(tree.program, stage, block, gpu))
+    if block != FLOAT32_NARROW_BLOCK and holds_block_tile(tree.program, stage, tiles) \
+            and any(rows_k_last(tree, stage, b) for b in float32_copies(tree, stage, block)[1]):
+        tiles["y_groups"] = STORED_ROWS_GROUPS
+    return tiles
+
+
 def _float32_tree(tree: LoopTree, stage: str, block: tuple[int, int] = FLOAT32_BLOCKS[0],
                   summed_by: str | None = None, gpu: GpuTarget | None = None) -> LoopTree:
     st = tree.program.stage(stage)
-    p = float32_tiles(block, float32_k_tile(tree.program, stage, block, gpu))
+    p = float32_plan(tree, stage, block, gpu)
     if not holds_block_tile(tree.program, stage, p):
         raise ValueError(f"the matrices of {st.name} are smaller than one block tile")
     inputs = sorted({ld.buffer for ld in _loads(st)})

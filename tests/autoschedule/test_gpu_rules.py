@@ -15,6 +15,7 @@ from looptool.analysis.gpu_target import GpuTarget, assumed_gpu
 from looptool.autoschedule import gpu as templates
 from looptool.autoschedule import gpu_rules
 from looptool.codegen import gpu as codegen_gpu
+from looptool.schedule import LoopTree
 from tests.gpu_host import run_tree
 from tests.helpers import assert_close, row_softmax
 
@@ -654,6 +655,22 @@ def test_a_float32_k_tile_is_64_where_its_stages_leave_an_sm_its_blocks(m, k, n,
     block = templates.float32_block(split, stage, gpu.sms)
     assert templates.float32_k_tile(split, stage, block, gpu) == k_tile
     assert templates.float32_k_tile(split, stage, block, None) == templates.FLOAT32_TILES["k_tile"]
+
+
+@pytest.mark.parametrize("m, k, n, groups", [(1000, 1500, 777, 1), (512, 512, 512, 1), (4096, 4096, 4096, 2),
+                                             (8192, 8192, 32, 2)])
+def test_a_threads_rows_are_one_run_where_a_is_copied_as_stored(m, k, n, groups):
+    """A thread's 8 rows come in runs of 4 so that A's tile, stored along m, is copied in vectors of a run: A
+    transposed ahead (4096^3). Where A is copied as stored with k last (split-k's parts) they are one run, but
+    on the narrow 128 x 32 block (8192x8192x32), where one run was slower."""
+    sm, sk, sn = lt.symbols("m k n")
+    c = (lt.Tensor(np.ones((m, k), np.float32)).to(sm, sk) * lt.Tensor(np.ones((k, n), np.float32)).to(sk, sn)).sum(sk)
+    program = ir.lower(c.node)[0]
+    parts = templates.split_k_parts(program, H100.sms)
+    split = ir.split_k(program, parts) if parts > 1 else program
+    stage = split.stages[0].name
+    block = templates.float32_block(split, stage, H100.sms)
+    assert templates.float32_plan(LoopTree(split), stage, block, H100)["y_groups"] == groups
 
 
 def test_a_float32_product_on_k_tiles_of_64_with_a_tail_runs_right(rng):
