@@ -32,7 +32,9 @@ kernel's tiles in groups of this many block rows; with LOOPTOOL_CACHE_DIR=), on 
 LOOPTOOL_CACHE_DIR=) on the same; `split_k_atomic`, `autoschedule.gpu.SPLIT_K_ATOMIC` (split-k's float32 parts added into
 the result atomically, or by a second kernel) on float32 matmuls; `stored_k_run`, `autoschedule.gpu.STORED_K_RUN`
 (k steps a register tile reads at once from a row stored k last; 1: a word a step) on float32 products whose
-inputs are copied as stored; `one_k_tile`, `autoschedule.gpu.WGMMA_ONE_K_TILE` (the wgmma template where k is one
+inputs are copied as stored; `float32_k_tiles`, `autoschedule.gpu.FLOAT32_K_TILES` (the k tiles a float32 register
+tile may take, longest first: `float32_k_tile`), and `stored_rows_groups`, `autoschedule.gpu.STORED_ROWS_GROUPS` (the
+runs a thread's rows come in where A is copied as stored), on the same products; `one_k_tile`, `autoschedule.gpu.WGMMA_ONE_K_TILE` (the wgmma template where k is one
 k tile: block, teams, stages, copier) with `PERSISTENT_STORE_SHARE`, on batched bfloat16 products against torch with
 the same result dtype (session 29's `one_k_tile_stages` runs were its first two values). For each
 workload and value, the automatic schedule's kernels run on a NaN-poisoned output, are compared with
@@ -94,6 +96,8 @@ KNOBS = {
                                                 ((128, 128), (2, 1), 2, "tma", 4.0), ((128, 128), (2, 1), 3, "tma", 4.0),
                                                 ((128, 256), (2, 1), 2, "tma", 4.0)), "batched_cases"),
     "stored_k_run": (lambda v: setattr(templates, "STORED_K_RUN", v), (1, 4), "stored_cases"),
+    "float32_k_tiles": (lambda v: setattr(templates, "FLOAT32_K_TILES", v), ((32,), (64, 32)), "stored_cases"),
+    "stored_rows_groups": (lambda v: setattr(templates, "STORED_ROWS_GROUPS", v), (2, 1), "stored_cases"),
     "wgmma_stages": (lambda v: _wgmma_start(*v), ((((128, 256), (128, 128), (128, 64)), 3), (((128, 128),), 1),
                                                  (((128, 128),), 2), (((128, 64),), 1), (((128, 64),), 2),
                                                  (((128, 256),), 1)), "wgmma_cases"),
