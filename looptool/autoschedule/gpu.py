@@ -504,13 +504,13 @@ def narrowed(program: ir.Program, stage: str, block: tuple[int, int]) -> tuple[i
 def float32_k_tile(program: ir.Program, stage: str, block: tuple[int, int], gpu: GpuTarget | None) -> int:
     """The k tile of the register-tile template of contraction `stage` on `block` (see FLOAT32_K_TILES): the
     longest that the run of k fills the pipeline's stages of and whose stages leave `gpu`'s SMs room for the
-    blocks their registers hold; FLOAT32_TILES' without a GPU."""
+    blocks their registers hold; FLOAT32_TILES' without a GPU or over a dynamic k."""
     tiles = float32_tiles(block)
-    if gpu is None:
+    run = program.size(program.stage(stage).reduce_dims[0])
+    if gpu is None or not isinstance(run, int):
         return tiles["k_tile"]
     by_registers = gpu.registers_per_sm // (tiles["x_threads"] * tiles["y_threads"] * FLOAT32_THREAD_REGISTERS)
     item = ITEM_BYTES[contraction_dtype(program, stage)]
-    run = program.size(program.stage(stage).reduce_dims[0])
 
     def fits(k_tile: int) -> bool:
         per_block = tiles["stages"] * stage_bytes(block, k_tile, item) + BLOCK_RESERVED_SHARED
