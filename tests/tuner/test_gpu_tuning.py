@@ -1,5 +1,6 @@
 """Tuning for the GPU: every legal draw of the GPU search space computes the right result; a GPU
 study (marked `gpu`) records its best schedule for this GPU where it beats the automatic one."""
+import dataclasses
 import re
 
 import numpy as np
@@ -221,18 +222,22 @@ def test_a_gpu_study_of_a_half_contraction_starts_from_the_gpus_best_tensor_core
     assert space.gpu_start_params(ir.lower(softmax_rows(rng, rows=32, cols=128)[0].node)[0]) == {}
 
 
-@pytest.mark.parametrize("m, k, n, parts, copied", [(128, 64, 128, 1, "in0.t0.acc[m, k] = in0[m, k]"),
-                                                     (256, 1024, 256, 1, "in0.t0[k, m] = in0[m, k]"),
-                                                     (300, 1024, 200, 4, "in0.t0.part[k_o, m, k_i] = in0[k_o, m, k_i]")])
-def test_a_float32_gpu_study_starts_from_the_automatic_schedule(rng, monkeypatch, m, k, n, parts, copied):
+PARTS_COPIED = "in0.t0.part[k_o, m, k_i] = in0[k_o, m, k_i]"
+
+
+@pytest.mark.parametrize("m, k, n, parts, copied, sms", [(128, 64, 128, 1, "in0.t0.acc[m, k] = in0[m, k]", 132),
+                                                          (256, 1024, 256, 1, "in0.t0[k, m] = in0[m, k]", 132),
+                                                          (300, 1024, 200, 4, PARTS_COPIED, 132),
+                                                          (256, 512, 64, 2, PARTS_COPIED, 2)])
+def test_a_float32_gpu_study_starts_from_the_automatic_schedule(rng, monkeypatch, m, k, n, parts, copied, sms):
     """A float32 study's first draw is the automatic schedule of this GPU (`_tiles_start`: its block, threads,
     tiles and copies), step for step: A's short k tiles copied as stored, A transposed ahead where k is long,
-    split-k's parts added into the result atomically; legal and right. Matrices smaller than one block tile
-    get no first draw."""
+    split-k's parts added into the result atomically, k tiles of 64 and rows in one run (128 x 64 blocks on
+    a 2-SM Hopper: `float32_plan`); legal and right. Matrices smaller than one block tile get no first draw."""
     optuna = pytest.importorskip("optuna")
     from looptool.analysis.gpu_target import assumed_gpu
     from looptool.autoschedule import gpu_rules
-    h100 = assumed_gpu("sm_90")
+    h100 = dataclasses.replace(assumed_gpu("sm_90"), sms=sms)
     monkeypatch.setattr(space, "_gpu", lambda: h100)
     c, ref = matmul(rng, m, k, n)
     program, arrays = ir.lower(c.node)
