@@ -224,7 +224,7 @@ def _fill_kernel(tree: LoopTree, fn: llir.Function, pointers: dict, name: str, a
             splat = constant(llir.VectorType(VALUE_TYPE[plan.dtype], lanes), [IDENTITY[stage.reduce_op]] * lanes)
             builder.store_value(splat, builder.element(pointers[name], first, plan.dtype), plan.dtype,
                                 align=lanes * ITEM_BYTES[plan.dtype])
-        with rest:
+        with rest, b.if_then(b.icmp_signed("==", first, constant(I64, whole))):
             for lane in range(plan.size - whole):
                 builder.store_value(identity, builder.element(pointers[name], constant(I64, whole + lane), plan.dtype),
                                     plan.dtype)

@@ -172,6 +172,19 @@ def test_a_sum_across_blocks_is_zeroed_by_its_own_kernel_then_added_atomically(r
     assert_close(c.numpy(tree), ref, 1e-5)
 
 
+def test_a_zeroing_fill_stores_the_elements_past_its_whole_vectors_once(rng):
+    """21 x 47 results: 987 floats, 246 16-byte vectors and 3 elements past them, which the one thread at the
+    vectors' end stores (threads past it store nothing). Run on this CPU (`tests.gpu_host`) on a result that
+    starts as NaN, the atomic adds then give the product."""
+    c, ref = matmul(rng, 21, 32, 47)
+    tree = k_across_blocks(c.loop_tree())
+    module = gpu.generate(tree, "sm_90")
+    zero = module.ptx.split(".entry")[1]
+    assert (zero.count("st.global.v4.b32"), len(re.findall(r"st\.global\.(f32|b32)", zero))) == (1, 3)
+    assert re.search(r"setp\.(eq|ne)\.[bsu]64\s+%p\d+, %rd\d+, 984;", zero)        # the thread at element 984
+    assert_close(run_tree(c, tree, module), ref, 1e-5)
+
+
 @pytest.mark.parametrize("arch, hardware", [("sm_90", True), ("sm_80", True), ("sm_75", False)])
 def test_bfloat16_results_are_rounded_by_the_hardware_from_sm_80(rng, arch, hardware):
     """`cvt.rn.bf16x2.f32` (two lanes an instruction) or `cvt.rn.bf16.f32` from sm_80, the integer rounding
