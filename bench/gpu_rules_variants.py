@@ -34,9 +34,9 @@ the result atomically, or by a second kernel) on float32 matmuls; `stored_k_run`
 (k steps a register tile reads at once from a row stored k last; 1: a word a step) on float32 products whose
 inputs are copied as stored; `float32_k_tiles`, `autoschedule.gpu.FLOAT32_K_TILES` (the k tiles a float32 register
 tile may take, longest first: `float32_k_tile`), and `stored_rows_groups`, `autoschedule.gpu.STORED_ROWS_GROUPS` (the
-runs a thread's rows come in where A is copied as stored), on the same products; `one_k_tile`, `autoschedule.gpu.WGMMA_ONE_K_TILE` (the wgmma template where k is one
-k tile: block, teams, stages, copier) with `PERSISTENT_STORE_SHARE`, on batched bfloat16 products against torch with
-the same result dtype (session 29's `one_k_tile_stages` runs were its first two values). For each
+runs a thread's rows come in where A is copied as stored), on the same products; `one_k_tile`,
+`autoschedule.gpu.WGMMA_ONE_K_TILE` (the wgmma template where k is one k tile: block, teams, stages, copier)
+with `PERSISTENT_STORE_SHARE`, on batched bfloat16 products against torch with the same result dtype (session 29's `one_k_tile_stages` runs were its first two values). For each
 workload and value, the automatic schedule's kernels run on a NaN-poisoned output, are compared with
 torch in float64, and are timed interleaved with torch (median of CUDA-event timed calls, best of 3
 rounds). Prints one line per variant: kernels' time, torch / kernels.
