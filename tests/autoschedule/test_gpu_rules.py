@@ -71,12 +71,25 @@ def test_a_small_reduction_to_a_scalar_runs_in_one_block(rng, dtype):
 
 def test_softmax_rows_shorter_than_a_warp_run_a_thread_a_row_in_registers(rng):
     """Rows of 10: a block a row would leave 22 of its 32 lanes idle and launch a block for each of 3000
-    rows; a thread a row keeps its row's values in registers (its loops unrolled), 256 rows a block."""
+    rows; a thread a row keeps its row's values in registers (its loops unrolled), 256 rows a block, and
+    reads and writes them in pairs (a row of 40 bytes holds no whole 16-byte vectors)."""
     sm, ref = row_softmax(rng.standard_normal((3000, 10)).astype(np.float32))
     tree, module = scheduled(sm)
-    assert "n is 10 long, so a thread takes one m (256 a block)" in tree.explain(), tree.explain()
+    assert "n is 10 long, so a thread takes one m (256 a block) and walks n, 8 bytes at a time" in tree.explain()
     assert len(module.launches) == 1 and module.launches[0].grid == (12, 1, 1) and ".local" not in module.ptx
+    assert module.ptx.count("ld.global.nc.v2.b32") == 5 and module.ptx.count("st.global.v2.b32") == 5
     assert_close(sm.numpy(tree), ref, 1e-5)
+    assert_close(run_tree(sm, tree, module), ref, 1e-5)
+
+
+@pytest.mark.parametrize("cols, vectors", [(16, 4), (12, 3), (7, 0)])
+def test_a_thread_a_rows_short_row_moves_in_16_byte_vectors_where_it_holds_them(rng, cols, vectors):
+    """Rows of 16 and 12 float32 values are 4 and 3 whole 16-byte vectors; a row of 7 holds none (scalars)."""
+    sm, ref = row_softmax(rng.standard_normal((300, cols)).astype(np.float32))
+    tree, module = scheduled(sm)
+    assert module.ptx.count("st.global.v4.b32") == vectors and module.ptx.count("ld.global.nc.v4.b32") == vectors
+    assert module.ptx.count("st.global.b32") == (0 if vectors else cols)
+    assert_close(run_tree(sm, tree, module), ref, 1e-5)
 
 
 def test_softmax_rows_run_as_one_kernel_with_a_block_a_row(rng):
