@@ -17,7 +17,9 @@ wgmma template's block tiles) on bfloat16 matmuls, batched with k = 64, square, 
 `wgmma_stages`, the wgmma template's block tiles and pipeline stages together, on the same;
 `row_shared_share`, `gpu_rules.ROW_SHARED_SHARE` (the share of a block's shared memory a row kept there
 may take) on the row cases; `long_row`, `gpu_rules.LONG_ROW` (rows shorter than it are summed a thread a row, not a block a row) on the
-row cases; `split_k_blocks`, `autoschedule.gpu.SPLIT_K_BLOCKS` (0: no split-k) on float32 matmuls; `split_k_run`,
+row cases; `short_rows_in_turn`, `gpu_rules.SHORT_ROWS_IN_TURN` (rows a block of one warp takes in turn on rows shorter
+than LONG_ROW; 1: a block a row) and `row_vectors`, `gpu_rules.ROW_VECTORS` (a thread's short row moved in vectors),
+on softmax and layer norm over rows of 10 to 127; `split_k_blocks`, `autoschedule.gpu.SPLIT_K_BLOCKS` (0: no split-k) on float32 matmuls; `split_k_run`,
 `autoschedule.gpu.SPLIT_K_RUN` (the shortest run of k a part sums) on the same; `half_split_k`, the shortest
 run of k a half-precision part sums (`autoschedule.gpu.HALF_SPLIT_K_RUN`; 0: no split-k) on bfloat16 matmuls;
 `half_split_k_busy`, `autoschedule.gpu.HALF_SPLIT_K_BUSY` (half precision is split only where its unsplit
@@ -69,6 +71,8 @@ KNOBS = {
     "long_row_unroll": (lambda v: setattr(gpu_rules, "LONG_ROW_UNROLL", v), (1, 2, 4, 8), "row_cases"),
     "row_elements": (lambda v: setattr(gpu_rules, "ROW_ELEMENTS_PER_THREAD", v), (8, 16, 32), "row_cases"),
     "long_row": (lambda v: setattr(gpu_rules, "LONG_ROW", v), (32, 128, 512), "row_cases"),
+    "short_rows_in_turn": (lambda v: setattr(gpu_rules, "SHORT_ROWS_IN_TURN", v), (1, 4, 8), "short_row_cases"),
+    "row_vectors": (lambda v: setattr(gpu_rules, "ROW_VECTORS", v), (False, True), "short_row_cases"),
     "row_shared_share": (lambda v: setattr(gpu_rules, "ROW_SHARED_SHARE", v), (0.25, 0.5, 0.95), "row_cases"),
     "float32_blocks": (lambda v: setattr(templates, "FLOAT32_BLOCKS", (v,)), ((128, 128), (64, 128), (128, 64), (64, 64)),
                        "matmul_cases"),
@@ -271,6 +275,30 @@ def write_back_cases(torch):
     out = wgmma_cases(torch)[:1]
     name, c, baseline, reference = out[0]
     return out + [(f"{name}, bf16 result", c.astype(lt.bfloat16), baseline, reference)]
+
+
+def short_row_cases(torch):
+    """Softmax and layer norm over rows of 10 to 127 (a thread a row below 32, a block of one warp above)."""
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    m, n = lt.symbols("m n")
+
+    def softmax(rows, cols):
+        x = torch.randn(rows, cols, device="cuda", generator=gen)
+        xt = lt.Tensor(x).to(m, n)
+        e = (xt - xt.max(n)).exp()
+        return f"softmax {rows}x{cols}", e / e.sum(n), lambda: torch.softmax(x, 1), lambda: torch.softmax(x.double(), 1)
+
+    def layer_norm(rows, cols):
+        x = torch.randn(rows, cols, device="cuda", generator=gen)
+        xt = lt.Tensor(x).to(m, n)
+        centred = xt - xt.mean(n)
+        y = centred / lt.sqrt((centred * centred).mean(n) + 1e-5)
+        ln = torch.nn.functional.layer_norm
+        return f"layer norm {rows}x{cols}", y, lambda: ln(x, (cols,)), lambda: ln(x.double(), (cols,))
+
+    return [softmax(100000, 10), softmax(1000000, 10), softmax(100000, 12), softmax(100000, 16), softmax(65536, 20),
+            softmax(100000, 31), softmax(65536, 33), softmax(65536, 48), softmax(65536, 64), softmax(32768, 100),
+            softmax(32768, 127), layer_norm(100000, 16), layer_norm(65536, 64)]
 
 
 def row_cases(torch):

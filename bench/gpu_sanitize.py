@@ -96,6 +96,14 @@ def automatic_workloads() -> dict:
     e = (xt - xt.max(m)).exp()
     ex = np.exp(a.astype(np.float64) - a.max(0))
     out["softmax over the outer dim 301x68"] = (e / e.sum(m), ex / ex.sum(0))
+    for rows, cols, case in ((17_001, 48, "rows of 48 taken 4 a block in turn, a tail"),
+                             (1001, 12, "rows of 12 a thread a row in 16-byte vectors"),
+                             (1001, 10, "rows of 10 a thread a row in pairs")):
+        v = rng.standard_normal((rows, cols), dtype=np.float32)
+        vt = lt.Tensor(v).to(m, n)
+        e = (vt - vt.max(n)).exp()
+        ev = np.exp(v.astype(np.float64) - v.max(1, keepdims=True))
+        out[f"softmax {case} {rows}x{cols}"] = (e / e.sum(n), ev / ev.sum(1, keepdims=True))
     g = rng.standard_normal((33, 1001), dtype=np.float32)
     out["pointwise 33x1001"] = ((lt.Tensor(g).to(m, n) * 2.0).exp(), np.exp(2.0 * g.astype(np.float64)))
     out["pointwise 33x1000"] = ((lt.Tensor(g[:, :1000]).to(m, n) * 2.0).exp(), np.exp(2.0 * g[:, :1000].astype(np.float64)))

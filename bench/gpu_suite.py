@@ -15,7 +15,7 @@ run as a new user would: `c.cuda()` with no schedule and no tuning database. Per
 It also measures the host cost of a `.cuda()` call (perf_counter over many calls of a small
 workload, no synchronization). Prints a table; writes `gpu_suite.json` and `gpu_suite.md` to DIR.
 `--shapes other` runs 13 shapes no rule was tuned on instead (for re-measuring the rules), `--shapes even`
-the suite without its odd sizes, `--shapes sweep` 27 skewed, odd and off-tile shapes of every family (for
+the suite without its odd sizes, `--shapes sweep` 29 skewed, odd and off-tile shapes of every family (for
 finding outliers), `--shapes transformer` 29 shapes of GPT-2 and LLaMA layers no rule was tuned on,
 `--shapes models` the CPU suite's workloads (`bench.models`) at its sizes.
 """
@@ -243,6 +243,8 @@ def workloads(torch, shapes: str = "suite"):
         ("mlp relu(xW+b) bf16 4000x1000x3000", mlp(4000, 1000, 3000)),
         ("softmax f32 7x777777", softmax(7, 777777, torch.float32)),
         ("softmax f32 100000x10", softmax(100000, 10, torch.float32)),
+        ("softmax f32 100000x31", softmax(100000, 31, torch.float32)),
+        ("softmax f32 65536x48", softmax(65536, 48, torch.float32)),
         ("softmax f32 3000x3000", softmax(3000, 3000, torch.float32)),
         ("layer norm f32 333x12345", layer_norm(333, 12345)),
         ("layer norm f32 65536x64", layer_norm(65536, 64)),

@@ -73,6 +73,13 @@ THREAD_CHUNK = 8             # the least a thread's partial result sums
 # row was one block of 32 threads for 2-4 elements a lane: H100, bench.gpu_rules_variants --knob long_row,
 # row sum 100000x77 0.068 ms at 32 against 0.023 at 128; rows of 300 and more unchanged)
 LONG_ROW = 4 * WARP_LANES
+THREAD_ROWS_BELOW = WARP_LANES   # softmax-like rows shorter than this run a thread a row (`fused_rows`)
+# a block of one warp on a row shorter than LONG_ROW takes this many rows in turn where the grid still fills every
+# SM's block slots (`short_rows_in_turn`): a block a row of 33-127 spent its time starting and ending blocks
+# (1: none; H100, session 31, x torch at 1 / 4 / 8 / 16 rows: softmax 65536x48 0.39 / 0.70 / 0.69 / 0.72, 65536x64 0.40 /
+# 0.76 / 0.74 / 0.76, 32768x100 0.58 / 0.84 / 0.82 / 0.76, 32768x127 0.62 / 0.86 / 0.87 / 0.74)
+SHORT_ROWS_IN_TURN = 4
+ROW_VECTORS = True           # a thread's short row moved in vectors (`row_vectors`)
 ROW_SHARED_SHARE = 0.25      # of a block's shared memory, the most a row kept there may take (H100, session
                              # 13, --knob row_shared_share: 0.95 made softmax 2048x50257 0.70 -> 1.01 ms and
                              # 256x20000 0.035 -> 0.048 ms; re-reading a long row through L2 is faster)
@@ -242,7 +249,7 @@ class _Planner:
             return None
         # rows shorter than a warp go a thread a row: a block a row would leave lanes idle and give each
         # row a block of its own (softmax 100000x10 on an H200: 0.20x torch)
-        by_block = (contiguous_dim(program, result) == row and self.size(row) >= WARP_LANES) or not outer
+        by_block = (contiguous_dim(program, result) == row and self.size(row) >= THREAD_ROWS_BELOW) or not outer
         if by_block and self.few_long_rows(outer, row):
             return None
         if by_block and self.size(row) <= STRIDED_UNROLL * self.row_threads(row):
@@ -298,13 +305,17 @@ class _Planner:
         passes = list(group) + ([self.tree.program.stage(factor)] if factor else [])
         self.tree = self.tree.reorder(*shared, *inner, row, stage=name)
         turn = None if weighted else self.rows_in_turn([self.tree.program.stage(name), *passes], row, shared, threads)
+        why = f"the rows the blocks resident at once hold, re-read by later passes, then fit in half the L2 cache " \
+              f"({self.gpu.l2_bytes >> 20} MiB)"
+        if not turn and not weighted and self.short_rows_in_turn(row, shared, threads):
+            turn = SHORT_ROWS_IN_TURN
+            why = f"rows of {self.size(row)} are too short for a block each, and the grid still fills the SMs' " \
+                  f"{self.gpu.blocks_per_sm} block slots"
         if turn:
             last = shared[-1]
             self.tree = self.tree.split(last, turn, stage=name)
             depth = self.bind_grid(name, shared[:-1] + [f"{last}.0"]) + 1
-            self.note(name, f"its blocks take {turn} rows each in turn ({last}.1): the rows the blocks resident "
-                            f"at once hold, re-read by later passes, then fit in half the L2 cache "
-                            f"({self.gpu.l2_bytes >> 20} MiB)")
+            self.note(name, f"its blocks take {turn} rows each in turn ({last}.1): {why}")
         else:
             depth = self.bind_grid(name, shared)
         if weighted:
@@ -349,6 +360,15 @@ class _Planner:
             return None
         blocks = max(1, min(self.gpu.sms, room // row_bytes))
         return min(self.size(shared[-1]), -(-rows // blocks))
+
+    def short_rows_in_turn(self, row: str, shared: list[str], threads: int) -> bool:
+        """Whether a block of one warp on a row shorter than LONG_ROW takes SHORT_ROWS_IN_TURN rows in turn: where
+        the last row dim holds them and the grid then keeps a block for each block slot of every SM."""
+        if not shared or threads > WARP_LANES or self.size(row) >= LONG_ROW or SHORT_ROWS_IN_TURN < 2:
+            return False
+        rows = math.prod(self.size(d) for d in shared)
+        return self.size(shared[-1]) >= SHORT_ROWS_IN_TURN and \
+            rows // SHORT_ROWS_IN_TURN >= self.gpu.sms * self.gpu.blocks_per_sm
 
     def walk_bytes(self, result: ir.Stage, inner: list[str]) -> int:
         """Bytes a block a row of a weighted walk reads besides its row: the factor of its product that keeps
@@ -411,7 +431,7 @@ class _Planner:
         self.tree = self.tree.bind(f"{x}.1", "thread.x", stage=result.name)
         for st in group:
             self.tree = self.tree.place(st.name, result.name, depth + 1)
-        short = self.size(row) < WARP_LANES
+        short = self.size(row) < THREAD_ROWS_BELOW
         if short:                          # the row's values stay in the thread's registers
             for st in [result, *group]:
                 self.tree = self.tree.unroll(row, stage=st.name)
@@ -428,7 +448,7 @@ class _Planner:
         pairs); how, for `explain` ('' where the row holds no vectors)."""
         item = templates.ITEM_BYTES[result.dtype]
         widths = [w for w in (templates.VECTOR_BYTES // item, 2, 1) if self.size(row) % w == 0]
-        if contiguous_dim(self.tree.program, result) != row or widths[0] == 1:
+        if not ROW_VECTORS or contiguous_dim(self.tree.program, result) != row or widths[0] == 1:
             return ""
         width = widths[0]
         for st in [result, *group]:

@@ -106,6 +106,18 @@ def test_softmax_rows_run_as_one_kernel_with_a_block_a_row(rng):
     assert_close(sm.numpy(tree), ref, 1e-5)
 
 
+@pytest.mark.parametrize("rows, cols, turn", [(301, 48, 4), (255, 48, None), (301, 128, None)])
+def test_blocks_of_one_warp_on_short_rows_take_rows_in_turn_where_the_grid_still_fills_the_sms(rng, rows, cols, turn):
+    """On 2 SMs of 32 block slots: 301 rows of 48 go 4 a block (76 blocks, the last under a tail); 255 rows would
+    leave slots empty (63 blocks), and rows of 128 are long enough for a block each."""
+    sm, ref = row_softmax(rng.standard_normal((rows, cols)).astype(np.float32))
+    tree, module = scheduled(sm, GpuTarget("sm_90", 2))
+    taken = f"its blocks take {turn} rows each in turn (m.1): rows of {cols} are too short for a block each"
+    assert (taken in tree.explain()) == (turn is not None), tree.explain()
+    assert module.launches[0].grid == (-(-rows // (turn or 1)), 1, 1) and module.launches[0].block == (32, 1, 1)
+    assert_close(sm.numpy(tree), ref, 1e-5)
+
+
 @pytest.mark.parametrize("rows, fused", [(4, False), (17, True)])
 def test_a_few_long_rows_are_split_across_blocks_not_fused(rng, rows, fused):
     """4 rows of 70000 would be 4 blocks on 132 SMs: each reduction is split into partial results over

@@ -88,6 +88,16 @@ def test_long_rows_taken_in_turn_by_their_blocks_run_on_the_gpu(rng):
 
 
 @pytest.mark.gpu
+def test_short_rows_taken_in_turn_by_blocks_of_one_warp_run_on_the_gpu(rng):
+    """1001 rows of 48 on a GPU taken as 2 SMs: 251 blocks of 4 rows, the last block's 1 under a tail."""
+    cp = cupy_or_skip()
+    sm, ref = row_softmax(rng.standard_normal((1001, 48)).astype(np.float32))
+    tree = gpu_rules.gpu_tree(ir.lower(sm.node)[0], dataclasses.replace(gpu.gpu_target(), sms=2))
+    assert "its blocks take 4 rows each in turn" in tree.explain()
+    assert_close(cp.asnumpy(sm.cuda(tree)), ref, 1e-5)
+
+
+@pytest.mark.gpu
 def test_gpu_inputs_stay_on_the_device(rng):
     cp = cupy_or_skip()
     x = cp.asarray(rng.standard_normal(1000).astype(np.float32))
