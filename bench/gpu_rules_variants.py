@@ -18,8 +18,9 @@ wgmma template's block tiles) on bfloat16 matmuls, batched with k = 64, square, 
 `row_shared_share`, `gpu_rules.ROW_SHARED_SHARE` (the share of a block's shared memory a row kept there
 may take) on the row cases; `long_row`, `gpu_rules.LONG_ROW` (rows shorter than it are summed a thread a row, not a block a row) on the
 row cases; `short_rows_in_turn`, `gpu_rules.SHORT_ROWS_IN_TURN` (rows a block of one warp takes in turn on rows shorter
-than LONG_ROW; 1: a block a row) and `row_vectors`, `gpu_rules.ROW_VECTORS` (a thread's short row moved in vectors),
-on softmax and layer norm over rows of 10 to 127; `split_k_blocks`, `autoschedule.gpu.SPLIT_K_BLOCKS` (0: no split-k) on float32 matmuls; `split_k_run`,
+than LONG_ROW; 1: a block a row), `row_vectors`, `gpu_rules.ROW_VECTORS` (a thread's short row moved in vectors) and
+`staged_rows`, `gpu_rules.STAGED_ROWS` (rows a block where a short row with no whole vectors goes through shared
+memory; 0: not), on softmax and layer norm over rows of 10 to 127; `split_k_blocks`, `autoschedule.gpu.SPLIT_K_BLOCKS` (0: no split-k) on float32 matmuls; `split_k_run`,
 `autoschedule.gpu.SPLIT_K_RUN` (the shortest run of k a part sums) on the same; `half_split_k`, the shortest
 run of k a half-precision part sums (`autoschedule.gpu.HALF_SPLIT_K_RUN`; 0: no split-k) on bfloat16 matmuls;
 `half_split_k_busy`, `autoschedule.gpu.HALF_SPLIT_K_BUSY` (half precision is split only where its unsplit
@@ -73,6 +74,7 @@ KNOBS = {
     "long_row": (lambda v: setattr(gpu_rules, "LONG_ROW", v), (32, 128, 512), "row_cases"),
     "short_rows_in_turn": (lambda v: setattr(gpu_rules, "SHORT_ROWS_IN_TURN", v), (1, 4, 8), "short_row_cases"),
     "row_vectors": (lambda v: setattr(gpu_rules, "ROW_VECTORS", v), (False, True), "short_row_cases"),
+    "staged_rows": (lambda v: setattr(gpu_rules, "STAGED_ROWS", v), (0, 128, 256), "short_row_cases"),
     "row_shared_share": (lambda v: setattr(gpu_rules, "ROW_SHARED_SHARE", v), (0.25, 0.5, 0.95), "row_cases"),
     "float32_blocks": (lambda v: setattr(templates, "FLOAT32_BLOCKS", (v,)), ((128, 128), (64, 128), (128, 64), (64, 64)),
                        "matmul_cases"),
@@ -297,8 +299,9 @@ def short_row_cases(torch):
         return f"layer norm {rows}x{cols}", y, lambda: ln(x, (cols,)), lambda: ln(x.double(), (cols,))
 
     return [softmax(100000, 10), softmax(1000000, 10), softmax(100000, 12), softmax(100000, 16), softmax(65536, 20),
-            softmax(100000, 31), softmax(65536, 33), softmax(65536, 48), softmax(65536, 64), softmax(32768, 100),
-            softmax(32768, 127), layer_norm(100000, 16), layer_norm(65536, 64)]
+            softmax(100000, 13), softmax(100000, 17), softmax(100000, 25), softmax(100000, 31), softmax(1000000, 31),
+            softmax(65536, 33), softmax(65536, 48), softmax(65536, 64), softmax(32768, 100), softmax(32768, 127),
+            layer_norm(100000, 16), layer_norm(100000, 31), layer_norm(65536, 64)]
 
 
 def row_cases(torch):

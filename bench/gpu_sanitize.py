@@ -98,7 +98,8 @@ def automatic_workloads() -> dict:
     out["softmax over the outer dim 301x68"] = (e / e.sum(m), ex / ex.sum(0))
     for rows, cols, case in ((17_001, 48, "rows of 48 taken 4 a block in turn, a tail"),
                              (1001, 12, "rows of 12 a thread a row in 16-byte vectors"),
-                             (1001, 10, "rows of 10 a thread a row in pairs")):
+                             (1001, 10, "rows of 10 a thread a row in pairs"),
+                             (1001, 31, "rows of 31 a thread a row through shared memory, a tail")):
         v = rng.standard_normal((rows, cols), dtype=np.float32)
         vt = lt.Tensor(v).to(m, n)
         e = (vt - vt.max(n)).exp()

@@ -80,6 +80,12 @@ THREAD_ROWS_BELOW = WARP_LANES   # softmax-like rows shorter than this run a thr
 # 0.76 / 0.74 / 0.76, 32768x100 0.58 / 0.84 / 0.82 / 0.76, 32768x127 0.62 / 0.86 / 0.87 / 0.74)
 SHORT_ROWS_IN_TURN = 4
 ROW_VECTORS = True           # a thread's short row moved in vectors (`row_vectors`)
+# ... and one that holds none read and written through shared memory, this many rows a block (`rows_staged`; 0:
+# not), where they take at most STAGED_SHARED_SHARE of it (H100, session 31, --knob staged_rows, x torch at 0 /
+# 128 / 256: softmax 100000x31 0.30 / 1.14 / 1.14, x17 0.58 / 1.34 / 1.30, x25 0.38 / 1.26 / 1.19, x13 0.64 / 1.02 /
+# 1.12, 1000000x31 0.20 / 0.93 / 0.86; layer norm 100000x31 7.8 / 33.7 / 32.6)
+STAGED_ROWS = 128
+STAGED_SHARED_SHARE = 0.3
 ROW_SHARED_SHARE = 0.25      # of a block's shared memory, the most a row kept there may take (H100, session
                              # 13, --knob row_shared_share: 0.95 made softmax 2048x50257 0.70 -> 1.01 ms and
                              # 256x20000 0.035 -> 0.048 ms; re-reading a long row through L2 is faster)
@@ -423,6 +429,9 @@ class _Planner:
 
     def rows_by_thread(self, result: ir.Stage, group, row: str, outer: list[str]) -> LoopTree:
         x = result.dims[-1] if result.dims[-1] != row else outer[-1]
+        staged = self.staged_inputs(result, group, row, x)
+        if staged:
+            return self.rows_staged(result, group, row, outer, x, staged)
         threads = min(BLOCK_THREADS, _pow2_at_least(self.size(x)))
         self.tree = self.tree.split(x, threads, stage=result.name)
         rest = [d for d in outer if d != x]
@@ -439,6 +448,53 @@ class _Planner:
         how = self.row_vectors(result, group, row) if short else ""
         self.note(result.name, f"one kernel: {', '.join(st.name for st in group)} placed in its rows; {why}, so a "
                                f"thread takes one {x} ({threads} a block) and walks {row}{how}")
+        return self.tree
+
+    def staged_inputs(self, result: ir.Stage, group: list[ir.Stage], row: str, x: str) -> list[str]:
+        """The inputs a thread-a-row kernel reads through shared memory (`rows_staged`): where the short `row`
+        is the result's contiguous dim and holds no whole vectors (`row_vectors` does better where it does)
+        and the block's STAGED_ROWS rows of the result and of each input laid out [.., x, row] fit in
+        STAGED_SHARED_SHARE of a block's shared memory; those inputs, or [] where it is not done."""
+        program = self.tree.program
+        item = templates.ITEM_BYTES[result.dtype]
+        if not STAGED_ROWS or self.size(row) >= THREAD_ROWS_BELOW or contiguous_dim(program, result) != row \
+                or result.dims[-2:] != (x, row) or self.size(row) % 2 == 0 and self.size(row) * item % 8 == 0:
+            return []
+        given = {buffer.name for buffer in program.inputs}
+        inputs = {ld.buffer: ld.dtype for st in [*group, result] for ld in ir.loads(st.expr) if ld.buffer in given
+                  and program.buffer_dims(ld.buffer) == result.dims and ld.index == ir.Affine.identity(result.dims)}
+        taken = STAGED_ROWS * self.size(row) * (item + sum(templates.ITEM_BYTES[dtype] for dtype in inputs.values()))
+        return sorted(inputs) if inputs and taken <= self.gpu.shared_per_block * STAGED_SHARED_SHARE else []
+
+    def rows_staged(self, result: ir.Stage, group: list[ir.Stage], row: str, outer: list[str], x: str,
+                    inputs: list[str]) -> LoopTree:
+        """A thread a row, STAGED_ROWS rows a block, the block's rows of `inputs` copied into shared memory and
+        its results written there first: the copies in and out go a warp a row in turn, a lane an element, so
+        their accesses are coalesced where a thread walking its own row reads and writes a row apart (softmax
+        100000x31 on an H100: 0.30 -> 1.14x torch)."""
+        name, acc = result.name, f"{result.name}.acc"
+        for buffer in inputs:
+            readers = [st.name for st in [result, *group] if buffer in ir.loaded_buffers(st.expr)]
+            self.tree = self.tree.cache(buffer, stage=readers[0], readers=readers[1:])
+        copies = [f"{buffer}.{next(st.name for st in [result, *group] if buffer in ir.loaded_buffers(st.expr))}"
+                  for buffer in inputs]
+        self.tree = self.tree.cache_write(name)
+        rest = [d for d in outer if d != x]
+        self.tree = self.tree.split(x, STAGED_ROWS, stage=name).split(f"{x}.1", WARP_LANES, stage=name) \
+            .reorder(*rest, f"{x}.0", f"{x}.1.0", f"{x}.1.1", row, stage=name)
+        depth = self.bind_grid(name, rest + [f"{x}.0"])
+        self.tree = self.tree.place(acc, name, depth).bind(f"{x}.1.0", "thread.y", stage=acc) \
+            .bind(f"{x}.1.1", "thread.x", stage=acc).unroll(row, stage=acc)
+        for st in group:
+            self.tree = self.tree.place(st.name, acc, depth + 2).unroll(row, stage=st.name)
+        for stage in [*copies, name]:
+            if stage != name:
+                self.tree = self.tree.place(stage, name, depth)
+            self.tree = self.tree.bind(f"{x}.1.0", "thread.y", stage=stage).bind(row, "thread.x", stage=stage)
+        self.note(name, f"one kernel: {', '.join(st.name for st in group)} placed in its rows; {row} is "
+                        f"{self.size(row)} long and holds no whole vectors, so a thread takes one {x} ({STAGED_ROWS} "
+                        f"a block) and walks {row} in shared memory, where {', '.join(inputs)} and the results are "
+                        f"copied a warp a row")
         return self.tree
 
     def row_vectors(self, result: ir.Stage, group: list[ir.Stage], row: str) -> str:

@@ -479,12 +479,13 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
         if axis in BLOCK_AXES and self.persistent_blocks and node.loop.name not in env:
             self.persistent_tiles(node, env, self.persistent_blocks)
             return
-        self.allocate_placed(node)
+        kind, dim = axis.split(".")
+        if kind == "block":
+            self.allocate_placed(node)
         if axis in BLOCK_AXES and node.loop.name in env:        # a persistent kernel's tile (`persistent_tiles`)
             self.close_body = False
             self.loop_body(node, env)
             return
-        kind, dim = axis.split(".")
         value = self.block_index(axis) if kind == "block" else \
             self.builder.zext(self.special_register(f"{SREG[kind]}.{dim}"), I64)
         if counts_warpgroups(node):
@@ -497,6 +498,7 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
             self.builder.store(constant(ty, IDENTITY[stmt.stage.reduce_op]), self.partials[id(stmt)])
         if kind == "thread":
             self.thread_loops.append(node.loop.name)
+            self.allocate_placed(node)         # an iteration of a thread's own: its buffers are the thread's
         count = self.trip_count(node, env)
         inside_block = self.builder.icmp_signed("<", value, count)
         if self.fills_block(node, count):

@@ -516,9 +516,14 @@ def _blocked_plan(plan: BufferPlan, dim: str, size: int) -> BufferPlan:
 
 
 def _inside(schedule: Schedule, stage: str, consumer: str, depth: int) -> bool:
-    """Whether `stage` is `consumer`, or runs inside its first `depth` loops (placed there)."""
+    """Whether `stage` is `consumer`, or runs inside its first `depth` loops (placed there, or placed in a
+    stage that runs there)."""
     sched = schedule.of(stage)
-    return stage == consumer or (sched.consumer == consumer and sched.at >= depth)
+    if stage == consumer or sched.consumer is None:
+        return stage == consumer
+    if sched.consumer == consumer:
+        return sched.at >= depth
+    return _inside(schedule, sched.consumer, consumer, depth)
 
 
 def _shrunk(program: Program, schedule: Schedule, stage: ir.Stage, plan: BufferPlan) -> BufferPlan | None:

@@ -83,8 +83,10 @@ def test_softmax_rows_shorter_than_a_warp_run_a_thread_a_row_in_registers(rng):
 
 
 @pytest.mark.parametrize("cols, vectors", [(16, 4), (12, 3), (7, 0)])
-def test_a_thread_a_rows_short_row_moves_in_16_byte_vectors_where_it_holds_them(rng, cols, vectors):
-    """Rows of 16 and 12 float32 values are 4 and 3 whole 16-byte vectors; a row of 7 holds none (scalars)."""
+def test_a_thread_a_rows_short_row_moves_in_16_byte_vectors_where_it_holds_them(rng, cols, vectors, monkeypatch):
+    """Rows of 16 and 12 float32 values are 4 and 3 whole 16-byte vectors; a row of 7 holds none (scalars,
+    where it is not staged through shared memory)."""
+    monkeypatch.setattr(gpu_rules, "STAGED_ROWS", 0)
     sm, ref = row_softmax(rng.standard_normal((300, cols)).astype(np.float32))
     tree, module = scheduled(sm)
     assert module.ptx.count("st.global.v4.b32") == vectors and module.ptx.count("ld.global.nc.v4.b32") == vectors
@@ -104,6 +106,31 @@ def test_softmax_rows_run_as_one_kernel_with_a_block_a_row(rng):
     global_reads = [line for line in module.ptx.splitlines() if "ld.global" in line]
     assert len(global_reads) <= gpu_rules.STRIDED_UNROLL and "ld.shared" in module.ptx     # one pass over the row in global memory
     assert_close(sm.numpy(tree), ref, 1e-5)
+
+
+def test_a_thread_a_rows_short_row_with_no_whole_vectors_is_read_and_written_through_shared_memory(rng):
+    """Rows of 31 floats: the block's 128 rows of the input are copied into shared memory and its results
+    written there first, both copies a warp a row (a lane an element), so each global access is coalesced."""
+    sm, ref = row_softmax(rng.standard_normal((1000, 31)).astype(np.float32))
+    tree, module = scheduled(sm)
+    assert "n is 31 long and holds no whole vectors, so a thread takes one m (128 a block) and walks n in shared " \
+           "memory, where in0 and the results are copied a warp a row" in tree.explain(), tree.explain()
+    assert "in0.t2: f32[128, 31] local" in str(tree) and "t2.acc: f32[128, 31] local" in str(tree)
+    assert [(launch.grid, launch.block) for launch in module.launches] == [((8, 1, 1), (32, 4, 1))]
+    assert "ld.shared" in module.ptx and "st.shared" in module.ptx
+    assert_close(run_tree(sm, tree, module), ref, 1e-5)
+
+
+def test_a_layer_norm_over_short_rows_reads_its_rows_through_shared_memory_and_its_scale_as_given(rng):
+    x, g = rng.standard_normal((300, 17)).astype(np.float32), rng.standard_normal(17).astype(np.float32)
+    m, n = lt.symbols("m n")
+    xt = lt.Tensor(x).to(m, n)
+    centred = xt - xt.mean(n)
+    y = centred / lt.sqrt((centred * centred).mean(n) + 1e-5) * lt.Tensor(g).to(n)
+    tree, module = scheduled(y)
+    assert "where in0 and the results are copied a warp a row" in tree.explain() and "in1.t" not in str(tree)
+    x64 = x.astype(np.float64) - x.astype(np.float64).mean(1, keepdims=True)
+    assert_close(run_tree(y, tree, module), x64 / np.sqrt((x64 * x64).mean(1, keepdims=True) + 1e-5) * g, 1e-5)
 
 
 @pytest.mark.parametrize("rows, cols, turn", [(301, 48, 4), (255, 48, None), (301, 128, None)])

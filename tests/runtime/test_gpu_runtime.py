@@ -98,6 +98,16 @@ def test_short_rows_taken_in_turn_by_blocks_of_one_warp_run_on_the_gpu(rng):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("rows, cols", [(100_001, 31), (1001, 17), (300, 7)])
+def test_short_rows_staged_through_shared_memory_run_on_the_gpu(rng, rows, cols):
+    """Rows with no whole vectors, 128 a block through shared memory; the last block's rows under a tail."""
+    cp = cupy_or_skip()
+    sm, ref = row_softmax(rng.standard_normal((rows, cols)).astype(np.float32))
+    assert "walks n in shared memory" in gpu.automatic_tree(ir.lower(sm.node)[0]).explain()
+    assert_close(cp.asnumpy(sm.cuda()), ref, 1e-5)
+
+
+@pytest.mark.gpu
 def test_gpu_inputs_stay_on_the_device(rng):
     cp = cupy_or_skip()
     x = cp.asarray(rng.standard_normal(1000).astype(np.float32))
