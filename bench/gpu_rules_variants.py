@@ -20,7 +20,9 @@ may take) on the row cases; `long_row`, `gpu_rules.LONG_ROW` (rows shorter than 
 row cases; `short_rows_in_turn`, `gpu_rules.SHORT_ROWS_IN_TURN` (rows a block of one warp takes in turn on rows shorter
 than LONG_ROW; 1: a block a row), `row_vectors`, `gpu_rules.ROW_VECTORS` (a thread's short row moved in vectors) and
 `staged_rows`, `gpu_rules.STAGED_ROWS` (rows a block where a short row with no whole vectors goes through shared
-memory; 0: not), on softmax and layer norm over rows of 10 to 127; `split_k_blocks`, `autoschedule.gpu.SPLIT_K_BLOCKS` (0: no split-k) on float32 matmuls; `split_k_run`,
+memory; 0: not), on softmax and layer norm over rows of 10 to 127; `programmatic_launch`,
+`codegen.gpu.PROGRAMMATIC_ARCHS` (the archs whose kernels after a module's first are launched programmatically;
+with LOOPTOOL_CACHE_DIR=), on workloads of several kernels; `split_k_blocks`, `autoschedule.gpu.SPLIT_K_BLOCKS` (0: no split-k) on float32 matmuls; `split_k_run`,
 `autoschedule.gpu.SPLIT_K_RUN` (the shortest run of k a part sums) on the same; `half_split_k`, the shortest
 run of k a half-precision part sums (`autoschedule.gpu.HALF_SPLIT_K_RUN`; 0: no split-k) on bfloat16 matmuls;
 `half_split_k_busy`, `autoschedule.gpu.HALF_SPLIT_K_BUSY` (half precision is split only where its unsplit
@@ -75,6 +77,8 @@ KNOBS = {
     "short_rows_in_turn": (lambda v: setattr(gpu_rules, "SHORT_ROWS_IN_TURN", v), (1, 4, 8), "short_row_cases"),
     "row_vectors": (lambda v: setattr(gpu_rules, "ROW_VECTORS", v), (False, True), "short_row_cases"),
     "staged_rows": (lambda v: setattr(gpu_rules, "STAGED_ROWS", v), (0, 128, 256), "short_row_cases"),
+    "programmatic_launch": (lambda v: setattr(codegen_gpu, "PROGRAMMATIC_ARCHS", v), ((), ("sm_90", "sm_90a")),
+                            "multi_kernel_cases"),
     "row_shared_share": (lambda v: setattr(gpu_rules, "ROW_SHARED_SHARE", v), (0.25, 0.5, 0.95), "row_cases"),
     "float32_blocks": (lambda v: setattr(templates, "FLOAT32_BLOCKS", (v,)), ((128, 128), (64, 128), (128, 64), (64, 64)),
                        "matmul_cases"),
@@ -277,6 +281,14 @@ def write_back_cases(torch):
     out = wgmma_cases(torch)[:1]
     name, c, baseline, reference = out[0]
     return out + [(f"{name}, bf16 result", c.astype(lt.bfloat16), baseline, reference)]
+
+
+def multi_kernel_cases(torch):
+    """Workloads of two or three kernels: float32 products (split-k's fill and parts, a transposing kernel),
+    3x3 convolutions, column sums and dot products (partials, then their sum), attention heads."""
+    return matmul_cases(torch) + conv_cases(torch) + [case for case in row_cases(torch)
+                                                      if case[0].startswith(("column sum", "dot"))] \
+        + attention_cases(torch)
 
 
 def short_row_cases(torch):

@@ -3,7 +3,8 @@
 The IR of CUDA-core kernels is rewritten for the host: each kernel takes its thread and block
 indices and a barrier as extra parameters; shared memory becomes plain globals (blocks run one after
 another), block barriers pthread barriers, cp.async a synchronous copy (every wait then finds its
-copies done). Each thread of a block is an OS thread (ctypes releases the GIL while a kernel runs).
+copies done), and a programmatic launch's waits (`griddepcontrol`) nothing (kernels run one after another).
+Each thread of a block is an OS thread (ctypes releases the GIL while a kernel runs).
 The hardware's bfloat16 rounding (`cvt.rn.bf16.f32`, `cvt.rn.bf16x2.f32`) becomes functions doing it in integer
 arithmetic. Tensor-core and TMA kernels (other inline PTX) are not supported."""
 import ctypes
@@ -24,6 +25,7 @@ BARRIER_BYTES = 128             # more than a pthread_barrier_t takes
 BF16_ROUNDING = {
     re.compile(r'call i16 asm\s+"cvt\.rn\.bf16\.f32 \$0, \$1;", "=h,f"'): "call i16 @__bf16_rn",
     re.compile(r'call i32 asm\s+"cvt\.rn\.bf16x2\.f32 \$0, \$1, \$2;", "=r,f,f"'): "call i32 @__bf16x2_rn"}
+PROGRAMMATIC = re.compile(r'\n\s*call void asm sideeffect\s+"griddepcontrol\.(wait|launch_dependents);", "~\{memory\}"\(\)')
 BF16_FUNCTIONS = """
 define internal i16 @__bf16_rn(float %x) {
   %bits = bitcast float %x to i32
@@ -53,6 +55,7 @@ def host_ir(text: str) -> str:
     """A GPU module's LLVM IR rewritten to run on this CPU (see the module's docstring)."""
     for pattern, call in BF16_ROUNDING.items():
         text = pattern.sub(call, text)
+    text = PROGRAMMATIC.sub("", text)
     if re.search(r"\basm\b", text):
         raise ValueError("inline PTX (tensor cores, TMA) cannot run on the host")
     text = re.sub(r" addrspace\(\d+\)", "", text).replace("addrspacecast", "bitcast").replace("ptx_kernel ", "")

@@ -291,11 +291,22 @@ def load_module(module: codegen_gpu.GpuModule) -> LoadedModule:
     for launch, function in zip(module.launches, functions):
         if launch.dynamic_shared:
             opt_in_shared(launch, function)
-    kernels = [gpu_launch.KernelLaunch(function.ptr, launch.grid, launch.block, launch.dynamic_shared)
+    launch_kernel_ex = _launch_kernel_ex()
+    kernels = [gpu_launch.KernelLaunch(function.ptr, launch.grid, launch.block, launch.dynamic_shared,
+                                       launch.programmatic and bool(launch_kernel_ex))
                for launch, function in zip(module.launches, functions)]
     launch_kernel = ctypes.cast(_libcuda().cuLaunchKernel, ctypes.c_void_p).value
-    launcher = native_launcher(kernels, len(module.params), launch_kernel, size_slots(module))
+    launcher = native_launcher(kernels, len(module.params), launch_kernel, size_slots(module), launch_kernel_ex)
     return LoadedModule(module, cuda_module, functions, launcher)
+
+
+def _launch_kernel_ex() -> int:
+    """The address of the driver's `cuLaunchKernelEx` (CUDA 12), or 0 where it has none (kernels marked
+    programmatic are then launched plainly, after the kernel before them; their waits return at once)."""
+    try:
+        return ctypes.cast(_libcuda().cuLaunchKernelEx, ctypes.c_void_p).value or 0
+    except AttributeError:
+        return 0
 
 
 def size_slots(module: codegen_gpu.GpuModule) -> dict[str, int]:
@@ -313,12 +324,13 @@ _LAUNCHER_NUMBERS = itertools.count()
 
 
 def native_launcher(kernels: list, param_count: int, launch_kernel: int,
-                    slots: dict[str, int] | None = None) -> Callable:
+                    slots: dict[str, int] | None = None, launch_kernel_ex: int = 0) -> Callable:
     """The compiled `codegen.gpu_launch` function for these kernels, calling `cuLaunchKernel` at address
-    `launch_kernel`, as a ctypes function of the argument block's address (dynamic dims' sizes at their
-    parameters' `slots`)."""
+    `launch_kernel` (`cuLaunchKernelEx` at `launch_kernel_ex` for programmatic ones), as a ctypes function
+    of the argument block's address (dynamic dims' sizes at their parameters' `slots`)."""
     name = f"{gpu_launch.ENTRY}_{next(_LAUNCHER_NUMBERS)}"
-    module = llvm.parse_assembly(gpu_launch.launcher_ir(launch_kernel, kernels, param_count, name, slots))
+    module = llvm.parse_assembly(gpu_launch.launcher_ir(launch_kernel, kernels, param_count, name, slots,
+                                                        launch_kernel_ex))
     module.triple = codegen_cpu.HostTarget.get().triple
     engine = _launcher_engine()
     engine.add_module(module)

@@ -37,6 +37,27 @@ def test_root_stages_are_separate_launches_and_softmax_ptx_is_arch_specific(rng)
     assert module.launches[2].grid == (5, 1, 1) and module.launches[2].block == (8, 1, 1)
 
 
+@pytest.mark.parametrize("arch, programmatic", [("sm_90", True), ("sm_80", False)])
+def test_on_hopper_the_kernel_after_a_fill_is_launched_programmatically_and_waits_for_it(rng, arch, programmatic):
+    """Split-k's parts added into a zeroed result: on sm_90 the fill lets the product start as soon as all its
+    blocks have (launch_dependents), and the product, launched programmatically, waits for it first; on sm_80
+    neither. Kernels after other kernels (a softmax's three) are launched plainly."""
+    c, _ = matmul(rng, 20, 64, 16)
+    module = gpu.generate(k_across_blocks(c.loop_tree()), arch)
+    assert len(module.launches) == 2 and [launch.programmatic for launch in module.launches] == [False, programmatic]
+    fill, product = (re.findall(r"griddepcontrol\.\w+", kernel) for kernel in module.ptx.split(".entry ")[1:])
+    assert (fill, product) == ((["griddepcontrol.launch_dependents"], ["griddepcontrol.wait"]) if programmatic
+                               else ([], []))
+    x = lt.Tensor(rng.standard_normal((40, 24)).astype(np.float32)).to(*lt.symbols("m n"))
+    m, n = lt.symbols("m n")
+    e = (x - x.max(n)).exp()
+    tree = (e / e.sum(n)).loop_tree().split("m", 8, stage="t2").bind("m.0", "block.x", stage="t2") \
+        .bind("m.1", "thread.x", stage="t2")
+    softmax = gpu.generate(tree, arch)
+    assert len(softmax.launches) == 3 and not any(launch.programmatic for launch in softmax.launches)
+    assert "griddepcontrol" not in softmax.ptx
+
+
 def test_bound_loops_run_as_plain_loops_on_the_cpu(rng):
     c, ref = matmul(rng, 37, 29, 41)
     tree = tiled(c.loop_tree())
