@@ -458,7 +458,7 @@ class _Planner:
         program = self.tree.program
         item = templates.ITEM_BYTES[result.dtype]
         if not STAGED_ROWS or self.size(row) >= THREAD_ROWS_BELOW or contiguous_dim(program, result) != row \
-                or result.dims[-2:] != (x, row) or self.size(row) % 2 == 0 and self.size(row) * item % 8 == 0:
+                or result.dims[-2:] != (x, row) or self.row_width(result, row) > 1:
             return []
         given = {buffer.name for buffer in program.inputs}
         inputs = {ld.buffer: ld.dtype for st in [*group, result] for ld in ir.loads(st.expr) if ld.buffer in given
@@ -472,12 +472,11 @@ class _Planner:
         its results written there first: the copies in and out go a warp a row in turn, a lane an element, so
         their accesses are coalesced where a thread walking its own row reads and writes a row apart (softmax
         100000x31 on an H100: 0.30 -> 1.14x torch)."""
-        name, acc = result.name, f"{result.name}.acc"
+        name, acc, copies = result.name, f"{result.name}.acc", []
         for buffer in inputs:
             readers = [st.name for st in [result, *group] if buffer in ir.loaded_buffers(st.expr)]
             self.tree = self.tree.cache(buffer, stage=readers[0], readers=readers[1:])
-        copies = [f"{buffer}.{next(st.name for st in [result, *group] if buffer in ir.loaded_buffers(st.expr))}"
-                  for buffer in inputs]
+            copies.append(f"{buffer}.{readers[0]}")
         self.tree = self.tree.cache_write(name)
         rest = [d for d in outer if d != x]
         self.tree = self.tree.split(x, STAGED_ROWS, stage=name).split(f"{x}.1", WARP_LANES, stage=name) \
@@ -497,16 +496,19 @@ class _Planner:
                         f"copied a warp a row")
         return self.tree
 
+    def row_width(self, result: ir.Stage, row: str) -> int:
+        """Elements of the widest vector of at most VECTOR_BYTES (or a pair) that the result's `row` holds whole."""
+        return next(w for w in (templates.VECTOR_BYTES // templates.ITEM_BYTES[result.dtype], 2, 1)
+                    if self.size(row) % w == 0)
+
     def row_vectors(self, result: ir.Stage, group: list[ir.Stage], row: str) -> str:
         """A thread's short row of the result written, and read by it and the `group`, in the widest vectors of
         at most VECTOR_BYTES that its length holds whole, where `row` is the result's contiguous dim: a warp's
         scalar stores, a row apart, each wrote a sector a lane (softmax 100000x10 on an H100: 14.6 us, 9.0 in
         pairs); how, for `explain` ('' where the row holds no vectors)."""
-        item = templates.ITEM_BYTES[result.dtype]
-        widths = [w for w in (templates.VECTOR_BYTES // item, 2, 1) if self.size(row) % w == 0]
-        if not ROW_VECTORS or contiguous_dim(self.tree.program, result) != row or widths[0] == 1:
+        item, width = templates.ITEM_BYTES[result.dtype], self.row_width(result, row)
+        if not ROW_VECTORS or contiguous_dim(self.tree.program, result) != row or width == 1:
             return ""
-        width = widths[0]
         for st in [result, *group]:
             self.tree = self.tree.split(row, width, stage=st.name).unroll(f"{row}.0", stage=st.name) \
                 .vectorize(f"{row}.1", stage=st.name)

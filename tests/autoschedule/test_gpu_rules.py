@@ -121,16 +121,22 @@ def test_a_thread_a_rows_short_row_with_no_whole_vectors_is_read_and_written_thr
     assert_close(run_tree(sm, tree, module), ref, 1e-5)
 
 
-def test_a_layer_norm_over_short_rows_reads_its_rows_through_shared_memory_and_its_scale_as_given(rng):
-    x, g = rng.standard_normal((300, 17)).astype(np.float32), rng.standard_normal(17).astype(np.float32)
+def scaled_layer_norm(rng, rows: int, cols: int):
+    """A layer norm of rows x cols values scaled by a vector of cols, and its float64 reference."""
+    x, g = rng.standard_normal((rows, cols)).astype(np.float32), rng.standard_normal(cols).astype(np.float32)
     m, n = lt.symbols("m n")
     xt = lt.Tensor(x).to(m, n)
     centred = xt - xt.mean(n)
     y = centred / lt.sqrt((centred * centred).mean(n) + 1e-5) * lt.Tensor(g).to(n)
+    x64 = x.astype(np.float64) - x.astype(np.float64).mean(1, keepdims=True)
+    return y, x64 / np.sqrt((x64 * x64).mean(1, keepdims=True) + 1e-5) * g
+
+
+def test_a_layer_norm_over_short_rows_reads_its_rows_through_shared_memory_and_its_scale_as_given(rng):
+    y, ref = scaled_layer_norm(rng, 300, 17)
     tree, module = scheduled(y)
     assert "where in0 and the results are copied a warp a row" in tree.explain() and "in1.t" not in str(tree)
-    x64 = x.astype(np.float64) - x.astype(np.float64).mean(1, keepdims=True)
-    assert_close(run_tree(y, tree, module), x64 / np.sqrt((x64 * x64).mean(1, keepdims=True) + 1e-5) * g, 1e-5)
+    assert_close(run_tree(y, tree, module), ref, 1e-5)
 
 
 @pytest.mark.parametrize("rows, cols, turn", [(301, 48, 4), (255, 48, None), (301, 128, None)])
@@ -161,15 +167,10 @@ def test_a_few_long_rows_are_split_across_blocks_not_fused(rng, rows, fused):
 
 
 def test_layer_norm_rows_run_as_one_kernel(rng):
-    x_np, g_np = rng.standard_normal((9, 301)).astype(np.float32), rng.standard_normal(301).astype(np.float32)
-    m, n = lt.symbols("m n")
-    x = lt.Tensor(x_np).to(m, n)
-    centred = x - x.mean(n)
-    y = centred / lt.sqrt((centred * centred).mean(n) + 1e-5) * lt.Tensor(g_np).to(n)
+    y, ref = scaled_layer_norm(rng, 9, 301)
     tree, module = scheduled(y)
     assert len(module.launches) == 1
-    x64 = x_np.astype(np.float64) - x_np.astype(np.float64).mean(1, keepdims=True)
-    assert_close(y.numpy(tree), x64 / np.sqrt((x64 ** 2).mean(1, keepdims=True) + 1e-5) * g_np, 1e-5)
+    assert_close(y.numpy(tree), ref, 1e-5)
 
 
 def test_softmax_over_the_outer_dim_gives_each_thread_a_column(rng):
