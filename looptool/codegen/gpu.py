@@ -172,6 +172,7 @@ def _module(tree: LoopTree, tiles: dict[int, TensorTile], copies: dict[int, Bulk
     params = pointers + sizes
     launches, aligned = [], set()
     kernels = kernel_nodes(tree.root)
+    fills = [whole_fill(nodes, tree) for nodes in kernels]
     for index, nodes in enumerate(kernels):
         name = f"looptool_k{index}"
         kind = llir.FunctionType(llir.VoidType(), [llir.PointerType()] * len(pointers) + [I64] * len(sizes))
@@ -183,9 +184,8 @@ def _module(tree: LoopTree, tiles: dict[int, TensorTile], copies: dict[int, Bulk
                 arg.add_attribute("noalias")   # written buffers are shared between threads: not noalias
         for arg, (dim, _) in zip(fn.args[len(pointers):], tree.program.dynamic):
             arg.name = f"size.{dim}"
-        filled = whole_fill(nodes, tree)
-        after_fill = index > 0 and whole_fill(kernels[index - 1], tree) is not None
-        programmatic = arch in PROGRAMMATIC_ARCHS and after_fill
+        filled = fills[index]
+        programmatic = arch in PROGRAMMATIC_ARCHS and index > 0 and fills[index - 1] is not None
         start = functools.partial(_programmatic_start, waits=programmatic,
                                   releases=arch in PROGRAMMATIC_ARCHS and filled is not None and index < len(kernels) - 1)
         if filled is not None:
