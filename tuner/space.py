@@ -20,7 +20,7 @@ import optuna
 from looptool import autoschedule, ir
 from looptool.analysis.target import Target, host
 from looptool.autoschedule.gpu import (TENSOR_START, accumulator, atomic_parts_total, contraction_dtype,
-                                       float32_block, float32_copies, float32_plan, holds_block_tile,
+                                       float32_block, float32_plan, holds_block_tile,
                                        mma_tiled, persistent_grid, register_tiled, resident_grid, stage_bytes,
                                        tile_dims, transposable, transposed_ahead, wgmma_start, wgmma_tiled)
 from looptool.codegen import gpu as codegen_gpu
@@ -224,7 +224,7 @@ def _tiles_start(program: ir.Program, stage: str) -> dict:
     tiles = float32_plan(tree, stage, block, _gpu())
     if not holds_block_tile(program, stage, tiles):
         return {}
-    ahead, stored = float32_copies(tree, stage, block)
+    ahead, stored = tiles["ahead"], tiles["stored"]
     params = {"vector": tiles["vector"], "x.threads": tiles["x_threads"], "x.tile": tiles["x_groups"],
               "y.threads": tiles["y_threads"], "y.tile": tiles["y_tile"], "y.groups": tiles["y_groups"],
               "k.tile": tiles["k_tile"], "k.unroll": True, "stages": tiles["stages"]}

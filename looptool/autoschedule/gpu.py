@@ -344,11 +344,11 @@ def contraction_candidates(tree: LoopTree, stage: str, hopper: bool, gpu: GpuTar
     if dtype in ("float32", "bfloat16", "float16"):
         try:
             block = float32_block(tree.program, stage, sms)
-            tiled = _float32_tree(tree, stage, block, gpu=gpu)
-            k_tile = float32_k_tile(tree.program, stage, block, gpu)
+            plan = float32_plan(tree, stage, block, gpu)
+            tiled = _float32_tree(tree, stage, block, plan)
             candidates.append((f"register tiles on CUDA cores, {block[0]}x{block[1]} a block (inputs with k last "
-                               f"{float32_copy(tree, stage, block)}, dynamic rows in blocks), cp.async k tiles of "
-                               f"{k_tile}", tiled))
+                               f"{float32_copy(tree, stage, plan['ahead'])}, dynamic rows in blocks), cp.async k "
+                               f"tiles of {plan['k_tile']}", tiled))
         except ValueError as err:
             LOG.debug("no register-tile template for %s: %s", stage, err)
     return candidates
@@ -558,9 +558,9 @@ def transposes_ahead(program: ir.Program, stage: str) -> bool:
     return program.size(program.stage(stage).reduce_dims[0]) >= TRANSPOSE_AHEAD_RUN or bool(program.dynamic)
 
 
-def float32_copy(tree: LoopTree, stage: str, block: tuple[int, int]) -> str:
-    """How the register-tile template on `block` copies an input with k last, in words."""
-    ahead, _ = float32_copies(tree, stage, block)
+def float32_copy(tree: LoopTree, stage: str, ahead: list[str]) -> str:
+    """How the register-tile template copies an input with k last (`ahead`: the inputs it transposes ahead,
+    `float32_copies`), in words."""
     if ahead:
         return "transposed ahead"
     if transposes_ahead(tree.program, stage):
@@ -592,30 +592,34 @@ def _inputs_transposed_ahead(tree: LoopTree, st: ir.Stage, inputs: list[str]) ->
 
 def float32_plan(tree: LoopTree, stage: str, block: tuple[int, int], gpu: GpuTarget | None) -> dict:
     """`float32_tiles` of the register-tile template of contraction `stage` on `block` as it runs on `gpu`: its
-    k tile (`float32_k_tile`), and a thread's rows in STORED_ROWS_GROUPS runs where the input holding them is
-    copied as stored with k last (`float32_copies`), but on FLOAT32_NARROW_BLOCK."""
+    k tile (`float32_k_tile`), the inputs it transposes ahead and those it copies as stored (`float32_copies`:
+    "ahead", "stored"), and a thread's rows in STORED_ROWS_GROUPS runs where the input holding them is copied as
+    stored with k last, but on FLOAT32_NARROW_BLOCK; the tiles alone where the matrices hold no block tile."""
     tiles = float32_tiles(block, float32_k_tile(tree.program, stage, block, gpu))
-    if block != FLOAT32_NARROW_BLOCK and holds_block_tile(tree.program, stage, tiles) \
-            and any(rows_k_last(tree, stage, b) for b in float32_copies(tree, stage, block)[1]):
+    if not holds_block_tile(tree.program, stage, tiles):
+        return tiles
+    tiles["ahead"], tiles["stored"] = float32_copies(tree, stage, block)
+    if block != FLOAT32_NARROW_BLOCK and any(rows_k_last(tree, stage, b) for b in tiles["stored"]):
         tiles["y_groups"] = STORED_ROWS_GROUPS
     return tiles
 
 
-def _float32_tree(tree: LoopTree, stage: str, block: tuple[int, int] = FLOAT32_BLOCKS[0],
-                  summed_by: str | None = None, gpu: GpuTarget | None = None) -> LoopTree:
+def _float32_tree(tree: LoopTree, stage: str, block: tuple[int, int], plan: dict,
+                  summed_by: str | None = None) -> LoopTree:
+    """The register-tile template of contraction `stage` on `block` as `float32_plan`'s `plan` has it."""
     st = tree.program.stage(stage)
-    p = float32_plan(tree, stage, block, gpu)
-    if not holds_block_tile(tree.program, stage, p):
+    if not holds_block_tile(tree.program, stage, plan):
         raise ValueError(f"the matrices of {st.name} are smaller than one block tile")
     inputs = sorted({ld.buffer for ld in _loads(st)})
-    ahead, stored = float32_copies(tree, stage, block)
+    ahead, stored = plan["ahead"], plan["stored"]
     for buffer in ahead:
         tree = transposed_ahead(tree, st.name, buffer, block_rows=block[0])
     shared = tuple(f"{b}.{st.name}" if b in ahead else b for b in inputs)
     as_stored = [f"{b}.{st.name}" for b in ahead] + stored
-    tree = register_tiled(tree, st.name, p["x_threads"], p["x_groups"], p["vector"], p["y_threads"], p["y_tile"],
-                          p["k_tile"], True, shared, tuple(as_stored), y_groups=p["y_groups"], summed_by=summed_by)
-    return tree.pipeline(f"{st.reduce_dims[0]}.0", p["stages"], stage=accumulator(stage, summed_by))
+    tree = register_tiled(tree, st.name, plan["x_threads"], plan["x_groups"], plan["vector"], plan["y_threads"],
+                          plan["y_tile"], plan["k_tile"], True, shared, tuple(as_stored), y_groups=plan["y_groups"],
+                          summed_by=summed_by)
+    return tree.pipeline(f"{st.reduce_dims[0]}.0", plan["stages"], stage=accumulator(stage, summed_by))
 
 
 def holds_block_tile(program: ir.Program, stage: str, tiles: dict) -> bool:
@@ -672,12 +676,12 @@ def atomic_parts_total(program: ir.Program, stage: str) -> str | None:
     return total.name
 
 
-def float32_parts_tree(tree: LoopTree, stage: str, total: str, block: tuple[int, int],
-                       gpu: GpuTarget | None = None) -> LoopTree:
-    """Split-k's parts (`stage`, a float32 contraction over [parts, m, n]) on register tiles whose blocks add
-    their results into `total` (the sum of the parts) atomically, the parts on block.z: `total` is zeroed by
-    a kernel of its own first, and no partial result is stored (`register_tiled`'s `summed_by`)."""
-    return _float32_tree(tree, stage, block, summed_by=total, gpu=gpu)
+def float32_parts_tree(tree: LoopTree, stage: str, total: str, block: tuple[int, int], plan: dict) -> LoopTree:
+    """Split-k's parts (`stage`, a float32 contraction over [parts, m, n]) on register tiles (`float32_plan`
+    `plan`) whose blocks add their results into `total` (the sum of the parts) atomically, the parts on block.z:
+    `total` is zeroed by a kernel of its own first, and no partial result is stored (`register_tiled`'s
+    `summed_by`)."""
+    return _float32_tree(tree, stage, block, plan, summed_by=total)
 
 
 def _loads(stage):

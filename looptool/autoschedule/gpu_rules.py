@@ -76,8 +76,8 @@ LONG_ROW = 4 * WARP_LANES
 THREAD_ROWS_BELOW = WARP_LANES   # softmax-like rows shorter than this run a thread a row (`fused_rows`)
 # a block of one warp on a row shorter than LONG_ROW takes this many rows in turn where the grid still fills every
 # SM's block slots (`short_rows_in_turn`): a block a row of 33-127 spent its time starting and ending blocks
-# (1: none; H100, session 31, x torch at 1 / 4 / 8 / 16 rows: softmax 65536x48 0.39 / 0.70 / 0.69 / 0.72, 65536x64 0.40 /
-# 0.76 / 0.74 / 0.76, 32768x100 0.58 / 0.84 / 0.82 / 0.76, 32768x127 0.62 / 0.86 / 0.87 / 0.74)
+# (1: none; H100, session 31, x torch at 1 / 4 / 8 / 16 rows: softmax 65536x48 0.39 / 0.70 / 0.69 / 0.72,
+# 65536x64 0.40 / 0.76 / 0.74 / 0.76, 32768x100 0.58 / 0.84 / 0.82 / 0.76, 32768x127 0.62 / 0.86 / 0.87 / 0.74)
 SHORT_ROWS_IN_TURN = 4
 ROW_VECTORS = True           # a thread's short row moved in vectors (`row_vectors`)
 # ... and one that holds none read and written through shared memory, this many rows a block (`rows_staged`; 0:
@@ -674,7 +674,8 @@ class _Planner:
             return False
         block = templates.float32_block(program, name, self.gpu.sms)
         try:
-            tree = templates.float32_parts_tree(self.tree, name, total, block, self.gpu)
+            plan = templates.float32_plan(self.tree, name, block, self.gpu)
+            tree = templates.float32_parts_tree(self.tree, name, total, block, plan)
         except ValueError:
             return False
         if not tree.check()[0]:
@@ -687,7 +688,7 @@ class _Planner:
         self.note(name, f"split-k's {parts} parts of {run} on register tiles, {block[0]}x{block[1]} a block (the block "
                         f"of least modelled time for these parts, `float32_cost`: {blocks} blocks, at most "
                         f"{-(-blocks // self.gpu.sms)} an SM in turn), cp.async k tiles of "
-                        f"{templates.float32_k_tile(program, name, block, self.gpu)}; the parts ({stage.dims[0]}) "
+                        f"{plan['k_tile']}; the parts ({stage.dims[0]}) "
                         f"on block.z, each block adding its tile into {total} by atomic adds ({total} zeroed by a "
                         f"kernel first): no partial results in memory, no kernel adding them")
         return True
