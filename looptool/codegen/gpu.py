@@ -29,7 +29,6 @@ import contextlib
 import functools
 import math
 import re
-import dataclasses
 from dataclasses import dataclass
 
 import llvmlite.binding as llvm
@@ -186,11 +185,10 @@ def _module(tree: LoopTree, tiles: dict[int, TensorTile], copies: dict[int, Bulk
             arg.name = f"size.{dim}"
         filled = fills[index]
         programmatic = arch in PROGRAMMATIC_ARCHS and index > 0 and fills[index - 1] is not None
-        start = functools.partial(_programmatic_start, waits=programmatic,
-                                  releases=arch in PROGRAMMATIC_ARCHS and filled is not None and index < len(kernels) - 1)
+        releases = arch in PROGRAMMATIC_ARCHS and filled is not None and index < len(kernels) - 1
         if filled is not None:
-            fill = _fill_kernel(tree, fn, dict(zip(pointers, fn.args)), filled, aligned_params, arch, start)
-            launches.append(dataclasses.replace(fill, programmatic=programmatic))
+            launches.append(_fill_kernel(tree, fn, dict(zip(pointers, fn.args)), filled, aligned_params, arch,
+                                         programmatic, releases))
             aligned |= {filled} if aligned_params else set()
             _declare_block_size(module, fn, launches[-1].block)
             continue
@@ -201,7 +199,7 @@ def _module(tree: LoopTree, tiles: dict[int, TensorTile], copies: dict[int, Bulk
                 check_persistent(node, path)
         builder = _GpuBuilder(tree, fn, dict(zip(pointers, fn.args)), aligned_params, tiles, copies, block, dynamic,
                               persistent_blocks(nodes), grouped_grid(nodes, grid), producer, arch)
-        start(builder)
+        _programmatic_start(builder, programmatic, releases)
         builder.body(nodes, dict(zip(sizes, fn.args[len(pointers):])))
         builder.finish()
         aligned |= builder.aligned_params
@@ -232,15 +230,16 @@ def _programmatic_start(builder: "_GpuBuilder", waits: bool, releases: bool):
 
 
 def _fill_kernel(tree: LoopTree, fn: llir.Function, pointers: dict, name: str, aligned: bool, arch: str,
-                 start) -> "Launch":
+                 programmatic: bool, releases: bool) -> "Launch":
     """`fn` setting buffer `name` to its stage's reduction identity, each thread one 16-byte vector (one element
     where the buffer may not be `aligned`; the last thread the elements past the whole vectors), FILL_THREADS
-    threads a block, after `start(builder)` (`_programmatic_start`); its Launch."""
+    threads a block, launched `programmatic`ally or not and releasing the next kernel or not
+    (`_programmatic_start`); its Launch."""
     stage, plan = tree.program.stage(name), tree.buffers[name]
     lanes = 16 // ITEM_BYTES[plan.dtype] if aligned else 1
     vectors = -(-plan.size // lanes)
     builder = _GpuBuilder(tree, fn, pointers, aligned, {}, {}, (FILL_THREADS, 1, 1), arch=arch)
-    start(builder)
+    _programmatic_start(builder, programmatic, releases)
     b = builder.builder
     thread = b.add(b.mul(b.zext(builder.special_register("ctaid.x"), I64), constant(I64, FILL_THREADS)),
                    b.zext(builder.special_register("tid.x"), I64))
@@ -257,7 +256,7 @@ def _fill_kernel(tree: LoopTree, fn: llir.Function, pointers: dict, name: str, a
                 builder.store_value(identity, builder.element(pointers[name], constant(I64, whole + lane), plan.dtype),
                                     plan.dtype)
     builder.finish()
-    return Launch(fn.name, (-(-vectors // FILL_THREADS), 1, 1), (FILL_THREADS, 1, 1), 0)
+    return Launch(fn.name, (-(-vectors // FILL_THREADS), 1, 1), (FILL_THREADS, 1, 1), 0, programmatic)
 
 
 def _declare_block_size(module: llir.Module, fn: llir.Function, block: tuple[int, int, int]):
