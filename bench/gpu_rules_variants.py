@@ -291,16 +291,23 @@ def multi_kernel_cases(torch):
         + attention_cases(torch)
 
 
+def softmax_case(torch, x) -> tuple:
+    """A case of the softmax of each row of the torch tensor `x`: (name, looptool tensor, torch's softmax, torch's
+    in float64)."""
+    m, n = lt.symbols("m n")
+    xt = lt.Tensor(x).to(m, n)
+    e = (xt - xt.max(n)).exp()
+    rows, cols = x.shape
+    return f"softmax {rows}x{cols}", e / e.sum(n), lambda: torch.softmax(x, 1), lambda: torch.softmax(x.double(), 1)
+
+
 def short_row_cases(torch):
     """Softmax and layer norm over rows of 10 to 127 (a thread a row below 32, a block of one warp above)."""
     gen = torch.Generator(device="cuda").manual_seed(1)
     m, n = lt.symbols("m n")
 
     def softmax(rows, cols):
-        x = torch.randn(rows, cols, device="cuda", generator=gen)
-        xt = lt.Tensor(x).to(m, n)
-        e = (xt - xt.max(n)).exp()
-        return f"softmax {rows}x{cols}", e / e.sum(n), lambda: torch.softmax(x, 1), lambda: torch.softmax(x.double(), 1)
+        return softmax_case(torch, torch.randn(rows, cols, device="cuda", generator=gen))
 
     def layer_norm(rows, cols):
         x = torch.randn(rows, cols, device="cuda", generator=gen)
@@ -323,11 +330,7 @@ def row_cases(torch):
         return torch.randn(*shape, device="cuda", generator=gen)
 
     def softmax(rows, cols):
-        x = rand(rows, cols)
-        xt = lt.Tensor(x).to(*lt.symbols("m n"))
-        n = lt.symbols("n")[0]
-        e = (xt - xt.max(n)).exp()
-        return f"softmax {rows}x{cols}", e / e.sum(n), lambda: torch.softmax(x, 1), lambda: torch.softmax(x.double(), 1)
+        return softmax_case(torch, rand(rows, cols))
 
     def row_sum(rows, cols):
         x = rand(rows, cols)
