@@ -17,8 +17,9 @@ wgmma template's block tiles) on bfloat16 matmuls, batched with k = 64, square, 
 `wgmma_stages`, the wgmma template's block tiles and pipeline stages together, on the same;
 `row_shared_share`, `gpu_rules.ROW_SHARED_SHARE` (the share of a block's shared memory a row kept there
 may take) on the row cases; `long_row`, `gpu_rules.LONG_ROW` (rows shorter than it are summed a thread a row, not a block a row) on the
-row cases; `short_rows_in_turn`, `gpu_rules.SHORT_ROWS_IN_TURN` (rows a block of one warp takes in turn on rows shorter
-than LONG_ROW; 1: a block a row), `row_vectors`, `gpu_rules.ROW_VECTORS` (a thread's short row moved in vectors) and
+row cases; `warp_rows_below`, `gpu_rules.WARP_ROWS_BELOW` (softmax-like rows shorter than it a warp a row, several
+a block; 0: a block of one warp) and `predicated_tails`, `codegen.gpu.PREDICATED_TAILS` (a thread's short walk with a
+tail runs every copy predicated), on softmax and layer norm over rows of 33 to 1024; `row_vectors`, `gpu_rules.ROW_VECTORS` (a thread's short row moved in vectors) and
 `staged_rows`, `gpu_rules.STAGED_ROWS` (rows a block where a short row with no whole vectors goes through shared
 memory; 0: not), on softmax and layer norm over rows of 10 to 127; `programmatic_launch`,
 `codegen.gpu.PROGRAMMATIC_ARCHS` (the archs whose kernels after a module's first are launched programmatically;
@@ -74,7 +75,8 @@ KNOBS = {
     "long_row_unroll": (lambda v: setattr(gpu_rules, "LONG_ROW_UNROLL", v), (1, 2, 4, 8), "row_cases"),
     "row_elements": (lambda v: setattr(gpu_rules, "ROW_ELEMENTS_PER_THREAD", v), (8, 16, 32), "row_cases"),
     "long_row": (lambda v: setattr(gpu_rules, "LONG_ROW", v), (32, 128, 512), "row_cases"),
-    "short_rows_in_turn": (lambda v: setattr(gpu_rules, "SHORT_ROWS_IN_TURN", v), (1, 4, 8), "short_row_cases"),
+    "warp_rows_below": (lambda v: setattr(gpu_rules, "WARP_ROWS_BELOW", v), (0, 128, 1025), "warp_row_cases"),
+    "predicated_tails": (lambda v: setattr(codegen_gpu, "PREDICATED_TAILS", v), (False, True), "warp_row_cases"),
     "row_vectors": (lambda v: setattr(gpu_rules, "ROW_VECTORS", v), (False, True), "short_row_cases"),
     "staged_rows": (lambda v: setattr(gpu_rules, "STAGED_ROWS", v), (0, 128, 256), "short_row_cases"),
     "programmatic_launch": (lambda v: setattr(codegen_gpu, "PROGRAMMATIC_ARCHS", v), ((), ("sm_90", "sm_90a")),
@@ -301,26 +303,40 @@ def softmax_case(torch, x) -> tuple:
     return f"softmax {rows}x{cols}", e / e.sum(n), lambda: torch.softmax(x, 1), lambda: torch.softmax(x.double(), 1)
 
 
-def short_row_cases(torch):
-    """Softmax and layer norm over rows of 10 to 127 (a thread a row below 32, a block of one warp above)."""
-    gen = torch.Generator(device="cuda").manual_seed(1)
+def layer_norm_case(torch, x) -> tuple:
+    """A case of the layer norm (no scale) of each row of the torch tensor `x`, as `softmax_case`."""
     m, n = lt.symbols("m n")
+    xt = lt.Tensor(x).to(m, n)
+    centred = xt - xt.mean(n)
+    y = centred / lt.sqrt((centred * centred).mean(n) + 1e-5)
+    ln, cols = torch.nn.functional.layer_norm, x.shape[1]
+    return f"layer norm {x.shape[0]}x{cols}", y, lambda: ln(x, (cols,)), lambda: ln(x.double(), (cols,))
+
+
+def short_row_cases(torch):
+    """Softmax and layer norm over rows of 10 to 127 (a thread a row below 32, a warp a row above)."""
+    gen = torch.Generator(device="cuda").manual_seed(1)
 
     def softmax(rows, cols):
         return softmax_case(torch, torch.randn(rows, cols, device="cuda", generator=gen))
 
     def layer_norm(rows, cols):
-        x = torch.randn(rows, cols, device="cuda", generator=gen)
-        xt = lt.Tensor(x).to(m, n)
-        centred = xt - xt.mean(n)
-        y = centred / lt.sqrt((centred * centred).mean(n) + 1e-5)
-        ln = torch.nn.functional.layer_norm
-        return f"layer norm {rows}x{cols}", y, lambda: ln(x, (cols,)), lambda: ln(x.double(), (cols,))
+        return layer_norm_case(torch, torch.randn(rows, cols, device="cuda", generator=gen))
 
     return [softmax(100000, 10), softmax(1000000, 10), softmax(100000, 12), softmax(100000, 16), softmax(65536, 20),
             softmax(100000, 13), softmax(100000, 17), softmax(100000, 25), softmax(100000, 31), softmax(1000000, 31),
             softmax(65536, 33), softmax(65536, 48), softmax(65536, 64), softmax(32768, 100), softmax(32768, 127),
             layer_norm(100000, 16), layer_norm(100000, 31), layer_norm(65536, 64)]
+
+
+def warp_row_cases(torch):
+    """Softmax and layer norm over rows of 33 to 1024 (those a warp takes alone)."""
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    cases = [softmax_case(torch, torch.randn(rows, cols, device="cuda", generator=gen))
+             for rows, cols in ((65536, 33), (65536, 48), (65536, 64), (32768, 100), (32768, 127), (1000, 100),
+                                (32768, 256), (16384, 512), (8192, 1000), (4096, 1024), (32768, 512))]
+    return cases + [layer_norm_case(torch, torch.randn(rows, cols, device="cuda", generator=gen))
+                    for rows, cols in ((65536, 64), (16384, 768), (8192, 1024))]
 
 
 def row_cases(torch):

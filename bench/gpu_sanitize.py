@@ -96,7 +96,8 @@ def automatic_workloads() -> dict:
     e = (xt - xt.max(m)).exp()
     ex = np.exp(a.astype(np.float64) - a.max(0))
     out["softmax over the outer dim 301x68"] = (e / e.sum(m), ex / ex.sum(0))
-    for rows, cols, case in ((17_001, 48, "rows of 48 taken 4 a block in turn, a tail"),
+    for rows, cols, case in ((17_001, 48, "rows of 48 a warp a row, 8 a block, a tail"),
+                             (1001, 100, "rows of 100 a warp a row, its lanes' walks predicated"),
                              (1001, 12, "rows of 12 a thread a row in 16-byte vectors"),
                              (1001, 10, "rows of 10 a thread a row in pairs"),
                              (1001, 31, "rows of 31 a thread a row through shared memory, a tail")):

@@ -6,7 +6,7 @@ another), block barriers pthread barriers, cp.async a synchronous copy (every wa
 copies done), and a programmatic launch's waits (`griddepcontrol`) nothing (kernels run one after another).
 Each thread of a block is an OS thread (ctypes releases the GIL while a kernel runs).
 The hardware's bfloat16 rounding (`cvt.rn.bf16.f32`, `cvt.rn.bf16x2.f32`) becomes functions doing it in integer
-arithmetic. Tensor-core and TMA kernels (other inline PTX) are not supported."""
+arithmetic, the hardware's ex2.approx and cvt.rzi LLVM's exp2 and saturating conversion. Tensor-core and TMA kernels (other inline PTX) are not supported."""
 import ctypes
 import re
 import threading
@@ -25,6 +25,7 @@ BARRIER_BYTES = 128             # more than a pthread_barrier_t takes
 BF16_ROUNDING = {
     re.compile(r'call i16 asm\s+"cvt\.rn\.bf16\.f32 \$0, \$1;", "=h,f"'): "call i16 @__bf16_rn",
     re.compile(r'call i32 asm\s+"cvt\.rn\.bf16x2\.f32 \$0, \$1, \$2;", "=r,f,f"'): "call i32 @__bf16x2_rn"}
+HOST_INTRINSICS = {"llvm.nvvm.ex2.approx.ftz.f": "@llvm.exp2.f32", "llvm.nvvm.f2i.rz": "@llvm.fptosi.sat.i32.f32"}
 PROGRAMMATIC = re.compile(r'\n\s*call void asm sideeffect\s+"griddepcontrol\.(wait|launch_dependents);", "~\{memory\}"\(\)')
 BF16_FUNCTIONS = """
 define internal i16 @__bf16_rn(float %x) {
@@ -66,6 +67,8 @@ def host_ir(text: str) -> str:
     text = text.replace('call void @"llvm.nvvm.barrier0"()', "call i32 @pthread_barrier_wait(ptr %__barrier)")
     text = CP_ASYNC.sub(r"call void @llvm.memcpy.p0.p0.i64(\2, \3, i64 \1, i1 false)", text)
     text = re.sub(r'\n\s*call void @"llvm\.nvvm\.cp\.async\.(commit|wait)\.group"\([^)]*\)', "", text)
+    for intrinsic, host in HOST_INTRINSICS.items():       # their declarations too
+        text = text.replace(f'@"{intrinsic}"', host)
     text = re.sub(r'declare [^\n]*@"llvm\.nvvm[^\n]*\n', "", text)
     return text + BF16_FUNCTIONS + "\ndeclare i32 @pthread_barrier_wait(ptr)\ndeclare void @llvm.memcpy.p0.p0.i64(ptr, ptr, i64, i1)\n"
 

@@ -155,6 +155,18 @@ def row_softmax(x_np):
     return e / e.sum(n), softmax_ref(x_np, 1)
 
 
+def scaled_layer_norm(rng, rows: int, cols: int):
+    """A layer norm of rows x cols values scaled by a vector of cols, and its float64 reference."""
+    import looptool as lt
+    x, g = rng.standard_normal((rows, cols)).astype(np.float32), rng.standard_normal(cols).astype(np.float32)
+    m, n = lt.symbols("m n")
+    xt = lt.Tensor(x).to(m, n)
+    centred = xt - xt.mean(n)
+    y = centred / lt.sqrt((centred * centred).mean(n) + 1e-5) * lt.Tensor(g).to(n)
+    x64 = x.astype(np.float64) - x.astype(np.float64).mean(1, keepdims=True)
+    return y, x64 / np.sqrt((x64 * x64).mean(1, keepdims=True) + 1e-5) * g
+
+
 def layernorm_ref(x, gamma, beta, eps=1e-5):
     x = f64(x)
     mu = x.mean(axis=1, keepdims=True)

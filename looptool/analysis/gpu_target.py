@@ -21,7 +21,7 @@ def capability(arch: str) -> int:
 
 @dataclass(frozen=True)
 class GpuTarget:
-    """An NVIDIA GPU: its PTX target, SM count and per-SM limits (threads, registers, shared bytes, blocks),
+    """An NVIDIA GPU: its PTX target, SM count and per-SM limits (threads, registers, shared bytes),
     the shared memory one block may opt in to, and its L2 cache."""
 
     arch: str
@@ -32,7 +32,6 @@ class GpuTarget:
     shared_per_block: int = 227 * 1024
     name: str = ""
     l2_bytes: int = 50 * 1024 * 1024
-    blocks_per_sm: int = 32
 
     @property
     def capability(self) -> int:
@@ -60,17 +59,17 @@ class GpuTarget:
 
 # Reference parts of each architecture, for schedules made where no GPU can be asked
 MIB = 1024 * 1024
-ASSUMED = {80: GpuTarget("sm_80", 108, 2048, 65536, 164 * 1024, 163 * 1024, "A100 (assumed)", 40 * MIB, 32),
-           86: GpuTarget("sm_86", 84, 1536, 65536, 100 * 1024, 99 * 1024, "RTX 3090 (assumed)", 6 * MIB, 16),
-           89: GpuTarget("sm_89", 128, 1536, 65536, 100 * 1024, 99 * 1024, "RTX 4090 (assumed)", 72 * MIB, 24),
-           90: GpuTarget("sm_90", 132, 2048, 65536, 228 * 1024, 227 * 1024, "H100 SXM (assumed)", 50 * MIB, 32)}
+ASSUMED = {80: GpuTarget("sm_80", 108, 2048, 65536, 164 * 1024, 163 * 1024, "A100 (assumed)", 40 * MIB),
+           86: GpuTarget("sm_86", 84, 1536, 65536, 100 * 1024, 99 * 1024, "RTX 3090 (assumed)", 6 * MIB),
+           89: GpuTarget("sm_89", 128, 1536, 65536, 100 * 1024, 99 * 1024, "RTX 4090 (assumed)", 72 * MIB),
+           90: GpuTarget("sm_90", 132, 2048, 65536, 228 * 1024, 227 * 1024, "H100 SXM (assumed)", 50 * MIB)}
 
 
 def assumed_gpu(arch: str) -> GpuTarget:
     """The reference part of `arch` (the nearest older architecture listed; an sm_75-like part before)."""
     known = [cc for cc in ASSUMED if cc <= capability(arch)]
     if not known:
-        return GpuTarget(arch, 40, 1024, 65536, 64 * 1024, STATIC_SHARED, f"{arch} (assumed)", 4 * MIB, 16)
+        return GpuTarget(arch, 40, 1024, 65536, 64 * 1024, STATIC_SHARED, f"{arch} (assumed)", 4 * MIB)
     base = ASSUMED[max(known)]
     return GpuTarget(arch, base.sms, base.threads_per_sm, base.registers_per_sm, base.shared_per_sm,
-                     base.shared_per_block, base.name, base.l2_bytes, base.blocks_per_sm)
+                     base.shared_per_block, base.name, base.l2_bytes)

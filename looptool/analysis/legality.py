@@ -29,7 +29,7 @@ from ..memo import BoundedMemo
 from ..schedule import (ATOMIC_SUMS, BLOCK_AXES, GPU_AXES, LoopNode, LoopTree, StmtNode, accesses, across_blocks,
                         blocked, pipeline_depth, pipeline_persistent, thread_bound, walk)
 from ..schedule.printing import stmt_text
-from .tensorize import tensor_tiles
+from .tensorize import WARP, tensor_tiles
 from .tma import bulk_copies
 
 
@@ -399,8 +399,9 @@ def _check_fed(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, earlier: isl
               if src.path[k].loop.annotation == "parallel" or src.path[k].loop.name in tiles]
     for k in pinned:
         earlier = earlier.intersect(_equal_at(src, dst, k))
+    held = _copies_hold(tree, src, dst, buffer)
     for unordered in (_unsynchronized(src, dst), _other_thread(tree, src, dst, buffer)):
-        if unordered is not None:
+        if unordered is not None and not held:
             earlier = earlier.subtract(unordered)
     unfed = touch.range().subtract(earlier.range())
     if unfed.is_empty():
@@ -519,16 +520,75 @@ def _other_thread(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str) -> isl.Ma
     return _pairs(src, dst, " or ".join(differ))
 
 
-def _combined_reduction(src: _Stmt, dst: _Stmt) -> bool:
-    """Updates of one reduction under its outermost thread-bound loop, when that loop runs over a
-    reduction dim, holds no other thread-bound loop and no loop over the result's dims (each thread
-    then keeps one partial, of one element): the GPU backend combines their partials."""
+def _combined_reduction(tree: LoopTree, src: _Stmt, dst: _Stmt) -> bool:
+    """Updates of one reduction under its innermost thread-bound loop, when that loop runs over a
+    reduction dim and holds no loop over the result's dims (each thread then keeps one partial, of one
+    element): the GPU backend combines their partials. Where other thread-bound loops hold it, it must be
+    a warp's combine (`_combined_in_warps`)."""
     if src.node is not dst.node or src.node.kind != "update":
         return False
     stage = src.node.stage
     bound = [k for k, n in enumerate(src.path) if thread_bound(n)]
-    return len(bound) == 1 and src.path[bound[0]].loop.dim in stage.reduce_dims \
-        and all(n.loop.dim not in stage.dims for n in src.path[bound[0]:])
+    if not bound or src.path[bound[-1]].loop.dim not in stage.reduce_dims \
+            or any(n.loop.dim in stage.dims for n in src.path[bound[-1]:]):
+        return False
+    return len(bound) == 1 or _combined_in_warps(tree, src, bound)
+
+
+def _combined_in_warps(tree: LoopTree, src: _Stmt, bound: list[int]) -> bool:
+    """A reduction bound to thread.x inside other thread-bound loops over its result's dims (a warp a row,
+    several rows a block) is combined by warp shuffles, each lane keeping the total in its own copy of the
+    result: the kernel's blocks must be one warp wide (so a warp's lanes share the outer loops' iteration)
+    and the result placed inside the outer loops, outside the thread.x one (each thread's own)."""
+    stage, lanes = src.node.stage, src.path[bound[-1]]
+    if lanes.loop.annotation != "thread.x" or any(src.path[k].loop.dim in stage.reduce_dims for k in bound[:-1]):
+        return False
+    widths = [n.loop.extent for n, _ in walk([src.path[0]]) if isinstance(n, LoopNode) and n.loop.annotation == "thread.x"]
+    width = "sized at run time" if any(isinstance(w, ir.Size) for w in widths) else max(widths)
+    if width != WARP:
+        raise IllegalScheduleError(
+            f"illegal GPU schedule: stage {stage.name}'s reduction loop '{lanes.loop.name}' is bound to thread.x inside "
+            f"other thread-bound loops; its lanes are combined by warp shuffles, which needs blocks exactly {WARP} "
+            f"threads wide along x, but this kernel's are {width}")
+    placed = tree.thread_private.get(stage.name)
+    if placed is None or not bound[-2] <= _position(src, placed) < bound[-1]:
+        raise IllegalScheduleError(
+            f"illegal GPU schedule: stage {stage.name}'s reduction loop '{lanes.loop.name}' is bound to thread.x inside "
+            f"other thread-bound loops; each lane keeps the warp's total in its own copy of {stage.name}, so place "
+            f"{stage.name} inside '{src.path[bound[-2]].loop.name}' and outside '{lanes.loop.name}'")
+    return True
+
+
+def _position(stmt: _Stmt, node: LoopNode) -> int:
+    """Where a loop node lies on a statement's path (-1: not on it)."""
+    return next((k for k, n in enumerate(stmt.path) if n is node), -1)
+
+
+def _lanes_below(tree: LoopTree, stmt: _Stmt, buffer: str) -> set[str]:
+    """The thread axes a statement runs along below where a thread-private buffer is placed."""
+    return {n.loop.annotation for n in stmt.path[_position(stmt, tree.thread_private[buffer]) + 1:] if thread_bound(n)}
+
+
+def _copies_hold(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str) -> bool:
+    """For a buffer each GPU thread keeps its own copy of (`thread_private`) that src writes: True where every
+    copy dst reads holds what src wrote (src runs in every lane below the placement, or is a warp's combined
+    reduction that dst reads after); raises where dst runs in lanes whose copies src does not write; False
+    otherwise (dst must then read in src's own lanes, as the other checks require)."""
+    if buffer not in tree.thread_private or buffer != src.node.stage.name:
+        return False
+    lanes = _lanes_below(tree, src, buffer)
+    if not lanes:
+        return True
+    bound = [k for k, n in enumerate(src.path) if thread_bound(n)]
+    if src.node.kind == "update" and len(bound) > 1 and _combined_reduction(tree, src, src) \
+            and src.path[bound[-1]] not in dst.path:
+        return True
+    if not lanes <= _lanes_below(tree, dst, buffer):
+        raise IllegalScheduleError(
+            f"illegal GPU schedule: each thread keeps its own copy of buffer {buffer} (placed inside thread-bound "
+            f"loops), `{src.text()}` writes it in {', '.join(sorted(lanes))} lanes of their own, but `{dst.text()}` "
+            f"reads it in every lane: bind the loops of both the same way")
+    return False
 
 
 def _added_across_blocks(src: _Stmt, dst: _Stmt) -> bool:
@@ -555,7 +615,8 @@ def _check_gpu_threads(tree: LoopTree, src: _Stmt, dst: _Stmt, buffer: str, deps
             f"thread-bound loops and every access is inside them), but `{dst.text()}` uses an element "
             f"that another thread's `{src.text()}` touches; bind the loops of both the same way")
     unsynchronized = _unsynchronized(src, dst)
-    if unsynchronized is None or _combined_reduction(src, dst) or _added_across_blocks(src, dst):
+    if unsynchronized is None or _combined_reduction(tree, src, dst) or _added_across_blocks(src, dst) \
+            or _copies_hold(tree, src, dst, buffer):
         return
     crossing = deps.intersect(unsynchronized)
     if not crossing.is_empty():

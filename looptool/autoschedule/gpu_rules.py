@@ -74,11 +74,12 @@ THREAD_CHUNK = 8             # the least a thread's partial result sums
 # row sum 100000x77 0.068 ms at 32 against 0.023 at 128; rows of 300 and more unchanged)
 LONG_ROW = 4 * WARP_LANES
 THREAD_ROWS_BELOW = WARP_LANES   # softmax-like rows shorter than this run a thread a row (`fused_rows`)
-# a block of one warp on a row shorter than LONG_ROW takes this many rows in turn where the grid still fills every
-# SM's block slots (`short_rows_in_turn`): a block a row of 33-127 spent its time starting and ending blocks
-# (1: none; H100, session 31, x torch at 1 / 4 / 8 / 16 rows: softmax 65536x48 0.39 / 0.70 / 0.69 / 0.72,
-# 65536x64 0.40 / 0.76 / 0.74 / 0.76, 32768x100 0.58 / 0.84 / 0.82 / 0.76, 32768x127 0.62 / 0.86 / 0.87 / 0.74)
-SHORT_ROWS_IN_TURN = 4
+# softmax-like rows a warp takes alone (at most 32 elements a lane) shorter than this go a warp a row, several rows
+# a block (`rows_by_warp`; H100, session 32, --knob warp_rows_below, x torch with a block of one warp taking 4 rows
+# in turn / a warp a row / also rows up to 1024: softmax 65536x33 0.76 / 1.04 / 1.05, 65536x48 0.77 / 0.99 / 1.00,
+# 32768x100 0.93 / 1.10 / 1.10, 32768x127 0.94 / 1.11 / 1.10, 8192x1000 1.08 / 1.08 / 0.77, layer norm 65536x64
+# 4.64 / 5.98 / 6.09, 8192x1024 1.39 / 1.38 / 1.13)
+WARP_ROWS_BELOW = LONG_ROW
 ROW_VECTORS = True           # a thread's short row moved in vectors (`row_vectors`)
 # ... and one that holds none read and written through shared memory, this many rows a block (`rows_staged`; 0:
 # not), where they take at most STAGED_SHARED_SHARE of it (H100, session 31, --knob staged_rows, x torch at 0 /
@@ -307,21 +308,19 @@ class _Planner:
             self.tree, self.reasons = kept
             self.note(name, f"walked in the rows although that reads {walk >> 20} MiB: its product has no "
                             f"contraction template (a bfloat16 v against float32 softmax values, say)")
+        if not weighted and shared and threads == WARP_LANES and self.size(row) < WARP_ROWS_BELOW:
+            return self.rows_by_warp(result, group, row, shared)
         factor = self.hoisted_factor(name) if weighted else None     # before the stage's other steps
         passes = list(group) + ([self.tree.program.stage(factor)] if factor else [])
         self.tree = self.tree.reorder(*shared, *inner, row, stage=name)
         turn = None if weighted else self.rows_in_turn([self.tree.program.stage(name), *passes], row, shared, threads)
-        why = f"the rows the blocks resident at once hold, re-read by later passes, then fit in half the L2 cache " \
-              f"({self.gpu.l2_bytes >> 20} MiB)"
-        if not turn and not weighted and self.short_rows_in_turn(row, shared, threads):
-            turn = SHORT_ROWS_IN_TURN
-            why = f"rows of {self.size(row)} are too short for a block each, and the grid still fills the SMs' " \
-                  f"{self.gpu.blocks_per_sm} block slots"
         if turn:
             last = shared[-1]
             self.tree = self.tree.split(last, turn, stage=name)
             depth = self.bind_grid(name, shared[:-1] + [f"{last}.0"]) + 1
-            self.note(name, f"its blocks take {turn} rows each in turn ({last}.1): {why}")
+            self.note(name, f"its blocks take {turn} rows each in turn ({last}.1): the rows the blocks resident at "
+                            f"once hold, re-read by later passes, then fit in half the L2 cache "
+                            f"({self.gpu.l2_bytes >> 20} MiB)")
         else:
             depth = self.bind_grid(name, shared)
         if weighted:
@@ -347,6 +346,24 @@ class _Planner:
                         f"along it and combined; {how}")
         return self.tree
 
+    def rows_by_warp(self, result: ir.Stage, group, row: str, shared: list[str]) -> LoopTree:
+        """A warp a row, BLOCK_THREADS // WARP_LANES rows a block (thread.y): the group's reductions are combined
+        by shuffles within the warp, each lane keeping the row's total in its own registers, so no barrier
+        and no shared memory; a block of one warp a row filled half an SM's threads at most."""
+        name, last = result.name, shared[-1]
+        rows = min(BLOCK_THREADS // WARP_LANES, self.size(last))
+        self.tree = self.tree.reorder(*shared, row, stage=name).split(last, rows, stage=name)
+        depth = self.bind_grid(name, shared[:-1] + [f"{last}.0"]) + 1
+        self.tree = self.tree.bind(f"{last}.1", "thread.y", stage=name)
+        for st in [result, *group]:
+            if st is not result:
+                self.tree = self.tree.place(st.name, name, depth)
+            self.strided(st.name, row, WARP_LANES)
+        self.note(name, f"one kernel: {', '.join(st.name for st in group)} placed in its rows, a warp a row, {rows} "
+                        f"rows a block ({last}.1 on thread.y; {row} contiguous, {self.size(row)} long): the reductions "
+                        f"combined by shuffles within the warp, no barrier")
+        return self.tree
+
     def rows_in_turn(self, stages: list[ir.Stage], row: str, shared: list[str], threads: int) -> int | None:
         """Rows a block takes in turn where the rows its passes re-read are too long to stay in its threads'
         registers and the blocks resident at once would hold more of them than half the L2 cache (the later
@@ -366,15 +383,6 @@ class _Planner:
             return None
         blocks = max(1, min(self.gpu.sms, room // row_bytes))
         return min(self.size(shared[-1]), -(-rows // blocks))
-
-    def short_rows_in_turn(self, row: str, shared: list[str], threads: int) -> bool:
-        """Whether a block of one warp on a row shorter than LONG_ROW takes SHORT_ROWS_IN_TURN rows in turn: where
-        the last row dim holds them and the grid then keeps a block for each block slot of every SM."""
-        if not shared or threads > WARP_LANES or self.size(row) >= LONG_ROW or SHORT_ROWS_IN_TURN < 2:
-            return False
-        rows = math.prod(self.size(d) for d in shared)
-        return self.size(shared[-1]) >= SHORT_ROWS_IN_TURN and \
-            rows // SHORT_ROWS_IN_TURN >= self.gpu.sms * self.gpu.blocks_per_sm
 
     def walk_bytes(self, result: ir.Stage, inner: list[str]) -> int:
         """Bytes a block a row of a weighted walk reads besides its row: the factor of its product that keeps

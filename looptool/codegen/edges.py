@@ -114,11 +114,12 @@ def _moves_through(tree: LoopTree, node: LoopNode, buffers: set[str]) -> bool:
     return False
 
 
-def tail_host(whole: set[int], edge: set[int], node: LoopNode, lim, path: list[LoopNode]) -> int | None:
-    """The depth in `path` of the loop that tests a tail: none for one that runs whole; for an edge
+def tail_host(whole: set[int], edge: set[int], node: LoopNode, lim, path: list[LoopNode], skip=frozenset()) -> int | None:
+    """The depth in `path` of the loop that tests a tail: none for one that runs whole or is in `skip` (it
+    tests its own); for an edge
     tile's, the nearest loop around it that is plain or bound to blocks or threads and holds no
     tensor-core tile; for any other, the shared builder's `dependent_host`."""
-    if id(node) in whole:
+    if id(node) in whole or id(node) in skip:
         return None
     if id(node) not in edge:
         return dependent_host(node, lim, path)

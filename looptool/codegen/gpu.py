@@ -49,9 +49,9 @@ from .gpu_copies import (TENSOR_MAP_BYTES, TENSOR_MAPS, AsyncCopyLowering, buffe
                          producer_warps)
 from .gpu_tensor_cores import (WGMMA_ALIGN, WGMMA_ARCHS, Swizzle, TensorCoreLowering, WgmmaLayout,  # noqa: F401
                                holds_wgmma)
-from .llvm import (F32, F64, I16, I32, I64, IDENTITY, INLINE_F32, ITEM_BYTES, MEMORY_TYPE, REDUCE_BINARY, VALUE_TYPE,
-                   ZERO, FunctionBuilder, Lanes, constant, element_type, hoisted_tail_checks, kernel_params, lane_count,
-                   size_variable)
+from .llvm import (F32, F64, I16, I32, I64, IDENTITY, INLINE_F32, ITEM_BYTES, EXP_LOW, LOG2_E, MEMORY_TYPE, REDUCE_BINARY,
+                   VALUE_TYPE, ZERO, FunctionBuilder, Lanes, constant, constant_like, element_type, hoisted_tail_checks,
+                   kernel_params, lane_count, size_variable)
 
 TRIPLE = "nvptx64-nvidia-cuda"
 DATA_LAYOUT = "e-p:64:64:64-i64:64-i128:128-v16:16-v32:32-n16:32:64"
@@ -75,6 +75,9 @@ VECTOR_ATOMIC_ARCHS = ("sm_90", "sm_90a")      # red.global.add.v2/v4.f32 (PTX 8
 # kernel before ran long: its waiting successor's blocks took the SMs (attention 4096x64 0.267 -> 0.616 ms,
 # 2048x128 0.140 -> 0.355 ms, conv 3x3 f32 8x64x56x56 1.00 -> 0.80x torch)
 PROGRAMMATIC_ARCHS = ("sm_90", "sm_90a")
+PREDICATED_TAILS = True        # (`_GpuBuilder.full_or_tail`)
+LOG2_E_LOW = 1.925963e-8       # log2 e less its float32 rounding
+EXP_OVER = 89.0                # exp of float32 past this is inf (88.72 is the largest finite's log)
 VECTOR_ATOMIC_PTX = "+ptx81"
 
 
@@ -404,7 +407,11 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
         self.asynchronous: set[str] = set()            # stages whose copies are being issued with cp.async
         whole, self.edge_tails = register_tails(tree)
         self.full |= whole                             # register tails that may run past their limits
-        self.hoisted = hoisted_tail_checks(tree, functools.partial(tail_host, whole, self.edge_tails))
+        self.predicated_walks = {id(node) for node, path in tree.walk() if isinstance(node, LoopNode)
+                                 and predicated_walk(node, path) and id(node) not in whole}
+        self.edge_tails -= self.predicated_walks
+        self.hoisted = hoisted_tail_checks(tree, functools.partial(tail_host, whole, self.edge_tails,
+                                                                   skip=self.predicated_walks))
         self.predicate: llir.Value | None = None       # in an edge tile: where its statements take effect
         self.paths = {id(stmt): path for stmt, path in tree.statements()}
         self.edge_exprs: dict[int, ir.Expr] = {}
@@ -467,6 +474,17 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
                 self.settle_wgmma()
         super().counted_loop(start, end, body, name, rolled, unroll_full)
 
+    def full_or_tail(self, node: LoopNode, env: dict, count: llir.Value, emit_full):
+        """As the shared builder's, but a `predicated_walk` runs every copy, each taking effect only inside the
+        loop's limits (`predicated`: loads clamped into their buffers, results kept by selects, stores under a
+        branch)."""
+        if id(node) not in self.predicated_walks or id(node) in self.full:
+            super().full_or_tail(node, env, count, emit_full)
+            return
+        for k in range(node.loop.extent):
+            with self.predicated(self.inside_limits(node, env, k)):
+                self.body(node.body, {**env, node.loop.name: constant(I64, k)})
+
     def llvm_unrolls(self, node: LoopNode) -> bool:
         """At least LLVM_UNROLL_FROM iterations, no wgmma tile inside, and no buffer a thread keeps in
         registers indexed by the loop (a register tile's k steps: their shared-memory reads move with k,
@@ -518,7 +536,8 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
         if counts_warpgroups(node):
             value = self.builder.lshr(value, constant(I64, 2))
         inside = {**env, node.loop.name: value}
-        combined = self.combined_reductions(node) if kind == "thread" and not self.thread_loops else []
+        combined = self.combined_reductions(node) if kind == "thread" and (not self.thread_loops or self.in_warps(node)) \
+            else []
         for stmt in combined:
             ty = VALUE_TYPE[stmt.stage.dtype]
             self.partials[id(stmt)] = self.allocas.alloca(ty)
@@ -766,7 +785,13 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
         their buffer clamped into it) and kept only where the predicate holds, by a select; otherwise
         run under a branch."""
         b, condition, stage = self.builder, self.predicate, stmt.stage
+        partial = self.partials.get(id(stmt))
         with self.predicated(None):
+            if partial is not None:        # a term of a reduction combined across threads
+                old = b.load(partial, typ=VALUE_TYPE[stage.dtype])
+                new = self.accumulate(stage.reduce_op, old, self.edge_expr(stmt), lambda e: self.expr(e, stmt, env))
+                b.store(b.select(condition, new, old), partial)
+                return
             if not self.selects(stmt):
                 with b.if_then(condition):
                     self.statement(stmt, env)
@@ -813,15 +838,24 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
         b, stage = self.builder, stmt.stage
         ty, op = VALUE_TYPE[stage.dtype], REDUCE_BINARY[stage.reduce_op]
         partial = b.load(self.partials.pop(id(stmt)), typ=ty)
+        zeros = {loop.name: ZERO for loop in _loops([node])}
+        target = self.access(stage.name, Affine.identity(stage.dims), False, stmt, {**env, **zeros})
+        if self.thread_loops:          # a warp a row (`in_warps`): each lane folds the total into its own copy
+            total = self.warp_total(partial, op)
+            self.store_value(self.binary(op, self.load_value(target, stage.dtype), total), target, stage.dtype)
+            return
         if self.shuffles_combine(node):
             total = self.combine_by_shuffles(partial, stage, tid)
         else:
             total = self.combine_in_shared(partial, stage, node.loop.extent, tid)
-        zeros = {loop.name: ZERO for loop in _loops([node])}
-        target = self.access(stage.name, Affine.identity(stage.dims), False, stmt, {**env, **zeros})
         with b.if_then(b.icmp_signed("==", tid, ZERO)):
             self.store_value(self.binary(op, self.load_value(target, stage.dtype), total), target, stage.dtype)
         self.barrier()
+
+    def in_warps(self, node: LoopNode) -> bool:
+        """Whether a thread.x loop inside other thread-bound loops runs a warp's lanes in blocks one warp wide,
+        so a reduction bound to it combines within the warp (the legality check's `_combined_in_warps`)."""
+        return node.loop.annotation == "thread.x" and self.block[0] == WARP
 
     def shuffles_combine(self, node: LoopNode) -> bool:
         """Whether a thread-bound reduction combines by warp shuffles: bound to thread.x in a block of
@@ -978,12 +1012,64 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
         writers = [path for stmt, path in self.tree.statements() if stmt.stage.name == buffer and stmt.kind != "init"]
         return bool(writers) and all(any(thread_bound(n) for n in path) for path in writers)
 
+    def exp_f32(self, x: llir.Value) -> llir.Value:
+        """As the shared builder's, without its tests of the range: x held to [EXP_LOW, EXP_OVER] gives 0 below
+        it and inf above it by itself, and NaN stays NaN through the held value and `exp_core`."""
+        held = self.binary("minimum", self.binary("maximum", x, constant_like(x.type, EXP_LOW)),
+                           constant_like(x.type, EXP_OVER))
+        return self.exp_core(held, halves=True)
+
+    def exp_core(self, x: llir.Value, halves: bool) -> llir.Value:
+        """As the shared builder's, but 2**f by the hardware's ex2.approx for x = (n + f) ln 2, f in [-1/2, 1/2]
+        (log2 e in two parts, by fused multiply-adds; relative error about 2**-22), and n converted by PTX's
+        cvt (a NaN gives 0, not LLVM's poison): a dozen instructions fewer than the polynomial, which on short rows
+        (softmax 65536x48) bounded the kernel's pace."""
+        b, ty = self.builder, x.type
+
+        def c(v):
+            return constant_like(ty, v)
+        n = b.call(self.intrinsic("llvm.rint", ty, 1), [b.fmul(x, c(LOG2_E))])
+        f = self.fma(x, c(LOG2_E_LOW), self.fma(x, c(LOG2_E), b.fneg(n)))
+        ex2 = self.declare("llvm.nvvm.ex2.approx.ftz.f", F32, [F32])
+        to_int = self.declare("llvm.nvvm.f2i.rz", I32, [F32])
+        y, whole = self.lane_by_lane(ex2, f, F32), self.lane_by_lane(to_int, n, I32)
+        return self.times_power_of_two(y, whole, halves)
+
+    def lane_by_lane(self, fn: llir.Function, x: llir.Value, ty: llir.Type) -> llir.Value:
+        """fn (scalar to scalar of type `ty`) of x, or of each lane of a vector x."""
+        b, width = self.builder, lane_count(x.type)
+        if width is None:
+            return b.call(fn, [x])
+        result = constant(llir.VectorType(ty, width), None)
+        for k in range(width):
+            result = b.insert_element(result, b.call(fn, [b.extract_element(x, constant(I32, k))]), constant(I32, k))
+        return result
+
+    def binary(self, op: str, x: llir.Value, y: llir.Value) -> llir.Value:
+        """As the shared builder's, but x / y is x times y's reciprocal: a row's divisions by its one total
+        share one reciprocal (LLVM's `arcp` alone makes one only where two divisions meet in a block)."""
+        if op == "div":
+            return super().binary("mul", x, super().binary("div", constant_like(x.type, 1.0), y))
+        return super().binary(op, x, y)
+
     def unary(self, op: str, x):
         """As the shared builder, but float64 exp, log, tanh and erf are refused: they would need libm."""
         if op in INLINE_F32 and element_type(x.type) == F64:
             raise ValueError(f"{op} of float64 is not supported on the GPU backend (NVPTX has no libm; "
                              f"float32 {op} is inline): compute it in float32")
         return super().unary(op, x)
+
+
+def predicated_walk(node: LoopNode, path: list[LoopNode]) -> bool:
+    """Whether a loop is a thread's short unrolled walk with a tail (its part of a short row: shorter than
+    LLVM_UNROLL_FROM, in thread-bound loops with only unrolled ones between and inside), which runs every copy predicated
+    (`_GpuBuilder.full_or_tail`), its tail tested neither at a loop around it nor as an edge tile: that test
+    split a warp's lanes between a copy free of it and one with it (rows of 48: lanes 0-15 two elements,
+    16-31 one), and the warp ran both."""
+    bound = [k for k, n in enumerate(path) if thread_bound(n)]
+    return PREDICATED_TAILS and node.loop.annotation == "unroll" and bool(node.limits) \
+        and node.loop.extent < LLVM_UNROLL_FROM and bool(bound) \
+        and all(n.loop.annotation == "unroll" for n in path[bound[-1] + 1:] + _loop_nodes(node.body))
 
 
 def _loop_nodes(body: list) -> list[LoopNode]:

@@ -66,6 +66,7 @@ EXP_COEFFS = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2
 LOG_COEFFS = (7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1, -1.2420140846e-1, 1.4249322787e-1,
               -1.6668057665e-1, 2.0000714765e-1, -2.4999993993e-1, 3.3333331174e-1)
 TANH_COEFFS = (-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1, -3.33332819422e-1)
+LOG2_E = 1.44269504088896341
 EXP_LOW, EXP_HIGH = -104.0, 88.72284   # exp(-104) rounds to 0; exp(88.72284) is float32's largest finite
 TANH_SPLIT = 0.625
 TANH_ONE = 9.5          # 1 - tanh(x) < 2**-25 (half an ulp below 1) from about x = 9.1: tanh rounds to 1
@@ -664,11 +665,16 @@ class FunctionBuilder:
 
         def c(v):
             return constant_like(ty, v)
-        n = b.call(self.intrinsic("llvm.rint", ty, 1), [b.fmul(x, c(1.44269504088896341))])
+        n = b.call(self.intrinsic("llvm.rint", ty, 1), [b.fmul(x, c(LOG2_E))])
         r = self.fma(n, c(2.12194440e-4), self.fma(n, c(-0.693359375), x))
         y = b.fadd(self.fma(self.horner(r, EXP_COEFFS), b.fmul(r, r), r), c(1.0))
-        ity = int_like(ty)
-        whole = b.fptosi(n, ity)
+        return self.times_power_of_two(y, b.fptosi(n, int_like(ty)), halves)
+
+    def times_power_of_two(self, y: llir.Value, whole: llir.Value, halves: bool) -> llir.Value:
+        """y * 2**whole (an integer), through the exponent bits: in two `halves` where the result may be
+        subnormal (only the last product rounds), at once where it is normal."""
+        b, ty = self.builder, y.type
+        ity = whole.type
         if halves:
             half = b.ashr(whole, constant_like(ity, 1))
             parts = (half, b.sub(whole, half))

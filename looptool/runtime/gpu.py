@@ -42,7 +42,6 @@ THREADS_PER_SM_ATTRIBUTE = 39          # cudaDevAttrMaxThreadsPerMultiProcessor
 SHARED_PER_SM_ATTRIBUTE = 81           # cudaDevAttrMaxSharedMemoryPerMultiprocessor
 REGISTERS_PER_SM_ATTRIBUTE = 82        # cudaDevAttrMaxRegistersPerMultiprocessor
 L2_BYTES_ATTRIBUTE = 38                 # cudaDevAttrL2CacheSize
-BLOCKS_PER_SM_ATTRIBUTE = 106          # cudaDevAttrMaxBlocksPerMultiprocessor
 MAX_DYNAMIC_SHARED_ATTRIBUTE = 8       # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 TENSOR_MAP_ELEMENT = {1: 0, 2: 1, 4: 2}   # CU_TENSOR_MAP_DATA_TYPE_UINT8/16/32: TMA copies bits
 SWIZZLE_128B, L2_PROMOTION_256B, NO_INTERLEAVE, OOB_ZERO = 3, 3, 0, 0
@@ -627,7 +626,7 @@ def _device_target(device: int) -> GpuTarget:
     return GpuTarget(device_arch(), attribute(MULTIPROCESSORS_ATTRIBUTE), attribute(THREADS_PER_SM_ATTRIBUTE),
                      attribute(REGISTERS_PER_SM_ATTRIBUTE), attribute(SHARED_PER_SM_ATTRIBUTE),
                      attribute(OPT_IN_SHARED_ATTRIBUTE), name.decode() if isinstance(name, bytes) else str(name),
-                     attribute(L2_BYTES_ATTRIBUTE), attribute(BLOCKS_PER_SM_ATTRIBUTE))
+                     attribute(L2_BYTES_ATTRIBUTE))
 
 
 def evaluate(node, schedule) -> object:

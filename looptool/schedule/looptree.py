@@ -215,13 +215,23 @@ class LoopTree:
                 by_buffer.setdefault(access.buffer, []).append((stmt, path, access))
         slices = {}
         for node, path in self.walk():
-            if not isinstance(node, LoopNode) or any(thread_bound(n) for n in path + [node]):
+            if not isinstance(node, LoopNode):
                 continue
             for plan in self.local_buffers.get(id(node), []):
-                found = _thread_slice(plan, by_buffer.get(plan.name, []))
+                found = _thread_slice(plan, by_buffer.get(plan.name, []), len(path) + 1)
                 if found is not None:
                     slices[plan.name] = found
         return slices
+
+    @cached_property
+    def thread_private(self) -> dict[str, LoopNode]:
+        """Local buffers placed in the body of a thread-bound loop or deeper, by the loop they are placed at:
+        the GPU backend gives each thread its own copy."""
+        private = {}
+        for node, path in self.walk():
+            if isinstance(node, LoopNode) and any(thread_bound(n) for n in path + [node]):
+                private |= {plan.name: node for plan in self.local_buffers.get(id(node), [])}
+        return private
 
     # Walking ---------------------------------------------------------------------
     def walk(self):
@@ -438,12 +448,14 @@ def accesses(stmt: StmtNode) -> list[Access]:
     return reads + [Access(stage.name, own, True)]
 
 
-def _thread_slice(plan: BufferPlan, accesses: list) -> ThreadSlice | None:
+def _thread_slice(plan: BufferPlan, accesses: list, depth: int) -> ThreadSlice | None:
+    """The slice of each thread of the thread-bound loops below `depth` (the loops around the buffer's
+    placement and its own), or None where an access lies outside them or threads' parts overlap."""
     coeffs, low, high = None, None, None
     for stmt, path, access in accesses:
         linear = plan.linear_offset(tuple(ix.substitute(stmt.index) for ix in access.index))
         terms = linear.coeffs()
-        threads = [n for n in path if thread_bound(n)]
+        threads = [n for n in path[depth:] if thread_bound(n)]
         axes = {n.loop.annotation: terms.get(n.loop.name, 0) for n in threads}
         if not threads or len(axes) < len(threads) or 0 in axes.values() or coeffs not in (None, axes):
             return None

@@ -67,3 +67,46 @@ def test_two_nested_loops_bound_to_one_gpu_axis_are_refused(rng):
     assert "inside loops ['k', 'n'], all bound to thread.x" in reason and "stage t0" in reason
     fine = c.loop_tree().reorder("m", "k", "n").bind("m", "block.x").bind("n", "thread.x")
     assert fine.check() == (True, "legal")
+
+
+def warp_rows(tensor, lanes: int = 32, placed_at: int = 2):
+    """`tensor` (x - x.max(n) over rows m) a warp a row: 4 rows a block on thread.y, n's lanes on thread.x, the max
+    placed at `placed_at` of the result's loops (2: in the row's thread.y loop) with its lanes bound the same way."""
+    tree = tensor.loop_tree().split("m", 4).split("n", lanes).reorder("m.0", "m.1", "n.1", "n.0") \
+        .bind("m.0", "block.x").bind("m.1", "thread.y").bind("n.1", "thread.x").place("t0", "t1", placed_at)
+    if placed_at < 2:
+        tree = tree.bind("m.1", "thread.y", stage="t0")
+    return tree.split("n", lanes, stage="t0").reorder("n.1", "n.0", stage="t0").bind("n.1", "thread.x", stage="t0")
+
+
+def test_a_reduction_a_warp_a_row_is_combined_in_the_warp_only_where_the_block_is_one_warp_wide(rng):
+    """Lanes along the row inside a thread.y loop over rows: each lane keeps the warp's total in its own copy of
+    the max, so it must be placed in the row's loop, and the block's x extent be exactly a warp."""
+    m, n = lt.symbols("m n")
+    x = lt.Tensor(rng.standard_normal((40, 48)).astype(np.float32)).to(m, n)
+    y = x - x.max(n)
+    assert warp_rows(y).check() == (True, "legal")
+    legal, reason = warp_rows(y, lanes=16).check()
+    assert not legal and "needs blocks exactly 32 threads wide along x, but this kernel's are 16" in reason
+    legal, reason = warp_rows(y, placed_at=1).check()
+    assert not legal and "each lane keeps the warp's total in its own copy of t0, so place t0 inside 'm.1'" in reason
+
+
+def test_a_buffer_each_thread_keeps_cannot_be_read_in_every_lane_after_lanes_wrote_their_own_parts(rng):
+    """exp(x - max) written by each lane for its own elements of the row, then summed by every lane alone: each
+    lane's copy holds only its elements."""
+    m, n = lt.symbols("m n")
+    x = lt.Tensor(rng.standard_normal((40, 48)).astype(np.float32)).to(m, n)
+    e = (x - x.max(n)).exp()
+    tree = (e / e.sum(n)).loop_tree().share("t1").split("m", 4).split("n", 32).reorder("m.0", "m.1", "n.1", "n.0") \
+        .bind("m.0", "block.x").bind("m.1", "thread.y").bind("n.1", "thread.x")
+    for stage in ("t0", "t1.e", "t1"):
+        tree = tree.place(stage, "t2", 2)
+    lanes = tree
+    for stage in ("t0", "t1.e"):
+        lanes = lanes.split("n", 32, stage=stage).reorder("n.1", "n.0", stage=stage).bind("n.1", "thread.x", stage=stage)
+    legal, reason = lanes.check()
+    assert not legal and "each thread keeps its own copy of buffer t1.e" in reason
+    assert "`t1[m] += t1.e[m, n]` reads it in every lane" in reason
+    summed = lanes.split("n", 32, stage="t1").reorder("n.1", "n.0", stage="t1").bind("n.1", "thread.x", stage="t1")
+    assert summed.check() == (True, "legal")

@@ -11,7 +11,7 @@ from looptool.analysis.gpu_target import assumed_gpu
 from looptool.autoschedule import gpu_rules
 from looptool.runtime import gpu
 from tests.gpu_helpers import cupy_or_skip, k_across_blocks, matmul, register_tiles, softmax_rows, tiled
-from tests.helpers import assert_close, row_softmax
+from tests.helpers import assert_close, row_softmax, scaled_layer_norm
 
 
 def test_the_default_gpu_schedule_gives_every_stage_blocks_and_threads(rng):
@@ -88,13 +88,17 @@ def test_long_rows_taken_in_turn_by_their_blocks_run_on_the_gpu(rng):
 
 
 @pytest.mark.gpu
-def test_short_rows_taken_in_turn_by_blocks_of_one_warp_run_on_the_gpu(rng):
-    """1001 rows of 48 on a GPU taken as 2 SMs: 251 blocks of 4 rows, the last block's 1 under a tail."""
+@pytest.mark.parametrize("rows, cols, block", [(1001, 48, (32, 8, 1)), (3, 33, (32, 3, 1)), (20_001, 100, (32, 8, 1)),
+                                               (777, 127, (32, 8, 1)), (5, 64, (32, 5, 1))])
+def test_rows_a_warp_each_several_a_block_run_on_the_gpu(rng, rows, cols, block):
+    """Softmax and layer norm over rows of 33-127: a warp a row, combined by shuffles with no barrier, the
+    lanes' short walks predicated (rows of 48: lanes 0-15 two elements, 16-31 one); a tail of rows."""
     cp = cupy_or_skip()
-    sm, ref = row_softmax(rng.standard_normal((1001, 48)).astype(np.float32))
-    tree = gpu_rules.gpu_tree(ir.lower(sm.node)[0], dataclasses.replace(gpu.gpu_target(), sms=2))
-    assert "its blocks take 4 rows each in turn" in tree.explain()
-    assert_close(cp.asnumpy(sm.cuda(tree)), ref, 1e-5)
+    for tensor, ref in (row_softmax(rng.standard_normal((rows, cols)).astype(np.float32)),
+                        scaled_layer_norm(rng, rows, cols)):
+        kernel = gpu.GpuKernel(gpu.automatic_tree(ir.lower(tensor.node)[0]))
+        assert "a warp a row" in kernel.tree.explain() and kernel.module.launches[0].block == block
+        assert_close(cp.asnumpy(tensor.cuda()), ref, 1e-5)
 
 
 @pytest.mark.gpu
