@@ -399,7 +399,7 @@ def main(argv=None):
             print(json.dumps({"case": name, args.knob: value, "kernels_ms": round(ms["kernels"], 4),
                               "x_torch": round(ms["torch"] / ms["kernels"], 3), "rel_error": error,
                               "launches": [(l.grid, l.block) for l in kernel.module.launches],
-                              "registers": [getattr(f, "num_regs", None) for f in kernel.runner._loaded[True].functions]}),
+                              "registers": [getattr(f, "num_regs", None) for f in kernel.runner.loaded().functions]}),
                   flush=True)
 
 

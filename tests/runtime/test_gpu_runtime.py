@@ -1,6 +1,8 @@
 """The GPU runtime: the default GPU schedule on any machine; launching kernels where a GPU is
 present (marked `gpu`, deselected by default: run with -m gpu)."""
 import dataclasses
+import threading
+import types
 
 import numpy as np
 import pytest
@@ -9,6 +11,7 @@ import looptool as lt
 from looptool import ir
 from looptool.analysis.gpu_target import assumed_gpu
 from looptool.autoschedule import gpu_rules
+from looptool.codegen import gpu as codegen_gpu
 from looptool.runtime import gpu
 from tests.gpu_helpers import cupy_or_skip, k_across_blocks, matmul, register_tiles, softmax_rows, tiled
 from tests.helpers import assert_close, row_softmax, scaled_layer_norm
@@ -109,6 +112,35 @@ def test_short_rows_staged_through_shared_memory_run_on_the_gpu(rng, rows, cols)
     sm, ref = row_softmax(rng.standard_normal((rows, cols)).astype(np.float32))
     assert "walks n in shared memory" in gpu.automatic_tree(ir.lower(sm.node)[0]).explain()
     assert_close(cp.asnumpy(sm.cuda()), ref, 1e-5)
+
+
+def test_a_module_loaded_in_the_background_is_waited_for_when_its_kernels_are_first_needed(rng, monkeypatch):
+    """`load_in_background` (an attention head's weights while its weighted sum is generated): the driver's load
+    runs in a thread of its own on the caller's device; `loaded` waits for it, and raises what the load raised."""
+    devices, threads = [], []
+    runtime = types.SimpleNamespace(getDevice=lambda: 3, setDevice=devices.append)
+    monkeypatch.setattr(gpu, "cupy", lambda: types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime)))
+
+    def load(module):
+        threads.append(threading.current_thread().name)
+        if not module.launches[0].block[0] % 2:
+            raise RuntimeError("CUDA_ERROR_INVALID_PTX")
+        return ("loaded", module.launches)
+    monkeypatch.setattr(gpu, "load_module", load)
+    i, = lt.symbols("i")
+    t = lt.Tensor(rng.standard_normal(100).astype(np.float32)).to(i) * 2.0
+    for threads_a_block, result in ((25, "loaded"), (32, RuntimeError)):
+        tree = t.loop_tree().split("i", threads_a_block).bind("i.0", "block.x").bind("i.1", "thread.x")
+        program, module = tree.program, codegen_gpu.generate(tree, "sm_90")
+        runner = gpu.ModuleRunner(module, gpu.input_specs(program), gpu.scratch_specs(tree), program.output.name,
+                                  lambda: module)
+        runner.load_in_background()
+        if result == "loaded":
+            assert runner.loaded() == ("loaded", module.launches) and runner.loaded() is runner.loaded()
+        else:
+            with pytest.raises(RuntimeError, match="CUDA_ERROR_INVALID_PTX"):
+                runner.loaded()
+    assert devices == [3, 3] and all(name.startswith("looptool-gpu-load") for name in threads)
 
 
 @pytest.mark.gpu
