@@ -19,7 +19,10 @@ wgmma template's block tiles) on bfloat16 matmuls, batched with k = 64, square, 
 may take) on the row cases; `long_row`, `gpu_rules.LONG_ROW` (rows shorter than it are summed a thread a row, not a block a row) on the
 row cases; `warp_rows_below`, `gpu_rules.WARP_ROWS_BELOW` (softmax-like rows shorter than it a warp a row, several
 a block; 0: a block of one warp) and `predicated_tails`, `codegen.gpu.PREDICATED_TAILS` (a thread's short walk with a
-tail runs every copy predicated), on softmax and layer norm over rows of 33 to 1024; `row_vectors`, `gpu_rules.ROW_VECTORS` (a thread's short row moved in vectors) and
+tail runs every copy predicated), on softmax and layer norm over rows of 33 to 1024; `llvm_levels`, LLVM's
+pipeline level and the NVPTX back end's (`codegen.gpu.LLVM_SPEED_LEVEL`, `LLVM_CODEGEN_OPT`; with LOOPTOOL_CACHE_DIR=)
+on the workloads of several kernels; `row_vectors`,
+`gpu_rules.ROW_VECTORS` (a thread's short row moved in vectors) and
 `staged_rows`, `gpu_rules.STAGED_ROWS` (rows a block where a short row with no whole vectors goes through shared
 memory; 0: not), on softmax and layer norm over rows of 10 to 127; `programmatic_launch`,
 `codegen.gpu.PROGRAMMATIC_ARCHS` (the archs whose kernels after a module's first are launched programmatically;
@@ -77,6 +80,8 @@ KNOBS = {
     "long_row": (lambda v: setattr(gpu_rules, "LONG_ROW", v), (32, 128, 512), "row_cases"),
     "warp_rows_below": (lambda v: setattr(gpu_rules, "WARP_ROWS_BELOW", v), (0, 128, 1025), "warp_row_cases"),
     "predicated_tails": (lambda v: setattr(codegen_gpu, "PREDICATED_TAILS", v), (False, True), "warp_row_cases"),
+    "llvm_levels": (lambda v: (setattr(codegen_gpu, "LLVM_SPEED_LEVEL", v[0]),
+                               setattr(codegen_gpu, "LLVM_CODEGEN_OPT", v[1])), ((3, 3), (2, 2)), "multi_kernel_cases"),
     "row_vectors": (lambda v: setattr(gpu_rules, "ROW_VECTORS", v), (False, True), "short_row_cases"),
     "staged_rows": (lambda v: setattr(gpu_rules, "STAGED_ROWS", v), (0, 128, 256), "short_row_cases"),
     "programmatic_launch": (lambda v: setattr(codegen_gpu, "PROGRAMMATIC_ARCHS", v), ((), ("sm_90", "sm_90a")),

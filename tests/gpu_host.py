@@ -6,7 +6,8 @@ another), block barriers pthread barriers, cp.async a synchronous copy (every wa
 copies done), and a programmatic launch's waits (`griddepcontrol`) nothing (kernels run one after another).
 Each thread of a block is an OS thread (ctypes releases the GIL while a kernel runs).
 The hardware's bfloat16 rounding (`cvt.rn.bf16.f32`, `cvt.rn.bf16x2.f32`) becomes functions doing it in integer
-arithmetic, the hardware's ex2.approx and cvt.rzi LLVM's exp2 and saturating conversion. Tensor-core and TMA kernels (other inline PTX) are not supported."""
+arithmetic, the hardware's ex2.approx and cvt.rzi LLVM's exp2 and saturating conversion. Tensor-core and TMA
+kernels (other inline PTX) are not supported."""
 import ctypes
 import re
 import threading

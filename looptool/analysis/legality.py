@@ -543,19 +543,19 @@ def _combined_in_warps(tree: LoopTree, src: _Stmt, bound: list[int]) -> bool:
     stage, lanes = src.node.stage, src.path[bound[-1]]
     if lanes.loop.annotation != "thread.x" or any(src.path[k].loop.dim in stage.reduce_dims for k in bound[:-1]):
         return False
-    widths = [n.loop.extent for n, _ in walk([src.path[0]]) if isinstance(n, LoopNode) and n.loop.annotation == "thread.x"]
+    nested = f"illegal GPU schedule: stage {stage.name}'s reduction loop '{lanes.loop.name}' is bound to thread.x " \
+             f"inside other thread-bound loops; "
+    widths = [n.loop.extent for n, _ in walk([src.path[0]])
+              if isinstance(n, LoopNode) and n.loop.annotation == "thread.x"]
     width = "sized at run time" if any(isinstance(w, ir.Size) for w in widths) else max(widths)
     if width != WARP:
-        raise IllegalScheduleError(
-            f"illegal GPU schedule: stage {stage.name}'s reduction loop '{lanes.loop.name}' is bound to thread.x inside "
-            f"other thread-bound loops; its lanes are combined by warp shuffles, which needs blocks exactly {WARP} "
-            f"threads wide along x, but this kernel's are {width}")
+        raise IllegalScheduleError(nested + f"its lanes are combined by warp shuffles, which needs blocks exactly "
+                                            f"{WARP} threads wide along x, but this kernel's are {width}")
     placed = tree.thread_private.get(stage.name)
     if placed is None or not bound[-2] <= _position(src, placed) < bound[-1]:
-        raise IllegalScheduleError(
-            f"illegal GPU schedule: stage {stage.name}'s reduction loop '{lanes.loop.name}' is bound to thread.x inside "
-            f"other thread-bound loops; each lane keeps the warp's total in its own copy of {stage.name}, so place "
-            f"{stage.name} inside '{src.path[bound[-2]].loop.name}' and outside '{lanes.loop.name}'")
+        raise IllegalScheduleError(nested + f"each lane keeps the warp's total in its own copy of {stage.name}, so "
+                                            f"place {stage.name} inside '{src.path[bound[-2]].loop.name}' and outside "
+                                            f"'{lanes.loop.name}'")
     return True
 
 

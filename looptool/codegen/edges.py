@@ -114,7 +114,8 @@ def _moves_through(tree: LoopTree, node: LoopNode, buffers: set[str]) -> bool:
     return False
 
 
-def tail_host(whole: set[int], edge: set[int], node: LoopNode, lim, path: list[LoopNode], skip=frozenset()) -> int | None:
+def tail_host(whole: set[int], edge: set[int], node: LoopNode, lim, path: list[LoopNode],
+              skip=frozenset()) -> int | None:
     """The depth in `path` of the loop that tests a tail: none for one that runs whole or is in `skip` (it
     tests its own); for an edge
     tile's, the nearest loop around it that is plain or bound to blocks or threads and holds no

@@ -49,8 +49,8 @@ from .gpu_copies import (TENSOR_MAP_BYTES, TENSOR_MAPS, AsyncCopyLowering, buffe
                          producer_warps)
 from .gpu_tensor_cores import (WGMMA_ALIGN, WGMMA_ARCHS, Swizzle, TensorCoreLowering, WgmmaLayout,  # noqa: F401
                                holds_wgmma)
-from .llvm import (F32, F64, I16, I32, I64, IDENTITY, INLINE_F32, ITEM_BYTES, EXP_LOW, LOG2_E, MEMORY_TYPE, REDUCE_BINARY,
-                   VALUE_TYPE, ZERO, FunctionBuilder, Lanes, constant, constant_like, element_type, hoisted_tail_checks,
+from .llvm import (EXP_LOW, F32, F64, I16, I32, I64, IDENTITY, INLINE_F32, ITEM_BYTES, LOG2_E, MEMORY_TYPE,
+                   REDUCE_BINARY, VALUE_TYPE, ZERO, FunctionBuilder, Lanes, constant, constant_like, element_type, hoisted_tail_checks,
                    kernel_params, lane_count, size_variable)
 
 TRIPLE = "nvptx64-nvidia-cuda"
@@ -545,8 +545,8 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
         if counts_warpgroups(node):
             value = self.builder.lshr(value, constant(I64, 2))
         inside = {**env, node.loop.name: value}
-        combined = self.combined_reductions(node) if kind == "thread" and (not self.thread_loops or self.in_warps(node)) \
-            else []
+        nested = bool(self.thread_loops)
+        combined = self.combined_reductions(node) if kind == "thread" and (not nested or self.in_warps(node)) else []
         for stmt in combined:
             ty = VALUE_TYPE[stmt.stage.dtype]
             self.partials[id(stmt)] = self.allocas.alloca(ty)
@@ -790,9 +790,9 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
             self.predicate = outer
 
     def guarded_statement(self, stmt: StmtNode, env: dict):
-        """A statement of an edge tile: into a register tile, computed anyway (loads that may leave
-        their buffer clamped into it) and kept only where the predicate holds, by a select; otherwise
-        run under a branch."""
+        """A statement of an edge tile or a `predicated_walk`: into a register tile or a reduction's partial
+        combined across threads, computed anyway (loads that may leave their buffer clamped into it) and kept
+        only where the predicate holds, by a select; otherwise run under a branch."""
         b, condition, stage = self.builder, self.predicate, stmt.stage
         partial = self.partials.get(id(stmt))
         with self.predicated(None):

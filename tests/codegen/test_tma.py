@@ -46,7 +46,7 @@ def test_tma_pipelines_copy_each_tile_with_bulk_copies_and_no_barrier_per_k_tile
     assert counts["cp.async.bulk.tensor.2d"] % 5 == 0 and counts["cp.async.bulk.tensor.2d"] >= 3 * 5   # LLVM may peel
     assert counts["mbarrier.init.shared"] == 8                      # full and empty, per stage
     assert counts["cp.async.cg"] == counts["cp.async.ca"] == 0
-    loop = k_loop(module.ptx)           # from the first wait to the last wgmma (LLVM may lay the loop's copies out apart)
+    loop = k_loop(module.ptx)      # the first wait to the last wgmma (LLVM may lay the loop's copies out apart)
     assert loop.count("cp.async.bulk.tensor.2d") % 5 == 0 and "bar.sync" not in loop
     assert "@leader mbarrier.arrive.shared::cta.b64" in module.ptx        # each warp's first lane hands a buffer back
     assert re.search(r"@leader cp\.async\.bulk\.tensor\.2d\.shared::cluster\.global\.tile\.mbarrier::complete_tx"
