@@ -4,7 +4,9 @@ The IR of CUDA-core kernels is rewritten for the host: each kernel takes its thr
 indices and a barrier as extra parameters; shared memory becomes plain globals (blocks run one after
 another), block barriers pthread barriers, cp.async a synchronous copy (every wait then finds its
 copies done), and a programmatic launch's waits (`griddepcontrol`) nothing (kernels run one after another).
-Each thread of a block is an OS thread (ctypes releases the GIL while a kernel runs).
+Each thread of a block is an OS thread (ctypes releases the GIL while a kernel runs). A warp's butterfly
+shuffles (`shfl.sync.bfly`) exchange values through slots of its own, between two waits on a barrier of its
+32 threads.
 The hardware's bfloat16 rounding (`cvt.rn.bf16.f32`, `cvt.rn.bf16x2.f32`) becomes functions doing it in integer
 arithmetic, the hardware's ex2.approx and cvt.rzi LLVM's exp2 and saturating conversion. Tensor-core and TMA
 kernels (other inline PTX) are not supported."""
@@ -20,7 +22,12 @@ from looptool import ir
 SPECIAL = re.compile(r'(%\S+) = call i32 @"llvm\.nvvm\.read\.ptx\.sreg\.(tid|ctaid)\.([xyz])"\(\)')
 CP_ASYNC = re.compile(r'call void @"llvm\.nvvm\.cp\.async\.(?:cg|ca)\.shared\.global\.(\d+)"'
                       r'\((ptr [^,]+), (ptr [^)]+)\)')
-EXTRA = ", ".join(f"i32 %__{kind}.{axis}" for kind in ("tid", "ctaid") for axis in "xyz") + ", ptr %__barrier"
+EXTRA = ", ".join(f"i32 %__{kind}.{axis}" for kind in ("tid", "ctaid") for axis in "xyz") + \
+    ", ptr %__barrier, ptr %__warp, i32 %__lane"
+SHUFFLE = re.compile(r'call (float|i32) @"llvm\.nvvm\.shfl\.sync\.bfly\.(?:f32|i32)"\(i32 [^,]+, (?:float|i32) ([^,]+), '
+                     r'i32 ([^,]+), i32 [^)]+\)')
+WARP = 32
+WARP_BYTES = 128 + 4 * WARP      # a warp's barrier, then a 32-bit slot a lane
 LIBC = ctypes.CDLL(None)
 BARRIER_BYTES = 128             # more than a pthread_barrier_t takes
 BF16_ROUNDING = {
@@ -41,6 +48,23 @@ define internal i16 @__bf16_rn(float %x) {
   %result = trunc i32 %chosen to i16
   ret i16 %result
 }
+define internal i32 @__shfl_bfly(ptr %warp, i32 %lane, i32 %value, i32 %offset) {
+  %slots = getelementptr i8, ptr %warp, i64 128
+  %mine = getelementptr i32, ptr %slots, i32 %lane
+  store i32 %value, ptr %mine
+  %stored = call i32 @pthread_barrier_wait(ptr %warp)
+  %other = xor i32 %lane, %offset
+  %theirs = getelementptr i32, ptr %slots, i32 %other
+  %result = load i32, ptr %theirs
+  %read = call i32 @pthread_barrier_wait(ptr %warp)
+  ret i32 %result
+}
+define internal float @__shfl_bfly_float(ptr %warp, i32 %lane, float %value, i32 %offset) {
+  %bits = bitcast float %value to i32
+  %moved = call i32 @__shfl_bfly(ptr %warp, i32 %lane, i32 %bits, i32 %offset)
+  %result = bitcast i32 %moved to float
+  ret float %result
+}
 define internal i32 @__bf16x2_rn(float %high, float %low) {
   %h = call i16 @__bf16_rn(float %high)
   %l = call i16 @__bf16_rn(float %low)
@@ -58,6 +82,8 @@ def host_ir(text: str) -> str:
     for pattern, call in BF16_ROUNDING.items():
         text = pattern.sub(call, text)
     text = PROGRAMMATIC.sub("", text)
+    text = SHUFFLE.sub(lambda m: f"call {m[1]} @__shfl_bfly{'_float' if m[1] == 'float' else ''}(ptr %__warp, "
+                                 f"i32 %__lane, {m[1]} {m[2]}, i32 {m[3]})", text)
     if re.search(r"\basm\b", text):
         raise ValueError("inline PTX (tensor cores, TMA) cannot run on the host")
     text = re.sub(r" addrspace\(\d+\)", "", text).replace("addrspacecast", "bitcast").replace("ptx_kernel ", "")
@@ -85,7 +111,8 @@ def run(module, buffers: dict[str, np.ndarray]):
     engine = llvm.create_mcjit_compiler(ir_module, machine)
     engine.finalize_object()
     pointers = [ctypes.c_void_p(buffers[name].ctypes.data) for name in module.params]
-    signature = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * len(pointers), *[ctypes.c_int32] * 6, ctypes.c_void_p)
+    signature = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * len(pointers), *[ctypes.c_int32] * 6, ctypes.c_void_p,
+                                 ctypes.c_void_p, ctypes.c_int32)
     for launch in module.launches:
         kernel = signature(engine.get_function_address(launch.name))
         for block in np.ndindex(*reversed(launch.grid)):
@@ -93,16 +120,25 @@ def run(module, buffers: dict[str, np.ndarray]):
 
 
 def _run_block(kernel, pointers: list, block: tuple[int, int, int], index: tuple[int, int, int]):
-    """One block: a thread per (x, y, z) of `block`, sharing a barrier."""
+    """One block: a thread per (x, y, z) of `block`, sharing a barrier; each warp (32 threads in the order of
+    their linear index, x fastest) its slots and barrier for shuffles."""
+    count = block[0] * block[1] * block[2]
     barrier = ctypes.create_string_buffer(BARRIER_BYTES)
-    LIBC.pthread_barrier_init(barrier, None, block[0] * block[1] * block[2])
-    threads = [threading.Thread(target=kernel, args=(*pointers, *thread[::-1], *index, barrier))
-               for thread in np.ndindex(*reversed(block))]
+    LIBC.pthread_barrier_init(barrier, None, count)
+    warps = ctypes.create_string_buffer(WARP_BYTES * -(-count // WARP))
+    base = ctypes.addressof(warps)
+    for warp in range(-(-count // WARP)):
+        LIBC.pthread_barrier_init(ctypes.c_void_p(base + warp * WARP_BYTES), None, min(WARP, count - warp * WARP))
+    threads = [threading.Thread(target=kernel, args=(*pointers, *thread[::-1], *index, barrier,
+                                                     ctypes.c_void_p(base + linear // WARP * WARP_BYTES), linear % WARP))
+               for linear, thread in enumerate(np.ndindex(*reversed(block)))]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     LIBC.pthread_barrier_destroy(barrier)
+    for warp in range(-(-count // WARP)):
+        LIBC.pthread_barrier_destroy(ctypes.c_void_p(base + warp * WARP_BYTES))
 
 
 def run_tree(c, tree, module) -> np.ndarray:
