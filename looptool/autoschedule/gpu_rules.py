@@ -355,9 +355,9 @@ class _Planner:
         self.tree = self.tree.reorder(*shared, row, stage=name).split(last, rows, stage=name)
         depth = self.bind_grid(name, shared[:-1] + [f"{last}.0"]) + 1
         self.tree = self.tree.bind(f"{last}.1", "thread.y", stage=name)
+        for st in group:
+            self.tree = self.tree.place(st.name, name, depth)
         for st in [result, *group]:
-            if st is not result:
-                self.tree = self.tree.place(st.name, name, depth)
             self.strided(st.name, row, WARP_LANES)
         self.note(name, f"one kernel: {', '.join(st.name for st in group)} placed in its rows, a warp a row, {rows} "
                         f"rows a block ({last}.1 on thread.y; {row} contiguous, {self.size(row)} long): the reductions "

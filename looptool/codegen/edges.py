@@ -29,13 +29,9 @@ from .llvm import dependent_host
 
 
 def register_buffers(tree: LoopTree) -> set[str]:
-    """Local buffers each thread keeps to itself: its thread slices and the buffers placed inside
-    thread-bound loops."""
-    names = set(tree.thread_slices)
-    for node, path in tree.walk():
-        if isinstance(node, LoopNode) and any(thread_bound(p) for p in path):
-            names |= {plan.name for plan in tree.local_buffers.get(id(node), [])}
-    return names
+    """Local buffers each thread keeps to itself: its thread slices and the buffers placed in a thread-bound
+    loop's body or deeper (`thread_private`)."""
+    return set(tree.thread_slices) | set(tree.thread_private)
 
 
 def register_tails(tree: LoopTree) -> tuple[set[int], set[int]]:

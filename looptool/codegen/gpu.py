@@ -75,7 +75,7 @@ VECTOR_ATOMIC_ARCHS = ("sm_90", "sm_90a")      # red.global.add.v2/v4.f32 (PTX 8
 # kernel before ran long: its waiting successor's blocks took the SMs (attention 4096x64 0.267 -> 0.616 ms,
 # 2048x128 0.140 -> 0.355 ms, conv 3x3 f32 8x64x56x56 1.00 -> 0.80x torch)
 PROGRAMMATIC_ARCHS = ("sm_90", "sm_90a")
-PREDICATED_TAILS = True        # (`_GpuBuilder.full_or_tail`)
+PREDICATED_TAILS = True        # (`predicated_walk`)
 LOG2_E_LOW = 1.925963e-8       # log2 e less its float32 rounding
 EXP_OVER = 89.0                # exp of float32 past this is inf (88.72 is the largest finite's log)
 VECTOR_ATOMIC_PTX = "+ptx81"
@@ -416,11 +416,10 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
         self.asynchronous: set[str] = set()            # stages whose copies are being issued with cp.async
         whole, self.edge_tails = register_tails(tree)
         self.full |= whole                             # register tails that may run past their limits
-        self.predicated_walks = {id(node) for node, path in tree.walk() if isinstance(node, LoopNode)
-                                 and predicated_walk(node, path) and id(node) not in whole}
-        self.edge_tails -= self.predicated_walks
-        self.hoisted = hoisted_tail_checks(tree, functools.partial(tail_host, whole, self.edge_tails,
-                                                                   skip=self.predicated_walks))
+        walks = {id(node) for node, path in tree.walk()
+                 if isinstance(node, LoopNode) and predicated_walk(node, path) and id(node) not in whole}
+        self.edge_tails |= walks                       # run as edge tiles, each testing its own tail
+        self.hoisted = hoisted_tail_checks(tree, functools.partial(tail_host, whole, self.edge_tails, skip=walks))
         self.predicate: llir.Value | None = None       # in an edge tile: where its statements take effect
         self.paths = {id(stmt): path for stmt, path in tree.statements()}
         self.edge_exprs: dict[int, ir.Expr] = {}
@@ -482,17 +481,6 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
             if not self.wgmma_overlap:
                 self.settle_wgmma()
         super().counted_loop(start, end, body, name, rolled, unroll_full)
-
-    def full_or_tail(self, node: LoopNode, env: dict, count: llir.Value, emit_full):
-        """As the shared builder's, but a `predicated_walk` runs every copy, each taking effect only inside the
-        loop's limits (`predicated`: loads clamped into their buffers, results kept by selects, stores under a
-        branch)."""
-        if id(node) not in self.predicated_walks or id(node) in self.full:
-            super().full_or_tail(node, env, count, emit_full)
-            return
-        for k in range(node.loop.extent):
-            with self.predicated(self.inside_limits(node, env, k)):
-                self.body(node.body, {**env, node.loop.name: constant(I64, k)})
 
     def llvm_unrolls(self, node: LoopNode) -> bool:
         """At least LLVM_UNROLL_FROM iterations, no wgmma tile inside, and no buffer a thread keeps in
@@ -732,9 +720,9 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
 
     # Edge tiles: register tiles cut by a tail -------------------------------------------------
     def edge_loop(self, node: LoopNode, env: dict):
-        """An unrolled or vectorized loop whose tail cuts a register tile, in an edge tile: every copy
-        (every lane) is run, its statements taking effect only where it is inside the loop's limits (a
-        rolled tail loop would index the tile by a variable, which moves it to local memory)."""
+        """An unrolled or vectorized loop whose tail cuts a register tile, or a `predicated_walk`, in an edge
+        tile: every copy (every lane) is run, its statements taking effect only where it is inside the loop's
+        limits (a rolled tail loop would index the tile by a variable, which moves it to local memory)."""
         name, extent = node.loop.name, node.loop.extent
         if node.loop.annotation == "unroll":
             for k in range(extent):
@@ -1044,16 +1032,6 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
         y, whole = self.lane_by_lane(ex2, f, F32), self.lane_by_lane(to_int, n, I32)
         return self.times_power_of_two(y, whole, halves)
 
-    def lane_by_lane(self, fn: llir.Function, x: llir.Value, ty: llir.Type) -> llir.Value:
-        """fn (scalar to scalar of type `ty`) of x, or of each lane of a vector x."""
-        b, width = self.builder, lane_count(x.type)
-        if width is None:
-            return b.call(fn, [x])
-        result = constant(llir.VectorType(ty, width), None)
-        for k in range(width):
-            result = b.insert_element(result, b.call(fn, [b.extract_element(x, constant(I32, k))]), constant(I32, k))
-        return result
-
     def binary(self, op: str, x: llir.Value, y: llir.Value) -> llir.Value:
         """As the shared builder's, but x / y is x times y's reciprocal: a row's divisions by its one total
         share one reciprocal (LLVM's `arcp` alone makes one only where two divisions meet in a block)."""
@@ -1071,10 +1049,10 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
 
 def predicated_walk(node: LoopNode, path: list[LoopNode]) -> bool:
     """Whether a loop is a thread's short unrolled walk with a tail (its part of a short row: shorter than
-    LLVM_UNROLL_FROM, in thread-bound loops with only unrolled ones between and inside), which runs every copy predicated
-    (`_GpuBuilder.full_or_tail`), its tail tested neither at a loop around it nor as an edge tile: that test
-    split a warp's lanes between a copy free of it and one with it (rows of 48: lanes 0-15 two elements,
-    16-31 one), and the warp ran both."""
+    LLVM_UNROLL_FROM, in thread-bound loops with only unrolled ones between and inside), which always runs as an
+    edge tile (`_GpuBuilder.edge_loop`: every copy predicated), its tail not tested at a loop around it
+    (`tail_host`'s `skip`): that test split a warp's lanes between a copy free of it and one with it (rows of
+    48: lanes 0-15 two elements, 16-31 one), and the warp ran both, the tail a rolled loop of one load at a time."""
     bound = [k for k, n in enumerate(path) if thread_bound(n)]
     return PREDICATED_TAILS and node.loop.annotation == "unroll" and bool(node.limits) \
         and node.loop.extent < LLVM_UNROLL_FROM and bool(bound) \

@@ -626,12 +626,16 @@ class FunctionBuilder:
 
     def libm_lanes(self, name: str, x: llir.Value) -> llir.Value:
         """libm's function `name` of a float64 scalar, or of each lane of a vector in turn."""
-        b, ty = self.builder, element_type(x.type)
-        fn = self.declare(name, ty, [ty])
-        if not isinstance(x.type, llir.VectorType):
+        ty = element_type(x.type)
+        return self.lane_by_lane(self.declare(name, ty, [ty]), x, ty)
+
+    def lane_by_lane(self, fn: llir.Function, x: llir.Value, ty: llir.Type) -> llir.Value:
+        """fn (scalar to scalar of type `ty`) of x, or of each lane of a vector x in turn."""
+        b, width = self.builder, lane_count(x.type)
+        if width is None:
             return b.call(fn, [x])
-        result = constant(x.type, None)
-        for lane in range(x.type.count):
+        result = constant(llir.VectorType(ty, width), None)
+        for lane in range(width):
             index = constant(I32, lane)
             result = b.insert_element(result, b.call(fn, [b.extract_element(x, index)]), index)
         return result
