@@ -15,11 +15,17 @@ on pointwise chains whose rows hold no whole vectors; `wgmma_blocks`, `autosched
 wgmma template's block tiles) on bfloat16 matmuls, batched with k = 64, square, and odd; `wgmma_edges`,
 `autoschedule.gpu.WGMMA_EDGE_TILES` (odd sizes as one wgmma kernel with guarded edge tiles, or padded) on the same;
 `wgmma_stages`, the wgmma template's block tiles and pipeline stages together, on the same;
-`row_shared_share`, `gpu_rules.ROW_SHARED_SHARE` (the share of a block's shared memory a row kept there
+`turn_l2_share`, `gpu_rules.TURN_L2_SHARE` (the share of the L2 cache the rows a grid of blocks taking rows in turn
+holds at once may take) and `in_turn_unroll`, `gpu_rules.IN_TURN_UNROLL` (such a block's walks unrolled this many
+times; session 33 measured it as LONG_ROW_UNROLL, which only those rows read there) on long rows; `row_shared_share`, `gpu_rules.ROW_SHARED_SHARE` (the share of a block's shared memory a row kept there
 may take) on the row cases; `long_row`, `gpu_rules.LONG_ROW` (rows shorter than it are summed a thread a row, not a block a row) on the
 row cases; `warp_rows_below`, `gpu_rules.WARP_ROWS_BELOW` (softmax-like rows shorter than it a warp a row, several
 a block; 0: a block of one warp) and `predicated_tails`, `codegen.gpu.PREDICATED_TAILS` (a thread's short walk with a
-tail runs every copy predicated), on softmax and layer norm over rows of 33 to 1024; `llvm_levels`, LLVM's
+tail runs every copy predicated), on softmax and layer norm over rows of 33 to 1024; `half_warp_rows_below`, `gpu_rules.HALF_WARP_ROWS_BELOW` (rows shorter than it half a warp a row, two rows a
+warp; 0: never), on the same; `warp_row_sums`,
+`gpu_rules.WARP_ROWS_BELOW` again (0: plain sums over rows of 32 to 511 a thread a row, or a block of one warp a row
+from 128) and `final_warps_an_sm`, `gpu_rules.FINAL_WARPS_AN_SM` (a split reduction's final
+sum a block an output where a thread an output leaves fewer warps an SM), on row and column sums; `llvm_levels`, LLVM's
 pipeline level and the NVPTX back end's (`codegen.gpu.LLVM_SPEED_LEVEL`, `LLVM_CODEGEN_OPT`; with LOOPTOOL_CACHE_DIR=)
 on the workloads of several kernels; `row_vectors`,
 `gpu_rules.ROW_VECTORS` (a thread's short row moved in vectors) and
@@ -75,10 +81,15 @@ KNOBS = {
     "walk_bytes_per_sm": (lambda v: setattr(gpu_rules, "WALK_BYTES_PER_SM", v), (1 << 40, 16 << 20, 8 << 20, 0), "attention_cases"),
     "thread_tile_rows": (lambda v: setattr(gpu_rules, "THREAD_TILE_ROWS", v), (1, 2, 4, 7, 8), "conv_cases"),
     "rows_in_turn": (lambda v: setattr(gpu_rules, "ROWS_IN_TURN", v), (False, True), "row_cases"),
+    "turn_l2_share": (lambda v: setattr(gpu_rules, "TURN_L2_SHARE", v), (0.5, 0.7, 0.9), "long_row_cases"),
     "long_row_unroll": (lambda v: setattr(gpu_rules, "LONG_ROW_UNROLL", v), (1, 2, 4, 8), "row_cases"),
+    "in_turn_unroll": (lambda v: setattr(gpu_rules, "IN_TURN_UNROLL", v), (8, 16, 32), "long_row_cases"),
     "row_elements": (lambda v: setattr(gpu_rules, "ROW_ELEMENTS_PER_THREAD", v), (8, 16, 32), "row_cases"),
     "long_row": (lambda v: setattr(gpu_rules, "LONG_ROW", v), (32, 128, 512), "row_cases"),
-    "warp_rows_below": (lambda v: setattr(gpu_rules, "WARP_ROWS_BELOW", v), (0, 128, 1025), "warp_row_cases"),
+    "warp_rows_below": (lambda v: setattr(gpu_rules, "WARP_ROWS_BELOW", v), (128, 257, 513), "warp_row_cases"),
+    "half_warp_rows_below": (lambda v: setattr(gpu_rules, "HALF_WARP_ROWS_BELOW", v), (0, 65), "warp_row_cases"),
+    "warp_row_sums": (lambda v: setattr(gpu_rules, "WARP_ROWS_BELOW", v), (0, 512), "reduction_cases"),
+    "final_warps_an_sm": (lambda v: setattr(gpu_rules, "FINAL_WARPS_AN_SM", v), (0, 1, 4), "reduction_cases"),
     "predicated_tails": (lambda v: setattr(codegen_gpu, "PREDICATED_TAILS", v), (False, True), "warp_row_cases"),
     "llvm_levels": (lambda v: (setattr(codegen_gpu, "LLVM_SPEED_LEVEL", v[0]),
                                setattr(codegen_gpu, "LLVM_CODEGEN_OPT", v[1])), ((3, 3), (2, 2)), "multi_kernel_cases"),
@@ -339,9 +350,17 @@ def warp_row_cases(torch):
     gen = torch.Generator(device="cuda").manual_seed(1)
     cases = [softmax_case(torch, torch.randn(rows, cols, device="cuda", generator=gen))
              for rows, cols in ((65536, 33), (65536, 48), (65536, 64), (32768, 100), (32768, 127), (1000, 100),
-                                (32768, 256), (16384, 512), (8192, 1000), (4096, 1024), (32768, 512))]
+                                (4096, 200), (8192, 300), (32768, 256), (16384, 512), (8192, 1000), (32768, 512))]
     return cases + [layer_norm_case(torch, torch.randn(rows, cols, device="cuda", generator=gen))
-                    for rows, cols in ((65536, 64), (16384, 768), (8192, 1024))]
+                    for rows, cols in ((65536, 64), (10000, 200), (16384, 768), (8192, 1024))]
+
+
+def long_row_cases(torch):
+    """Softmax and layer norm over rows too long to stay in a block's registers, more of them than the SMs."""
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    shapes = ((256, 100000), (2048, 50257), (512, 65536), (1024, 32000))
+    return [softmax_case(torch, torch.randn(rows, cols, device="cuda", generator=gen)) for rows, cols in shapes] + \
+        [layer_norm_case(torch, torch.randn(rows, cols, device="cuda", generator=gen)) for rows, cols in shapes[:2]]
 
 
 def row_cases(torch):
@@ -373,6 +392,21 @@ def row_cases(torch):
             row_sum(8192, 8192), row_sum(1000, 3001),
             row_sum(100000, 77), row_sum(20000, 300),
             column_sum(8192, 8192), column_sum(3001, 1000), dot(1 << 24), dot(10 ** 7 + 1)]
+
+
+def reduction_cases(torch):
+    """Plain row sums over rows of 33 to 127 (few rows to many) and column sums of few to many columns."""
+    gen = torch.Generator(device="cuda").manual_seed(2)
+
+    def summed(rows, cols, axis):
+        x = torch.randn(rows, cols, device="cuda", generator=gen)
+        t = lt.Tensor(x).to(*lt.symbols("m n")).sum(lt.symbols("m n")[axis])
+        return f"{('column', 'row')[axis]} sum {rows}x{cols}", t, lambda: x.sum(axis), lambda: x.double().sum(axis)
+
+    return [summed(rows, cols, 1) for rows, cols in ((2000, 50), (300, 64), (4096, 33), (20000, 100), (65536, 64),
+                                                      (100000, 77), (100000, 127))] + \
+        [summed(rows, cols, 0) for rows, cols in ((200000, 50), (1000000, 20), (3001, 1000), (10 ** 7, 3),
+                                                  (8192, 8192), (100, 100000))]
 
 
 def automatic_kernels(tensor, reference: np.ndarray):

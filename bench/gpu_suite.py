@@ -80,6 +80,15 @@ def workloads(torch, shapes: str = "suite"):
                 lambda: torch.bmm(a.double(), b.double()), None
         return build
 
+    def transposed_a(m, k, n, dtype):
+        """A stored k-major (its transpose in memory), as `a.T @ b` in torch."""
+        def build():
+            at, b = rand(k, m, dtype=dtype), rand(k, n, dtype=dtype)
+            c = (named(at, "k m") * named(b, "k n")).sum(lt.symbols("k")[0])
+            return c, same_result(lambda x, y, **kw: torch.mm(x.T, y, **kw), at, b, False), \
+                lambda: at.double().T @ b.double(), None
+        return build
+
     def matmul_rounded(m, k, n):
         return matmul(m, k, n, torch.bfloat16, rounded=True)
 
@@ -112,6 +121,21 @@ def workloads(torch, shapes: str = "suite"):
             x = rand(rows, cols)
             return (named(x, "m n").sum(lt.symbols("m n")[axis]), lambda: x.sum(axis),
                     lambda: x.double().sum(axis), x.numel() * 4)
+        return build
+
+    def middle_sum(outer, middle, inner):
+        def build():
+            x = rand(outer, middle, inner)
+            return (named(x, "a m b").sum(lt.symbols("m")[0]), lambda: x.sum(1), lambda: x.double().sum(1),
+                    x.numel() * 4)
+        return build
+
+    def bias_relu(rows, cols):
+        def build():
+            x, bias = rand(rows, cols), rand(cols)
+            y = lt.relu(named(x, "m n") + named(bias, "n"))
+            return (y, lambda: torch.relu(x + bias), lambda: torch.relu(x.double() + bias.double()),
+                    2 * x.numel() * 4)
         return build
 
     def dot(n):
@@ -292,10 +316,51 @@ def workloads(torch, shapes: str = "suite"):
         ("conv 3x3 f32 32x64x28x28", conv(32, 64, 28, torch.float32)),
         ("transpose f32 4096x1024", transpose(4096, 1024, torch.float32)),
     ]
+    probe_rows = [       # `--shapes probe`: session 33's shapes, picked before any run on them, and other program forms
+        ("matmul bf16 1536^3", matmul(1536, 1536, 1536, bf16)),
+        ("matmul bf16 777x555x333", matmul(777, 555, 333, bf16)),
+        ("matmul bf16 2500x100x2500", matmul(2500, 100, 2500, bf16)),
+        ("matmul bf16 1024x1024x333", matmul(1024, 1024, 333, bf16)),
+        ("matmul bf16 3000x777x555", matmul(3000, 777, 555, bf16)),
+        ("matmul f32 2000x300x1000", matmul(2000, 300, 1000, torch.float32)),
+        ("matmul f32 100x10000x100", matmul(100, 10000, 100, torch.float32)),
+        ("matmul f32 3000x3000x64", matmul(3000, 3000, 64, torch.float32)),
+        ("matmul f32 k-major A 1024x2048x512", transposed_a(1024, 2048, 512, torch.float32)),
+        ("matmul bf16 k-major A 2048x1024x2048", transposed_a(2048, 1024, 2048, bf16)),
+        ("batched matmul bf16 4x1000x100x1000", batched(4, 1000, 100, 1000, bf16)),
+        ("batched matmul f32 64x64x64x64", batched(64, 64, 64, 64, torch.float32)),
+        ("mlp relu(xW+b) bf16 300x1000x500", mlp(300, 1000, 500)),
+        ("softmax f32 4096x200", softmax(4096, 200, torch.float32)),
+        ("softmax f32 16384x96", softmax(16384, 96, torch.float32)),
+        ("softmax f32 50000x40", softmax(50000, 40, torch.float32)),
+        ("softmax f32 20000x64", softmax(20000, 64, torch.float32)),
+        ("softmax f32 1000x10000", softmax(1000, 10000, torch.float32)),
+        ("softmax f32 256x100000", softmax(256, 100000, torch.float32)),
+        ("layer norm f32 10000x96", layer_norm(10000, 96)),
+        ("layer norm f32 2000x5000", layer_norm(2000, 5000)),
+        ("layer norm f32 50000x40", layer_norm(50000, 40)),
+        ("layer norm f32 16384x1000", layer_norm(16384, 1000)),
+        ("row sum f32 2000x50", axis_sum(2000, 50, 1)),
+        ("row sum f32 50x200000", axis_sum(50, 200000, 1)),
+        ("column sum f32 200000x50", axis_sum(200000, 50, 0)),
+        ("column sum f32 100x100000", axis_sum(100, 100000, 0)),
+        ("middle sum f32 64x1000x64", middle_sum(64, 1000, 64)),
+        ("dot f32 3x10^6", dot(3 * 10 ** 6)),
+        ("gelu(tanh) f32 5000x5000", gelu(5000, 5000)),
+        ("gelu(tanh) f32 123x4567", gelu(123, 4567)),
+        ("bias relu f32 4096x3000", bias_relu(4096, 3000)),
+        ("conv 3x3 f32 4x32x64x64", conv(4, 32, 64, torch.float32)),
+        ("conv 3x3 bf16 8x32x64x64", conv(8, 32, 64, bf16)),
+        ("conv 3x3 bf16 1x64x100x100", conv(1, 64, 100, bf16)),
+        ("attention head f32 777x64", attention(777, 64)),
+        ("attention head f32 1536x96", attention(1536, 96)),
+        ("transpose f32 2000x3000", transpose(2000, 3000, torch.float32)),
+        ("transpose bf16 1234x5678", transpose(1234, 5678, bf16)),
+    ]
     if shapes == "models":
         return model_rows(torch)
     return {"suite": rows + odd_rows, "even": rows, "other": other_rows, "sweep": sweep_rows,
-            "transformer": transformer_rows}[shapes]
+            "transformer": transformer_rows, "probe": probe_rows}[shapes]
 
 
 def model_rows(torch) -> list:
@@ -378,7 +443,7 @@ def main(argv=None):
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--only", default="", help="run rows whose name contains this")
     parser.add_argument("--skip", default="", help="comma-separated: leave out rows whose name contains any")
-    parser.add_argument("--shapes", choices=("suite", "even", "other", "sweep", "transformer", "models"), default="suite",
+    parser.add_argument("--shapes", choices=("suite", "even", "other", "sweep", "transformer", "probe", "models"), default="suite",
                         help="the suite's rows, its rows without the odd sizes, or other shapes for re-measuring")
     parser.add_argument("--profile", action="store_true", help="each row's kernels' device times (torch.profiler)")
     args = parser.parse_args(argv)

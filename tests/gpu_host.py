@@ -6,7 +6,7 @@ another), block barriers pthread barriers, cp.async a synchronous copy (every wa
 copies done), and a programmatic launch's waits (`griddepcontrol`) nothing (kernels run one after another).
 Each thread of a block is an OS thread (ctypes releases the GIL while a kernel runs). A warp's butterfly
 shuffles (`shfl.sync.bfly`) exchange values through slots of its own, between two waits on a barrier of its
-32 threads.
+32 threads (of a row of threads, in a block narrower than a warp).
 The hardware's bfloat16 rounding (`cvt.rn.bf16.f32`, `cvt.rn.bf16x2.f32`) becomes functions doing it in integer
 arithmetic, the hardware's ex2.approx and cvt.rzi LLVM's exp2 and saturating conversion. Tensor-core and TMA
 kernels (other inline PTX) are not supported."""
@@ -121,24 +121,27 @@ def run(module, buffers: dict[str, np.ndarray]):
 
 def _run_block(kernel, pointers: list, block: tuple[int, int, int], index: tuple[int, int, int]):
     """One block: a thread per (x, y, z) of `block`, sharing a barrier; each warp (32 threads in the order of
-    their linear index, x fastest) its slots and barrier for shuffles."""
+    their linear index, x fastest) its slots and barrier for shuffles, or, in a block narrower than a warp, each
+    row of threads (its shuffles stay within the row: a run of lanes of a warp)."""
     count = block[0] * block[1] * block[2]
+    lanes = block[0] if block[0] < WARP and WARP % block[0] == 0 else WARP
     barrier = ctypes.create_string_buffer(BARRIER_BYTES)
     LIBC.pthread_barrier_init(barrier, None, count)
-    warps = ctypes.create_string_buffer(WARP_BYTES * -(-count // WARP))
+    runs = -(-count // lanes)
+    warps = ctypes.create_string_buffer(WARP_BYTES * runs)
     base = ctypes.addressof(warps)
-    for warp in range(-(-count // WARP)):
-        LIBC.pthread_barrier_init(ctypes.c_void_p(base + warp * WARP_BYTES), None, min(WARP, count - warp * WARP))
+    for run in range(runs):
+        LIBC.pthread_barrier_init(ctypes.c_void_p(base + run * WARP_BYTES), None, min(lanes, count - run * lanes))
     threads = [threading.Thread(target=kernel, args=(*pointers, *thread[::-1], *index, barrier,
-                                                     ctypes.c_void_p(base + linear // WARP * WARP_BYTES), linear % WARP))
+                                                     ctypes.c_void_p(base + linear // lanes * WARP_BYTES), linear % lanes))
                for linear, thread in enumerate(np.ndindex(*reversed(block)))]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     LIBC.pthread_barrier_destroy(barrier)
-    for warp in range(-(-count // WARP)):
-        LIBC.pthread_barrier_destroy(ctypes.c_void_p(base + warp * WARP_BYTES))
+    for run in range(runs):
+        LIBC.pthread_barrier_destroy(ctypes.c_void_p(base + run * WARP_BYTES))
 
 
 def run_tree(c, tree, module) -> np.ndarray:

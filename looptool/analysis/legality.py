@@ -29,7 +29,7 @@ from ..memo import BoundedMemo
 from ..schedule import (ATOMIC_SUMS, BLOCK_AXES, GPU_AXES, LoopNode, LoopTree, StmtNode, accesses, across_blocks,
                         blocked, pipeline_depth, pipeline_persistent, thread_bound, walk)
 from ..schedule.printing import stmt_text
-from .tensorize import WARP, tensor_tiles
+from .tensorize import WARP_PARTS, tensor_tiles
 from .tma import bulk_copies
 
 
@@ -538,8 +538,9 @@ def _combined_reduction(tree: LoopTree, src: _Stmt, dst: _Stmt) -> bool:
 def _combined_in_warps(tree: LoopTree, src: _Stmt, bound: list[int]) -> bool:
     """A reduction bound to thread.x inside other thread-bound loops over its result's dims (a warp a row,
     several rows a block) is combined by warp shuffles, each lane keeping the total in its own copy of the
-    result: the kernel's blocks must be one warp wide (so a warp's lanes share the outer loops' iteration)
-    and the result placed inside the outer loops, outside the thread.x one (each thread's own)."""
+    result: the kernel's blocks must be a warp wide, or a power-of-two part of one (so each run of that many
+    lanes of a warp shares the outer loops' iteration), and the result placed inside the outer loops, outside
+    the thread.x one (each thread's own)."""
     stage, lanes = src.node.stage, src.path[bound[-1]]
     if lanes.loop.annotation != "thread.x" or any(src.path[k].loop.dim in stage.reduce_dims for k in bound[:-1]):
         return False
@@ -548,9 +549,10 @@ def _combined_in_warps(tree: LoopTree, src: _Stmt, bound: list[int]) -> bool:
     widths = [n.loop.extent for n, _ in walk([src.path[0]])
               if isinstance(n, LoopNode) and n.loop.annotation == "thread.x"]
     width = "sized at run time" if any(isinstance(w, ir.Size) for w in widths) else max(widths)
-    if width != WARP:
-        raise IllegalScheduleError(nested + f"its lanes are combined by warp shuffles, which needs blocks exactly "
-                                            f"{WARP} threads wide along x, but this kernel's are {width}")
+    if width not in WARP_PARTS:
+        raise IllegalScheduleError(nested + f"its lanes are combined by warp shuffles, which needs blocks "
+                                            f"{', '.join(map(str, WARP_PARTS))} threads wide along x (a warp, or a "
+                                            f"power-of-two part of one), but this kernel's are {width}")
     placed = tree.thread_private.get(stage.name)
     if placed is None or not bound[-2] <= _position(src, placed) < bound[-1]:
         raise IllegalScheduleError(nested + f"each lane keeps the warp's total in its own copy of {stage.name}, so "

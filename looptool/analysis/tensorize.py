@@ -30,6 +30,7 @@ from ..schedule.printing import expr_text
 
 OPERAND_DTYPES = ("bfloat16", "float16")
 WARP = 32
+WARP_PARTS = (32, 16, 8, 4, 2)      # block widths along x whose rows of threads a warp holds whole
 SWIZZLE_BYTES = 128          # a wgmma operand's rows are read in 128-byte swizzled rows, 8 rows an atom
 ATOM_ROWS = 8
 

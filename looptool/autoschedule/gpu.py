@@ -538,11 +538,13 @@ def float32_blocks(program: ir.Program, stage: str) -> tuple[tuple[int, int], ..
     """The register-tile block tiles a contraction stage may take: FLOAT32_BLOCKS, or FLOAT32_NARROW_BLOCK
     where its n is narrower than all of them. Over a dynamic dim, only the largest rows (64-row blocks pay
     where a problem leaves SMs idle, which a size known only at the call may not)."""
-    x = tile_dims(program.stage(stage))[0]
+    x, y, _ = tile_dims(program.stage(stage))
     if program.size(x) < min(cols for _, cols in FLOAT32_BLOCKS):
         return (FLOAT32_NARROW_BLOCK,)
     rows = max(rows for rows, _ in FLOAT32_BLOCKS)
-    return tuple(block for block in FLOAT32_BLOCKS if block[0] == rows) if program.dynamic else FLOAT32_BLOCKS
+    blocks = tuple(block for block in FLOAT32_BLOCKS if block[0] == rows) if program.dynamic else FLOAT32_BLOCKS
+    held = tuple(block for block in blocks if y is None or program.size(y) >= block[0] and program.size(x) >= block[1])
+    return held or blocks
 
 
 def narrow_float32(program: ir.Program) -> bool:

@@ -39,6 +39,14 @@ WALK_UNROLL = 4             # copies of a reduction loop's body a thread walking
 STRIDED_UNROLL = 32
 ROW_ELEMENTS_PER_THREAD = 32
 ROWS_IN_TURN = True          # (`rows_in_turn`)
+# ... the share of the L2 cache the rows resident at once may hold (H100, session 33, --knob turn_l2_share, x torch at
+# 0.5 / 0.7 / 0.9: softmax 256x100000 0.80 / 0.83 / 0.84, 512x65536 1.07 / 1.11 / 1.11, 2048x50257 1.15 / 1.16 / 1.17,
+# layer norm 256x100000 1.74 / 1.79 / 1.79)
+TURN_L2_SHARE = 0.7
+# ... and each thread of such a block (alone on its SM, or nearly) unrolls its walk this many times, not LONG_ROW_UNROLL
+# (H100, session 33, --knob long_row_unroll_in_turn, x torch at 8 / 16 / 32: softmax 256x100000 0.83 / 0.96 / 0.98,
+# 2048x50257 1.15 / 1.25 / 1.09, layer norm 256x100000 1.79 / 1.90 / 1.92, 2048x50257 2.00 / 2.12 / 2.06)
+IN_TURN_UNROLL = 16
 LONG_ROW_UNROLL = 8          # a row too long for that: its loop unrolled this many times, loads in flight a thread
                              # (H100, session 18, --knob long_row_unroll: softmax 2048x50257 0.695 -> 0.632 ms at 8)
 SHARE_ROW_VALUES = True      # a row group's exp computed once (`share`; --knob share_row_values)
@@ -69,6 +77,11 @@ TRANSPOSE_TILE = WARP_LANES      # a transposed tile's side: a warp reads a row 
 TRANSPOSE_ROWS_A_THREAD = 4  # rows of a transposed tile each thread copies and writes (loads in flight)
 BLOCK_CHUNK = BLOCK_THREADS * 8      # the least a block's partial result sums (8 loads in flight a thread)
 THREAD_CHUNK = 8             # the least a thread's partial result sums
+# a split reduction's final sum of at least LONG_ROW partials an output takes a block an output where a thread an
+# output (or a vector of them) would leave the GPU fewer warps an SM than this (H100, session 33, --knob
+# final_warps_an_sm, x torch at 0 / 1: column sum 200000x50 0.27 / 1.51, its 50 threads each adding 2500 partials
+# alone before; 3001x1000 0.92 / 1.13; 4 as 1)
+FINAL_WARPS_AN_SM = 1
 # a reduction along rows at least this long takes a block a row; shorter rows, a thread a row (one warp a
 # row was one block of 32 threads for 2-4 elements a lane: H100, bench.gpu_rules_variants --knob long_row,
 # row sum 100000x77 0.068 ms at 32 against 0.023 at 128; rows of 300 and more unchanged)
@@ -78,8 +91,14 @@ THREAD_ROWS_BELOW = WARP_LANES   # softmax-like rows shorter than this run a thr
 # a block (`rows_by_warp`; H100, session 32, --knob warp_rows_below, x torch with a block of one warp taking 4 rows
 # in turn / a warp a row / also rows up to 1024: softmax 65536x33 0.76 / 1.04 / 1.05, 65536x48 0.77 / 0.99 / 1.00,
 # 32768x100 0.93 / 1.10 / 1.10, 32768x127 0.94 / 1.11 / 1.10, 8192x1000 1.08 / 1.08 / 0.77, layer norm 65536x64
-# 4.64 / 5.98 / 6.09, 8192x1024 1.39 / 1.38 / 1.13)
-WARP_ROWS_BELOW = LONG_ROW
+# 4.64 / 5.98 / 6.09, 8192x1024 1.39 / 1.38 / 1.13). Session 33 (x torch, below 128 / 257 / 513; rows of 128 and more
+# had a block of one warp): softmax 4096x200 0.89 / 1.11 / 1.10, 8192x300 0.99 / 0.97 / 1.16, 16384x512 1.02 / 1.02 /
+# 1.02, 32768x512 1.02 / 1.01 / 0.98, layer norm 10000x200 1.92 / 2.49 / 2.41; plain sums too (`summed_by_warps`)
+WARP_ROWS_BELOW = 512
+# ... and rows shorter than this half a warp a row, two rows a warp (`rows_by_warp`; H100, session 33, --knob
+# half_warp_rows_below, x torch at 0 / 65: softmax 65536x33 1.00 / 1.16, 65536x48 0.98 / 1.22, 65536x64 1.05 / 1.15,
+# layer norm 65536x64 5.79 / 6.37; a warp a row took 200 SASS instructions a row of 48, half a warp 144)
+HALF_WARP_ROWS_BELOW = 65
 ROW_VECTORS = True           # a thread's short row moved in vectors (`row_vectors`)
 # ... and one that holds none read and written through shared memory, this many rows a block (`rows_staged`; 0:
 # not), where they take at most STAGED_SHARED_SHARE of it (H100, session 31, --knob staged_rows, x torch at 0 /
@@ -210,6 +229,27 @@ def in_rows(stage: ir.Stage, row: str, outer: list[str]) -> bool:
     return set(stage.dims) <= set(outer) | {row}
 
 
+def k_last_where_unaligned(tree: LoopTree, stage: str) -> tuple[LoopTree, dict[str, str]]:
+    """`tree` with each operand of contraction `stage` whose rows (its last dim, not k) are not whole 16-byte vectors
+    copied ahead with k last (`cache`), where k is whole vectors: TMA addresses only rows on 16-byte boundaries, and
+    a k-major operand suits wgmma as well. A pad copy is done in that copy (`inline`). Also {operand: its copy}."""
+    program = tree.program
+    st = program.stage(stage)
+    k = st.reduce_dims[0]
+    relaid = {}
+    for load in dict.fromkeys(ir.loads(st.expr)):
+        dims, shape = program.buffer_dims(load.buffer), program.buffer_shape(load.buffer)
+        item = templates.ITEM_BYTES[load.dtype]
+        aligned = shape[-1] * item % templates.VECTOR_BYTES == 0
+        if dims[-1] == k or aligned or program.size(k) * item % templates.VECTOR_BYTES:
+            continue
+        tree = tree.cache(load.buffer, stage=stage, order=tuple(d for d in dims if d != k) + (k,))
+        if load.buffer in {s.name for s in program.stages}:
+            tree = tree.inline(load.buffer)
+        relaid[load.buffer] = f"{load.buffer}.{stage}"
+    return tree, relaid
+
+
 def _dividing(size: int, factor: int, multiple: int = 1) -> int:
     """The least divisor of `size` from `factor` up to twice it (blocks with no ragged end, whose reads need
     no guard and stay vectors), one that is a multiple of `multiple` first (a walk unrolled that many times
@@ -319,8 +359,8 @@ class _Planner:
             self.tree = self.tree.split(last, turn, stage=name)
             depth = self.bind_grid(name, shared[:-1] + [f"{last}.0"]) + 1
             self.note(name, f"its blocks take {turn} rows each in turn ({last}.1): the rows the blocks resident at "
-                            f"once hold, re-read by later passes, then fit in half the L2 cache "
-                            f"({self.gpu.l2_bytes >> 20} MiB)")
+                            f"once hold, re-read by later passes, then fit in {TURN_L2_SHARE:.0%} of the L2 "
+                            f"cache ({self.gpu.l2_bytes >> 20} MiB)")
         else:
             depth = self.bind_grid(name, shared)
         if weighted:
@@ -333,12 +373,12 @@ class _Planner:
                 how += f", reading {factor} (the factor of its product that leaves out {x}, computed once " \
                        f"for the row by the threads striding along it)"
         else:
-            self.strided(name, row, threads)
-            how = f"{threads} threads striding along it"
+            self.strided(name, row, threads, IN_TURN_UNROLL if turn else 0)
+            how = f"{threads} threads striding along it" + (f", {IN_TURN_UNROLL} loads in flight a thread" if turn else "")
         kept = self.row_in_shared([self.tree.program.stage(name), *passes], row, shared, depth, threads)
         for st in passes:
             self.tree = self.tree.place(st.name, name, depth)
-            self.strided(st.name, row, threads)
+            self.strided(st.name, row, threads, IN_TURN_UNROLL if turn else 0)
         if kept:
             how += f"; {kept} read once, its row kept in shared memory for every pass"
         self.note(name, f"one kernel: {', '.join(st.name for st in group)} placed in its rows, a block a row "
@@ -347,19 +387,24 @@ class _Planner:
         return self.tree
 
     def rows_by_warp(self, result: ir.Stage, group, row: str, shared: list[str]) -> LoopTree:
-        """A warp a row, BLOCK_THREADS // WARP_LANES rows a block (thread.y): the group's reductions are combined
-        by shuffles within the warp, each lane keeping the row's total in its own registers, so no barrier
-        and no shared memory; a block of one warp a row filled half an SM's threads at most."""
+        """A warp a row (rows shorter than HALF_WARP_ROWS_BELOW: half a warp a row, two rows a warp), as many rows a
+        block (thread.y) as make BLOCK_THREADS: the group's reductions are combined by shuffles within the warp,
+        each lane keeping the row's total in its own registers, so no barrier and no shared memory; a block of one
+        warp a row filled half an SM's threads at most."""
         name, last = result.name, shared[-1]
-        rows = min(BLOCK_THREADS // WARP_LANES, self.size(last))
-        self.tree = self.tree.reorder(*shared, row, stage=name).split(last, rows, stage=name)
+        lanes = WARP_LANES // 2 if self.size(row) < HALF_WARP_ROWS_BELOW else WARP_LANES
+        rows = min(BLOCK_THREADS // lanes, self.size(last))
+        along = [row] if row in result.loop_dims else []            # (not where the result copies a row's total)
+        self.tree = self.tree.reorder(*shared, *along, stage=name).split(last, rows, stage=name)
         depth = self.bind_grid(name, shared[:-1] + [f"{last}.0"]) + 1
         self.tree = self.tree.bind(f"{last}.1", "thread.y", stage=name)
         for st in group:
             self.tree = self.tree.place(st.name, name, depth)
         for st in [result, *group]:
-            self.strided(st.name, row, WARP_LANES)
-        self.note(name, f"one kernel: {', '.join(st.name for st in group)} placed in its rows, a warp a row, {rows} "
+            if row in st.loop_dims:
+                self.strided(st.name, row, lanes)
+        taken = "a warp a row" if lanes == WARP_LANES else f"{lanes} lanes a row ({WARP_LANES // lanes} rows a warp)"
+        self.note(name, f"one kernel: {', '.join(st.name for st in group)} placed in its rows, {taken}, {rows} "
                         f"rows a block ({last}.1 on thread.y; {row} contiguous, {self.size(row)} long): the reductions "
                         f"combined by shuffles within the warp, no barrier")
         return self.tree
@@ -378,7 +423,7 @@ class _Planner:
         row_bytes = sum(self.size(row) * templates.ITEM_BYTES[dtype] for dtype in reread.values())
         rows = math.prod(self.size(d) for d in shared)
         resident = self.gpu.threads_per_sm // threads * self.gpu.sms
-        room = self.gpu.l2_bytes // 2
+        room = int(self.gpu.l2_bytes * TURN_L2_SHARE)
         if not shared or not row_bytes or min(rows, resident) * row_bytes <= room:
             return None
         blocks = max(1, min(self.gpu.sms, room // row_bytes))
@@ -527,16 +572,17 @@ class _Planner:
         wanted = _pow2_at_least(-(-self.size(row) // elements))
         return max(WARP_LANES, min(MAX_BLOCK_THREADS, wanted))
 
-    def strided(self, stage: str, dim: str, threads: int):
+    def strided(self, stage: str, dim: str, threads: int, unroll: int = 0):
         """`threads` threads along `dim` of `stage`, each taking every `threads`-th element (coalesced);
         where that is at most STRIDED_UNROLL elements a thread, unrolled (a row a thread keeps to itself
-        then lives in registers, not local memory)."""
+        then lives in registers, not local memory), else `unroll` (default LONG_ROW_UNROLL) at a time."""
+        unroll = unroll or LONG_ROW_UNROLL
         self.tree = self.tree.split(dim, threads, stage=stage).reorder(f"{dim}.1", f"{dim}.0", stage=stage) \
             .bind(f"{dim}.1", "thread.x", stage=stage)
         if self.extent(stage, f"{dim}.0") <= STRIDED_UNROLL:
             self.tree = self.tree.unroll(f"{dim}.0", stage=stage)
-        elif LONG_ROW_UNROLL > 1:
-            self.tree = self.tree.split(f"{dim}.0", LONG_ROW_UNROLL, stage=stage).unroll(f"{dim}.0.1", stage=stage)
+        elif unroll > 1:
+            self.tree = self.tree.split(f"{dim}.0", unroll, stage=stage).unroll(f"{dim}.0.1", stage=stage)
 
     def walked(self, stage: str, dims: list[str], unroll: int = WALK_UNROLL):
         """Reduction loops a thread walks alone (outer to inner): where the inner ones are short (a
@@ -724,9 +770,11 @@ class _Planner:
         padded = program.size(k) % k_tile != 0
         stage = f"{name}.pad" if padded else name
         try:
-            tree = self.tree.pad({k: k_tile}, stage=name) if padded else self.tree
-            block, teams, k_tile, stages, copier = templates.wgmma_start(tree.program, stage, self.gpu)
-            copier = "tma" if padded else copier
+            tree, relaid = self.tree.pad({k: k_tile}, stage=name) if padded else self.tree, {}
+            copier = "tma" if padded else templates.wgmma_start(tree.program, stage, self.gpu)[4]
+            if copier == "tma":
+                tree, relaid = k_last_where_unaligned(tree, stage)
+            block, teams, k_tile, stages, _ = templates.wgmma_start(tree.program, stage, self.gpu)
             persistent = templates.persistent_grid(tree.program, stage, self.gpu, block, k_tile, stages, copier)
             tree = templates.wgmma_tiled(tree, stage, block, teams, k_tile, stages, copier, persistent)
             tree, filled = self.zero_filled_by_tma(tree, name)
@@ -740,9 +788,13 @@ class _Planner:
                         f"{k_tile}, {stages} stages by {copier}, whose edge tiles are computed whole and stored under guards"
                         + (f"; {k} padded with zeros to a multiple of {k_tile}" if padded else "")
                         + (f" by TMA's zero fill ({', '.join(filled)}, no copy)" if filled else "")
+                        + "".join(f"; {source} copied ahead with {k} last (its rows are not whole "
+                                  f"{templates.VECTOR_BYTES}-byte vectors, which TMA cannot address)" for source in relaid)
                         + templates.persistent_note(persistent)
                         + ("; the padded result written straight into the result" if padded else ""))
         self.pad_copies_pointwise(name)
+        for copy in relaid.values():
+            self.pointwise(self.tree.program.stage(copy))
         return True
 
     def padded_on_tensor_cores(self, name: str) -> bool:
@@ -919,13 +971,16 @@ class _Planner:
             .unroll(f"{across}.0", stage=stage)
 
     def reduction(self, stage: ir.Stage, split: bool):
-        """A block an output where the reduction runs along the contiguous dim of what it reads, at least
-        LONG_ROW long, and no read is contiguous along the output's own last dim; else a thread an output
-        (short rows, a convolution's 3-wide window rows, a matmul too small for its template). Either is
-        split first (`split_reduction`) where it would leave the GPU idle."""
+        """A warp an output where the reduction runs along contiguous rows a warp takes alone (`summed_by_warps`);
+        a block an output where it runs along the contiguous dim of what it reads, at least LONG_ROW long, and no
+        read is contiguous along the output's own last dim; else a thread an output (a convolution's 3-wide
+        window rows, a matmul too small for its template). The last two are split first (`split_reduction`)
+        where they would leave the GPU idle."""
         pure = [d for d in stage.loop_dims if d not in stage.reduce_dims]
         outputs = math.prod(self.size(d) for d in pure)
         along = contiguous_dim(self.tree.program, stage)
+        if self.summed_by_warps(stage, along, pure):
+            return
         long_row = along in stage.reduce_dims and self.size(along) >= LONG_ROW
         if not pure or (long_row and not self.read_along(stage, stage.dims[-1])):
             along = along if along in stage.reduce_dims else max(stage.reduce_dims, key=self.size)
@@ -940,6 +995,25 @@ class _Planner:
                 self.split_reduction(stage, longest, blocks_wanted=wanted, per_output_blocks=False)
                 return
             self.reduce_in_thread(stage, pure)
+
+    def summed_by_warps(self, stage: ir.Stage, row: str, pure: list[str]) -> bool:
+        """A reduction along contiguous rows of WARP_LANES up to WARP_ROWS_BELOW where no read is contiguous along
+        the output's last dim (threads along it would read it coalesced: a small matmul's B): a warp a row, several
+        a block (`rows_by_warp`), its total combined by shuffles into a copy in each lane's registers (`cache_write`),
+        then stored. False (tree unchanged) elsewhere, or where the legality check refuses it. (H100, session 33,
+        x torch against a thread a row, or a block of one warp a row from 128: row sum 2000x50 0.70 -> 1.46, 65536x64
+        0.63 -> 1.91, 100000x77 1.39 -> 1.99, 100000x127 0.94 -> 1.55.)"""
+        if stage.reduce_dims != (row,) or not pure or not WARP_LANES <= self.size(row) < WARP_ROWS_BELOW \
+                or self.read_along(stage, stage.dims[-1]):
+            return False
+        kept = self.tree, list(self.reasons)
+        self.tree = self.tree.cache_write(stage.name)
+        program = self.tree.program
+        tree = self.rows_by_warp(program.stage(stage.name), [program.stage(f"{stage.name}.acc")], row, pure)
+        if not tree.check()[0]:
+            self.tree, self.reasons = kept
+            return False
+        return True
 
     def read_along(self, stage: ir.Stage, dim: str) -> bool:
         """Whether some read of the stage that moves along its reduction is contiguous along `dim`
@@ -980,7 +1054,8 @@ class _Planner:
         program = self.tree.program
         self.reduction(program.stage(f"{stage.name}.rf"), split=False)
         final = program.stage(stage.name)
-        if parts >= LONG_ROW and outputs < WARP_LANES:     # a thread an output would sum every partial alone
+        threads = outputs // self.thread_vector(final, pure) if pure else outputs
+        if parts >= LONG_ROW and (outputs < WARP_LANES or threads < FINAL_WARPS_AN_SM * WARP_LANES * self.gpu.sms):
             self.reduce_in_block(final, final.reduce_dims[0], pure)
         else:
             self.reduction(final, split=False)

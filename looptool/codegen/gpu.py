@@ -37,7 +37,7 @@ from llvmlite import ir as llir
 from .. import ir
 from ..analysis.gpu_target import STATIC_SHARED, capability
 from ..analysis.legality import check_persistent
-from ..analysis.tensorize import WARP, SharedOperand, TensorTile, is_warpgroup, tensor_tiles
+from ..analysis.tensorize import WARP, WARP_PARTS, SharedOperand, TensorTile, is_warpgroup, tensor_tiles
 from ..analysis.tma import BulkCopy, bulk_copies
 from ..ir import Affine
 from ..schedule import (BLOCK_AXES, GPU_AXES, LoopNode, LoopTree, StmtNode, accesses, across_blocks, pipeline_depth,
@@ -838,7 +838,7 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
         zeros = {loop.name: ZERO for loop in _loops([node])}
         target = self.access(stage.name, Affine.identity(stage.dims), False, stmt, {**env, **zeros})
         if self.thread_loops:          # a warp a row (`in_warps`): each lane folds the total into its own copy
-            total = self.warp_total(partial, op)
+            total = self.warp_total(partial, op, self.block[0])
             self.store_value(self.binary(op, self.load_value(target, stage.dtype), total), target, stage.dtype)
             return
         if self.shuffles_combine(node):
@@ -850,9 +850,10 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
         self.barrier()
 
     def in_warps(self, node: LoopNode) -> bool:
-        """Whether a thread.x loop inside other thread-bound loops runs a warp's lanes in blocks one warp wide,
-        so a reduction bound to it combines within the warp (the legality check's `_combined_in_warps`)."""
-        return node.loop.annotation == "thread.x" and self.block[0] == WARP
+        """Whether a thread.x loop inside other thread-bound loops runs in blocks a warp or a power-of-two part of
+        one wide, so a reduction bound to it combines within those lanes of a warp (the legality check's
+        `_combined_in_warps`)."""
+        return node.loop.annotation == "thread.x" and self.block[0] in WARP_PARTS
 
     def shuffles_combine(self, node: LoopNode) -> bool:
         """Whether a thread-bound reduction combines by warp shuffles: bound to thread.x in a block of
@@ -880,21 +881,40 @@ class _GpuBuilder(TensorCoreLowering, AsyncCopyLowering, FunctionBuilder):
         value = b.select(b.icmp_unsigned("<", lane, constant(I32, warps)), b.load(mine, typ=ty), identity)
         return self.warp_total(value, op)
 
-    def warp_total(self, value: llir.Value, op: str) -> llir.Value:
-        """`op` over the 32 lanes' values (shfl.sync.bfly: every lane ends with the total)."""
-        for offset in (16, 8, 4, 2, 1):
-            value = self.binary(op, value, self.shuffle_xor(value, offset))
+    def warp_total(self, value: llir.Value, op: str, lanes: int = WARP) -> llir.Value:
+        """`op` over the values of each run of `lanes` lanes of a warp (a power of two: a block that many threads
+        wide along x, whose rows of threads a warp holds whole), by shfl.sync.bfly: every lane ends with its
+        run's total. Below a warp, each run's shuffles name only its own lanes, as a tail of rows may leave the
+        warp's other runs out."""
+        mask = None if lanes == WARP else self.lanes_mask(lanes)
+        offset = lanes // 2
+        while offset:
+            value = self.binary(op, value, self.shuffle_xor(value, offset, mask, lanes))
+            offset //= 2
         return value
 
-    def shuffle_xor(self, value: llir.Value, offset: int) -> llir.Value:
-        """The value of lane (this lane XOR offset); float64 as two 32-bit halves."""
+    def lanes_mask(self, lanes: int) -> llir.Value:
+        """The mask of this thread's run of `lanes` lanes in its warp: the run of its row of threads (tid.y and
+        tid.z), `WARP // lanes` rows a warp."""
         b = self.builder
+        row = self.special_register("tid.y")
+        if self.block[2] > 1:
+            row = b.add(row, b.mul(self.special_register("tid.z"), constant(I32, self.block[1])))
+        first = b.mul(b.urem(row, constant(I32, WARP // lanes)), constant(I32, lanes))
+        return b.shl(constant(I32, (1 << lanes) - 1), first)
+
+    def shuffle_xor(self, value: llir.Value, offset: int, mask: llir.Value | None = None, lanes: int = WARP) -> llir.Value:
+        """The value of lane (this lane XOR offset) among the `mask` lanes (default: the whole warp), in runs of
+        `lanes` lanes; float64 as two 32-bit halves."""
+        b = self.builder
+        mask = constant(I32, 0xFFFFFFFF) if mask is None else mask
         if value.type in (F32, I32):
             kind = "f32" if value.type == F32 else "i32"
             shuffle = self.declare(f"llvm.nvvm.shfl.sync.bfly.{kind}", value.type, [I32, value.type, I32, I32])
-            return b.call(shuffle, [constant(I32, 0xFFFFFFFF), value, constant(I32, offset), constant(I32, WARP - 1)])
+            runs = (WARP - lanes) << 8 | (WARP - 1)           # the runs of lanes, and the highest lane
+            return b.call(shuffle, [mask, value, constant(I32, offset), constant(I32, runs)])
         halves = b.bitcast(value, llir.VectorType(I32, 2))
-        moved = [self.shuffle_xor(b.extract_element(halves, constant(I32, i)), offset) for i in (0, 1)]
+        moved = [self.shuffle_xor(b.extract_element(halves, constant(I32, i)), offset, mask, lanes) for i in (0, 1)]
         return b.bitcast(self.packed(moved), value.type)
 
     def combine_in_shared(self, value: llir.Value, stage, extent: int, tid: llir.Value) -> llir.Value:

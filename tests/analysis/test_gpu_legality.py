@@ -79,15 +79,18 @@ def warp_rows(tensor, lanes: int = 32, placed_at: int = 2):
     return tree.split("n", lanes, stage="t0").reorder("n.1", "n.0", stage="t0").bind("n.1", "thread.x", stage="t0")
 
 
-def test_a_reduction_a_warp_a_row_is_combined_in_the_warp_only_where_the_block_is_one_warp_wide(rng):
+def test_a_reduction_a_warp_a_row_is_combined_in_the_warp_only_where_a_warp_holds_whole_rows_of_threads(rng):
     """Lanes along the row inside a thread.y loop over rows: each lane keeps the warp's total in its own copy of
-    the max, so it must be placed in the row's loop, and the block's x extent be exactly a warp."""
+    the max, so it must be placed in the row's loop, and the block's x extent be a warp or a power-of-two part of
+    one (each run of that many lanes of a warp then shares a row)."""
     m, n = lt.symbols("m n")
     x = lt.Tensor(rng.standard_normal((40, 48)).astype(np.float32)).to(m, n)
     y = x - x.max(n)
     assert warp_rows(y).check() == (True, "legal")
-    legal, reason = warp_rows(y, lanes=16).check()
-    assert not legal and "needs blocks exactly 32 threads wide along x, but this kernel's are 16" in reason
+    assert warp_rows(y, lanes=16).check() == (True, "legal")
+    legal, reason = warp_rows(y, lanes=24).check()
+    assert not legal and "needs blocks 32, 16, 8, 4, 2 threads wide along x (a warp, or a power-of-two part of " \
+                         "one), but this kernel's are 24" in reason
     legal, reason = warp_rows(y, placed_at=1).check()
     assert not legal and "each lane keeps the warp's total in its own copy of t0, so place t0 inside 'm.1'" in reason
 

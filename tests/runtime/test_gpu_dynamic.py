@@ -247,7 +247,7 @@ def test_a_gpu_artifact_takes_the_sizes_as_kernel_parameters(rng, tmp_path):
     gpu = manifest["gpu"]
     assert manifest["format_version"] == 3 and manifest["dynamic"] == [{"dim": "b", "min": 1}]
     assert gpu["params"] == ["in0", "t2", "#b"] and [launch["grid"] for launch in gpu["launches"]] == \
-        [[["b", 8, 256], 1, 1]]                      # the rows rule: one kernel, a warp a row, 8 rows a block
+        [[["b", 16, 256], 1, 1]]                     # the rows rule: one kernel, half a warp a row, 16 rows a block
     assert [spec["shape"] for spec in gpu["scratch"]] == [["b", 33]]
     assert manifest["inputs"][0]["shape"] == ["b", 33]
     assert ".param .u64 looptool_k0_param_2\n" in (tmp_path / "softmax" / "kernel.ptx").read_text()
