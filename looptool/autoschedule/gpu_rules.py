@@ -44,7 +44,7 @@ ROWS_IN_TURN = True          # (`rows_in_turn`)
 # layer norm 256x100000 1.74 / 1.79 / 1.79)
 TURN_L2_SHARE = 0.7
 # ... and each thread of such a block (alone on its SM, or nearly) unrolls its walk this many times, not LONG_ROW_UNROLL
-# (H100, session 33, --knob long_row_unroll_in_turn, x torch at 8 / 16 / 32: softmax 256x100000 0.83 / 0.96 / 0.98,
+# (H100, session 33, --knob in_turn_unroll, x torch at 8 / 16 / 32: softmax 256x100000 0.83 / 0.96 / 0.98,
 # 2048x50257 1.15 / 1.25 / 1.09, layer norm 256x100000 1.79 / 1.90 / 1.92, 2048x50257 2.00 / 2.12 / 2.06)
 IN_TURN_UNROLL = 16
 LONG_ROW_UNROLL = 8          # a row too long for that: its loop unrolled this many times, loads in flight a thread
@@ -354,6 +354,7 @@ class _Planner:
         passes = list(group) + ([self.tree.program.stage(factor)] if factor else [])
         self.tree = self.tree.reorder(*shared, *inner, row, stage=name)
         turn = None if weighted else self.rows_in_turn([self.tree.program.stage(name), *passes], row, shared, threads)
+        unroll = IN_TURN_UNROLL if turn else LONG_ROW_UNROLL
         if turn:
             last = shared[-1]
             self.tree = self.tree.split(last, turn, stage=name)
@@ -373,12 +374,12 @@ class _Planner:
                 how += f", reading {factor} (the factor of its product that leaves out {x}, computed once " \
                        f"for the row by the threads striding along it)"
         else:
-            self.strided(name, row, threads, IN_TURN_UNROLL if turn else 0)
-            how = f"{threads} threads striding along it" + (f", {IN_TURN_UNROLL} loads in flight a thread" if turn else "")
+            self.strided(name, row, threads, unroll)
+            how = f"{threads} threads striding along it" + (f", {unroll} loads in flight a thread" if turn else "")
         kept = self.row_in_shared([self.tree.program.stage(name), *passes], row, shared, depth, threads)
         for st in passes:
             self.tree = self.tree.place(st.name, name, depth)
-            self.strided(st.name, row, threads, IN_TURN_UNROLL if turn else 0)
+            self.strided(st.name, row, threads, unroll)
         if kept:
             how += f"; {kept} read once, its row kept in shared memory for every pass"
         self.note(name, f"one kernel: {', '.join(st.name for st in group)} placed in its rows, a block a row "
@@ -411,9 +412,9 @@ class _Planner:
 
     def rows_in_turn(self, stages: list[ir.Stage], row: str, shared: list[str], threads: int) -> int | None:
         """Rows a block takes in turn where the rows its passes re-read are too long to stay in its threads'
-        registers and the blocks resident at once would hold more of them than half the L2 cache (the later
+        registers and the blocks resident at once would hold more of them than TURN_L2_SHARE of the L2 cache (the later
         passes then read them from DRAM again: softmax 2048x50257 on an H100, 2 blocks an SM, hit L2 40% of
-        the time): the grid then holds at most as many blocks as that half holds rows, one an SM at most.
+        the time): the grid then holds at most as many blocks as that share holds rows, one an SM at most.
         None otherwise. `stages`: the result, then the passes in its rows."""
         if not ROWS_IN_TURN or self.size(row) <= STRIDED_UNROLL * threads:
             return None
@@ -572,11 +573,11 @@ class _Planner:
         wanted = _pow2_at_least(-(-self.size(row) // elements))
         return max(WARP_LANES, min(MAX_BLOCK_THREADS, wanted))
 
-    def strided(self, stage: str, dim: str, threads: int, unroll: int = 0):
+    def strided(self, stage: str, dim: str, threads: int, unroll: int | None = None):
         """`threads` threads along `dim` of `stage`, each taking every `threads`-th element (coalesced);
         where that is at most STRIDED_UNROLL elements a thread, unrolled (a row a thread keeps to itself
-        then lives in registers, not local memory), else `unroll` (default LONG_ROW_UNROLL) at a time."""
-        unroll = unroll or LONG_ROW_UNROLL
+        then lives in registers, not local memory), else `unroll` (LONG_ROW_UNROLL) at a time."""
+        unroll = LONG_ROW_UNROLL if unroll is None else unroll
         self.tree = self.tree.split(dim, threads, stage=stage).reorder(f"{dim}.1", f"{dim}.0", stage=stage) \
             .bind(f"{dim}.1", "thread.x", stage=stage)
         if self.extent(stage, f"{dim}.0") <= STRIDED_UNROLL:
