@@ -66,6 +66,19 @@ def test_rows_a_warp_takes_alone_are_summed_a_warp_a_row_several_a_block(rng, ro
     assert_close(run_tree(total, tree, module), x.astype(np.float64).sum(1), 1e-5)
 
 
+@pytest.mark.parametrize("dtype", [np.float64, ml_dtypes.bfloat16])
+def test_rows_half_a_warp_takes_combine_other_dtypes_within_their_lanes(rng, dtype):
+    """A float64 max (shuffled as two 32-bit halves, each naming the half warp's lanes) and a bfloat16 sum (added
+    in float32) over rows of 40, half a warp a row, a tail of rows leaving a warp's second half out."""
+    x = (rng.standard_normal((37, 40)) * 10).astype(dtype)
+    m, n = lt.symbols("m n")
+    reduced = lt.Tensor(x).to(m, n).max(n) if dtype == np.float64 else lt.Tensor(x).to(m, n).sum(n)
+    tree, module = scheduled(reduced)
+    assert "16 lanes a row (2 rows a warp)" in tree.explain(), tree.explain()
+    ref = x.astype(np.float64).max(1) if dtype == np.float64 else x.astype(np.float64).sum(1)
+    assert_close(run_tree(reduced, tree, module).astype(np.float64), ref, 1e-6)
+
+
 def test_a_small_product_keeps_a_thread_an_output_where_b_is_read_along_its_rows(rng):
     """A warp a row along k would read B (k x n, n contiguous) a column at a time: threads along n read it
     coalesced."""
