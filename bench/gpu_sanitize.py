@@ -96,7 +96,12 @@ def automatic_workloads() -> dict:
     e = (xt - xt.max(m)).exp()
     ex = np.exp(a.astype(np.float64) - a.max(0))
     out["softmax over the outer dim 301x68"] = (e / e.sum(m), ex / ex.sum(0))
-    for rows, cols, case in ((17_001, 48, "rows of 48 a warp a row, 8 a block, a tail"),
+    wide = rng.standard_normal((20_000, 50), dtype=np.float32)
+    out["column sum 20000x50, its 2500 partials an output summed by a block"] = (lt.Tensor(wide).to(m, n).sum(m),
+                                                                               wide.astype(np.float64).sum(0))
+    out["row sum 1001x50 half a warp a row, a tail leaving a warp's half out"] = (lt.Tensor(wide[:1001]).to(m, n).sum(n),
+                                                                                  wide[:1001].astype(np.float64).sum(1))
+    for rows, cols, case in ((17_001, 48, "rows of 48 half a warp a row, 16 a block, a tail"),
                              (1001, 100, "rows of 100 a warp a row, its lanes' walks predicated"),
                              (1001, 12, "rows of 12 a thread a row in 16-byte vectors"),
                              (1001, 10, "rows of 10 a thread a row in pairs"),
@@ -118,6 +123,7 @@ def automatic_workloads() -> dict:
     for name, shape in {"matmul on register tiles with edges": (300, 100, 200),
                             "float32 matmul on 128x32 blocks, a tail along n": (260, 100, 40),
                             "float32 matmul split along k": (260, 1024, 100),
+                            "float32 matmul under one 128x128 block, split along k onto 64x64 blocks": (100, 4096, 100),
                             "float32 matmul on 128x32 blocks, A's tiles read once as stored": (520, 1024, 32),
                             "float32 matmul in parts on 128x128 blocks, rows of 777": (1000, 1536, 777)}.items():
         out[f"{name} {'x'.join(map(str, shape))}"] = product(shape)
