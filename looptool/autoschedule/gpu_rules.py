@@ -1008,6 +1008,8 @@ class _Planner:
                 or self.read_along(stage, stage.dims[-1]):
             return False
         kept = self.tree, list(self.reasons)
+        self.note(stage.name, f"a {stage.reduce_op} along contiguous rows of {self.size(row)} ({row}): the row's total "
+                              f"kept in each lane's registers ({stage.name}.acc), then stored")
         self.tree = self.tree.cache_write(stage.name)
         program = self.tree.program
         tree = self.rows_by_warp(program.stage(stage.name), [program.stage(f"{stage.name}.acc")], row, pure)
