@@ -102,6 +102,16 @@ def workloads(torch, shapes: str = "suite"):
             return s, lambda: torch.softmax(x, dim=1), lambda: torch.softmax(x.double(), dim=1), 2 * x.numel() * 4
         return build
 
+    def column_softmax(rows, cols):
+        """softmax over the outer dim of a (rows, cols) matrix: torch.softmax(x, dim=0)."""
+        def build():
+            x = rand(rows, cols)
+            xt = named(x, "m n")
+            m = lt.symbols("m")[0]
+            e = (xt - xt.max(m)).exp()
+            return e / e.sum(m), lambda: torch.softmax(x, dim=0), lambda: torch.softmax(x.double(), dim=0), 2 * x.numel() * 4
+        return build
+
     def layer_norm(rows, cols):
         def build():
             x, g, bias = rand(rows, cols), rand(cols), rand(cols)
@@ -336,6 +346,8 @@ def workloads(torch, shapes: str = "suite"):
         ("softmax f32 20000x64", softmax(20000, 64, torch.float32)),
         ("softmax f32 1000x10000", softmax(1000, 10000, torch.float32)),
         ("softmax f32 256x100000", softmax(256, 100000, torch.float32)),
+        ("softmax over dim 0 f32 8192x8192", column_softmax(8192, 8192)),    # (these two added at the session's end,
+        ("softmax over dim 0 f32 1000x30000", column_softmax(1000, 30000)),  # not yet run)
         ("layer norm f32 10000x96", layer_norm(10000, 96)),
         ("layer norm f32 2000x5000", layer_norm(2000, 5000)),
         ("layer norm f32 50000x40", layer_norm(50000, 40)),

@@ -299,6 +299,8 @@ class _Planner:
         by_block = (contiguous_dim(program, result) == row and self.size(row) >= THREAD_ROWS_BELOW) or not outer
         if by_block and self.few_long_rows(outer, row):
             return None
+        if contiguous_dim(program, result) != row and self.threads_too_few(math.prod(map(self.size, outer)), self.size(row)):
+            return None            # a thread a column would leave the GPU idle: each stage by its own rules, split
         if by_block and self.size(row) <= STRIDED_UNROLL * self.row_threads(row):
             group = self.shared_values(group)
         for stage in earlier:
@@ -991,9 +993,8 @@ class _Planner:
             self.reduce_in_block(stage, along, pure)
         else:
             longest = max(stage.reduce_dims, key=self.size)
-            wanted = self.gpu.resident_threads // 2
-            if split and outputs < wanted // 4 and self.size(longest) >= 64:
-                self.split_reduction(stage, longest, blocks_wanted=wanted, per_output_blocks=False)
+            if split and self.threads_too_few(outputs, self.size(longest)):
+                self.split_reduction(stage, longest, blocks_wanted=self.gpu.resident_threads // 2, per_output_blocks=False)
                 return
             self.reduce_in_thread(stage, pure)
 
@@ -1017,6 +1018,12 @@ class _Planner:
             self.tree, self.reasons = kept
             return False
         return True
+
+    def threads_too_few(self, outputs: int, walk: int) -> bool:
+        """Whether a thread an output, each walking `walk` values alone, would leave the GPU idle: fewer outputs
+        than an eighth of the threads it keeps in flight, on walks of at least 64 (the walk is then split across
+        blocks, `split_reduction`; a softmax over a matrix's columns runs stage by stage so its reductions are)."""
+        return outputs < self.gpu.resident_threads // 8 and walk >= 64
 
     def read_along(self, stage: ir.Stage, dim: str) -> bool:
         """Whether some read of the stage that moves along its reduction is contiguous along `dim`

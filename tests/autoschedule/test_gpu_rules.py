@@ -207,17 +207,21 @@ def test_layer_norm_rows_run_as_one_kernel(rng):
     assert_close(y.numpy(tree), ref, 1e-5)
 
 
-def test_softmax_over_the_outer_dim_gives_each_thread_a_column(rng):
-    x_np = rng.standard_normal((300, 70)).astype(np.float32)
+@pytest.mark.parametrize("rows, cols, kernels", [(40, 40000, 1), (300, 70, 5)])
+def test_softmax_over_the_outer_dim_gives_each_thread_a_column_where_they_fill_the_gpu(rng, rows, cols, kernels):
+    """40000 columns of 40: a thread a column walks it (one kernel). 70 columns of 300: 70 threads walking 300 rows
+    three times would leave the GPU idle (8192 columns of 8192 took 32 blocks on 132 SMs), so each stage runs by
+    its own rules: the max and the sum split into partial results across blocks, the result a pointwise kernel."""
+    x_np = rng.standard_normal((rows, cols)).astype(np.float32)
     m, n = lt.symbols("m n")
     x = lt.Tensor(x_np).to(m, n)
     e = (x - x.max(m)).exp()
     sm = e / e.sum(m)
     tree, module = scheduled(sm)
-    assert "walks m" in tree.explain() and len(module.launches) == 1
+    assert ("walks m" in tree.explain()) == (kernels == 1) and len(module.launches) == kernels, tree.explain()
     x64 = x_np.astype(np.float64)
     ref = np.exp(x64 - x64.max(0))
-    assert_close(sm.numpy(tree), ref / ref.sum(0), 1e-5)
+    assert_close(sm.numpy(tree) if kernels == 1 else run_tree(sm, tree, module), ref / ref.sum(0), 1e-5)
 
 
 def test_sums_over_the_rows_of_a_tall_matrix_are_split_to_fill_the_gpu(rng):
