@@ -140,6 +140,15 @@ def workloads(torch, shapes: str = "suite"):
                     x.numel() * 4)
         return build
 
+    def pooled(shape, axes):
+        """The mean of an NCHW array over `axes` (2, 3: a global pool; 0, 2, 3: a batch norm's statistics)."""
+        def build():
+            x = rand(*shape)
+            names = "b c h w".split()
+            return (named(x, "b c h w").mean(*lt.symbols(" ".join(names[a] for a in axes))), lambda: x.mean(axes),
+                    lambda: x.double().mean(axes), x.numel() * 4)
+        return build
+
     def bias_relu(rows, cols):
         def build():
             x, bias = rand(rows, cols), rand(cols)
@@ -358,6 +367,8 @@ def workloads(torch, shapes: str = "suite"):
         ("column sum f32 100x100000", axis_sum(100, 100000, 0)),
         ("middle sum f32 64x1000x64", middle_sum(64, 1000, 64)),
         ("dot f32 3x10^6", dot(3 * 10 ** 6)),
+        ("global pool f32 32x256x56x56", pooled((32, 256, 56, 56), (2, 3))),            # (these two added at the
+        ("batch norm means f32 32x256x56x56", pooled((32, 256, 56, 56), (0, 2, 3))),   # session's end, not yet run)
         ("gelu(tanh) f32 5000x5000", gelu(5000, 5000)),
         ("gelu(tanh) f32 123x4567", gelu(123, 4567)),
         ("bias relu f32 4096x3000", bias_relu(4096, 3000)),

@@ -1,6 +1,8 @@
 """Flattening a pointwise program's two innermost dims into one, where every array it touches lays
 them out as one run of elements: a 1000 x 3001 pointwise chain becomes one loop of 3,003,000 elements,
-which a GPU reads in 16-byte vectors although no row of 3001 floats starts aligned.
+which a GPU reads in 16-byte vectors although no row of 3001 floats starts aligned. Likewise a reduction's
+two innermost reduced dims: a global pool's mean over (h, w) of an NCHW array becomes a mean over rows of
+h * w contiguous elements, which the row rules take a block a row.
 """
 from __future__ import annotations
 
@@ -11,9 +13,49 @@ from .program import Affine, Buffer, Load, Program, Stage, guards, loads, rewrit
 
 def flattened(program: Program) -> Program:
     """`program` with its result's innermost dims merged into one, two at a time while `merged_last_two`
-    can (a whole contiguous array becomes one flat dim); `program` itself where none can be."""
+    can (a whole contiguous array becomes one flat dim), and a reduction's innermost reduced dims while
+    `merged_reduced_pair` can; `program` itself where none can be."""
     merged = merged_last_two(program)
+    if merged is program:
+        merged = merged_reduced_pair(program)
     return program if merged is program else flattened(merged)
+
+
+def merged_reduced_pair(program: Program) -> Program:
+    """`program` with the last two loop dims (y, x) of a stage that reduces both merged into one reduced dim
+    `y_x`, where that reads the same elements: no other stage runs over y or x, each read along them is at
+    exactly [..., y, x] of a whole array with rows back to back (`_flat_read`), and no guard tests them. Else
+    `program`."""
+    if program.dynamic:
+        return program
+    for stage in program.stages:
+        if len(stage.loop_dims) < 2 or not set(stage.loop_dims[-2:]) <= set(stage.reduce_dims):
+            continue
+        y, x = stage.loop_dims[-2:]
+        inputs = {buffer.name: buffer for buffer in program.inputs}
+        alone = all(not {y, x} & set(other.loop_dims) for other in program.stages if other is not stage)
+        tested = {v for g in guards(stage.expr) for v, _ in g.expr.terms}
+        if alone and not tested & {y, x} and all(_flat_read(ld, inputs, program, y, x) for ld in loads(stage.expr)):
+            return _merged(program, stage, y, x)
+    return program
+
+
+def _merged(program: Program, stage: Stage, y: str, x: str) -> Program:
+    """`program` with stage's reduced dims y and x (its last two loop dims) merged into one."""
+    merged = program.fresh_dim(f"{y}_{x}")
+    size = program.size(y) * program.size(x)
+    sizes = tuple(item for item in program.sizes if item[0] not in (y, x)) + ((merged, size),)
+    reduce_dims = tuple(d for d in stage.reduce_dims if d not in (y, x)) + (merged,)
+    flat = replace(stage, reduce_dims=reduce_dims, loop_dims=stage.loop_dims[:-2] + (merged,),
+                   expr=rewritten(stage.expr, lambda ld: _flat_load(ld, y, x, merged)))
+    return Program(tuple(_flat_buffer(buffer, y, x, merged, size) for buffer in program.inputs),
+                   tuple(flat if st is stage else st for st in program.stages), sizes)
+
+
+def _flat_load(load: Load, y: str, x: str, merged: str) -> Load:
+    if load.index[-2:] != (Affine.var(y), Affine.var(x)):
+        return load
+    return replace(load, index=load.index[:-2] + (Affine.var(merged),))
 
 
 def merged_last_two(program: Program) -> Program:
@@ -32,14 +74,10 @@ def merged_last_two(program: Program) -> Program:
         return program
     merged = program.fresh_dim(f"{y}_{x}")
     size = program.size(y) * program.size(x)
-
-    def load(ld: Load) -> Load:
-        if ld.index[-2:] != (Affine.var(y), Affine.var(x)):
-            return ld
-        return replace(ld, index=ld.index[:-2] + (Affine.var(merged),))
     sizes = tuple(item for item in program.sizes if item[0] not in (y, x)) + ((merged, size),)
     return Program(tuple(_flat_buffer(buffer, y, x, merged, size) for buffer in program.inputs),
-                   tuple(_merged_stage(st, y, x, merged, rewritten(st.expr, load)) for st in stages), sizes)
+                   tuple(_merged_stage(st, y, x, merged, rewritten(st.expr, lambda ld: _flat_load(ld, y, x, merged)))
+                         for st in stages), sizes)
 
 
 def _flat_stage(stage: Stage, y: str, x: str) -> bool:

@@ -778,8 +778,8 @@ _PREPARED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()     # graph
 def lowered_for(node, schedule=None) -> tuple[ir.Program, list]:
     """The program `.cuda()` runs, and its inputs: with no schedule given (or the tuner's), the GPU's
     lowering (an attention head's softmax inlined into its weighted sum, which the GPU rules fuse) with
-    a pointwise program's two innermost dims flattened into one where every array lays them out so
-    (`ir.flattened`: the inputs are viewed flat, no copy); or the CPU's (costly values in stages of their
+    a pointwise program's two innermost dims (or a reduction's two innermost reduced dims) flattened into one
+    where every array lays them out so (`ir.flattened`: the inputs are viewed flat, no copy); or the CPU's (costly values in stages of their
     own: what `c.loop_tree()` shows) where `schedule` is a loop tree made on that one. Dynamic dims are
     planned at `planned_sizes`."""
     planned = planned_sizes(node, schedule)

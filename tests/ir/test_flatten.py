@@ -1,6 +1,7 @@
 """ir.flattened: a pointwise program's two innermost dims merged into one where every array lays them
-out as one run of elements (what `.cuda()` runs: 16-byte vectors along rows that hold none); left as it
-is where any read broadcasts, transposes, or skips elements between rows, or the program reduces."""
+out as one run of elements (what `.cuda()` runs: 16-byte vectors along rows that hold none), and so are a
+reduction's two innermost reduced dims (a global pool's h and w); left as it is where any read broadcasts,
+transposes, or skips elements between rows, or a reduction's innermost dims are not both reduced."""
 import numpy as np
 import pytest
 
@@ -41,3 +42,22 @@ def test_programs_whose_arrays_do_not_lay_rows_back_to_back_stay_as_they_are(rng
              "reduction": lambda: x.sum(n)}[case]()
     program = ir.lower(other.node)[0]
     assert ir.flattened(program) is program
+
+
+@pytest.mark.parametrize("reduced, axes", [("h w", (2, 3)), ("b h w", (0, 2, 3))])
+def test_the_innermost_reduced_dims_of_an_array_laid_out_whole_merge_into_one_row(rng, reduced, axes):
+    """A global pool's mean over (h, w) of an NCHW array, or a batch norm's over (b, h, w): h and w become one
+    reduced dim of h * w contiguous elements, a row the GPU rules take a block (or a warp) a row; a sum over c,
+    not innermost, stays."""
+    data = rng.standard_normal((3, 5, 9, 11)).astype(np.float32)
+    b, c, h, w = lt.symbols("b c h w")
+    x = lt.Tensor(data).to(b, c, h, w)
+    pooled = x.mean(*lt.symbols(reduced))
+    program, arrays = gpu.lowered_for(pooled.node)
+    assert program.stages[0].reduce_dims[-1] == "h_w" and program.stages[0].loop_dims[-1] == "h_w"
+    assert [buf.shape for buf in program.inputs] == [(3, 5, 99)] and np.shares_memory(arrays[0], data)
+    tree = gpu_rules.gpu_tree(program, assumed_gpu("sm_90"))
+    assert ("along contiguous rows of 99 (h_w)" in tree.explain()) == (reduced == "h w"), tree.explain()
+    assert_close(lt.Kernel(tree, 1)(arrays), data.astype(np.float64).mean(axes), 1e-5)
+    channels = ir.lower(x.sum(c).node)[0]
+    assert ir.flattened(channels) is channels
