@@ -305,6 +305,21 @@ def test_a_flattened_pointwise_chain_returns_its_result_in_the_tensors_shape(rng
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("on_device", [False, True])
+def test_means_over_an_arrays_innermost_dims_run_on_their_merged_rows(rng, on_device):
+    """A global pool (h, w) and a batch norm's means (b, h, w) of an NCHW array: h and w merged into one reduced
+    dim, the input viewed flat (`ir.merged_reduced_pair`), the result in the tensor's shape."""
+    cp = cupy_or_skip()
+    data = rng.standard_normal((4, 33, 17, 19)).astype(np.float32)
+    b, c, h, w = lt.symbols("b c h w")
+    x = lt.Tensor(cp.asarray(data) if on_device else data).to(b, c, h, w)
+    for reduced, axes in (((h, w), (2, 3)), ((b, h, w), (0, 2, 3))):
+        got = x.mean(*reduced).cuda()
+        assert got.shape == data.mean(axes).shape
+        assert_close(cp.asnumpy(got), data.astype(np.float64).mean(axes), 1e-5)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype, tolerance", [(np.float32, 1e-5), (lt.bfloat16, 1e-5)], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("x_shape, channels, stride", [((2, 16, 14, 14), 64, 1), ((3, 5, 13, 11), 7, 2)])
 def test_a_convolution_runs_as_a_gather_and_a_matrix_product(rng, dtype, tolerance, x_shape, channels, stride):
