@@ -149,6 +149,18 @@ def workloads(torch, shapes: str = "suite"):
                     lambda: x.double().mean(axes), x.numel() * 4)
         return build
 
+    def instance_norm(shape):
+        """An NCHW array normalized over (h, w), as torch's instance_norm (no affine)."""
+        def build():
+            x = rand(*shape)
+            xt = named(x, "b c h w")
+            h, w = lt.symbols("h w")
+            centred = xt - xt.mean(h, w)
+            y = centred / lt.sqrt((centred * centred).mean(h, w) + 1e-5)
+            norm = torch.nn.functional.instance_norm
+            return y, lambda: norm(x, eps=1e-5), lambda: norm(x.double(), eps=1e-5), 2 * x.numel() * 4
+        return build
+
     def bias_relu(rows, cols):
         def build():
             x, bias = rand(rows, cols), rand(cols)
@@ -369,6 +381,7 @@ def workloads(torch, shapes: str = "suite"):
         ("dot f32 3x10^6", dot(3 * 10 ** 6)),
         ("global pool f32 32x256x56x56", pooled((32, 256, 56, 56), (2, 3))),            # (these two added at the
         ("batch norm means f32 32x256x56x56", pooled((32, 256, 56, 56), (0, 2, 3))),   # session's end, not yet run)
+        ("instance norm f32 32x64x56x56", instance_norm((32, 64, 56, 56))),             # (likewise)
         ("gelu(tanh) f32 5000x5000", gelu(5000, 5000)),
         ("gelu(tanh) f32 123x4567", gelu(123, 4567)),
         ("bias relu f32 4096x3000", bias_relu(4096, 3000)),

@@ -22,34 +22,47 @@ def flattened(program: Program) -> Program:
 
 
 def merged_reduced_pair(program: Program) -> Program:
-    """`program` with the last two loop dims (y, x) of a stage that reduces both merged into one reduced dim
-    `y_x`, where that reads the same elements: no other stage runs over y or x, each read along them is at
-    exactly [..., y, x] of a whole array with rows back to back (`_flat_read`), and no guard tests them. Else
-    `program`."""
+    """`program` with the last two loop dims (y, x) of a stage that reduces both merged into one dim `y_x` in
+    every stage that runs over them, where that reads and writes the same elements: each such stage runs over y
+    then x as its last two loop dims, reducing both (a global pool's mean) or neither (an instance norm's
+    result, over them as its own last two dims), each read along them is at exactly [..., y, x] of a whole
+    array with rows back to back (`_flat_read`), and no guard tests them. Else `program`."""
     if program.dynamic:
         return program
+    inputs = {buffer.name: buffer for buffer in program.inputs}
     for stage in program.stages:
         if len(stage.loop_dims) < 2 or not set(stage.loop_dims[-2:]) <= set(stage.reduce_dims):
             continue
         y, x = stage.loop_dims[-2:]
-        inputs = {buffer.name: buffer for buffer in program.inputs}
-        alone = all(not {y, x} & set(other.loop_dims) for other in program.stages if other is not stage)
-        tested = {v for g in guards(stage.expr) for v, _ in g.expr.terms}
-        if alone and not tested & {y, x} and all(_flat_read(ld, inputs, program, y, x) for ld in loads(stage.expr)):
-            return _merged(program, stage, y, x)
+        over = [st for st in program.stages if {y, x} & set(st.loop_dims)]
+        if all(_flat_over(st, y, x) and all(_flat_read(ld, inputs, program, y, x) for ld in loads(st.expr))
+               for st in over):
+            return _merged(program, over, y, x)
     return program
 
 
-def _merged(program: Program, stage: Stage, y: str, x: str) -> Program:
-    """`program` with stage's reduced dims y and x (its last two loop dims) merged into one."""
+def _flat_over(stage: Stage, y: str, x: str) -> bool:
+    """Whether a stage runs over y then x as its last two loop dims, reducing both (one after the other) or
+    neither (then its own last two dims), and tests neither in a guard."""
+    tested = {v for g in guards(stage.expr) for v, _ in g.expr.terms}
+    reduced = y in stage.reduce_dims
+    pair = stage.reduce_dims[-2:] == (y, x) if reduced else stage.dims[-2:] == (y, x)
+    return stage.loop_dims[-2:] == (y, x) and pair and (x in stage.reduce_dims) == reduced and not tested & {y, x}
+
+
+def _merged(program: Program, over: list[Stage], y: str, x: str) -> Program:
+    """`program` with dims y and x (the last two of each stage in `over`, in its loops and in its dims or reduced
+    dims) merged into one, in those stages, their reads and the inputs laid out so."""
     merged = program.fresh_dim(f"{y}_{x}")
     size = program.size(y) * program.size(x)
     sizes = tuple(item for item in program.sizes if item[0] not in (y, x)) + ((merged, size),)
-    reduce_dims = tuple(d for d in stage.reduce_dims if d not in (y, x)) + (merged,)
-    flat = replace(stage, reduce_dims=reduce_dims, loop_dims=stage.loop_dims[:-2] + (merged,),
-                   expr=rewritten(stage.expr, lambda ld: _flat_load(ld, y, x, merged)))
+
+    def merge(dims: tuple[str, ...]) -> tuple[str, ...]:
+        return dims[:-2] + (merged,) if dims[-2:] == (y, x) else dims
+    flat = {st.name: replace(st, dims=merge(st.dims), reduce_dims=merge(st.reduce_dims), loop_dims=merge(st.loop_dims),
+                             expr=rewritten(st.expr, lambda ld: _flat_load(ld, y, x, merged))) for st in over}
     return Program(tuple(_flat_buffer(buffer, y, x, merged, size) for buffer in program.inputs),
-                   tuple(flat if st is stage else st for st in program.stages), sizes)
+                   tuple(flat.get(st.name, st) for st in program.stages), sizes)
 
 
 def _flat_load(load: Load, y: str, x: str, merged: str) -> Load:
@@ -72,12 +85,7 @@ def merged_last_two(program: Program) -> Program:
                for st in stages)
     if not flat:
         return program
-    merged = program.fresh_dim(f"{y}_{x}")
-    size = program.size(y) * program.size(x)
-    sizes = tuple(item for item in program.sizes if item[0] not in (y, x)) + ((merged, size),)
-    return Program(tuple(_flat_buffer(buffer, y, x, merged, size) for buffer in program.inputs),
-                   tuple(_merged_stage(st, y, x, merged, rewritten(st.expr, lambda ld: _flat_load(ld, y, x, merged)))
-                         for st in stages), sizes)
+    return _merged(program, list(stages), y, x)
 
 
 def _flat_stage(stage: Stage, y: str, x: str) -> bool:
@@ -105,9 +113,4 @@ def _flat_buffer(buffer: Buffer, y: str, x: str, merged: str, size: int) -> Buff
         return buffer
     return Buffer(buffer.name, buffer.dims[:-2] + (merged,), buffer.shape[:-2] + (size,), buffer.dtype,
                   buffer.strides[:-2] + (buffer.strides[-1],))
-
-
-def _merged_stage(stage: Stage, y: str, x: str, merged: str, expr) -> Stage:
-    dims = stage.dims[:-2] + (merged,)
-    return replace(stage, dims=dims, loop_dims=dims, expr=expr)
 

@@ -8,6 +8,7 @@ import pytest
 import looptool as lt
 from looptool import ir
 from looptool.autoschedule import gpu_rules
+from looptool.codegen import gpu as codegen_gpu
 from looptool.analysis.gpu_target import assumed_gpu
 from looptool.runtime import gpu
 from tests.helpers import assert_close
@@ -61,3 +62,23 @@ def test_the_innermost_reduced_dims_of_an_array_laid_out_whole_merge_into_one_ro
     assert_close(lt.Kernel(tree, 1)(arrays), data.astype(np.float64).mean(axes), 1e-5)
     channels = ir.lower(x.sum(c).node)[0]
     assert ir.flattened(channels) is channels
+
+
+def test_an_instance_norm_and_a_group_norm_run_as_rows_of_their_merged_dims(rng):
+    """Normalized over (h, w), or a group's (cg, h, w): those dims merged in every stage, the means and the result
+    alike, so the program is softmax-like rows of h * w (or cg * h * w) contiguous elements, one kernel."""
+    data = rng.standard_normal((2, 4, 8, 6, 5)).astype(np.float32)
+    b, g, cg, h, w = lt.symbols("b g cg h w")
+    x = lt.Tensor(data).to(b, g, cg, h, w)
+    for dims, axes in (((h, w), (3, 4)), ((cg, h, w), (2, 3, 4))):
+        centred = x - x.mean(*dims)
+        normed = centred / lt.sqrt((centred * centred).mean(*dims) + 1e-5)
+        program, arrays = gpu.lowered_for(normed.node)
+        merged = "_".join(d.name for d in dims)
+        assert all(st.loop_dims[-1] == merged for st in program.stages), [st.loop_dims for st in program.stages]
+        tree = gpu_rules.gpu_tree(program, assumed_gpu("sm_90"))
+        assert "placed in its rows" in tree.explain() and merged in tree.explain().splitlines()[-1], tree.explain()
+        assert len(codegen_gpu.generate(tree, "sm_90").launches) == 1
+        d = data.astype(np.float64) - data.astype(np.float64).mean(axes, keepdims=True)
+        ref = d / np.sqrt((d * d).mean(axes, keepdims=True) + 1e-5)
+        assert_close(np.asarray(lt.Kernel(tree, 1)(arrays)).reshape(ref.shape), ref, 1e-5)

@@ -317,6 +317,11 @@ def test_means_over_an_arrays_innermost_dims_run_on_their_merged_rows(rng, on_de
         got = x.mean(*reduced).cuda()
         assert got.shape == data.mean(axes).shape
         assert_close(cp.asnumpy(got), data.astype(np.float64).mean(axes), 1e-5)
+    centred = x - x.mean(h, w)                                  # an instance norm: rows of h * w, one kernel
+    got = (centred / lt.sqrt((centred * centred).mean(h, w) + 1e-5)).cuda()
+    d = data.astype(np.float64) - data.astype(np.float64).mean((2, 3), keepdims=True)
+    assert got.shape == data.shape
+    assert_close(cp.asnumpy(got), d / np.sqrt((d * d).mean((2, 3), keepdims=True) + 1e-5), 1e-5)
 
 
 @pytest.mark.gpu
