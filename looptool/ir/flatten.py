@@ -35,8 +35,8 @@ def merged_reduced_pair(program: Program) -> Program:
             continue
         y, x = stage.loop_dims[-2:]
         over = [st for st in program.stages if {y, x} & set(st.loop_dims)]
-        if all(_flat_over(st, y, x) and all(_flat_read(ld, inputs, program, y, x) for ld in loads(st.expr))
-               for st in over):
+        if all(_flat_over(st, y, x) for st in over) and \
+                all(_flat_read(ld, inputs, program, y, x) for st in program.stages for ld in loads(st.expr)):
             return _merged(program, over, y, x)
     return program
 
@@ -95,17 +95,18 @@ def _flat_stage(stage: Stage, y: str, x: str) -> bool:
 
 
 def _flat_read(load: Load, inputs: dict[str, Buffer], program: Program, y: str, x: str) -> bool:
-    """Whether a load reads y and x, if at all, as [..., y, x] of a buffer laid out with rows back to back."""
+    """Whether a load reads y and x, if at all, as [..., y, x] of a buffer whose last two dims they are, laid out
+    with rows back to back; and a buffer whose last two dims are y and x (merged with them) only so."""
     uses = [i for i, index in enumerate(load.index) if {y, x} & {v for v, _ in index.terms}]
-    if not uses:
+    ends = program.buffer_dims(load.buffer)[-2:] == (y, x)
+    if not uses and not ends:
         return True
-    if load.index[-2:] != (Affine.var(y), Affine.var(x)) or uses != [len(load.index) - 2, len(load.index) - 1]:
+    if not ends or load.index[-2:] != (Affine.var(y), Affine.var(x)) or uses != [len(load.index) - 2, len(load.index) - 1]:
         return False
     buffer = inputs.get(load.buffer)
     if buffer is None:          # an earlier stage: laid out densely over its dims, which end (y, x)
         return True
-    return buffer.dims[-2:] == (y, x) and buffer.shape[-2:] == (program.size(y), program.size(x)) \
-        and buffer.strides[-2] == buffer.strides[-1] * program.size(x)
+    return buffer.shape[-2:] == (program.size(y), program.size(x)) and buffer.strides[-2] == buffer.strides[-1] * program.size(x)
 
 
 def _flat_buffer(buffer: Buffer, y: str, x: str, merged: str, size: int) -> Buffer:
