@@ -296,10 +296,11 @@ class _Planner:
             return None
         # rows shorter than a warp go a thread a row: a block a row would leave lanes idle and give each
         # row a block of its own (softmax 100000x10 on an H200: 0.20x torch)
-        by_block = (contiguous_dim(program, result) == row and self.size(row) >= THREAD_ROWS_BELOW) or not outer
+        contiguous = contiguous_dim(program, result) == row
+        by_block = (contiguous and self.size(row) >= THREAD_ROWS_BELOW) or not outer
         if by_block and self.few_long_rows(outer, row):
             return None
-        if contiguous_dim(program, result) != row and self.threads_too_few(math.prod(map(self.size, outer)), self.size(row)):
+        if not contiguous and self.threads_too_few(math.prod(map(self.size, outer)), self.size(row)):
             return None            # a thread a column would leave the GPU idle: each stage by its own rules, split
         if by_block and self.size(row) <= STRIDED_UNROLL * self.row_threads(row):
             group = self.shared_values(group)

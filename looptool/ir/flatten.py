@@ -81,17 +81,11 @@ def merged_last_two(program: Program) -> Program:
         return program       # (a dynamic size times another would lose its symbol)
     y, x = program.output.dims[-2:]
     inputs = {buffer.name: buffer for buffer in program.inputs}
-    flat = all(_flat_stage(st, y, x) and all(_flat_read(ld, inputs, program, y, x) for ld in loads(st.expr))
+    flat = all(_flat_over(st, y, x) and all(_flat_read(ld, inputs, program, y, x) for ld in loads(st.expr))
                for st in stages)
     if not flat:
         return program
     return _merged(program, list(stages), y, x)
-
-
-def _flat_stage(stage: Stage, y: str, x: str) -> bool:
-    """Whether a pointwise stage runs over y then x as its last two dims and tests neither in a guard."""
-    tested = {v for g in guards(stage.expr) for v, _ in g.expr.terms}
-    return stage.dims[-2:] == (y, x) and stage.loop_dims == stage.dims and not tested & {y, x}
 
 
 def _flat_read(load: Load, inputs: dict[str, Buffer], program: Program, y: str, x: str) -> bool:
