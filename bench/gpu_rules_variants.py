@@ -47,7 +47,9 @@ kernel's tiles in groups of this many block rows; with LOOPTOOL_CACHE_DIR=), on 
 LOOPTOOL_CACHE_DIR=) on the same; `split_k_atomic`, `autoschedule.gpu.SPLIT_K_ATOMIC` (split-k's float32 parts added into
 the result atomically, or by a second kernel) on float32 matmuls; `stored_k_run`, `autoschedule.gpu.STORED_K_RUN`
 (k steps a register tile reads at once from a row stored k last; 1: a word a step) on float32 products whose
-inputs are copied as stored; `float32_k_tiles`, `autoschedule.gpu.FLOAT32_K_TILES` (the k tiles a float32 register
+inputs are copied as stored; `float32_short_blocks`, `autoschedule.gpu.FLOAT32_SHORT_BLOCKS` (the register tiles'
+blocks of products of fewer rows than FLOAT32_BLOCKS hold; (): none, the reduction rules take them) on products of
+1 to 63 rows; `float32_k_tiles`, `autoschedule.gpu.FLOAT32_K_TILES` (the k tiles a float32 register
 tile may take, longest first: `float32_k_tile`), and `stored_rows_groups`, `autoschedule.gpu.STORED_ROWS_GROUPS` (the
 runs a thread's rows come in where A is copied as stored), on the same products; `one_k_tile`,
 `autoschedule.gpu.WGMMA_ONE_K_TILE` (the wgmma template where k is one k tile: block, teams, stages, copier)
@@ -108,6 +110,8 @@ KNOBS = {
                            (((128, 128), (128, 64)), ((128, 128), (128, 64), (64, 64)),
                             ((128, 128), (128, 64), (64, 128), (64, 64))),
                            "small_matmul_cases"),
+    "float32_short_blocks": (lambda v: setattr(templates, "FLOAT32_SHORT_BLOCKS", v), ((), ((32, 128), (16, 128), (8, 128))),
+                             "skinny_cases"),
     "split_k_blocks": (lambda v: setattr(templates, "SPLIT_K_BLOCKS", v), (0, 2, 3, 4), "matmul_cases"),
     "split_k_run": (lambda v: setattr(templates, "SPLIT_K_RUN", v), (64, 128, 256, 512), "matmul_cases"),
     "half_split_k": (lambda v: (setattr(templates, "HALF_SPLIT_K_BLOCKS", int(v > 0)),
@@ -232,6 +236,13 @@ def small_matmul_cases(torch):
     return products(torch, ((331, 277, 413), (200, 300, 500), (333, 444, 555), (257, 511, 129), (257, 129, 511),
                             (512, 512, 512), (784, 288, 64), (1000, 1500, 777), (997, 1001, 1003)),
                     torch.float32, "f32")
+
+
+def skinny_cases(torch):
+    """Products of few rows (m < 64: a linear layer on a few tokens), float32, then bfloat16."""
+    shapes = ((1, 4096, 4096), (8, 4096, 4096), (16, 4096, 4096), (24, 4096, 4096), (32, 4096, 4096), (48, 4096, 4096),
+              (63, 4096, 4096), (32, 1024, 8192), (16, 8192, 1024), (40, 2000, 3000), (32, 768, 3072))
+    return products(torch, shapes, torch.float32, "f32") + products(torch, shapes[::3], torch.bfloat16, "bf16")
 
 
 def stored_cases(torch):

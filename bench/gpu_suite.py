@@ -17,7 +17,8 @@ workload, no synchronization). Prints a table; writes `gpu_suite.json` and `gpu_
 `--shapes other` runs 13 shapes no rule was tuned on instead (for re-measuring the rules), `--shapes even`
 the suite without its odd sizes, `--shapes sweep` 29 skewed, odd and off-tile shapes of every family (for
 finding outliers), `--shapes transformer` 29 shapes of GPT-2 and LLaMA layers no rule was tuned on,
-`--shapes models` the CPU suite's workloads (`bench.models`) at its sizes.
+`--shapes probe` and `--shapes probe2` shapes and program forms picked before any run on them (sessions 33
+and 34: the independent re-measurement's kind of test), `--shapes models` the CPU suite's workloads (`bench.models`) at its sizes.
 """
 from __future__ import annotations
 
@@ -89,6 +90,15 @@ def workloads(torch, shapes: str = "suite"):
                 lambda: at.double().T @ b.double(), None
         return build
 
+    def linear(m, k, n, dtype):
+        """B stored n-major (a weight of shape (n, k), as torch's `linear`): `x @ w.T`."""
+        def build():
+            x, w = rand(m, k, dtype=dtype), rand(n, k, dtype=dtype)
+            c = (named(x, "m k") * named(w, "n k")).sum(lt.symbols("k")[0])
+            return c, same_result(lambda a, b, **kw: torch.mm(a, b.T, **kw), x, w, False), \
+                lambda: x.double() @ w.double().T, None
+        return build
+
     def matmul_rounded(m, k, n):
         return matmul(m, k, n, torch.bfloat16, rounded=True)
 
@@ -131,6 +141,13 @@ def workloads(torch, shapes: str = "suite"):
             x = rand(rows, cols)
             return (named(x, "m n").sum(lt.symbols("m n")[axis]), lambda: x.sum(axis),
                     lambda: x.double().sum(axis), x.numel() * 4)
+        return build
+
+    def row_max(rows, cols):
+        def build():
+            x = rand(rows, cols)
+            return (named(x, "m n").max(lt.symbols("n")[0]), lambda: x.amax(1), lambda: x.double().amax(1),
+                    x.numel() * 4)
         return build
 
     def middle_sum(outer, middle, inner):
@@ -393,10 +410,58 @@ def workloads(torch, shapes: str = "suite"):
         ("transpose f32 2000x3000", transpose(2000, 3000, torch.float32)),
         ("transpose bf16 1234x5678", transpose(1234, 5678, bf16)),
     ]
+    probe2_rows = [      # `--shapes probe2`: session 34's shapes, picked before any run on them
+        ("matmul bf16 linear 4096x2048x1024", linear(4096, 2048, 1024, bf16)),
+        ("matmul f32 linear 1000x512x2000", linear(1000, 512, 2000, torch.float32)),
+        ("matmul bf16 1234x4321x567", matmul(1234, 4321, 567, bf16)),
+        ("matmul bf16 8192x1024x8192", matmul(8192, 1024, 8192, bf16)),
+        ("matmul bf16 256x65536x256", matmul(256, 65536, 256, bf16)),
+        ("matmul f16 2000^3", matmul(2000, 2000, 2000, torch.float16)),
+        ("matmul f32 555x777x999", matmul(555, 777, 999, torch.float32)),
+        ("matmul f32 4096x1024x4096", matmul(4096, 1024, 4096, torch.float32)),
+        ("matmul f32 32x4096x4096", matmul(32, 4096, 4096, torch.float32)),
+        ("batched matmul bf16 32x128x64x128", batched(32, 128, 64, 128, bf16)),
+        ("batched matmul f32 10x300x200x100", batched(10, 300, 200, 100, torch.float32)),
+        ("mlp relu(xW+b) bf16 1024x3072x768", mlp(1024, 3072, 768)),
+        ("softmax f32 1024x1024", softmax(1024, 1024, torch.float32)),
+        ("softmax f32 8192x1000", softmax(8192, 1000, torch.float32)),
+        ("softmax f32 333x7777", softmax(333, 7777, torch.float32)),
+        ("softmax f32 100000x17", softmax(100000, 17, torch.float32)),
+        ("softmax f32 64x65536", softmax(64, 65536, torch.float32)),
+        ("softmax f32 12x250000", softmax(12, 250000, torch.float32)),
+        ("softmax over dim 0 f32 3000x500", column_softmax(3000, 500)),
+        ("layer norm f32 4096x1024", layer_norm(4096, 1024)),
+        ("layer norm f32 7777x333", layer_norm(7777, 333)),
+        ("layer norm f32 128x50000", layer_norm(128, 50000)),
+        ("layer norm f32 100000x100", layer_norm(100000, 100)),
+        ("row sum f32 10000x10000", axis_sum(10000, 10000, 1)),
+        ("row max f32 3000x3000", row_max(3000, 3000)),
+        ("column sum f32 5000x300", axis_sum(5000, 300, 0)),
+        ("column sum f32 64x500000", axis_sum(64, 500000, 0)),
+        ("middle sum f32 16x512x512", middle_sum(16, 512, 512)),
+        ("channel sum f32 32x64x3136", middle_sum(32, 64, 3136)),
+        ("global pool f32 8x2048x7x7", pooled((8, 2048, 7, 7), (2, 3))),
+        ("batch norm means f32 64x64x32x32", pooled((64, 64, 32, 32), (0, 2, 3))),
+        ("instance norm f32 8x128x32x32", instance_norm((8, 128, 32, 32))),
+        ("gelu(tanh) f32 1000x1000", gelu(1000, 1000)),
+        ("bias relu f32 100x100", bias_relu(100, 100)),
+        ("bias relu f32 16384x4096", bias_relu(16384, 4096)),
+        ("dot f32 1000", dot(1000)),
+        ("dot f32 2^26", dot(1 << 26)),
+        ("conv 3x3 f32 16x64x32x32", conv(16, 64, 32, torch.float32)),
+        ("conv 3x3 bf16 32x64x56x56", conv(32, 64, 56, bf16)),
+        ("conv 3x3 f32 1x16x128x128", conv(1, 16, 128, torch.float32)),
+        ("conv 3x3 bf16 64x32x16x16", conv(64, 32, 16, bf16)),
+        ("attention head f32 512x128", attention(512, 128)),
+        ("attention head f32 3000x64", attention(3000, 64)),
+        ("transpose f32 3333x4444", transpose(3333, 4444, torch.float32)),
+        ("transpose bf16 8x1024x1024", transpose(1024, 1024, bf16, batch=8)),
+    ]
     if shapes == "models":
         return model_rows(torch)
     return {"suite": rows + odd_rows, "even": rows, "other": other_rows, "sweep": sweep_rows,
-            "transformer": transformer_rows, "probe": probe_rows}[shapes]
+            "transformer": transformer_rows, "probe": probe_rows,
+            "probe2": probe2_rows}[shapes]
 
 
 def model_rows(torch) -> list:
@@ -480,7 +545,8 @@ def main(argv=None):
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--only", default="", help="run rows whose name contains this")
     parser.add_argument("--skip", default="", help="comma-separated: leave out rows whose name contains any")
-    parser.add_argument("--shapes", choices=("suite", "even", "other", "sweep", "transformer", "probe", "models"), default="suite",
+    parser.add_argument("--shapes", choices=("suite", "even", "other", "sweep", "transformer", "probe", "probe2",
+                                                 "models"), default="suite",
                         help="the suite's rows, its rows without the odd sizes, or other shapes for re-measuring")
     parser.add_argument("--profile", action="store_true", help="each row's kernels' device times (torch.profiler)")
     args = parser.parse_args(argv)

@@ -204,3 +204,8 @@ def assert_loop_tree_text(text, sizes):
     body = [ln for ln in text.splitlines() if ln.strip() and not re.match(r"\s*for\b", ln)]
     assert any(_indent(ln) > min(_indent(lp) for lp in loops) for ln in body), (
         f"no statement inside a loop:\n{text}")
+
+
+def viewed(array: np.ndarray, buffer) -> np.ndarray:
+    """`array` as an `ir.Buffer` lays it out (split-k's parts: [parts, m, k_i]), a view of the same elements."""
+    return np.lib.stride_tricks.as_strided(array, buffer.shape, [s * array.itemsize for s in buffer.strides])

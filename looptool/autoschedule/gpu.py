@@ -133,6 +133,18 @@ FLOAT32_BLOCKS = ((128, 128), (128, 64), (64, 64))
 # the block tile of a contraction narrower than those (n < 64: an attention head's p . v with a 32-wide v),
 # its 256 threads 8 x 32 (H200, session 22: 8192 x 8192 x 32 took 857 us on the reduction rules, torch 139)
 FLOAT32_NARROW_BLOCK = (128, 32)
+# the block tiles of a float32 contraction shorter than those (8 <= m < 64: a linear layer on a few rows,
+# whose B is read once and whose A is small), the most rows first: it takes the first its rows hold (H100,
+# session 34, x torch on the reduction rules / 32 x 128 / 16 x 128, each in its best parts: 32x4096x4096
+# 0.08 / 1.42 / 1.00, 32x1024x8192 0.12 / 1.57 / 1.18, 40x2000x3000 0.33 / 1.19 / 1.10; 16x4096x4096 0.12 /
+# - / 2.25; 8x4096x4096 0.07, on 8 x 128 1.42). Fewer rows keep the reduction rules (1x4096x4096 0.87x, 0.55
+# split for these blocks' SMs). Half precision keeps its tensor-core tiles: on these register tiles (CUDA
+# cores) bfloat16 24x4096x4096 went 0.45 -> 0.24x torch
+FLOAT32_SHORT_BLOCKS = ((32, 128), (16, 128), (8, 128))
+# ... cut into the fewest parts (runs of at least SPLIT_K_RUN) giving this many blocks an SM: the blocks are
+# small, several run on an SM at once (H100, 32x4096x4096 in 2 / 4 / 8 / 16 parts: 179 / 98 / 59 / 42 us;
+# 40x2000x3000 in 5 / 10 / 20 / 40: 55 / 36 / 39 / 46 us)
+SHORT_SPLIT_K_BLOCKS = 3
 # the multiples (m, n, k) a half-precision contraction off the mma grid is padded to, tried in turn: the
 # wgmma template's warpgroup tiles (64 rows, its 64-deep k tiles) with any multiple of 8 columns (wgmma
 # takes N = 8..256 where B is k-major), then with its 256 columns (where B is n-major, its rows must be
@@ -225,14 +237,19 @@ def _dividing_parts(program: ir.Program, stage: ir.Stage, shortest: int, k_tile:
 
 
 def _float32_parts(program: ir.Program, stage: ir.Stage, sms: int) -> int:
-    """`split_k_parts` of a float32 contraction on register tiles: where its parts would be added into the
-    result atomically (`split_atomically`), the count and block tile of least `float32_cost`, each part at
-    least SPLIT_K_RUN long, where that is SPLIT_K_GAIN less than one part's or the product whole would be
+    """`split_k_parts` of a float32 contraction on register tiles: where its rows are short (`short_rows`) and
+    its parts would be added into the result atomically (`split_atomically`), the fewest parts giving
+    SHORT_SPLIT_K_BLOCKS blocks an SM; elsewhere where they would be added so, the count and block tile of
+    least `float32_cost`, each part at least SPLIT_K_RUN long, where that is SPLIT_K_GAIN less than one part's or the product whole would be
     padded and its parts start on 16-byte boundaries (`whole_rows`); else only where its blocks
     (`float32_block`) leave more than SPLIT_K_IDLE of the SMs idle: the most, each at least SPLIT_K_RUN long,
     whose blocks fit in one wave of SPLIT_K_BLOCKS an SM (over a dynamic dim: the fewest, each at least
     DYNAMIC_SPLIT_K_RUN long, that reach it, else the most)."""
     dividing = _dividing_parts(program, stage, DYNAMIC_SPLIT_K_RUN if program.dynamic else SPLIT_K_RUN, 1)
+    if short_rows(program, stage.name) and dividing and split_atomically(program, dividing[0]):
+        whole = block_count(program, stage.name, float32_blocks(program, stage.name)[0])
+        wave = SHORT_SPLIT_K_BLOCKS * sms
+        return 1 if whole >= wave else next((parts for parts in dividing if whole * parts >= wave), max(dividing))
     if not program.dynamic and dividing and split_atomically(program, dividing[0]):
         def cost(parts: int) -> float:
             return min(_float32_costs(program, stage.name, sms, parts).values())
@@ -536,15 +553,27 @@ def float32_tiles(block: tuple[int, int], k_tile: int | None = None) -> dict:
 
 def float32_blocks(program: ir.Program, stage: str) -> tuple[tuple[int, int], ...]:
     """The register-tile block tiles a contraction stage may take: FLOAT32_BLOCKS, or FLOAT32_NARROW_BLOCK
-    where its n is narrower than all of them. Over a dynamic dim, only the largest rows (64-row blocks pay
+    where its n is narrower than all of them, or the first of FLOAT32_SHORT_BLOCKS its rows hold where they are
+    fewer (`short_rows`). Over a dynamic dim, only the largest rows (64-row blocks pay
     where a problem leaves SMs idle, which a size known only at the call may not)."""
     x, y, _ = tile_dims(program.stage(stage))
     if program.size(x) < min(cols for _, cols in FLOAT32_BLOCKS):
         return (FLOAT32_NARROW_BLOCK,)
+    if short_rows(program, stage):
+        return next((block,) for block in FLOAT32_SHORT_BLOCKS if program.size(y) >= block[0])
     rows = max(rows for rows, _ in FLOAT32_BLOCKS)
     blocks = tuple(block for block in FLOAT32_BLOCKS if block[0] == rows) if program.dynamic else FLOAT32_BLOCKS
     held = tuple(block for block in blocks if y is None or program.size(y) >= block[0] and program.size(x) >= block[1])
     return held or blocks
+
+
+def short_rows(program: ir.Program, stage: str) -> bool:
+    """Whether a contraction stage (not over a dynamic dim) has fewer rows than FLOAT32_BLOCKS' blocks, at least
+    the fewest of FLOAT32_SHORT_BLOCKS', and at least FLOAT32_BLOCKS' columns: it takes FLOAT32_SHORT_BLOCKS."""
+    x, y, _ = tile_dims(program.stage(stage))
+    return bool(FLOAT32_SHORT_BLOCKS) and y is not None and not program.dynamic \
+        and min(rows for rows, _ in FLOAT32_SHORT_BLOCKS) <= program.size(y) < min(rows for rows, _ in FLOAT32_BLOCKS) \
+        and program.size(x) >= min(columns for _, columns in FLOAT32_BLOCKS)
 
 
 def narrow_float32(program: ir.Program) -> bool:

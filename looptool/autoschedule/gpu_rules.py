@@ -743,9 +743,12 @@ class _Planner:
         stage = program.stage(name)
         parts, run = program.size(stage.dims[0]), program.size(stage.reduce_dims[0])
         blocks = templates.block_count(program, name, block)
-        self.note(name, f"split-k's {parts} parts of {run} on register tiles, {block[0]}x{block[1]} a block (the block "
-                        f"of least modelled time for these parts, `float32_cost`: {blocks} blocks, at most "
-                        f"{-(-blocks // self.gpu.sms)} an SM in turn), cp.async k tiles of "
+        why = "the block of least modelled time for these parts, `float32_cost`"
+        if templates.short_rows(program, name):
+            why = (f"its {self.size(templates.tile_dims(stage)[1])} rows short: the most rows of FLOAT32_SHORT_BLOCKS "
+                   f"they hold, parts for {templates.SHORT_SPLIT_K_BLOCKS} blocks an SM")
+        self.note(name, f"split-k's {parts} parts of {run} on register tiles, {block[0]}x{block[1]} a block ({why}: "
+                        f"{blocks} blocks, at most {-(-blocks // self.gpu.sms)} an SM in turn), cp.async k tiles of "
                         f"{plan['k_tile']}; the parts ({stage.dims[0]}) "
                         f"on block.z, each block adding its tile into {total} by atomic adds ({total} zeroed by a "
                         f"kernel first): no partial results in memory, no kernel adding them")

@@ -17,7 +17,7 @@ from looptool.autoschedule import gpu_rules
 from looptool.codegen import gpu as codegen_gpu
 from looptool.schedule import LoopTree
 from tests.gpu_host import run_tree
-from tests.helpers import assert_close, row_softmax, scaled_layer_norm
+from tests.helpers import assert_close, row_softmax, scaled_layer_norm, viewed
 
 H100 = assumed_gpu("sm_90")
 
@@ -782,6 +782,47 @@ def test_a_threads_rows_are_one_run_where_a_is_copied_as_stored(m, k, n, groups)
     stage = split.stages[0].name
     block = templates.float32_block(split, stage, H100.sms)
     assert templates.float32_plan(LoopTree(split), stage, block, H100)["y_groups"] == groups
+
+
+@pytest.mark.parametrize("m, k, n, block, parts", [(32, 4096, 4096, (32, 128), 16), (48, 4096, 4096, (32, 128), 8),
+                                                   (24, 4096, 4096, (16, 128), 8), (8, 4096, 4096, (8, 128), 16),
+                                                   (40, 2000, 3000, (32, 128), 10), (32, 1024, 131072, (32, 128), 1)])
+def test_a_float32_product_of_8_to_63_rows_takes_short_blocks_in_parts_for_several_blocks_an_sm(m, k, n, block, parts):
+    """The most rows of FLOAT32_SHORT_BLOCKS m holds, k cut into the fewest parts giving SHORT_SPLIT_K_BLOCKS
+    blocks an SM (none where n alone gives them); the reduction rules took these at 0.07-0.33x torch."""
+    sm, sk, sn = lt.symbols("m k n")
+    c = (lt.Tensor(np.ones((m, k), np.float32)).to(sm, sk) * lt.Tensor(np.ones((k, n), np.float32)).to(sk, sn)).sum(sk)
+    program = ir.lower(c.node)[0]
+    assert templates.split_k_parts(program, H100.sms) == parts
+    split = ir.split_k(program, parts) if parts > 1 else program
+    assert templates.float32_block(split, split.stages[0].name, H100.sms) == block
+    if parts > 1:
+        assert f"{block[0]}x{block[1]} a block (its {m} rows short" in gpu_rules.gpu_tree(split, H100).explain()
+
+
+@pytest.mark.parametrize("m", [1, 7, 64])
+def test_a_float32_product_of_fewer_than_8_rows_or_of_64_takes_no_short_block(m):
+    sm, sk, sn = lt.symbols("m k n")
+    c = (lt.Tensor(np.ones((m, 4096), np.float32)).to(sm, sk) * lt.Tensor(np.ones((4096, 4096), np.float32)).to(sk, sn)).sum(sk)
+    program = ir.lower(c.node)[0]
+    assert not templates.short_rows(program, program.stages[0].name)
+
+
+@pytest.mark.parametrize("m, k, n", [(32, 512, 256), (17, 1000, 129), (8, 300, 200), (63, 96, 130)])
+def test_a_float32_product_of_few_rows_runs_right_on_short_blocks(rng, m, k, n):
+    """Short blocks with tails of m (17 on 16 x 128), n and k, split or whole, run on this CPU (GPU-bound loops as
+    plain loops) against float64."""
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    sm, sk, sn = lt.symbols("m k n")
+    c = (lt.Tensor(a).to(sm, sk) * lt.Tensor(b).to(sk, sn)).sum(sk)
+    program, arrays = ir.lower(c.node)
+    parts = templates.split_k_parts(program, H100.sms)
+    split = ir.split_k(program, parts) if parts > 1 else program
+    tree = gpu_rules.gpu_tree(split, H100)
+    assert tree.check() == (True, "legal")
+    codegen_gpu.generate(tree, "sm_90")
+    got = lt.Kernel(tree, 1)([viewed(x, buffer) for x, buffer in zip(arrays, split.inputs)])
+    assert_close(got, a.astype(np.float64) @ b, 1e-5)
 
 
 def test_a_float32_product_on_k_tiles_of_64_with_a_tail_runs_right(rng):

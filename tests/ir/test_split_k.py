@@ -11,7 +11,7 @@ from looptool.codegen import gpu as codegen_gpu
 from looptool.analysis.gpu_target import GpuTarget
 from looptool.runtime.interpreter import interpret
 from looptool.schedule import LoopTree
-from tests.helpers import assert_close
+from tests.helpers import assert_close, viewed
 
 
 def matmul(rng, m, k, n, transposed=False):
@@ -22,10 +22,6 @@ def matmul(rng, m, k, n, transposed=False):
     c = (left * lt.Tensor(b).to(sk, sn)).sum(sk)
     a64 = a.T.astype(np.float64) if transposed else a.astype(np.float64)
     return c, a64 @ b
-
-
-def viewed(array, buffer):
-    return np.lib.stride_tricks.as_strided(array, buffer.shape, [s * array.itemsize for s in buffer.strides])
 
 
 @pytest.mark.parametrize("transposed", [False, True])

@@ -369,6 +369,20 @@ def test_a_float32_matmul_too_small_to_fill_the_gpu_runs_split_along_k(rng, a_tr
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m, k, n", [(32, 4096, 1024), (8, 1000, 300), (45, 777, 129)])
+def test_a_float32_product_of_few_rows_runs_on_short_register_tiles_in_parts(rng, m, k, n):
+    """8 to 63 rows (a linear layer on a few tokens): short blocks, k cut for several blocks an SM, tails of
+    m, n and k included."""
+    cp = cupy_or_skip()
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    sm, sk, sn = lt.symbols("m k n")
+    c = (lt.Tensor(cp.asarray(a)).to(sm, sk) * lt.Tensor(cp.asarray(b)).to(sk, sn)).sum(sk)
+    assert "rows short" in "\n".join(tree.explain() for tree in gpu.planned_trees(c.node))
+    for _ in range(2):                      # the result zeroed again at each call
+        assert_close(cp.asnumpy(c.cuda()), a.astype(np.float64) @ b, 1e-5)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype, n", [(np.float32, 48), (np.float32, 47), (np.float64, 48)])
 def test_a_sum_whose_k_runs_across_blocks_adds_into_a_result_zeroed_at_each_call(rng, dtype, n):
     """Vectors of 4 float32 lanes by red.global.add.v4.f32, rows of 47 lane by lane, float64 by atom.add.f64."""
