@@ -49,7 +49,9 @@ the result atomically, or by a second kernel) on float32 matmuls; `stored_k_run`
 (k steps a register tile reads at once from a row stored k last; 1: a word a step) on float32 products whose
 inputs are copied as stored; `float32_short_blocks`, `autoschedule.gpu.FLOAT32_SHORT_BLOCKS` (the register tiles'
 blocks of products of fewer rows than FLOAT32_BLOCKS hold; (): none, the reduction rules take them) on products of
-1 to 63 rows; `float32_k_tiles`, `autoschedule.gpu.FLOAT32_K_TILES` (the k tiles a float32 register
+1 to 63 rows; `wgmma_short`, `autoschedule.gpu.WGMMA_SHORT_START`'s rows (the wgmma template of products of at most
+64 rows, and their split into parts; 0: never; session 34 also measured runs of 256 and two blocks an SM for
+their parts) on bfloat16 products of 1 to 64 rows; `float32_k_tiles`, `autoschedule.gpu.FLOAT32_K_TILES` (the k tiles a float32 register
 tile may take, longest first: `float32_k_tile`), and `stored_rows_groups`, `autoschedule.gpu.STORED_ROWS_GROUPS` (the
 runs a thread's rows come in where A is copied as stored), on the same products; `one_k_tile`,
 `autoschedule.gpu.WGMMA_ONE_K_TILE` (the wgmma template where k is one k tile: block, teams, stages, copier)
@@ -112,6 +114,8 @@ KNOBS = {
                            "small_matmul_cases"),
     "float32_short_blocks": (lambda v: setattr(templates, "FLOAT32_SHORT_BLOCKS", v), ((), ((32, 128), (16, 128), (8, 128))),
                              "skinny_cases"),
+    "wgmma_short": (lambda v: setattr(templates, "WGMMA_SHORT_START", ((v, 128), (1, 1), 64, 4, "tma")), (0, 64),
+                    "short_half_cases"),
     "split_k_blocks": (lambda v: setattr(templates, "SPLIT_K_BLOCKS", v), (0, 2, 3, 4), "matmul_cases"),
     "split_k_run": (lambda v: setattr(templates, "SPLIT_K_RUN", v), (64, 128, 256, 512), "matmul_cases"),
     "half_split_k": (lambda v: (setattr(templates, "HALF_SPLIT_K_BLOCKS", int(v > 0)),
@@ -242,7 +246,14 @@ def skinny_cases(torch):
     """Products of few rows (m < 64: a linear layer on a few tokens), float32, then bfloat16."""
     shapes = ((1, 4096, 4096), (8, 4096, 4096), (16, 4096, 4096), (24, 4096, 4096), (32, 4096, 4096), (48, 4096, 4096),
               (63, 4096, 4096), (32, 1024, 8192), (16, 8192, 1024), (40, 2000, 3000), (32, 768, 3072))
-    return products(torch, shapes, torch.float32, "f32") + products(torch, shapes[::3], torch.bfloat16, "bf16")
+    return products(torch, shapes, torch.float32, "f32") + short_half_cases(torch)
+
+
+def short_half_cases(torch):
+    """bfloat16 products of 1 to 64 rows, on the tensor cores' grid (16, 32, 48, 64) and off it."""
+    shapes = ((1, 4096, 4096), (8, 4096, 4096), (24, 4096, 4096), (32, 4096, 4096), (48, 4096, 4096),
+              (63, 4096, 4096), (64, 4096, 4096), (16, 8192, 1024), (40, 2000, 3000), (32, 11008, 4096))
+    return products(torch, shapes, torch.bfloat16, "bf16")
 
 
 def stored_cases(torch):

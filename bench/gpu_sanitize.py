@@ -125,7 +125,8 @@ def automatic_workloads() -> dict:
                             "float32 matmul split along k": (260, 1024, 100),
                             "float32 matmul under one 128x128 block, split along k onto 64x64 blocks": (100, 4096, 100),
                             "float32 matmul on 128x32 blocks, A's tiles read once as stored": (520, 1024, 32),
-                            "float32 matmul in parts on 128x128 blocks, rows of 777": (1000, 1536, 777)}.items():
+                            "float32 matmul in parts on 128x128 blocks, rows of 777": (1000, 1536, 777),
+                            "float32 matmul of few rows on short 32x128 blocks in parts, tails of m and n": (45, 2048, 300)}.items():
         out[f"{name} {'x'.join(map(str, shape))}"] = product(shape)
     a, b = rng.standard_normal((300, 100), dtype=np.float32), rng.standard_normal((100, 200), dtype=np.float32)
     a16, b16 = (v.astype(dtypes.bfloat16) for v in (a[:100, :70], b[:70, :45]))
@@ -138,6 +139,11 @@ def automatic_workloads() -> dict:
            a16.astype(np.float64) @ b16.astype(np.float64))
     out["bf16 matmul padded onto wgmma, the pads TMA's zero fill 257x136x200"] = odd
     out["bf16 matmul as one wgmma kernel: edge tiles guarded, k zero-filled by TMA 257x136x200"] = odd
+    a16 = rng.standard_normal((24, 4096), dtype=np.float32).astype(dtypes.bfloat16)
+    b16 = rng.standard_normal((4096, 520), dtype=np.float32).astype(dtypes.bfloat16)
+    out["bf16 matmul of few rows in parts padded to 64-row wgmma blocks, their sum reading them in place 24x4096x520"] = (
+        (lt.Tensor(a16).to(s.m, s.k) * lt.Tensor(b16).to(s.k, s.n)).sum(s.k),
+        a16.astype(np.float64) @ b16.astype(np.float64))
     a16 = rng.standard_normal((2300, 100), dtype=np.float32).astype(dtypes.bfloat16)
     b16 = rng.standard_normal((100, 2304), dtype=np.float32).astype(dtypes.bfloat16)
     out["bf16 matmul on 128x128 wgmma blocks two an SM, edge tiles guarded, k zero-filled 2300x100x2304"] = (

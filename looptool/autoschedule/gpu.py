@@ -158,6 +158,17 @@ TENSOR_START = {"wgmma": ((128, 256), (2, 1), 64, 4, "tma"), "mma": ((128, 256),
 # are not paid back by one tile). The H100's GPU study of batched bf16 16x1024x64x1024 (session 13,
 # bench.gpu_tuned, 64 trials): this 32.0 us, its TMA twin 34.7, the 128 x 256 default 38.9
 WGMMA_ONE_K_TILE = ((64, 128), (1, 1), 64, 2, "cp.async")
+# ... and where m is at most 64 rows (a linear layer on a few tokens; fewer rows padded to 64, by TMA's zero
+# fill), 64 x 128 blocks of one warpgroup: a 128-row block would compute as many zero rows as real ones
+WGMMA_SHORT_START = ((64, 128), (1, 1), 64, 4, "tma")
+# ... products of fewer rows, from this many, split into parts (`short_half`, as `_half_parts` splits others)
+# before they are padded, on Hopper on the mma grid too, the parts' sum reading the padded parts in place
+# (H100, session 34, bfloat16 kernels' us before / after, bench.gpu_rules_variants --knob wgmma_short:
+# 8x4096x4096 51.1 / 22.6, 24x4096x4096 51.5 / 22.0, 32x4096x4096 24.9 / 22.7 (mma tiles 128 x 256 before),
+# 63x4096x4096 53.3 / 24.8, 40x2000x3000 36.0 / 25.1, 32x11008x4096 62.6 / 48.5, 16x8192x1024 21.4 / 23.9;
+# runs of 256 or two blocks an SM were slower); fewer rows keep the reduction rules' dot products
+# (1x4096x4096: 1.24x torch whole, 1.07 in parts)
+HALF_SHORT_ROWS = 8
 # the wgmma template's block tiles, largest first, for problems its 128 x 256 leaves SMs idle on; 128 x 64
 # only for products at most 64 columns wide (a convolution's 64 output channels): wider ones ran slower
 # on it than its fewer waves suggest (H100, session 13, bench.gpu_rules_variants --knob wgmma_blocks:
@@ -223,8 +234,8 @@ def split_k_parts(program: ir.Program, sms: int, hopper: bool = True) -> int:
         return 1                # (a dot product: the reduction rules; dynamic half precision: not tried)
     if dtype == "float32":
         return _float32_parts(program, stage, sms)
-    if len(stage.dims) == 2 and tensor_tiles_fit(program, stage.name):     # (a batch: no second batch dim)
-        return _half_parts(program, stage, sms, hopper)
+    if len(stage.dims) == 2 and (tensor_tiles_fit(program, stage.name) or short_half(program, stage.name)):
+        return _half_parts(program, stage, sms, hopper)     # (a batch: no second batch dim; few rows: padded after)
     return 1
 
 
@@ -321,12 +332,15 @@ def busy_share(blocks: int, slots: int) -> float:
 
 def _half_blocks(program: ir.Program, sms: int, hopper: bool):
     """A function of the parts giving the blocks a half-precision contraction cut into them takes on its
-    tensor-core template (whose block the parts' program chooses again: `wgmma_block`, or mma's)."""
+    tensor-core template (whose block the parts' program chooses again: `wgmma_block`, WGMMA_SHORT_START's where
+    its rows are short, or mma's)."""
     def blocks(parts: int) -> int:
         split = ir.split_k(program, parts) if parts > 1 else program
         stage = split.stages[0].name
-        block = wgmma_block(split, stage, sms) if hopper else TENSOR_START["mma"][0]
-        return block_count(split, stage, block)
+        if not hopper:
+            return block_count(split, stage, TENSOR_START["mma"][0])
+        short = short_half(split, stage)
+        return block_count(split, stage, narrowed(split, stage, WGMMA_SHORT_START[0]) if short else wgmma_block(split, stage, sms))
     return blocks
 
 
@@ -431,8 +445,12 @@ def wgmma_start(program: ir.Program, stage: str, gpu: GpuTarget | None) -> tuple
     known): WGMMA_ONE_K_TILE where its k is one k tile, else TENSOR_START's with the block of `wgmma_block`, or
     PAIRED_BLOCK two an SM in `paired_stages` where those are expected faster; blocks narrowed to n."""
     block, teams, k_tile, stages, copier = TENSOR_START["wgmma"]
-    if program.size(contraction_dims(program, stage)[2]) <= k_tile:
+    m, _, k = contraction_dims(program, stage)
+    if program.size(k) <= k_tile:
         block, teams, k_tile, stages, copier = WGMMA_ONE_K_TILE
+        return narrowed(program, stage, block), teams, k_tile, stages, copier
+    if program.size(m) <= WGMMA_SHORT_START[0][0]:
+        block, teams, k_tile, stages, copier = WGMMA_SHORT_START
         return narrowed(program, stage, block), teams, k_tile, stages, copier
     block = wgmma_block(program, stage, gpu and gpu.sms)
     paired = paired_stages(program, stage, gpu, block)
@@ -574,6 +592,13 @@ def short_rows(program: ir.Program, stage: str) -> bool:
     return bool(FLOAT32_SHORT_BLOCKS) and y is not None and not program.dynamic \
         and min(rows for rows, _ in FLOAT32_SHORT_BLOCKS) <= program.size(y) < min(rows for rows, _ in FLOAT32_BLOCKS) \
         and program.size(x) >= min(columns for _, columns in FLOAT32_BLOCKS)
+
+
+def short_half(program: ir.Program, stage: str) -> bool:
+    """Whether a contraction has HALF_SHORT_ROWS to fewer rows than WGMMA_SHORT_START's block: a half-precision one
+    is split into parts (`_half_parts`) before it is padded to those rows (on Hopper, on the mma grid too)."""
+    rows = program.size(contraction_dims(program, stage)[0])
+    return HALF_SHORT_ROWS <= rows < WGMMA_SHORT_START[0][0]
 
 
 def narrow_float32(program: ir.Program) -> bool:

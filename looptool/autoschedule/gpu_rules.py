@@ -691,14 +691,16 @@ class _Planner:
 
     def contraction_template(self, name: str) -> bool:
         """Put a contraction stage on the first template of `autoschedule.gpu` that the legality check
-        accepts; a half-precision one off the tensor cores' grid first on zero-padded operands
+        accepts; a half-precision one off the tensor cores' grid (on Hopper, or short: `templates.short_half`,
+        whose rows wgmma's 64-row tiles pad) first on zero-padded operands
         (`padded_on_tensor_cores`), or, where `WGMMA_EDGE_TILES` says so, first as one wgmma kernel with
         guarded edge tiles (`wgmma_with_edges`). False where none fits, and for half precision with dynamic
         dims."""
         program, hopper = self.tree.program, self.gpu.tensor_cores == "wgmma"
         half = templates.contraction_dtype(program, name) in ("bfloat16", "float16")
         tries = (self.wgmma_with_edges, self.padded_on_tensor_cores)
-        if half and self.gpu.tensor_cores and not templates.tensor_tiles_fit(program, name):
+        off_grid = not templates.tensor_tiles_fit(program, name) or hopper and templates.short_half(program, name)
+        if half and self.gpu.tensor_cores and off_grid:
             small = self.too_small_to_pad(name)
             if any(fits(name) for fits in (tries if templates.WGMMA_EDGE_TILES else tries[::-1])
                    if not (small and fits == self.padded_on_tensor_cores)):
@@ -828,7 +830,7 @@ class _Planner:
                                     f"multiples of {multiples} (m, n, k), then {described}"
                                     + (f"; {', '.join(filled)} padded by TMA's zero fill, not copied" if filled else ""))
                     self.tree = tree
-                    self.pad_copies_pointwise(name, result_copy=True)
+                    self.pad_copies_pointwise(name, result_copy=not self.result_copy_inlined(name))
                     return True
         self.tree = kept
         return False
@@ -867,6 +869,19 @@ class _Planner:
         self.note(name, f"a contraction of rows that are not whole {templates.VECTOR_BYTES}-byte vectors: operands padded with "
                         f"zeros to multiples of {tuple(multiples.values())} ({', '.join(dims)}), then {described}")
         self.pad_copies_pointwise(name, result_copy=True)
+        return True
+
+    def result_copy_inlined(self, name: str) -> bool:
+        """Inline the copy of padded contraction `name`'s result into the stages that read it, where it is not
+        the program's result (split-k's parts, summed by a later stage, read the padded parts in place: one
+        kernel fewer). False (tree unchanged) where it is, or where `inline` refuses."""
+        if name == self.tree.program.output.name:
+            return False
+        try:
+            self.tree = self.tree.inline(name)
+        except ValueError:
+            return False
+        self.note(name, "its readers read the padded result in place (no copy of it)")
         return True
 
     def pad_copies_pointwise(self, name: str, result_copy: bool = False):

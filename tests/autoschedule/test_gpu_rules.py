@@ -808,9 +808,9 @@ def test_a_float32_product_of_fewer_than_8_rows_or_of_64_takes_no_short_block(m)
     assert not templates.short_rows(program, program.stages[0].name)
 
 
-@pytest.mark.parametrize("m, k, n", [(32, 512, 256), (17, 1000, 129), (8, 300, 200), (63, 96, 130)])
+@pytest.mark.parametrize("m, k, n", [(32, 512, 256), (8, 300, 200), (63, 96, 130)])
 def test_a_float32_product_of_few_rows_runs_right_on_short_blocks(rng, m, k, n):
-    """Short blocks with tails of m (17 on 16 x 128), n and k, split or whole, run on this CPU (GPU-bound loops as
+    """Short blocks with tails of n and k, split or whole (a tail of m: the -m gpu test), run on this CPU (GPU-bound loops as
     plain loops) against float64."""
     a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
     sm, sk, sn = lt.symbols("m k n")
@@ -823,6 +823,49 @@ def test_a_float32_product_of_few_rows_runs_right_on_short_blocks(rng, m, k, n):
     codegen_gpu.generate(tree, "sm_90")
     got = lt.Kernel(tree, 1)([viewed(x, buffer) for x, buffer in zip(arrays, split.inputs)])
     assert_close(got, a.astype(np.float64) @ b, 1e-5)
+
+
+@pytest.mark.parametrize("m, k, n, parts", [(24, 4096, 4096, 4), (32, 4096, 4096, 4), (8, 4096, 4096, 4),
+                                           (40, 2000, 3000, 1)])
+def test_a_bfloat16_product_of_8_to_63_rows_is_split_then_padded_to_64_row_wgmma_blocks(m, k, n, parts):
+    """On Hopper: k cut as `_half_parts` cuts others (counting 64 x 128 blocks), the parts padded to 64 rows on
+    wgmma blocks of one warpgroup, and their sum reading the padded parts in place: two kernels (was: padded
+    whole to 128-row blocks, 32 of them on 132 SMs, 0.4-0.5x torch; 32 rows on mma's 128 x 256)."""
+    sm, sk, sn = lt.symbols("m k n")
+    c = (lt.Tensor(np.ones((m, k), lt.bfloat16)).to(sm, sk) * lt.Tensor(np.ones((k, n), lt.bfloat16)).to(sk, sn)).sum(sk)
+    program = ir.lower(c.node)[0]
+    assert templates.split_k_parts(program, H100.sms) == parts
+    tree = gpu_rules.gpu_tree(ir.split_k(program, parts) if parts > 1 else program, H100)
+    assert "then wgmma tensor-core tiles 64x128x64" in tree.explain()
+    assert ("read the padded result in place" in tree.explain()) == (parts > 1)
+    assert len(codegen_gpu.generate(tree, "sm_90").launches) == 2
+
+
+def test_a_bfloat16_product_of_one_row_keeps_the_reduction_rules_and_an_a100_keeps_mma():
+    sm, sk, sn = lt.symbols("m k n")
+    one = (lt.Tensor(np.ones((1, 4096), lt.bfloat16)).to(sm, sk) * lt.Tensor(np.ones((4096, 4096), lt.bfloat16)).to(sk, sn)).sum(sk)
+    program = ir.lower(one.node)[0]
+    assert templates.split_k_parts(program, H100.sms) == 1 and "tensor-core" not in gpu_rules.gpu_tree(program, H100).explain()
+    rows = (lt.Tensor(np.ones((32, 4096), lt.bfloat16)).to(sm, sk) * lt.Tensor(np.ones((4096, 4096), lt.bfloat16)).to(sk, sn)).sum(sk)
+    program = ir.lower(rows.node)[0]
+    a100 = assumed_gpu("sm_80")
+    parts = templates.split_k_parts(program, a100.sms, False)
+    assert "mma tensor-core tiles" in gpu_rules.gpu_tree(ir.split_k(program, parts), a100).explain()
+
+
+@pytest.mark.parametrize("m, k, n", [(24, 4096, 1024), (32, 4096, 520)])
+def test_a_short_bfloat16_product_in_parts_on_padded_wgmma_blocks_runs_right(rng, m, k, n):
+    """Run on this CPU (GPU-bound loops as plain loops, each wgmma tile as its multiply-adds) against float64, the
+    sum of the parts reading the padded parts in place."""
+    a, b = rng.standard_normal((m, k)).astype(lt.bfloat16), rng.standard_normal((k, n)).astype(lt.bfloat16)
+    sm, sk, sn = lt.symbols("m k n")
+    c = (lt.Tensor(a).to(sm, sk) * lt.Tensor(b).to(sk, sn)).sum(sk)
+    program, arrays = ir.lower(c.node)
+    split = ir.split_k(program, templates.split_k_parts(program, H100.sms))
+    tree = gpu_rules.gpu_tree(split, H100)
+    assert tree.check() == (True, "legal") and "read the padded result in place" in tree.explain()
+    got = lt.Kernel(tree, 1)([viewed(x, buffer) for x, buffer in zip(arrays, split.inputs)])
+    assert_close(got, a.astype(np.float64) @ b.astype(np.float64), 1e-5)
 
 
 def test_a_float32_product_on_k_tiles_of_64_with_a_tail_runs_right(rng):

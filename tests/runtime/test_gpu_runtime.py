@@ -383,6 +383,17 @@ def test_a_float32_product_of_few_rows_runs_on_short_register_tiles_in_parts(rng
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m, k, n", [(24, 4096, 1024), (8, 1024, 300), (48, 2048, 136)])
+def test_a_bfloat16_product_of_few_rows_runs_in_parts_on_padded_tensor_core_tiles(rng, m, k, n):
+    cp = cupy_or_skip()
+    a, b = rng.standard_normal((m, k)).astype(lt.bfloat16), rng.standard_normal((k, n)).astype(lt.bfloat16)
+    sm, sk, sn = lt.symbols("m k n")
+    c = (lt.Tensor(a).to(sm, sk) * lt.Tensor(b).to(sk, sn)).sum(sk)
+    for _ in range(2):
+        assert_close(cp.asnumpy(c.cuda()), a.astype(np.float64) @ b.astype(np.float64), 1e-5)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype, n", [(np.float32, 48), (np.float32, 47), (np.float64, 48)])
 def test_a_sum_whose_k_runs_across_blocks_adds_into_a_result_zeroed_at_each_call(rng, dtype, n):
     """Vectors of 4 float32 lanes by red.global.add.v4.f32, rows of 47 lane by lane, float64 by atom.add.f64."""
