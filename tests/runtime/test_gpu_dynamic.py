@@ -178,7 +178,7 @@ def test_the_launcher_works_the_grid_out_from_the_size_parameter(rows):
 
 class FakeCupy:
     """What `ModuleRunner` asks of CuPy, without a GPU: allocations (recorded, at made-up addresses),
-    the current stream, and arrays as (shape, dtype, bytes) records."""
+    the current stream, and arrays as records of their shape, dtype and memory."""
 
     def __init__(self):
         self.allocations = []
@@ -192,8 +192,10 @@ class FakeCupy:
     def get_current_stream(self):
         return type("Stream", (), {"ptr": 0x5})()
 
-    def ndarray(self, shape, dtype, memory):
-        return ("array", shape, dtype, memory.nbytes)
+    def ndarray(self, shape, dtype, memory=None):
+        """An array record; with no memory given, allocated here, as CuPy allocates from its pool."""
+        memory = memory or self.alloc(int(np.prod(shape)) * np.dtype(dtype).itemsize)
+        return type("Array", (), {"shape": shape, "dtype": dtype, "data": memory})()
 
 
 def test_a_module_runner_sizes_the_grid_temps_and_output_at_each_call(rng, monkeypatch):
@@ -223,7 +225,7 @@ def test_a_module_runner_sizes_the_grid_temps_and_output_at_each_call(rng, monke
         calls.clear()
         assert runner.sizes([np.zeros((rows, 33), np.float32)]) == [rows]
         result = run([0xA00], None, [rows])
-        assert result == ("array", (rows, 33), np.dtype(np.float32), rows * 33 * 4)
+        assert (result.shape, result.dtype, result.data.nbytes) == ((rows, 33), np.dtype(np.float32), rows * 33 * 4)
         temps = [memory.nbytes for memory in fake.allocations[-2:]]    # made after the output
         assert temps == [rows * 4, rows * 4]                          # the row maxima and sums, B floats each
         assert [call[1] for call in calls] == [(-(-rows // 128), 1, 1)] * 2 + [(1, rows, 1)]
