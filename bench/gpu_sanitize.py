@@ -238,19 +238,19 @@ def automatic_draws() -> list[dict]:
     written whole with `WALK_BYTES_PER_SM` at 0); and where `.cuda()` runs
     more than that program (a convolution's gather and product), the whole `.cuda()` call as one more."""
     target = runtime_gpu.gpu_target()
-    draws, default, walk, small = [], templates.WGMMA_EDGE_TILES, gpu_rules.WALK_BYTES_PER_SM, gpu_rules.SMALL_CONTRACTION_MACS
+    draws, default, walk, small = [], templates.WGMMA_EDGE_TILES, gpu_rules.WALK_BYTES_PER_SM, templates.SMALL_CONTRACTION_MACS
     for name, (tensor, _) in automatic_workloads().items():
         if "edge tiles" in name or "padded onto" in name:
             templates.WGMMA_EDGE_TILES = "edge tiles" in name
         if "padded onto" in name:
-            gpu_rules.SMALL_CONTRACTION_MACS = 0
+            templates.SMALL_CONTRACTION_MACS = 0
         if "softmax written whole" in name:
             gpu_rules.WALK_BYTES_PER_SM = 0
         try:
             tree = gpu_rules.gpu_tree(runtime_gpu.lowered_for(tensor.node)[0], target)
         finally:
             templates.WGMMA_EDGE_TILES, gpu_rules.WALK_BYTES_PER_SM = default, walk
-            gpu_rules.SMALL_CONTRACTION_MACS = small
+            templates.SMALL_CONTRACTION_MACS = small
         draws.append({"workload": name, "schedule": tree.schedule.to_json(), "as_cuda_lowers": True})
         if len(runtime_gpu.planned_trees(tensor.node)) > 1:
             draws.append({"workload": name, "cuda_call": True})

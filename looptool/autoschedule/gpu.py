@@ -161,14 +161,17 @@ WGMMA_ONE_K_TILE = ((64, 128), (1, 1), 64, 2, "cp.async")
 # ... and where m is at most 64 rows (a linear layer on a few tokens; fewer rows padded to 64, by TMA's zero
 # fill), 64 x 128 blocks of one warpgroup: a 128-row block would compute as many zero rows as real ones
 WGMMA_SHORT_START = ((64, 128), (1, 1), 64, 4, "tma")
-# ... products of fewer rows, from this many, split into parts (`short_half`, as `_half_parts` splits others)
-# before they are padded, on Hopper on the mma grid too, the parts' sum reading the padded parts in place
-# (H100, session 34, bfloat16 kernels' us before / after, bench.gpu_rules_variants --knob wgmma_short:
+# ... products of fewer rows (not small: `small_contraction`) split into parts (`short_half`, as `_half_parts`
+# splits others) before they are padded, on Hopper on the mma grid too, the parts' sum reading the padded parts
+# in place (H100, session 34, bfloat16 kernels' us before / after, bench.gpu_rules_variants --knob wgmma_short:
 # 8x4096x4096 51.1 / 22.6, 24x4096x4096 51.5 / 22.0, 32x4096x4096 24.9 / 22.7 (mma tiles 128 x 256 before),
 # 63x4096x4096 53.3 / 24.8, 40x2000x3000 36.0 / 25.1, 32x11008x4096 62.6 / 48.5, 16x8192x1024 21.4 / 23.9;
-# runs of 256 or two blocks an SM were slower); fewer rows keep the reduction rules' dot products
+# runs of 256 or two blocks an SM were slower); small ones keep the reduction rules' dot products
 # (1x4096x4096: 1.24x torch whole, 1.07 in parts)
-HALF_SHORT_ROWS = 8
+# half-precision contractions of at most this many multiply-adds off the mma grid are not padded
+# (`small_contraction`; H100, session 22, x torch padded / not: bf16 100^3 0.61 / 0.99, 64x100x72 0.68 / 0.93,
+# 200x300x100 0.66 / 0.84; 100x1000x100 0.68 / 0.64; 130x64x200 keeps its one wgmma kernel with guarded edges, 1.50)
+SMALL_CONTRACTION_MACS = 1 << 25
 # the wgmma template's block tiles, largest first, for problems its 128 x 256 leaves SMs idle on; 128 x 64
 # only for products at most 64 columns wide (a convolution's 64 output channels): wider ones ran slower
 # on it than its fewer waves suggest (H100, session 13, bench.gpu_rules_variants --knob wgmma_blocks:
@@ -595,10 +598,16 @@ def short_rows(program: ir.Program, stage: str) -> bool:
 
 
 def short_half(program: ir.Program, stage: str) -> bool:
-    """Whether a contraction has HALF_SHORT_ROWS to fewer rows than WGMMA_SHORT_START's block: a half-precision one
-    is split into parts (`_half_parts`) before it is padded to those rows (on Hopper, on the mma grid too)."""
+    """Whether a contraction that is not small (`small_contraction`) has fewer rows than WGMMA_SHORT_START's block:
+    a half-precision one is split into parts (`_half_parts`) before it is padded to those rows (on Hopper, on the
+    mma grid too)."""
     rows = program.size(contraction_dims(program, stage)[0])
-    return HALF_SHORT_ROWS <= rows < WGMMA_SHORT_START[0][0]
+    return rows < WGMMA_SHORT_START[0][0] and not small_contraction(program, stage)
+
+
+def small_contraction(program: ir.Program, stage: str) -> bool:
+    """Whether a contraction stage does at most SMALL_CONTRACTION_MACS multiply-adds."""
+    return math.prod(program.size(d) for d in program.stage(stage).loop_dims) <= SMALL_CONTRACTION_MACS
 
 
 def narrow_float32(program: ir.Program) -> bool:

@@ -66,10 +66,6 @@ WALK_BYTES_PER_SM = 2 << 20
 # 4.3 / 3.7), 60x65536 (softmax 0.88 / 0.61, layer norm 4.4 / 2.0)
 FEW_ROWS_SPLIT = 1 << 16
 FEW_ROWS_SMS = 8
-# half-precision contractions this small off the mma grid are not padded (`too_small_to_pad`; H100, session 22,
-# x torch padded / not: bf16 100^3 0.61 / 0.99, 64x100x72 0.68 / 0.93, 200x300x100 0.66 / 0.84; 100x1000x100
-# 0.68 / 0.64; 130x64x200 keeps its one wgmma kernel with guarded edges, 1.50)
-SMALL_CONTRACTION_MACS = 1 << 25
 FUSED_SUM_TERMS = 32         # a reduction this short, read only by a pointwise stage, is summed in its threads
 THREAD_TILE_ROWS = 4         # outputs along a second dim a thread walking a reduction takes at once
 SCALAR_RUN = 4               # elements a thread takes where rows hold no whole vectors
@@ -706,7 +702,7 @@ class _Planner:
                    if not (small and fits == self.padded_on_tensor_cores)):
                 return True
             if small:
-                self.note(name, f"off the tensor cores' grid and too small to pad (at most {SMALL_CONTRACTION_MACS} "
+                self.note(name, f"off the tensor cores' grid and too small to pad (at most {templates.SMALL_CONTRACTION_MACS} "
                                 f"multiply-adds): four kernels would take longer than the rules below")
         if self.padded_float32(name) or self.parts_added_atomically(name):
             return True
@@ -757,10 +753,9 @@ class _Planner:
         return True
 
     def too_small_to_pad(self, name: str) -> bool:
-        """Whether a contraction does at most SMALL_CONTRACTION_MACS multiply-adds: off the tensor cores'
-        grid it is then not padded (padding takes four kernels; the register tiles or the reduction rules
-        take one or two)."""
-        return math.prod(self.size(d) for d in self.tree.program.stage(name).loop_dims) <= SMALL_CONTRACTION_MACS
+        """Whether a contraction is small (`templates.small_contraction`): off the tensor cores' grid it is then not
+        padded (padding takes four kernels; the register tiles or the reduction rules take one or two)."""
+        return templates.small_contraction(self.tree.program, name)
 
     def wgmma_with_edges(self, name: str) -> bool:
         """On Hopper, a half-precision contraction off the tensor cores' grid as one kernel: k padded with

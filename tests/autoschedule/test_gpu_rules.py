@@ -505,14 +505,14 @@ def test_small_half_precision_contractions_off_the_mma_grid_are_not_padded(rng, 
     c = (lt.Tensor(a).to(sm, sk) * lt.Tensor(b).to(sk, sn)).sum(sk)
     tree = gpu_rules.gpu_tree(ir.lower(c.node)[0], H100)
     assert ("padded with zeros" in tree.explain()) == padded
-    assert ("too small to pad" in tree.explain()) == (m * k * n <= gpu_rules.SMALL_CONTRACTION_MACS and m != 130)
+    assert ("too small to pad" in tree.explain()) == (m * k * n <= templates.SMALL_CONTRACTION_MACS and m != 130)
     if not padded:
         assert_close(c.numpy(tree), a.astype(np.float64) @ b.astype(np.float64), 1e-5)
 
 
 @pytest.mark.parametrize("arch, instruction", [("sm_90", "wgmma"), ("sm_80", "mma.m16n8k16")])
 def test_half_precision_contractions_off_the_mma_grid_run_padded_on_tensor_cores(rng, monkeypatch, arch, instruction):
-    monkeypatch.setattr(gpu_rules, "SMALL_CONTRACTION_MACS", 0)      # (this one is small enough not to be padded)
+    monkeypatch.setattr(templates, "SMALL_CONTRACTION_MACS", 0)      # (this one is small enough not to be padded)
     a = rng.standard_normal((100, 70)).astype(ml_dtypes.bfloat16)
     b = rng.standard_normal((70, 45)).astype(ml_dtypes.bfloat16)
     m, k, n = lt.symbols("m k n")
@@ -524,7 +524,7 @@ def test_half_precision_contractions_off_the_mma_grid_run_padded_on_tensor_cores
 
 
 def test_on_hopper_tma_zero_fills_the_padding_of_operands_whose_rows_it_can_address(rng, monkeypatch):
-    monkeypatch.setattr(gpu_rules, "SMALL_CONTRACTION_MACS", 0)
+    monkeypatch.setattr(templates, "SMALL_CONTRACTION_MACS", 0)
     a = rng.standard_normal((100, 72)).astype(ml_dtypes.bfloat16)        # rows of 144 and 96 bytes: TMA takes them
     b = rng.standard_normal((72, 48)).astype(ml_dtypes.bfloat16)
     m, k, n = lt.symbols("m k n")
@@ -826,9 +826,10 @@ def test_a_float32_product_of_few_rows_runs_right_on_short_blocks(rng, m, k, n):
 
 
 @pytest.mark.parametrize("m, k, n, parts", [(24, 4096, 4096, 4), (32, 4096, 4096, 4), (8, 4096, 4096, 4),
-                                           (40, 2000, 3000, 1)])
-def test_a_bfloat16_product_of_8_to_63_rows_is_split_then_padded_to_64_row_wgmma_blocks(m, k, n, parts):
-    """On Hopper: k cut as `_half_parts` cuts others (counting 64 x 128 blocks), the parts padded to 64 rows on
+                                           (4, 4096, 4096, 4), (40, 2000, 3000, 1)])
+def test_a_bfloat16_product_of_fewer_than_64_rows_is_split_then_padded_to_64_row_wgmma_blocks(m, k, n, parts):
+    """On Hopper, where it is not small (`small_contraction`: 4x4096x4096 is not, 1x4096x4096 is): k cut as
+    `_half_parts` cuts others (counting 64 x 128 blocks), the parts padded to 64 rows on
     wgmma blocks of one warpgroup, and their sum reading the padded parts in place: two kernels (was: padded
     whole to 128-row blocks, 32 of them on 132 SMs, 0.4-0.5x torch; 32 rows on mma's 128 x 256)."""
     sm, sk, sn = lt.symbols("m k n")
