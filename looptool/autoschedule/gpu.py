@@ -254,8 +254,9 @@ def _float32_parts(program: ir.Program, stage: ir.Stage, sms: int) -> int:
     """`split_k_parts` of a float32 contraction on register tiles: where its rows are short (`short_rows`) and
     its parts would be added into the result atomically (`split_atomically`), the fewest parts giving
     SHORT_SPLIT_K_BLOCKS blocks an SM; elsewhere where they would be added so, the count and block tile of
-    least `float32_cost`, each part at least SPLIT_K_RUN long, where that is SPLIT_K_GAIN less than one part's or the product whole would be
-    padded and its parts start on 16-byte boundaries (`whole_rows`); else only where its blocks
+    least `float32_cost`, each part at least SPLIT_K_RUN long, where that is SPLIT_K_GAIN less than one
+    part's or the product whole would be padded and its parts start on 16-byte boundaries (`whole_rows`);
+    else only where its blocks
     (`float32_block`) leave more than SPLIT_K_IDLE of the SMs idle: the most, each at least SPLIT_K_RUN long,
     whose blocks fit in one wave of SPLIT_K_BLOCKS an SM (over a dynamic dim: the fewest, each at least
     DYNAMIC_SPLIT_K_RUN long, that reach it, else the most)."""
@@ -343,7 +344,8 @@ def _half_blocks(program: ir.Program, sms: int, hopper: bool):
         if not hopper:
             return block_count(split, stage, TENSOR_START["mma"][0])
         short = short_half(split, stage)
-        return block_count(split, stage, narrowed(split, stage, WGMMA_SHORT_START[0]) if short else wgmma_block(split, stage, sms))
+        block = narrowed(split, stage, WGMMA_SHORT_START[0]) if short else wgmma_block(split, stage, sms)
+        return block_count(split, stage, block)
     return blocks
 
 

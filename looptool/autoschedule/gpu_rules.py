@@ -697,13 +697,14 @@ class _Planner:
         tries = (self.wgmma_with_edges, self.padded_on_tensor_cores)
         off_grid = not templates.tensor_tiles_fit(program, name) or hopper and templates.short_half(program, name)
         if half and self.gpu.tensor_cores and off_grid:
-            small = self.too_small_to_pad(name)
+            small = templates.small_contraction(program, name)
             if any(fits(name) for fits in (tries if templates.WGMMA_EDGE_TILES else tries[::-1])
                    if not (small and fits == self.padded_on_tensor_cores)):
                 return True
             if small:
-                self.note(name, f"off the tensor cores' grid and too small to pad (at most {templates.SMALL_CONTRACTION_MACS} "
-                                f"multiply-adds): four kernels would take longer than the rules below")
+                self.note(name, f"off the tensor cores' grid and too small to pad (at most "
+                                f"{templates.SMALL_CONTRACTION_MACS} multiply-adds): four kernels would take longer "
+                                f"than the rules below")
         if self.padded_float32(name) or self.parts_added_atomically(name):
             return True
         refused = []
@@ -751,11 +752,6 @@ class _Planner:
                         f"on block.z, each block adding its tile into {total} by atomic adds ({total} zeroed by a "
                         f"kernel first): no partial results in memory, no kernel adding them")
         return True
-
-    def too_small_to_pad(self, name: str) -> bool:
-        """Whether a contraction is small (`templates.small_contraction`): off the tensor cores' grid it is then not
-        padded (padding takes four kernels; the register tiles or the reduction rules take one or two)."""
-        return templates.small_contraction(self.tree.program, name)
 
     def wgmma_with_edges(self, name: str) -> bool:
         """On Hopper, a half-precision contraction off the tensor cores' grid as one kernel: k padded with
