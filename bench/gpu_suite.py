@@ -18,7 +18,8 @@ workload, no synchronization). Prints a table; writes `gpu_suite.json` and `gpu_
 the suite without its odd sizes, `--shapes sweep` 29 skewed, odd and off-tile shapes of every family (for
 finding outliers), `--shapes transformer` 29 shapes of GPT-2 and LLaMA layers no rule was tuned on,
 `--shapes probe` and `--shapes probe2` shapes and program forms picked before any run on them (sessions 33
-and 34: the independent re-measurement's kind of test), `--shapes models` the CPU suite's workloads (`bench.models`) at its sizes.
+and 34: the independent re-measurement's kind of test), `--shapes few_rows` products of 1-63 rows in float32 and
+bfloat16, `--shapes models` the CPU suite's workloads (`bench.models`) at its sizes.
 """
 from __future__ import annotations
 
@@ -457,11 +458,31 @@ def workloads(torch, shapes: str = "suite"):
         ("transpose f32 3333x4444", transpose(3333, 4444, torch.float32)),
         ("transpose bf16 8x1024x1024", transpose(1024, 1024, bf16, batch=8)),
     ]
+    few_rows = [         # `--shapes few_rows`: products of 1-63 rows (a linear layer on a few tokens), session 34's rules
+        ("matmul f32 1x4096x4096", matmul(1, 4096, 4096, torch.float32)),
+        ("matmul f32 2x4096x4096", matmul(2, 4096, 4096, torch.float32)),
+        ("matmul f32 4x4096x4096", matmul(4, 4096, 4096, torch.float32)),
+        ("matmul f32 7x4096x4096", matmul(7, 4096, 4096, torch.float32)),
+        ("matmul f32 8x4096x11008", matmul(8, 4096, 11008, torch.float32)),
+        ("matmul f32 16x11008x4096", matmul(16, 11008, 4096, torch.float32)),
+        ("matmul f32 48x1000x3000", matmul(48, 1000, 3000, torch.float32)),
+        ("matmul f32 linear 8x4096x4096", linear(8, 4096, 4096, torch.float32)),
+        ("matmul bf16 1x4096x4096", matmul(1, 4096, 4096, bf16)),
+        ("matmul bf16 1x8192x8192", matmul(1, 8192, 8192, bf16)),
+        ("matmul bf16 2x4096x4096", matmul(2, 4096, 4096, bf16)),
+        ("matmul bf16 4x4096x4096", matmul(4, 4096, 4096, bf16)),
+        ("matmul bf16 7x4096x4096", matmul(7, 4096, 4096, bf16)),
+        ("matmul bf16 8x4096x11008", matmul(8, 4096, 11008, bf16)),
+        ("matmul bf16 16x4096x4096", matmul(16, 4096, 4096, bf16)),
+        ("matmul bf16 32x11008x4096", matmul(32, 11008, 4096, bf16)),
+        ("matmul bf16 63x2048x8192", matmul(63, 2048, 8192, bf16)),
+        ("matmul bf16 linear 16x4096x4096", linear(16, 4096, 4096, bf16)),
+    ]
     if shapes == "models":
         return model_rows(torch)
     return {"suite": rows + odd_rows, "even": rows, "other": other_rows, "sweep": sweep_rows,
             "transformer": transformer_rows, "probe": probe_rows,
-            "probe2": probe2_rows}[shapes]
+            "probe2": probe2_rows, "few_rows": few_rows}[shapes]
 
 
 def model_rows(torch) -> list:
@@ -546,7 +567,7 @@ def main(argv=None):
     parser.add_argument("--only", default="", help="run rows whose name contains this")
     parser.add_argument("--skip", default="", help="comma-separated: leave out rows whose name contains any")
     parser.add_argument("--shapes", choices=("suite", "even", "other", "sweep", "transformer", "probe", "probe2",
-                                                 "models"), default="suite",
+                                                 "few_rows", "models"), default="suite",
                         help="the suite's rows, its rows without the odd sizes, or other shapes for re-measuring")
     parser.add_argument("--profile", action="store_true", help="each row's kernels' device times (torch.profiler)")
     args = parser.parse_args(argv)
