@@ -592,11 +592,11 @@ def float32_blocks(program: ir.Program, stage: str) -> tuple[tuple[int, int], ..
 
 def short_rows(program: ir.Program, stage: str) -> bool:
     """Whether a contraction stage (not over a dynamic dim) has fewer rows than FLOAT32_BLOCKS' blocks, at least
-    the fewest of FLOAT32_SHORT_BLOCKS', and at least FLOAT32_BLOCKS' columns: it takes FLOAT32_SHORT_BLOCKS."""
+    the fewest of FLOAT32_SHORT_BLOCKS', and columns that fill one of those: it takes FLOAT32_SHORT_BLOCKS."""
     x, y, _ = tile_dims(program.stage(stage))
     return bool(FLOAT32_SHORT_BLOCKS) and y is not None and not program.dynamic \
         and min(rows for rows, _ in FLOAT32_SHORT_BLOCKS) <= program.size(y) < min(rows for rows, _ in FLOAT32_BLOCKS) \
-        and program.size(x) >= min(columns for _, columns in FLOAT32_BLOCKS)
+        and program.size(x) >= min(columns for _, columns in FLOAT32_SHORT_BLOCKS)
 
 
 def short_half(program: ir.Program, stage: str) -> bool:

@@ -800,10 +800,10 @@ def test_a_float32_product_of_8_to_63_rows_takes_short_blocks_in_parts_for_sever
         assert f"{block[0]}x{block[1]} a block (its {m} rows short" in gpu_rules.gpu_tree(split, H100).explain()
 
 
-@pytest.mark.parametrize("m", [1, 7, 64])
-def test_a_float32_product_of_fewer_than_8_rows_or_of_64_takes_no_short_block(m):
+@pytest.mark.parametrize("m, n", [(1, 4096), (7, 4096), (64, 4096), (32, 100)])
+def test_a_float32_product_of_fewer_than_8_rows_or_of_64_or_narrower_than_a_short_block_takes_none(m, n):
     sm, sk, sn = lt.symbols("m k n")
-    c = (lt.Tensor(np.ones((m, 4096), np.float32)).to(sm, sk) * lt.Tensor(np.ones((4096, 4096), np.float32)).to(sk, sn)).sum(sk)
+    c = (lt.Tensor(np.ones((m, 4096), np.float32)).to(sm, sk) * lt.Tensor(np.ones((4096, n), np.float32)).to(sk, sn)).sum(sk)
     program = ir.lower(c.node)[0]
     assert not templates.short_rows(program, program.stages[0].name)
 
