@@ -51,7 +51,8 @@ inputs are copied as stored; `float32_short_blocks`, `autoschedule.gpu.FLOAT32_S
 blocks of products of fewer rows than FLOAT32_BLOCKS hold; (): none, the reduction rules take them) on products of
 1 to 63 rows; `wgmma_short`, `autoschedule.gpu.WGMMA_SHORT_START`'s rows (the wgmma template of products of at most
 64 rows, and their split into parts; 0: never; session 34 also measured runs of 256 and two blocks an SM for
-their parts) on bfloat16 products of 1 to 64 rows; `float32_k_tiles`, `autoschedule.gpu.FLOAT32_K_TILES` (the k tiles a float32 register
+their parts) on bfloat16 products of 1 to 64 rows; `half_split_off_grid`, `autoschedule.gpu.HALF_SPLIT_OFF_GRID` (half-precision
+products off the mma grid split along k on Hopper) on bfloat16 products whose blocks keep few SMs busy; `float32_k_tiles`, `autoschedule.gpu.FLOAT32_K_TILES` (the k tiles a float32 register
 tile may take, longest first: `float32_k_tile`), and `stored_rows_groups`, `autoschedule.gpu.STORED_ROWS_GROUPS` (the
 runs a thread's rows come in where A is copied as stored), on the same products; `one_k_tile`,
 `autoschedule.gpu.WGMMA_ONE_K_TILE` (the wgmma template where k is one k tile: block, teams, stages, copier)
@@ -116,6 +117,7 @@ KNOBS = {
                              "skinny_cases"),
     "wgmma_short": (lambda v: setattr(templates, "WGMMA_SHORT_START", ((v, 128), (1, 1), 64, 4, "tma")), (0, 64),
                     "short_half_cases"),
+    "half_split_off_grid": (lambda v: setattr(templates, "HALF_SPLIT_OFF_GRID", v), (False, True), "off_grid_half_cases"),
     "split_k_blocks": (lambda v: setattr(templates, "SPLIT_K_BLOCKS", v), (0, 2, 3, 4), "matmul_cases"),
     "split_k_run": (lambda v: setattr(templates, "SPLIT_K_RUN", v), (64, 128, 256, 512), "matmul_cases"),
     "half_split_k": (lambda v: (setattr(templates, "HALF_SPLIT_K_BLOCKS", int(v > 0)),
@@ -255,6 +257,14 @@ def short_half_cases(torch):
     shapes = ((1, 4096, 4096), (1, 8192, 8192), (2, 4096, 4096), (4, 4096, 4096), (7, 4096, 4096), (8, 4096, 4096),
               (24, 4096, 4096), (32, 4096, 4096), (48, 4096, 4096), (63, 4096, 4096), (64, 4096, 4096), (16, 8192, 1024),
               (40, 2000, 3000), (32, 11008, 4096))
+    return products(torch, shapes, torch.bfloat16, "bf16")
+
+
+def off_grid_half_cases(torch):
+    """bfloat16 products off the mma grid whose blocks keep few SMs busy, k whole k tiles (split on Hopper since
+    session 34, not yet timed then)."""
+    shapes = ((200, 4096, 200), (1000, 4096, 200), (200, 4096, 1000), (500, 8192, 300), (1000, 2048, 1000),
+              (130, 2048, 136))
     return products(torch, shapes, torch.bfloat16, "bf16")
 
 

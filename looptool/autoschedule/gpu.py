@@ -210,6 +210,12 @@ PERSISTENT_STORE_SHARE = 0.5
 # one such kernel took 22.4 us against 26.1 us for the padded product and its copy back (2 kernels);
 # session 11's version, with a branch around each wgmma (which ptxas serializes), had run at 0.49x torch
 WGMMA_EDGE_TILES = True
+# ... so on Hopper a half-precision product off the mma grid, not small (`small_contraction`: the reduction rules
+# take those), is split along k as one on it is (`_half_parts`, where k is whole k tiles), its parts one wgmma
+# kernel with such edges: whole, bfloat16 200x4096x200 took 4
+# blocks and 1000x4096x200 16 on 132 SMs, each walking all of k (session 34, found by a plan audit on the CPU;
+# not yet timed)
+HALF_SPLIT_OFF_GRID = True
 
 
 def contraction_dtype(program: ir.Program, stage: str | None = None) -> str | None:
@@ -228,7 +234,8 @@ def contraction_dtype(program: ir.Program, stage: str | None = None) -> str | No
 def split_k_parts(program: ir.Program, sms: int, hopper: bool = True) -> int:
     """The parts `ir.split_k` cuts a contraction's k into (its first stage's, maybe followed by an epilogue)
     on a GPU of `sms` SMs (`hopper`: with wgmma): float32 on register tiles (`_float32_parts`), half
-    precision on tensor cores (`_half_parts`, products of two matrices, not dynamic). Else 1."""
+    precision on tensor cores (`_half_parts`, products of two matrices, not dynamic; off the mma grid only
+    on Hopper or with few rows). Else 1."""
     if not ir.splittable(program):
         return 1
     stage = program.stages[0]
@@ -237,7 +244,8 @@ def split_k_parts(program: ir.Program, sms: int, hopper: bool = True) -> int:
         return 1                # (a dot product: the reduction rules; dynamic half precision: not tried)
     if dtype == "float32":
         return _float32_parts(program, stage, sms)
-    if len(stage.dims) == 2 and (tensor_tiles_fit(program, stage.name) or short_half(program, stage.name)):
+    off_grid = hopper and WGMMA_EDGE_TILES and HALF_SPLIT_OFF_GRID and not small_contraction(program, stage.name)
+    if len(stage.dims) == 2 and (tensor_tiles_fit(program, stage.name) or short_half(program, stage.name) or off_grid):
         return _half_parts(program, stage, sms, hopper)     # (a batch: no second batch dim; few rows: padded after)
     return 1
 

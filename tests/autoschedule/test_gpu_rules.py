@@ -842,6 +842,26 @@ def test_a_bfloat16_product_of_fewer_than_64_rows_is_split_then_padded_to_64_row
     assert len(codegen_gpu.generate(tree, "sm_90").launches) == 2
 
 
+@pytest.mark.parametrize("m, k, n, parts", [(200, 4096, 200, 4), (1000, 4096, 200, 4), (130, 2048, 136, 2),
+                                           (1000, 1000, 1000, 1)])
+def test_a_bfloat16_product_off_the_mma_grid_is_split_on_hopper_its_parts_one_wgmma_kernel_with_edges(rng, m, k, n, parts):
+    """Off the mma grid (m or n not multiples of 16, 8), where k is whole k tiles of 64 and its blocks keep few SMs
+    busy: split as on the grid, the parts one wgmma kernel with guarded edge tiles, then their sum; run on this CPU
+    against float64 (1000^3: k = 1000 is no whole k tiles, whole)."""
+    a, b = rng.standard_normal((m, k)).astype(lt.bfloat16), rng.standard_normal((k, n)).astype(lt.bfloat16)
+    sm, sk, sn = lt.symbols("m k n")
+    c = (lt.Tensor(a).to(sm, sk) * lt.Tensor(b).to(sk, sn)).sum(sk)
+    program, arrays = ir.lower(c.node)
+    assert templates.split_k_parts(program, H100.sms) == parts
+    split = ir.split_k(program, parts) if parts > 1 else program
+    tree = gpu_rules.gpu_tree(split, H100)
+    assert tree.check() == (True, "legal") and "off the tensor cores' grid: wgmma tensor-core tiles" in tree.explain()
+    assert len(codegen_gpu.generate(tree, "sm_90").launches) == (2 if parts > 1 else 1)
+    if parts > 1:
+        got = lt.Kernel(tree, 1)([viewed(x, buffer) for x, buffer in zip(arrays, split.inputs)])
+        assert_close(got, a.astype(np.float64) @ b.astype(np.float64), 1e-5)
+
+
 def test_a_bfloat16_product_of_one_row_keeps_the_reduction_rules_and_an_a100_keeps_mma():
     sm, sk, sn = lt.symbols("m k n")
     one = (lt.Tensor(np.ones((1, 4096), lt.bfloat16)).to(sm, sk) * lt.Tensor(np.ones((4096, 4096), lt.bfloat16)).to(sk, sn)).sum(sk)
