@@ -144,6 +144,11 @@ def automatic_workloads() -> dict:
     out["bf16 matmul of few rows in parts padded to 64-row wgmma blocks, their sum reading them in place 24x4096x520"] = (
         (lt.Tensor(a16).to(s.m, s.k) * lt.Tensor(b16).to(s.k, s.n)).sum(s.k),
         a16.astype(np.float64) @ b16.astype(np.float64))
+    a16 = rng.standard_normal((200, 4096), dtype=np.float32).astype(dtypes.bfloat16)
+    b16 = rng.standard_normal((4096, 200), dtype=np.float32).astype(dtypes.bfloat16)
+    out["bf16 matmul off the mma grid split along k, its parts one wgmma kernel with guarded edges 200x4096x200"] = (
+        (lt.Tensor(a16).to(s.m, s.k) * lt.Tensor(b16).to(s.k, s.n)).sum(s.k),
+        a16.astype(np.float64) @ b16.astype(np.float64))
     a16 = rng.standard_normal((2300, 100), dtype=np.float32).astype(dtypes.bfloat16)
     b16 = rng.standard_normal((100, 2304), dtype=np.float32).astype(dtypes.bfloat16)
     out["bf16 matmul on 128x128 wgmma blocks two an SM, edge tiles guarded, k zero-filled 2300x100x2304"] = (
