@@ -703,32 +703,33 @@ class Chain:
     other: int
 
 
-def chained(program: ir.Program) -> Chain | None:
+def chained(program: ir.Program, arch: str | None = None) -> Chain | None:
     """A convolution as its gather and a matrix product (`gathered`), or an attention head as its weights
     and their weighted sum (`weighted_apart`, the sum split along its reduction where the SMs ask for
-    it); None where the program runs whole, as it does where a tuned schedule is stored for it on this GPU."""
-    if tuning_db.lookup(program, target_name()) is not None:
+    it); None where the program runs whole, as it does where a tuned schedule is stored for it on this GPU
+    (or on `arch`'s)."""
+    if tuning_db.lookup(program, target_name(arch)) is not None:
         return None
-    parts = gathered(program)
+    parts = gathered(program, arch)
     if parts is not None:
         return Chain(parts.gather, (parts.windowed,), parts.product, parts.other)
-    apart = weighted_apart(program)
+    apart = weighted_apart(program, arch)
     if apart is not None:
-        return Chain(apart.first, apart.inputs, _split_k(apart.product), apart.other)
+        return Chain(apart.first, apart.inputs, _split_k(apart.product, arch), apart.other)
     return None
 
 
-def weighted_apart(program: ir.Program) -> ir.Apart | None:
+def weighted_apart(program: ir.Program, arch: str | None = None) -> ir.Apart | None:
     """The weights and the weighted sum `.cuda()` runs as two programs (`gpu_rules.weights_apart`: an
     attention head whose weighted sum would read too much walked in its softmax's rows); else None."""
     try:
-        target = gpu_target()
+        target = gpu_target(arch)
     except RuntimeError:
         return None
     return gpu_rules.weights_apart(program, target)
 
 
-def gathered(program: ir.Program) -> ir.Im2col | None:
+def gathered(program: ir.Program, arch: str | None = None) -> ir.Im2col | None:
     """The gather and the matrix product `.cuda()` runs a convolution as (`ir.im2col`), where the gathered
     matrix takes at most IM2COL_BYTES and the product gets a matrix template (its accumulators in
     registers: `cache_write`) other than float32's narrow block (40 output channels: H200, session 22,
@@ -739,7 +740,7 @@ def gathered(program: ir.Program) -> ir.Im2col | None:
     matrix = parts.product.inputs[0]
     if math.prod(matrix.shape) * codegen_gpu.ITEM_BYTES[matrix.dtype] > IM2COL_BYTES:
         return None
-    product = _as_tree(parts.product, chosen_schedule(parts.product))
+    product = _as_tree(parts.product, chosen_schedule(parts.product, arch))
     return parts if any(step[0] == "cache_write" for step in product.schedule.steps) else None
 
 
@@ -761,12 +762,14 @@ def _chained_call(first: Callable, kernel: GpuKernel, other_array, shape: tuple[
     return call
 
 
-def planned_trees(node) -> list[LoopTree]:
-    """The loop trees of the programs `.cuda()` runs, in order, for a graph with no schedule given."""
-    program, _ = lowered_for(node)
-    chain = chained(program)
+def planned_trees(node, arch: str | None = None) -> list[LoopTree]:
+    """The loop trees of the programs `.cuda()` runs, in order, for a graph with no schedule given: on this GPU,
+    or as it would run on `arch` (that architecture's reference part where it is not this GPU's; no GPU
+    needed: `python -m bench.gpu_plan_audit` audits plans so)."""
+    program, _ = lowered_for(node, arch=arch)
+    chain = chained(program, arch)
     programs = [program] if chain is None else [chain.first, chain.product]
-    return [_as_tree(p, chosen_schedule(p)) for p in programs]
+    return [_as_tree(p, chosen_schedule(p, arch)) for p in programs]
 
 
 def _as_tree(program: ir.Program, schedule) -> LoopTree:
@@ -776,17 +779,17 @@ def _as_tree(program: ir.Program, schedule) -> LoopTree:
 _PREPARED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()     # graph -> (db generation, call)
 
 
-def lowered_for(node, schedule=None) -> tuple[ir.Program, list]:
+def lowered_for(node, schedule=None, arch: str | None = None) -> tuple[ir.Program, list]:
     """The program `.cuda()` runs, and its inputs: with no schedule given (or the tuner's), the GPU's
     lowering (an attention head's softmax inlined into its weighted sum, which the GPU rules fuse) with
     a pointwise program's two innermost dims (or a reduction's two innermost reduced dims) flattened into one
     where every array lays them out so (`ir.flattened`: the inputs are viewed flat, no copy); or the CPU's (costly values in stages of their
     own: what `c.loop_tree()` shows) where `schedule` is a loop tree made on that one. Dynamic dims are
-    planned at `planned_sizes`."""
+    planned at `planned_sizes`; split-k's parts for this GPU's SMs, or `arch`'s."""
     planned = planned_sizes(node, schedule)
     program, arrays = ir.lower(node, planned=planned)
     if schedule is None:
-        flat = _split_k(ir.flattened(program))
+        flat = _split_k(ir.flattened(program), arch)
         return flat, [_viewed(array, buffer) for array, buffer in zip(arrays, flat.inputs)]
     if isinstance(schedule, LoopTree) and schedule.program != program:
         separate, same_inputs = ir.lower(node, separate_costly=True, planned=planned)
@@ -804,14 +807,14 @@ def planned_sizes(node, schedule=None) -> dict[str, int]:
     return {dim: ir.size_class(node.sizes[dim]) for dim in node.dynamic}
 
 
-def _split_k(program: ir.Program) -> ir.Program:
-    """`program` with its contraction's k cut into parts (`ir.split_k`) where this GPU's SMs ask for it
-    (`autoschedule.gpu.split_k_parts`, at the sizes a dynamic dim is planned at; not where there is no
+def _split_k(program: ir.Program, arch: str | None = None) -> ir.Program:
+    """`program` with its contraction's k cut into parts (`ir.split_k`) where this GPU's SMs (or `arch`'s) ask
+    for it (`autoschedule.gpu.split_k_parts`, at the sizes a dynamic dim is planned at; not where there is no
     GPU to fill)."""
     if not ir.splittable(program):
         return program
     try:
-        target = gpu_target()
+        target = gpu_target(arch)
     except RuntimeError:
         return program
     parts = templates.split_k_parts(program, target.sms, target.tensor_cores == "wgmma")

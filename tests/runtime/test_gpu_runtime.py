@@ -9,7 +9,6 @@ import pytest
 
 import looptool as lt
 from looptool import ir
-from looptool.analysis.gpu_target import assumed_gpu
 from looptool.autoschedule import gpu_rules
 from looptool.codegen import gpu as codegen_gpu
 from looptool.runtime import gpu
@@ -341,15 +340,28 @@ def test_a_convolution_runs_as_a_gather_and_a_matrix_product(rng, dtype, toleran
 
 
 @pytest.mark.parametrize("channels, programs", [(40, 1), (64, 2)])
-def test_a_float32_convolution_too_narrow_for_the_wide_blocks_runs_as_its_own_program(rng, monkeypatch, channels,
-                                                                                      programs):
+def test_a_float32_convolution_too_narrow_for_the_wide_blocks_runs_as_its_own_program(rng, channels, programs):
     """40 output channels would put the gathered product on 128 x 32 blocks, slower than the convolution's own
-    program (H200: 6x40x33x33 0.76x torch, 0.66-0.75x gathered); 64 keep the gather and the product."""
+    program (H200: 6x40x33x33 0.76x torch, 0.66-0.75x gathered); 64 keep the gather and the product. Planned for
+    an H100 on any machine (`planned_trees(node, arch)`)."""
     from tests.ir.test_im2col import conv
-    monkeypatch.setattr(gpu, "device_arch", lambda: "sm_90")
-    monkeypatch.setattr(gpu, "gpu_target", lambda arch=None: assumed_gpu("sm_90"))
     y, _ = conv(rng, (2, 16, 14, 14), channels)
-    assert len(gpu.planned_trees(y.node)) == programs
+    assert len(gpu.planned_trees(y.node, "sm_90")) == programs
+
+
+def test_the_plans_of_another_architecture_need_no_gpu():
+    """`planned_trees(node, arch)`: what `.cuda()` would run on that architecture's reference part, split-k's parts
+    cut for its SMs; with no architecture named and no GPU, an error naming what is missing."""
+    sm, sk, sn = lt.symbols("m k n")
+    c = (lt.Tensor(np.ones((32, 4096), np.float32)).to(sm, sk) * lt.Tensor(np.ones((4096, 4096), np.float32)).to(sk, sn)).sum(sk)
+    h100, a100 = gpu.planned_trees(c.node, "sm_90"), gpu.planned_trees(c.node, "sm_80")
+    assert "split-k's 16 parts of 256 on register tiles, 32x128 a block" in h100[0].explain()
+    assert "split-k's 16 parts" in a100[0].explain() and "A100" in a100[0].explain()
+    try:
+        gpu.device_arch()
+    except (RuntimeError, ImportError):
+        with pytest.raises(RuntimeError, match="CuPy|GPU"):
+            gpu.planned_trees(c.node)
 
 
 @pytest.mark.gpu
