@@ -231,6 +231,10 @@ def automatic_workloads() -> dict:
     fe = (ft - ft.max(n)).exp()
     f64 = np.exp(few.astype(np.float64) - few.max(1, keepdims=True))
     out["softmax of 3 rows of 70001, reductions split across blocks"] = (fe / fe.sum(n), f64 / f64.sum(1, keepdims=True))
+    norm = rng.standard_normal((64, 16, 32, 32), dtype=np.float32)
+    sb, sh, sw = lt.symbols("b h w")
+    out["batch-norm means of 16 channels, b split across blocks 64x16x32x32"] = (
+        lt.Tensor(norm).to(sb, c, sh, sw).mean(sb, sh, sw), norm.astype(np.float64).mean((0, 2, 3)))
     narrow = rng.standard_normal((513, 3), dtype=np.float32)
     out["pointwise 513x3"] = (lt.relu(lt.Tensor(narrow).to(m, n)), np.maximum(narrow, 0).astype(np.float64))
     return out

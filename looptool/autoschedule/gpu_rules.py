@@ -1000,6 +1000,10 @@ class _Planner:
             if split and outputs < 2 * self.gpu.sms and self.size(along) >= 2 * BLOCK_CHUNK:
                 self.split_reduction(stage, along, blocks_wanted=4 * self.gpu.sms, per_output_blocks=True)
                 return
+            outer = self.outer_split(stage, along, outputs) if split and pure else None
+            if outer:
+                self.split_reduction(stage, outer, blocks_wanted=4 * self.gpu.sms, per_output_blocks=True)
+                return
             self.reduce_in_block(stage, along, pure)
         else:
             longest = max(stage.reduce_dims, key=self.size)
@@ -1029,6 +1033,18 @@ class _Planner:
             return False
         return True
 
+    def outer_split(self, stage: ir.Stage, along: str, outputs: int) -> str | None:
+        """The reduced dim other than `along` (the longest) to split across blocks where a block an output would
+        leave most SMs idle (fewer outputs than half the SMs) and `along` is too short to split: a batch norm's
+        means of 128x16x32x32 over (b, h, w) ran 16 blocks of 32 threads, each walking 131072 values (session 34,
+        found by `bench.gpu_plan_audit`; not yet timed). None elsewhere."""
+        others = [d for d in stage.reduce_dims if d != along]
+        if not others or outputs >= self.gpu.sms // 2:
+            return None
+        outer = max(others, key=self.size)
+        walk = math.prod(self.size(d) for d in stage.reduce_dims)
+        return outer if walk >= 2 * BLOCK_CHUNK and self.size(outer) >= 2 else None
+
     def threads_too_few(self, outputs: int, walk: int) -> bool:
         """Whether a thread an output, each walking `walk` values alone, would leave the GPU idle: fewer outputs
         than an eighth of the threads it keeps in flight, on walks of at least 64 (the walk is then split across
@@ -1056,7 +1072,9 @@ class _Planner:
         pure = [d for d in stage.loop_dims if d not in stage.reduce_dims]
         outputs = math.prod(self.size(d) for d in pure)
         smallest = BLOCK_CHUNK if per_output_blocks else THREAD_CHUNK
-        most = -(-self.size(dim) // smallest)
+        along = contiguous_dim(self.tree.program, stage)
+        step = self.size(along) if per_output_blocks and along in stage.reduce_dims and along != dim else 1
+        most = -(-self.size(dim) * step // smallest)        # (a step of an outer dim: a row of `along`)
         parts = max(2, min(-(-blocks_wanted // outputs), most))
         if not per_output_blocks:
             vectors = outputs // self.thread_vector(stage, pure)

@@ -3,6 +3,7 @@
 as plain loops) against a float64 reference, and its PTX builds for the GPU it was made for."""
 import dataclasses
 import json
+import math
 import re
 
 import ml_dtypes
@@ -45,6 +46,22 @@ def test_a_dot_product_is_a_grid_wide_reduction_in_two_kernels(rng):
     assert "shfl.sync.bfly" in module.ptx
     assert_close(dot.numpy(tree), x.astype(np.float64) @ y.astype(np.float64), 1e-5)
     assert_close(run_tree(dot, tree, module), x.astype(np.float64) @ y.astype(np.float64), 1e-5)   # shuffles too
+
+
+@pytest.mark.parametrize("shape, split", [((64, 16, 1024), True), ((8, 300, 1024), False), ((2, 16, 1024), False)])
+def test_a_sum_over_an_outer_dim_and_short_rows_of_few_outputs_splits_the_outer_dim(rng, shape, split):
+    """A batch norm's means of (b, c, h*w) over (b, h*w) with fewer channels than half the SMs: a block a channel
+    would leave most SMs idle and rows of 1024 are too short to split, so b is cut into partial results, each a
+    block walking its rows (64x16x1024: 16 blocks before); 300 channels keep a block each, and 2x16x1024 is too
+    small to split. Run on this CPU (shuffles included) against float64."""
+    x = rng.standard_normal(shape).astype(np.float32)
+    sb, sc, ss = lt.symbols("b c s")
+    means = lt.Tensor(x).to(sb, sc, ss).mean(sb, ss)
+    tree, module = scheduled(means)
+    assert ("b split into" in tree.explain()) == split
+    if split:
+        assert math.prod(module.launches[0].grid) >= 2 * H100.sms
+    assert_close(run_tree(means, tree, module), x.astype(np.float64).mean((0, 2)), 1e-5)
 
 
 @pytest.mark.parametrize("rows, cols, described", [
