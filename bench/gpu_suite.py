@@ -19,7 +19,7 @@ the suite without its odd sizes, `--shapes sweep` 29 skewed, odd and off-tile sh
 finding outliers), `--shapes transformer` 29 shapes of GPT-2 and LLaMA layers no rule was tuned on,
 `--shapes probe` and `--shapes probe2` shapes and program forms picked before any run on them (sessions 33
 and 34: the independent re-measurement's kind of test), `--shapes few_rows` products of 1-63 rows in float32 and
-bfloat16, `--shapes models` the CPU suite's workloads (`bench.models`) at its sizes.
+bfloat16, `--shapes audit` plans `bench.gpu_plan_audit` flagged, `--shapes models` the CPU suite's workloads (`bench.models`) at its sizes.
 """
 from __future__ import annotations
 
@@ -478,11 +478,21 @@ def workloads(torch, shapes: str = "suite"):
         ("matmul bf16 63x2048x8192", matmul(63, 2048, 8192, bf16)),
         ("matmul bf16 linear 16x4096x4096", linear(16, 4096, 4096, bf16)),
     ]
+    audit_rows = [       # `--shapes audit`: plans `bench.gpu_plan_audit` flagged (session 34), some changed after, untimed
+        ("matmul bf16 200x4096x200", matmul(200, 4096, 200, bf16)),
+        ("matmul bf16 1000x4096x200", matmul(1000, 4096, 200, bf16)),
+        ("matmul bf16 1000x1000x200", matmul(1000, 1000, 200, bf16)),
+        ("matmul f32 5x4096x4096", matmul(5, 4096, 4096, torch.float32)),
+        ("batch norm means f32 128x16x32x32", pooled((128, 16, 32, 32), (0, 2, 3))),
+        ("batch norm means f32 64x512x7x7", pooled((64, 512, 7, 7), (0, 2, 3))),
+        ("column sum f32 333x100000", axis_sum(333, 100000, 0)),
+        ("softmax f32 64x100000", softmax(64, 100000, torch.float32)),
+    ]
     if shapes == "models":
         return model_rows(torch)
     return {"suite": rows + odd_rows, "even": rows, "other": other_rows, "sweep": sweep_rows,
             "transformer": transformer_rows, "probe": probe_rows,
-            "probe2": probe2_rows, "few_rows": few_rows}[shapes]
+            "probe2": probe2_rows, "few_rows": few_rows, "audit": audit_rows}[shapes]
 
 
 def model_rows(torch) -> list:
@@ -567,7 +577,7 @@ def main(argv=None):
     parser.add_argument("--only", default="", help="run rows whose name contains this")
     parser.add_argument("--skip", default="", help="comma-separated: leave out rows whose name contains any")
     parser.add_argument("--shapes", choices=("suite", "even", "other", "sweep", "transformer", "probe", "probe2",
-                                                 "few_rows", "models"), default="suite",
+                                                 "few_rows", "audit", "models"), default="suite",
                         help="the suite's rows, its rows without the odd sizes, or other shapes for re-measuring")
     parser.add_argument("--profile", action="store_true", help="each row's kernels' device times (torch.profiler)")
     args = parser.parse_args(argv)
