@@ -116,10 +116,10 @@ def automatic_workloads() -> dict:
     out["pointwise 33x1000"] = ((lt.Tensor(g[:, :1000]).to(m, n) * 2.0).exp(), np.exp(2.0 * g[:, :1000].astype(np.float64)))
     s = lt.symbols("m k n")
 
-    def product(shape: tuple[int, int, int]):
-        a = rng.standard_normal(shape[:2], dtype=np.float32)
-        b = rng.standard_normal(shape[1:], dtype=np.float32)
-        return (lt.Tensor(a).to(s.m, s.k) * lt.Tensor(b).to(s.k, s.n)).sum(s.k), a.astype(np.float64) @ b
+    def product(shape: tuple[int, int, int], dtype=np.float32):
+        a = rng.standard_normal(shape[:2], dtype=np.float32).astype(dtype)
+        b = rng.standard_normal(shape[1:], dtype=np.float32).astype(dtype)
+        return (lt.Tensor(a).to(s.m, s.k) * lt.Tensor(b).to(s.k, s.n)).sum(s.k), a.astype(np.float64) @ b.astype(np.float64)
     for name, shape in {"matmul on register tiles with edges": (300, 100, 200),
                             "float32 matmul on 128x32 blocks, a tail along n": (260, 100, 40),
                             "float32 matmul split along k": (260, 1024, 100),
@@ -139,26 +139,14 @@ def automatic_workloads() -> dict:
            a16.astype(np.float64) @ b16.astype(np.float64))
     out["bf16 matmul padded onto wgmma, the pads TMA's zero fill 257x136x200"] = odd
     out["bf16 matmul as one wgmma kernel: edge tiles guarded, k zero-filled by TMA 257x136x200"] = odd
-    a16 = rng.standard_normal((24, 4096), dtype=np.float32).astype(dtypes.bfloat16)
-    b16 = rng.standard_normal((4096, 520), dtype=np.float32).astype(dtypes.bfloat16)
-    out["bf16 matmul of few rows in parts padded to 64-row wgmma blocks, their sum reading them in place 24x4096x520"] = (
-        (lt.Tensor(a16).to(s.m, s.k) * lt.Tensor(b16).to(s.k, s.n)).sum(s.k),
-        a16.astype(np.float64) @ b16.astype(np.float64))
-    a16 = rng.standard_normal((200, 4096), dtype=np.float32).astype(dtypes.bfloat16)
-    b16 = rng.standard_normal((4096, 200), dtype=np.float32).astype(dtypes.bfloat16)
-    out["bf16 matmul off the mma grid split along k, its parts one wgmma kernel with guarded edges 200x4096x200"] = (
-        (lt.Tensor(a16).to(s.m, s.k) * lt.Tensor(b16).to(s.k, s.n)).sum(s.k),
-        a16.astype(np.float64) @ b16.astype(np.float64))
-    a16 = rng.standard_normal((2300, 100), dtype=np.float32).astype(dtypes.bfloat16)
-    b16 = rng.standard_normal((100, 2304), dtype=np.float32).astype(dtypes.bfloat16)
-    out["bf16 matmul on 128x128 wgmma blocks two an SM, edge tiles guarded, k zero-filled 2300x100x2304"] = (
-        (lt.Tensor(a16).to(s.m, s.k) * lt.Tensor(b16).to(s.k, s.n)).sum(s.k),
-        a16.astype(np.float64) @ b16.astype(np.float64))
-    a16 = rng.standard_normal((3000, 200), dtype=np.float32).astype(dtypes.bfloat16)
-    b16 = rng.standard_normal((200, 3100), dtype=np.float32).astype(dtypes.bfloat16)
-    out["bf16 matmul persistent (blocks run the tiles in turn), edge tiles guarded, k zero-filled 3000x200x3100"] = (
-        (lt.Tensor(a16).to(s.m, s.k) * lt.Tensor(b16).to(s.k, s.n)).sum(s.k),
-        a16.astype(np.float64) @ b16.astype(np.float64))
+    for name, shape in {"bf16 matmul of few rows in parts padded to 64-row wgmma blocks, their sum reading them in place":
+                            (24, 4096, 520),
+                        "bf16 matmul off the mma grid split along k, its parts one wgmma kernel with guarded edges":
+                            (200, 4096, 200),
+                        "bf16 matmul on 128x128 wgmma blocks two an SM, edge tiles guarded, k zero-filled": (2300, 100, 2304),
+                        "bf16 matmul persistent (blocks run the tiles in turn), edge tiles guarded, k zero-filled":
+                            (3000, 200, 3100)}.items():
+        out[f"{name} {'x'.join(map(str, shape))}"] = product(shape, dtypes.bfloat16)
     q16 = rng.standard_normal((8, 1100, 128), dtype=np.float32).astype(dtypes.bfloat16)
     k16 = rng.standard_normal((8, 128, 1104), dtype=np.float32).astype(dtypes.bfloat16)
     sb = lt.symbols("b")[0]
