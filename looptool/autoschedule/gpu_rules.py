@@ -997,12 +997,9 @@ class _Planner:
         long_row = along in stage.reduce_dims and self.size(along) >= LONG_ROW
         if not pure or (long_row and not self.read_along(stage, stage.dims[-1])):
             along = along if along in stage.reduce_dims else max(stage.reduce_dims, key=self.size)
-            if split and outputs < 2 * self.gpu.sms and self.size(along) >= 2 * BLOCK_CHUNK:
-                self.split_reduction(stage, along, blocks_wanted=4 * self.gpu.sms, per_output_blocks=True)
-                return
-            outer = self.outer_split(stage, along, outputs) if split and pure else None
-            if outer:
-                self.split_reduction(stage, outer, blocks_wanted=4 * self.gpu.sms, per_output_blocks=True)
+            across = self.split_across_blocks(stage, along, outputs) if split else None
+            if across:
+                self.split_reduction(stage, across, blocks_wanted=4 * self.gpu.sms, per_output_blocks=True)
                 return
             self.reduce_in_block(stage, along, pure)
         else:
@@ -1033,13 +1030,16 @@ class _Planner:
             return False
         return True
 
-    def outer_split(self, stage: ir.Stage, along: str, outputs: int) -> str | None:
-        """The reduced dim other than `along` (the longest) to split across blocks where a block an output would
-        leave most SMs idle (fewer outputs than half the SMs) and `along` is too short to split: a batch norm's
-        means of 128x16x32x32 over (b, h, w) ran 16 blocks of 32 threads, each walking 131072 values (session 34,
-        found by `bench.gpu_plan_audit`; not yet timed). None elsewhere."""
+    def split_across_blocks(self, stage: ir.Stage, along: str, outputs: int) -> str | None:
+        """The reduced dim a block-an-output reduction along `along` is split along across blocks where it would
+        leave the GPU idle: `along` itself where there are fewer outputs than twice the SMs and it is at least two
+        BLOCK_CHUNKs long; else, where there are outputs but fewer than half the SMs, the longest other reduced dim
+        (a batch norm's means of 128x16x32x32 over (b, h, w) ran 16 blocks of 32 threads, each walking 131072
+        values: session 34, found by `bench.gpu_plan_audit`; not yet timed). None elsewhere."""
+        if outputs < 2 * self.gpu.sms and self.size(along) >= 2 * BLOCK_CHUNK:
+            return along
         others = [d for d in stage.reduce_dims if d != along]
-        if not others or outputs >= self.gpu.sms // 2:
+        if not others or not stage.dims or outputs >= self.gpu.sms // 2:
             return None
         outer = max(others, key=self.size)
         walk = math.prod(self.size(d) for d in stage.reduce_dims)

@@ -100,7 +100,8 @@ def _flat_read(load: Load, inputs: dict[str, Buffer], program: Program, y: str, 
     buffer = inputs.get(load.buffer)
     if buffer is None:          # an earlier stage: laid out densely over its dims, which end (y, x)
         return True
-    return buffer.shape[-2:] == (program.size(y), program.size(x)) and buffer.strides[-2] == buffer.strides[-1] * program.size(x)
+    return buffer.shape[-2:] == (program.size(y), program.size(x)) \
+        and buffer.strides[-2] == buffer.strides[-1] * program.size(x)
 
 
 def _flat_buffer(buffer: Buffer, y: str, x: str, merged: str, size: int) -> Buffer:

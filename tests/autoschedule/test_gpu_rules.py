@@ -23,6 +23,20 @@ from tests.helpers import assert_close, row_softmax, scaled_layer_norm, viewed
 H100 = assumed_gpu("sm_90")
 
 
+def split_product(rng, m, k, n, dtype):
+    """A product of random m x k and k x n matrices of `dtype` as `.cuda()` plans it on an H100 (k cut into
+    `split_k_parts`): (its tree, the parts, a function running the tree on this CPU with GPU-bound loops as plain
+    loops, the float64 product)."""
+    a, b = rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((k, n)).astype(dtype)
+    sm, sk, sn = lt.symbols("m k n")
+    program, arrays = ir.lower((lt.Tensor(a).to(sm, sk) * lt.Tensor(b).to(sk, sn)).sum(sk).node)
+    parts = templates.split_k_parts(program, H100.sms)
+    split = ir.split_k(program, parts) if parts > 1 else program
+    tree = gpu_rules.gpu_tree(split, H100)
+    return (tree, parts, lambda: lt.Kernel(tree, 1)([viewed(x, buffer) for x, buffer in zip(arrays, split.inputs)]),
+            a.astype(np.float64) @ b.astype(np.float64))
+
+
 def scheduled(tensor, gpu=H100):
     tree = gpu_rules.gpu_tree(ir.lower(tensor.node)[0], gpu)      # the program the GPU runtime lowers
     assert tree.check() == (True, "legal"), tree.explain()
@@ -829,17 +843,10 @@ def test_a_float32_product_of_fewer_than_8_rows_or_of_64_or_narrower_than_a_shor
 def test_a_float32_product_of_few_rows_runs_right_on_short_blocks(rng, m, k, n):
     """Short blocks with tails of n and k, split or whole (a tail of m: the -m gpu test), run on this CPU (GPU-bound loops as
     plain loops) against float64."""
-    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
-    sm, sk, sn = lt.symbols("m k n")
-    c = (lt.Tensor(a).to(sm, sk) * lt.Tensor(b).to(sk, sn)).sum(sk)
-    program, arrays = ir.lower(c.node)
-    parts = templates.split_k_parts(program, H100.sms)
-    split = ir.split_k(program, parts) if parts > 1 else program
-    tree = gpu_rules.gpu_tree(split, H100)
+    tree, _, run, reference = split_product(rng, m, k, n, np.float32)
     assert tree.check() == (True, "legal")
     codegen_gpu.generate(tree, "sm_90")
-    got = lt.Kernel(tree, 1)([viewed(x, buffer) for x, buffer in zip(arrays, split.inputs)])
-    assert_close(got, a.astype(np.float64) @ b, 1e-5)
+    assert_close(run(), reference, 1e-5)
 
 
 @pytest.mark.parametrize("m, k, n, parts", [(24, 4096, 4096, 4), (32, 4096, 4096, 4), (8, 4096, 4096, 4),
@@ -865,18 +872,12 @@ def test_a_bfloat16_product_off_the_mma_grid_is_split_on_hopper_its_parts_one_wg
     """Off the mma grid (m or n not multiples of 16, 8), where k is whole k tiles of 64 and its blocks keep few SMs
     busy: split as on the grid, the parts one wgmma kernel with guarded edge tiles, then their sum; run on this CPU
     against float64 (1000^3: k = 1000 is no whole k tiles, whole)."""
-    a, b = rng.standard_normal((m, k)).astype(lt.bfloat16), rng.standard_normal((k, n)).astype(lt.bfloat16)
-    sm, sk, sn = lt.symbols("m k n")
-    c = (lt.Tensor(a).to(sm, sk) * lt.Tensor(b).to(sk, sn)).sum(sk)
-    program, arrays = ir.lower(c.node)
-    assert templates.split_k_parts(program, H100.sms) == parts
-    split = ir.split_k(program, parts) if parts > 1 else program
-    tree = gpu_rules.gpu_tree(split, H100)
+    tree, planned_parts, run, reference = split_product(rng, m, k, n, lt.bfloat16)
+    assert planned_parts == parts
     assert tree.check() == (True, "legal") and "off the tensor cores' grid: wgmma tensor-core tiles" in tree.explain()
     assert len(codegen_gpu.generate(tree, "sm_90").launches) == (2 if parts > 1 else 1)
     if parts > 1:
-        got = lt.Kernel(tree, 1)([viewed(x, buffer) for x, buffer in zip(arrays, split.inputs)])
-        assert_close(got, a.astype(np.float64) @ b.astype(np.float64), 1e-5)
+        assert_close(run(), reference, 1e-5)
 
 
 def test_a_bfloat16_product_of_one_row_keeps_the_reduction_rules_and_an_a100_keeps_mma():
@@ -895,15 +896,9 @@ def test_a_bfloat16_product_of_one_row_keeps_the_reduction_rules_and_an_a100_kee
 def test_a_short_bfloat16_product_in_parts_on_padded_wgmma_blocks_runs_right(rng, m, k, n):
     """Run on this CPU (GPU-bound loops as plain loops, each wgmma tile as its multiply-adds) against float64, the
     sum of the parts reading the padded parts in place."""
-    a, b = rng.standard_normal((m, k)).astype(lt.bfloat16), rng.standard_normal((k, n)).astype(lt.bfloat16)
-    sm, sk, sn = lt.symbols("m k n")
-    c = (lt.Tensor(a).to(sm, sk) * lt.Tensor(b).to(sk, sn)).sum(sk)
-    program, arrays = ir.lower(c.node)
-    split = ir.split_k(program, templates.split_k_parts(program, H100.sms))
-    tree = gpu_rules.gpu_tree(split, H100)
+    tree, _, run, reference = split_product(rng, m, k, n, lt.bfloat16)
     assert tree.check() == (True, "legal") and "read the padded result in place" in tree.explain()
-    got = lt.Kernel(tree, 1)([viewed(x, buffer) for x, buffer in zip(arrays, split.inputs)])
-    assert_close(got, a.astype(np.float64) @ b.astype(np.float64), 1e-5)
+    assert_close(run(), reference, 1e-5)
 
 
 def test_a_float32_product_on_k_tiles_of_64_with_a_tail_runs_right(rng):
